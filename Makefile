@@ -1,0 +1,53 @@
+# elastic-ctr: the two commands a fresh machine needs are `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-fast bench-train bench-cube bench-serving bench render golden clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# Re-installs only when a requirements file or pyproject.toml changed.
+$(STAMP): $(BIN)/python pyproject.toml requirements/runtime.txt requirements/infra.txt requirements/dev.txt
+	$(BIN)/pip install -q -e ".[infra,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## The whole pipeline, locally, on generated data (see README).
+demo: install
+	$(BIN)/elastic-ctr local $(DEMO_ARGS)
+
+## The test suite (unit, component, rendered manifests, local end-to-end).
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench-train: install
+	$(BIN)/python bench/bench_train.py
+
+bench-cube: install
+	bash bench/ensure_redis.sh
+	$(BIN)/python bench/bench_cube.py
+
+bench-serving: install
+	$(BIN)/python bench/bench_serving.py
+
+bench: bench-train bench-cube bench-serving
+
+render: install
+	$(BIN)/elastic-ctr render --stack dev --out rendered/dev
+
+golden: install
+	$(BIN)/elastic-ctr render --stack dev --out tests/golden/dev
+
+clean:
+	rm -rf $(VENV) runs rendered .pytest_cache

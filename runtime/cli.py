@@ -1,0 +1,69 @@
+"""The ``elastic-ctr`` command line: one entry point with a subcommand per role.
+
+Containers run these same subcommands, so the local pipeline and the pods execute the
+same code paths with the same environment contract. Each role package registers its
+own subcommands (``register(subparsers)`` in its ``cli`` module); heavy imports (Paddle,
+numpy-heavy modules, Flask) happen inside the handlers so ``--help`` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+# Role modules that contribute subcommands, in the order they appear in --help.
+_ROLE_MODULES = (
+    "runtime.trainer.cli",     # data, train
+    "runtime.serving.cli",     # fileserver, serve, client, local
+    "runtime.cube.cli",        # cube build|server|agent|transfer
+    "infra.cli",               # render
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Builds the top-level parser with every role's subcommands registered."""
+    parser = argparse.ArgumentParser(
+        prog="elastic-ctr",
+        description="CTR pipeline: Paddle parameter-server training, the cube sparse-parameter "
+        "service, serving, and the Pulumi program that deploys them.",
+    )
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("ELASTIC_CTR_LOG_LEVEL", "INFO"),
+        help="logging level (default: INFO, or $ELASTIC_CTR_LOG_LEVEL)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in _ROLE_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:  # a role not installed in this image
+            if exc.name and name.startswith(exc.name):
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parses ``argv`` and runs the chosen subcommand; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.error(f"{args.command}: missing subcommand")
+    try:
+        rc = handler(args)
+    except KeyboardInterrupt:
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

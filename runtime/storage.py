@@ -1,0 +1,299 @@
+"""Locations: a local path or an HTTP(S) URL, read, listed, downloaded and uploaded alike.
+
+Used by the trainer (input data, export upload), the cube transfer (donefile, SequenceFile
+inputs, publishing shard tars), the cube agent (downloads) and serving (dense model).
+
+Uploads are HTTP ``PUT`` with ``Authorization: Bearer <token>`` and a ``Content-MD5``
+header (base64 of the MD5 digest, RFC 1864) that the file server verifies. The token
+comes from ``--upload-token-file`` or ``$ELASTIC_CTR_UPLOAD_TOKEN``.
+
+Version layout under a root (a directory or the file server's URL), see docs/contracts.md:
+``donefile/base.txt``, ``donefile/patch.txt`` and ``versions/<id>/{dense,sparse}/``.
+"""
+from __future__ import annotations
+
+import base64
+import glob
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import IO, Iterator
+from urllib.parse import urljoin, urlparse
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "ELASTIC_CTR_UPLOAD_TOKEN"
+CHUNK = 1 << 20  # bytes per streamed chunk
+
+_session: requests.Session | None = None
+
+
+class LocationError(OSError):
+    """A location (path or URL) could not be read or written; the message names it."""
+
+
+def is_url(location: str) -> bool:
+    """True for ``http://`` and ``https://`` locations."""
+    return urlparse(str(location)).scheme in ("http", "https")
+
+
+def session() -> requests.Session:
+    """A process-wide ``requests.Session`` with pooled connections and bounded retries
+    (3 retries, exponential backoff, on connection errors and 502/503/504)."""
+    global _session
+    if _session is None:
+        s = requests.Session()
+        retry = Retry(total=3, backoff_factor=0.2, status_forcelist=(502, 503, 504),
+                      allowed_methods=None, raise_on_status=False)
+        adapter = HTTPAdapter(max_retries=retry, pool_connections=16, pool_maxsize=16)
+        s.mount("http://", adapter)
+        s.mount("https://", adapter)
+        _session = s
+    return _session
+
+
+def join(base: str, *parts: str) -> str:
+    """Joins path segments onto a path or URL base (``join('http://h/a', 'b/c')`` ->
+    ``http://h/a/b/c``). An absolute URL or absolute path in ``parts`` replaces the base."""
+    out = str(base)
+    for p in parts:
+        p = str(p)
+        if is_url(p) or os.path.isabs(p):
+            out = p
+        elif is_url(out):
+            out = urljoin(out.rstrip("/") + "/", p)
+        else:
+            out = os.path.join(out, p)
+    return out
+
+
+def read_token(token_file: str | None = None) -> str | None:
+    """The upload token from ``token_file`` or ``$ELASTIC_CTR_UPLOAD_TOKEN`` (None if
+    neither is set). Raises ``LocationError`` if ``token_file`` cannot be read."""
+    if token_file:
+        try:
+            return Path(token_file).read_text().strip()
+        except OSError as exc:
+            raise LocationError(f"upload token file {token_file}: {exc}") from exc
+    tok = os.environ.get(TOKEN_ENV)
+    return tok.strip() if tok else None
+
+
+def check_readable(location: str, timeout_s: float = 10.0) -> None:
+    """Raises ``LocationError`` naming ``location`` unless it exists (HEAD for URLs,
+    a glob match for paths)."""
+    if is_url(location):
+        try:
+            r = session().head(location, timeout=timeout_s, allow_redirects=True)
+        except requests.RequestException as exc:
+            raise LocationError(f"{location}: unreachable ({exc.__class__.__name__}: {exc})") from exc
+        if r.status_code >= 400:
+            raise LocationError(f"{location}: HTTP {r.status_code}")
+        return
+    if not expand(location):
+        raise LocationError(f"{location}: no such file")
+
+
+def expand(pattern: str) -> list[str]:
+    """A path or glob -> the sorted list of matching regular files; a directory expands to
+    the files directly inside it. URLs are returned as they are."""
+    if is_url(pattern):
+        return [pattern]
+    if os.path.isdir(pattern):
+        return sorted(str(p) for p in Path(pattern).iterdir() if p.is_file())
+    return sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
+
+
+def open_stream(location: str, timeout_s: float = 30.0) -> IO[bytes]:
+    """Opens a path or URL for streamed binary reading (a URL is never loaded whole).
+
+    Raises ``LocationError`` naming the location if it is missing or unreachable.
+    """
+    if is_url(location):
+        try:
+            r = session().get(location, stream=True, timeout=timeout_s)
+        except requests.RequestException as exc:
+            raise LocationError(f"{location}: unreachable ({exc})") from exc
+        if r.status_code >= 400:
+            r.close()
+            raise LocationError(f"{location}: HTTP {r.status_code}")
+        r.raw.decode_content = True
+        return r.raw  # type: ignore[return-value]
+    try:
+        return open(location, "rb")
+    except OSError as exc:
+        raise LocationError(f"{location}: {exc.strerror or exc}") from exc
+
+
+def iter_lines(location: str, encoding: str = "utf-8") -> Iterator[str]:
+    """Streams the text lines of a path or URL (``.gz`` is decompressed), without the
+    trailing newline."""
+    raw = open_stream(location)
+    try:
+        stream: IO[bytes] = raw
+        if str(location).endswith(".gz"):
+            import gzip
+
+            stream = gzip.GzipFile(fileobj=raw)  # type: ignore[assignment]
+        text = io.TextIOWrapper(stream, encoding=encoding, errors="replace", newline="")
+        for line in text:
+            yield line.rstrip("\r\n")
+    finally:
+        raw.close()
+
+
+def read_bytes(location: str, timeout_s: float = 30.0) -> bytes:
+    """The whole content of a small path or URL (donefiles, metadata)."""
+    if is_url(location):
+        try:
+            r = session().get(location, timeout=timeout_s)
+        except requests.RequestException as exc:
+            raise LocationError(f"{location}: unreachable ({exc})") from exc
+        if r.status_code >= 400:
+            raise LocationError(f"{location}: HTTP {r.status_code}")
+        return r.content
+    try:
+        return Path(location).read_bytes()
+    except OSError as exc:
+        raise LocationError(f"{location}: {exc.strerror or exc}") from exc
+
+
+def md5_file(path: str | os.PathLike) -> str:
+    """Hex MD5 digest of a local file, read in 1 MiB chunks."""
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def download(location: str, dest: str | os.PathLike, md5: str | None = None,
+             timeout_s: float = 60.0) -> str:
+    """Copies a path or URL to ``dest`` through a temporary file renamed into place.
+
+    If ``md5`` (hex) is given the copy is verified first and, on mismatch, deleted and
+    ``LocationError`` raised; nothing is left at ``dest``. Returns the hex MD5.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    h = hashlib.md5()
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+    try:
+        with os.fdopen(fd, "wb") as out, open_stream(location, timeout_s) as src:
+            for chunk in iter(lambda: src.read(CHUNK), b""):
+                h.update(chunk)
+                out.write(chunk)
+        got = h.hexdigest()
+        if md5 and got != md5.lower():
+            raise LocationError(f"{location}: md5 mismatch (expected {md5}, got {got})")
+        os.replace(tmp, dest)
+        return got
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def upload(local: str | os.PathLike, location: str, token: str | None = None,
+           timeout_s: float = 120.0) -> None:
+    """Puts a local file at a path or URL.
+
+    URL: ``PUT`` streamed with ``Authorization: Bearer <token>`` and ``Content-MD5``.
+    Path: copied to a temporary file beside the target and renamed into place, so a
+    reader never sees a half-written file. Raises ``LocationError`` on failure.
+    """
+    if is_url(location):
+        digest = base64.b64encode(bytes.fromhex(md5_file(local))).decode()
+        headers = {"Content-MD5": digest}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        try:
+            with open(local, "rb") as f:
+                r = session().put(location, data=f, headers=headers, timeout=timeout_s)
+        except requests.RequestException as exc:
+            raise LocationError(f"upload {local} -> {location}: {exc}") from exc
+        if r.status_code >= 300:
+            raise LocationError(f"upload {local} -> {location}: HTTP {r.status_code} {r.text[:200]}")
+        return
+    dest = Path(location)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+    os.close(fd)
+    try:
+        shutil.copyfile(local, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def upload_tree(local_dir: str | os.PathLike, location: str, token: str | None = None) -> list[str]:
+    """Uploads every file under ``local_dir`` to the same relative path under ``location``.
+    Returns the list of relative paths uploaded (sorted)."""
+    local_dir = Path(local_dir)
+    rels = sorted(str(p.relative_to(local_dir)) for p in local_dir.rglob("*") if p.is_file())
+    for rel in rels:
+        upload(local_dir / rel, join(location, rel.replace(os.sep, "/")), token)
+    return rels
+
+
+def append_line(location: str, line: str, token: str | None = None) -> None:
+    """Appends one line to a text file at a path or URL (the donefile protocol).
+
+    The file is rewritten whole (read, append, write to a temp, rename / PUT), so a
+    reader sees either the old content or the new, never a partial line. Donefiles are
+    written by one exporter at a time (trainer 0), so read-modify-write is safe.
+    """
+    try:
+        old = read_bytes(location)
+    except LocationError:
+        old = b""
+    if old and not old.endswith(b"\n"):
+        old += b"\n"
+    data = old + line.rstrip("\n").encode() + b"\n"
+    with tempfile.NamedTemporaryFile("wb", delete=False, suffix=".txt") as f:
+        f.write(data)
+        tmp = f.name
+    try:
+        upload(tmp, location, token)
+    finally:
+        os.unlink(tmp)
+
+
+def read_donefile(location: str) -> list[dict]:
+    """Parses a donefile (one JSON object per line: ``id``, ``key``, ``input``, ...).
+
+    A missing donefile is an empty list. A malformed line is logged with its line number
+    and skipped. Returns the valid records in file order.
+    """
+    try:
+        text = read_bytes(location).decode("utf-8", "replace")
+    except LocationError:
+        return []
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError("not a JSON object")
+            for k in ("id", "key", "input"):
+                if k not in rec:
+                    raise ValueError(f"missing field {k!r}")
+            rec["id"], rec["key"] = int(rec["id"]), int(rec["key"])
+        except (ValueError, TypeError) as exc:
+            log.warning("donefile %s line %d skipped: %s: %r", location, n, exc, line[:200])
+            continue
+        out.append(rec)
+    return out

@@ -1,0 +1,42 @@
+"""Tests of runtime.storage on local paths (HTTP is covered with the file server)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime import storage
+
+
+def test_join_paths_and_urls():
+    assert storage.join("http://h:1/root", "versions/3/dense") == "http://h:1/root/versions/3/dense"
+    assert storage.join("/data/root", "versions", "3") == "/data/root/versions/3"
+    assert storage.join("/data/root", "http://other/x") == "http://other/x"
+
+
+def test_download_verifies_md5_and_leaves_nothing_on_mismatch(tmp_path):
+    src = tmp_path / "a.bin"
+    src.write_bytes(b"x" * 3000)
+    good = storage.md5_file(src)
+    assert storage.download(str(src), tmp_path / "out" / "ok.bin", md5=good) == good
+    with pytest.raises(storage.LocationError, match="md5 mismatch"):
+        storage.download(str(src), tmp_path / "out" / "bad.bin", md5="0" * 32)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ok.bin"]
+
+
+def test_donefile_append_and_skip_malformed(tmp_path):
+    df = str(tmp_path / "donefile" / "base.txt")
+    storage.append_line(df, json.dumps({"id": 1, "key": 1, "input": "versions/1/sparse"}))
+    with open(df, "a") as f:
+        f.write("not json\n{\"id\": 2}\n")
+    storage.append_line(df, json.dumps({"id": 3, "key": 3, "input": "versions/3/sparse"}))
+    recs = storage.read_donefile(df)
+    assert [r["id"] for r in recs] == [1, 3]
+    assert storage.read_donefile(str(tmp_path / "missing.txt")) == []
+
+
+def test_missing_location_is_a_clear_error(tmp_path):
+    with pytest.raises(storage.LocationError, match="nope.txt"):
+        storage.check_readable(str(tmp_path / "nope.txt"))
+    with pytest.raises(storage.LocationError, match="nope.txt"):
+        storage.open_stream(str(tmp_path / "nope.txt"))
