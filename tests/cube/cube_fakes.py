@@ -1,0 +1,115 @@
+"""In-process stand-ins for the cube control plane's tests (agent, transfer).
+
+``FakeServer``: a cube server's HTTP control API (docs/contracts.md, "Cube internals")
+held in memory: ``bg_load_*`` "loads" a directory by reading every file under it (its
+byte count becomes ``keys``), ``enable`` switches versions. ``ThreadedApp`` serves any
+WSGI app on 127.0.0.1 in a thread (werkzeug), stopped by ``close()``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from flask import Flask, jsonify, request
+from werkzeug.serving import make_server
+
+
+class ThreadedApp:
+    """Serves ``app`` on ``127.0.0.1:<free port>`` in a daemon thread; ``url`` is its base."""
+
+    def __init__(self, app):
+        self.server = make_server("127.0.0.1", 0, app, threaded=True)
+        self.port = self.server.server_port
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.thread.join(5)
+
+
+class FakeServer:
+    """In-memory cube server control plane. ``fail_load``: versions whose load fails;
+    ``load_delay_s``: seconds a load takes. ``loads``: dirs loaded, in order."""
+
+    def __init__(self, shard: int = 0, load_delay_s: float = 0.0):
+        self.shard = shard
+        self.version = None
+        self.prev_version = None
+        self.bg_version = None
+        self.bg_state = "empty"
+        self.bg_error = None
+        self.keys = 0
+        self.fail_load: set[int] = set()
+        self.load_delay_s = load_delay_s
+        self.loads: list[str] = []
+        self.enables: list[int] = []
+        self.unloads = 0
+        self.lock = threading.Lock()
+        self.app = self._make_app()
+        self.http = ThreadedApp(self.app)
+        self.url = self.http.url
+
+    def status(self) -> dict:
+        return {"shard": self.shard, "shard_num": 2, "dict_name": "d", "version": self.version,
+                "prev_version": self.prev_version, "bg_version": self.bg_version,
+                "bg_state": self.bg_state, "bg_error": self.bg_error, "keys": self.keys, "dim": 2}
+
+    def _load(self, d: str, version: int) -> None:
+        time.sleep(self.load_delay_s)
+        with self.lock:
+            if self.bg_version != version:
+                return
+            if version in self.fail_load or not Path(d).is_dir():
+                self.bg_state, self.bg_error = "failed", f"cannot load {d}"
+                return
+            self.loads.append(d)
+            self.bg_state = "loaded"
+
+    def _make_app(self) -> Flask:
+        app = Flask("fake-cube-server")
+
+        @app.get("/status")
+        def status():
+            with self.lock:
+                return jsonify(self.status())
+
+        @app.post("/bg_load_base")
+        @app.post("/bg_load_patch")
+        def bg_load():
+            b = request.get_json()
+            if request.path.endswith("patch") and b.get("base_version") != self.version:
+                return jsonify(error=f"base {b.get('base_version')} is not served ({self.version})"), 409
+            with self.lock:
+                self.bg_version, self.bg_state, self.bg_error = int(b["version"]), "loading", None
+            threading.Thread(target=self._load, args=(b["dir"], int(b["version"])), daemon=True).start()
+            return jsonify(ok=True), 202
+
+        @app.post("/enable")
+        def enable():
+            v = int(request.get_json()["version"])
+            with self.lock:
+                if self.bg_version != v or self.bg_state != "loaded":
+                    return jsonify(error=f"version {v} is not loaded"), 409
+                self.prev_version, self.version = self.version, v
+                self.bg_version, self.bg_state = None, "empty"
+                self.enables.append(v)
+            return jsonify(ok=True)
+
+        @app.post("/bg_unload")
+        def bg_unload():
+            with self.lock:
+                self.bg_version, self.bg_state, self.bg_error = None, "empty", None
+                self.unloads += 1
+            return jsonify(ok=True)
+
+        @app.get("/healthz")
+        def healthz():
+            return jsonify(ok=True)
+
+        return app
+
+    def close(self) -> None:
+        self.http.close()
