@@ -1,8 +1,133 @@
-"""Subcommands of this role (registered into ``elastic-ctr``); filled in by the role's issue."""
+"""Subcommands of the serving role: ``fileserver``, ``serve``, ``client``, ``local``.
+
+Heavy imports (Flask, Paddle, numpy) happen inside the handlers so ``--help`` is fast.
+"""
 from __future__ import annotations
 
 import argparse
+import os
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
-    """Adds this role's subcommands to the top-level parser."""
+    """Adds ``fileserver``, ``serve``, ``client`` and ``local`` to the top-level parser."""
+    # -- fileserver -------------------------------------------------------------------
+    p = sub.add_parser(
+        "fileserver",
+        help="serve a directory tree over HTTP (listing, Range, ETag) with token-authenticated PUT uploads",
+        description="File server: GET/HEAD files and listings (HTML, or JSON with ?format=json), "
+        "PUT uploads with 'Authorization: Bearer <token>' (token from --upload-token-file or "
+        "$ELASTIC_CTR_UPLOAD_TOKEN; without one, uploads are refused with 403).",
+    )
+    p.add_argument("--root", required=True, help="directory to serve (created if missing)")
+    p.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
+    p.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
+    p.add_argument("--upload-token-file", default=None,
+                   help="file holding the upload bearer token (default: $ELASTIC_CTR_UPLOAD_TOKEN)")
+    p.add_argument("--threads", type=int, default=8, help="worker threads (default 8)")
+    p.add_argument("--max-upload-bytes", type=int, default=None,
+                   help="refuse uploads larger than this many bytes (default: unlimited)")
+    p.set_defaults(handler=_fileserver)
+
+    # -- serve --------------------------------------------------------------------------
+    p = sub.add_parser(
+        "serve",
+        help="CTR prediction server (Open Inference Protocol v2 + /predict) over cube and the dense model",
+        description="Serving: loads the dense model of the version cube serves, looks embeddings "
+        "up in cube, answers the Open Inference Protocol v2 (KServe/Triton) on /v2/... and raw "
+        "lines on POST /predict; Prometheus metrics on /metrics.",
+    )
+    p.add_argument("--topology", required=True, help="cube topology JSON file (docs/contracts.md)")
+    p.add_argument("--model-root", required=True,
+                   help="version root ROOT (directory or file-server URL): ROOT/versions/<id>/dense")
+    p.add_argument("--transfer-url", default=None,
+                   help="cube transfer URL; its /dict/info 'version' is the version served "
+                   "(default: follow ROOT/donefile instead)")
+    p.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
+    p.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
+    p.add_argument("--workers", type=int, default=_env_int("SERVING_WORKERS", 1),
+                   help="worker processes (gunicorn gthread; default 1, or $SERVING_WORKERS)")
+    p.add_argument("--threads", type=int, default=4, help="threads per worker (default 4)")
+    p.add_argument("--max-batch", type=int, default=4096,
+                   help="largest batch accepted, in samples (default 4096; larger -> 400)")
+    p.add_argument("--poll-interval", type=float, default=0.5,
+                   help="seconds between checks for a new version (default 0.5)")
+    p.add_argument("--cube-timeout-ms", type=float, default=200.0,
+                   help="cube lookup timeout per try, ms (default 200)")
+    p.add_argument("--work-dir", default=None,
+                   help="where downloaded dense models are kept (default: a temporary directory)")
+    p.add_argument("--format", choices=("criteo", "slot"), default="criteo",
+                   help="raw-line format accepted by /predict and BYTES inputs (default criteo)")
+    p.add_argument("--slot-file", default=None, help="slot list for --format slot")
+    p.set_defaults(handler=_serve)
+
+    # -- client -------------------------------------------------------------------------
+    p = sub.add_parser(
+        "client",
+        help="demo client: sends test data to serving over the v2 API, reports AUC, QPS, latency",
+    )
+    p.add_argument("--url", required=True, help="serving base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--data", nargs="+", required=True, help="test data: files, globs or URLs")
+    p.add_argument("--format", choices=("criteo", "slot", "auto"), default="auto",
+                   help="data format (default: auto-detect)")
+    p.add_argument("--slot-file", default=None, help="slot list for --format slot")
+    p.add_argument("--concurrency", type=int, default=4, help="concurrent workers (default 4)")
+    p.add_argument("--batch-size", type=int, default=1, help="samples per request (default 1)")
+    p.add_argument("--max-requests", type=int, default=None,
+                   help="stop after this many requests (default: one pass over the data)")
+    p.add_argument("--duration", type=float, default=None,
+                   help="keep cycling over the data for this many seconds")
+    p.add_argument("--until-file", default=None,
+                   help="keep cycling over the data until this file exists")
+    p.add_argument("--mode", choices=("features", "lines"), default="features",
+                   help="send parsed features (FP32+UINT64 tensors) or raw lines (BYTES)")
+    p.add_argument("--timeout", type=float, default=10.0, help="request timeout, s (default 10)")
+    p.add_argument("--json-out", default=None, help="also write the report as JSON here")
+    p.add_argument("--predictions-out", default=None,
+                   help="write 'row<TAB>label<TAB>probability<TAB>version' per scored row here")
+    p.set_defaults(handler=_client)
+
+    # -- local --------------------------------------------------------------------------
+    from runtime.serving import local as _local_mod  # light module: argparse flags only
+
+    p = sub.add_parser(
+        "local",
+        help="run the whole pipeline locally as processes (what `make demo` runs)",
+        description=_local_mod.DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _local_mod.add_arguments(p)
+    p.set_defaults(handler=_local)
+
+
+def _fileserver(args) -> int:
+    from runtime import storage
+    from runtime.serving import fileserver
+
+    token = storage.read_token(args.upload_token_file)
+    return fileserver.run(args.root, args.host, args.port, token, threads=args.threads,
+                          max_upload_bytes=args.max_upload_bytes)
+
+
+def _serve(args) -> int:
+    from runtime.serving import server
+
+    return server.main(args)
+
+
+def _client(args) -> int:
+    from runtime.serving import client
+
+    return client.main(args)
+
+
+def _local(args) -> int:
+    from runtime.serving import local
+
+    return local.main(args)
