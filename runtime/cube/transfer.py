@@ -1,0 +1,881 @@
+"""Cube transfer: watches the donefile and rolls every new version out to all instances.
+
+Modelled on the reference cube-transfer (``../shared/notes/cube.md``), but it runs
+continuously and keeps its HTTP API.
+
+Donefile rules (layout and line format: docs/contracts.md, "A version on the file server"):
+
+- ``ROOT/donefile/base.txt``: the last valid line is the newest base. It is deployed when
+  its id is above the served base id (older bases in between are skipped).
+- ``ROOT/donefile/patch.txt``: the lines whose ``key`` is the served base id and whose
+  ``id`` is above the served version, in file order, one rollout each. A patch whose
+  ``key`` names another base (not the served one, not a newer base about to be
+  deployed) is refused: logged once and recorded in the history as ``refused``.
+- A malformed line (not JSON, not an object, ``id``/``key``/``input`` missing or not
+  integers) is logged once and skipped; the transfer keeps running.
+
+A rollout of version V (one at a time), phases as in the reference:
+
+1. ``Building``: the SequenceFiles at the line's ``input`` (resolved against ROOT; a
+   directory, a glob, or a file-server directory listed through its JSON listing and
+   downloaded) -> ``runtime.cube.builder.build`` -> per-shard tar + md5 under
+   ``<work_dir>/build/<dict>/<V>/``.
+2. ``Deploying``: the tars, their ``.md5`` and ``build.json`` published under
+   ``ROOT/cube/<dict>/<V>/`` (PUT with the upload token for a URL root, an atomic copy
+   for a directory). Agents download them from ``--publish-url`` (default ROOT).
+3. ``Downloading``, 4. ``Reloading``, 5. ``Enabling``: every shard x replica agent is
+   driven through the step; each phase is a barrier over all instances (nothing is
+   enabled until every instance has loaded). Each instance gets ``retries`` attempts per
+   phase (``tenacity``, exponential backoff) within the phase's timeout (s).
+6. ``Finished``: the served version becomes V.
+
+Failure in Building, Deploying, Downloading or Reloading aborts the rollout: every agent
+is told ``bg_unload`` and the previous version keeps serving. The version is retried at
+the next polls up to ``max_rollout_attempts`` times, then given up (a later base
+supersedes it; a given-up patch blocks the later patches of its base, since they would
+be applied without its changes). A failure during Enabling (some instances switched, not
+all) cannot be undone: the rollout stays current and is re-driven at every poll until
+every instance serves V (instances already serving V are skipped).
+
+State (``<work_dir>/transfer_state.json``, written to a temp file, fsynced and renamed)
+holds the served version, the rollout in progress with its phase, attempts and the
+history. A restarted transfer resumes the rollout in progress from its start
+(idempotently: a finished build is reused, agents answer repeated commands at once,
+instances already serving V are skipped) and never redeploys a finished version.
+
+HTTP (Flask behind waitress): ``GET /healthz``, ``GET /dict/info`` (serving reads its
+``version``), ``GET /instance/status``, ``GET /dict/deploy/history``, ``GET /metrics``.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import requests
+import tenacity
+
+from runtime import storage
+
+log = logging.getLogger(__name__)
+
+PHASES = ("Building", "Deploying", "Downloading", "Reloading", "Enabling", "Finished")
+STATE_FILE = "transfer_state.json"
+HISTORY_MAX = 200
+
+
+class RolloutError(RuntimeError):
+    """A rollout failed; ``phase`` names the phase, the message names the instance/input."""
+
+    def __init__(self, phase: str, message: str):
+        super().__init__(f"{phase}: {message}")
+        self.phase = phase
+
+
+# --------------------------------------------------------------------------- topology
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One shard x replica: the agent's URL, the server's data (host:port) and HTTP URL."""
+
+    shard: int
+    replica: int
+    agent: str
+    server: str = ""
+    http: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"shard{self.shard}/replica{self.replica}"
+
+
+def load_topology(source: str | os.PathLike | dict) -> tuple[str, list[list[Instance]]]:
+    """Reads the topology JSON (docs/contracts.md): ``{"dict_name", "shards": [{"shard",
+    "replicas": [{"server", "http", "agent"}]}]}``. Returns ``(dict_name, shards)`` where
+    ``shards[i]`` lists shard i's replicas. Raises ``ValueError`` naming the file and the
+    problem (shards out of order, a replica without an agent, no shards)."""
+    where = "topology" if isinstance(source, dict) else str(source)
+    if isinstance(source, dict):
+        topo = source
+    else:
+        try:
+            topo = json.loads(Path(source).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{where}: cannot read topology: {exc}") from exc
+    try:
+        dict_name = str(topo["dict_name"])
+        shards = []
+        for i, sh in enumerate(topo["shards"]):
+            if int(sh.get("shard", i)) != i:
+                raise ValueError(f"shards must be listed in shard order: entry {i} is shard {sh.get('shard')}")
+            reps = []
+            for j, rep in enumerate(sh["replicas"]):
+                if not rep.get("agent"):
+                    raise ValueError(f"shard {i} replica {j} has no agent URL")
+                reps.append(Instance(i, j, str(rep["agent"]).rstrip("/"), str(rep.get("server", "")),
+                                     str(rep.get("http", "")).rstrip("/")))
+            if not reps:
+                raise ValueError(f"shard {i} has no replicas")
+            shards.append(reps)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{where}: malformed topology: missing or bad {exc}") from exc
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+    if not shards:
+        raise ValueError(f"{where}: no shards")
+    return dict_name, shards
+
+
+# --------------------------------------------------------------------------- donefile
+
+
+def parse_donefile(text: str, source: str = "donefile") -> tuple[list[dict], list[tuple[int, str, str]]]:
+    """Parses donefile text: one JSON object per line with integer ``id`` and ``key`` and a
+    string ``input``. Returns ``(records, errors)``: the valid records in file order (each
+    with ``_line``, its 1-based line number) and ``(line number, reason, line)`` for each
+    malformed line. Blank lines are ignored."""
+    records, errors = [], []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError("not a JSON object")
+            for k in ("id", "key", "input"):
+                if k not in rec:
+                    raise ValueError(f"missing field {k!r}")
+            for k in ("id", "key"):
+                v = rec[k]
+                if isinstance(v, bool) or not isinstance(v, (int, str)) or int(v) < 0:
+                    raise ValueError(f"field {k!r} is not a non-negative integer: {v!r}")
+                rec[k] = int(v)
+            if not isinstance(rec["input"], str) or not rec["input"]:
+                raise ValueError("field 'input' is not a non-empty string")
+        except (ValueError, TypeError) as exc:
+            errors.append((n, str(exc), line[:200]))
+            continue
+        rec["_line"] = n
+        records.append(rec)
+    return records, errors
+
+
+# --------------------------------------------------------------------------- state
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Writes JSON to ``path`` through a fsynced temp file renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _empty_state() -> dict:
+    return {"served": None, "current": None, "attempts": {}, "given_up": [], "refused": [],
+            "history": []}
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def list_inputs(location: str, timeout_s: float = 30.0) -> list[str]:
+    """The SequenceFile part files at ``location``: a local file, directory or glob, or a
+    file-server directory URL listed through its JSON listing (``GET <dir>/?format=json``
+    -> ``{"entries": [{"name", "type", "size"}]}``). Names starting with ``.`` or ``_``
+    (``_SUCCESS``, temp files) and ``.crc``/``.md5`` files are skipped. Raises
+    ``storage.LocationError`` naming the location if nothing is found."""
+    def keep(name: str) -> bool:
+        return not name.startswith((".", "_")) and not name.endswith((".crc", ".md5"))
+
+    if storage.is_url(location):
+        url = location.rstrip("/") + "/?format=json"
+        try:
+            r = storage.session().get(url, timeout=timeout_s, headers={"Accept": "application/json"})
+        except requests.RequestException as exc:
+            raise storage.LocationError(f"{location}: listing unreachable ({exc})") from exc
+        if r.status_code == 404:
+            raise storage.LocationError(f"{location}: no such directory (HTTP 404)")
+        if r.status_code >= 400:
+            raise storage.LocationError(f"{location}: listing failed: HTTP {r.status_code}")
+        try:
+            entries = r.json()["entries"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise storage.LocationError(f"{location}: not a JSON directory listing ({exc})") from exc
+        files = sorted(storage.join(location.rstrip("/") + "/", e["name"]) for e in entries
+                       if e.get("type") == "file" and keep(str(e["name"])))
+    else:
+        files = [f for f in storage.expand(location) if keep(os.path.basename(f))]
+    if not files:
+        raise storage.LocationError(f"{location}: no SequenceFile part files")
+    return files
+
+
+# --------------------------------------------------------------------------- transfer
+
+
+def _default_build(inputs, output_dir, dict_name, shard_num, version, mode, base_version):
+    from runtime.cube import builder
+
+    return builder.build(inputs, output_dir, dict_name, shard_num, version, mode=mode,
+                         base_version=base_version)
+
+
+class Transfer:
+    """The transfer's state machine; ``poll_once`` does one donefile check and at most one
+    rollout, ``run`` loops until ``stop`` is set.
+
+    Args:
+        topology: path or dict (see ``load_topology``).
+        root: version root (directory or URL).
+        work_dir: builds, downloaded inputs and ``transfer_state.json``.
+        publish_url: base from which agents download ``cube/<dict>/<V>/...`` (default root).
+        token: upload bearer token for a URL root.
+        poll_interval_s, phase_timeout_s: seconds.
+        retries: attempts per instance and phase; max_rollout_attempts: rollouts per version.
+        build_fn: ``(inputs, output_dir, dict_name, shard_num, version, mode, base_version)``,
+            writing the builder's layout (docs/contracts.md); default ``builder.build``.
+    """
+
+    def __init__(self, topology, root: str, work_dir: str | os.PathLike, publish_url: str | None = None,
+                 token: str | None = None, poll_interval_s: float = 2.0, phase_timeout_s: float = 300.0,
+                 retries: int = 3, max_rollout_attempts: int = 3, dict_name: str | None = None,
+                 build_fn: Callable | None = None, http_timeout_s: float = 10.0):
+        topo_dict, self.shards = load_topology(topology)
+        self.dict_name = dict_name or topo_dict
+        self.instances = [inst for reps in self.shards for inst in reps]
+        self.root = str(root)
+        self.publish_url = publish_url or self.root
+        self.work_dir = Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.token = token
+        self.poll_interval_s = poll_interval_s
+        self.phase_timeout_s = phase_timeout_s
+        self.retries = max(1, retries)
+        self.max_rollout_attempts = max(1, max_rollout_attempts)
+        self.http_timeout_s = http_timeout_s
+        self.build_fn = build_fn or _default_build
+        self.state_path = self.work_dir / STATE_FILE
+        self.lock = threading.RLock()
+        self.state = self._load_state()
+        self.stop = threading.Event()
+        self.last_poll: float | None = None
+        self.last_error: str | None = None
+        self._logged_errors: set[tuple] = set()
+        self._http = requests.Session()
+        adapter = requests.adapters.HTTPAdapter(pool_connections=64, pool_maxsize=64)
+        self._http.mount("http://", adapter)
+        self._http.mount("https://", adapter)
+        self.after_phase: Callable[[str, dict], None] | None = None  # test hook
+        self._init_metrics()
+
+    # ---------------------------------------------------------------- state
+
+    def _load_state(self) -> dict:
+        if not self.state_path.exists():
+            return _empty_state()
+        try:
+            st = json.loads(self.state_path.read_text())
+        except (OSError, ValueError) as exc:
+            # refuse to guess: an unreadable state could make us redeploy or skip versions
+            raise RuntimeError(f"{self.state_path}: unreadable transfer state ({exc}); fix or remove it") from exc
+        base = _empty_state()
+        base.update(st)
+        return base
+
+    def _save(self) -> None:
+        with self.lock:
+            write_json_atomic(self.state_path, self.state)
+
+    def _history(self, entry: dict) -> None:
+        with self.lock:
+            self.state["history"].append(entry)
+            del self.state["history"][:-HISTORY_MAX]
+
+    # ---------------------------------------------------------------- metrics
+
+    def _init_metrics(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.registry = CollectorRegistry()
+        self.m_version = Gauge("cube_transfer_served_version", "version id served by every instance",
+                               registry=self.registry)
+        self.m_rollouts = Counter("cube_transfer_rollouts", "rollouts by outcome", ["status"],
+                                  registry=self.registry)
+        self.m_phase = Gauge("cube_transfer_phase_seconds", "duration of the last rollout's phases (s)",
+                             ["phase"], registry=self.registry)
+        self.m_rollout_s = Gauge("cube_transfer_last_rollout_seconds",
+                                 "donefile line seen -> every instance enabled, last rollout (s)",
+                                 registry=self.registry)
+        self.m_malformed = Counter("cube_transfer_donefile_malformed_lines",
+                                   "malformed donefile lines skipped (each counted once)",
+                                   registry=self.registry)
+        self.m_polls = Counter("cube_transfer_polls", "donefile polls", registry=self.registry)
+        served = self.state.get("served") or {}
+        if served.get("version") is not None:
+            self.m_version.set(served["version"])
+
+    # ---------------------------------------------------------------- donefile -> plan
+
+    def _read_donefile(self, name: str) -> list[dict]:
+        loc = storage.join(self.root, f"donefile/{name}")
+        try:
+            text = storage.read_bytes(loc).decode("utf-8", "replace")
+        except storage.LocationError as exc:
+            if storage.is_url(loc) and "HTTP 404" not in str(exc):
+                self._log_once(("read", loc, str(exc)), logging.WARNING, "donefile %s: %s", loc, exc)
+            return []
+        recs, errors = parse_donefile(text, loc)
+        for n, why, line in errors:
+            key = ("malformed", loc, n, line)
+            if key not in self._logged_errors:
+                self.m_malformed.inc()
+            self._log_once(key, logging.WARNING, "donefile %s line %d skipped: %s: %r", loc, n, why, line)
+        return recs
+
+    def _log_once(self, key: tuple, level: int, msg: str, *args) -> None:
+        if key in self._logged_errors:
+            return
+        self._logged_errors.add(key)
+        log.log(level, msg, *args)
+
+    def next_plan(self) -> dict | None:
+        """The next rollout to do (or resume), or None. Records refused patches."""
+        with self.lock:
+            if self.state.get("current"):
+                return dict(self.state["current"])
+            served = self.state.get("served") or {}
+            given_up = set(self.state.get("given_up", []))
+        bases = self._read_donefile("base.txt")
+        patches = self._read_donefile("patch.txt")
+        served_version = served.get("version")
+        served_base = served.get("base_id")
+        if bases:
+            newest = bases[-1]
+            if (served_base is None or newest["id"] > served_base) and newest["id"] not in given_up:
+                return self._plan(newest, "base", None)
+            if newest["id"] in given_up:
+                self._log_once(("gaveup", newest["id"]), logging.ERROR,
+                               "base %d was given up after %d failed rollouts; waiting for a newer base",
+                               newest["id"], self.max_rollout_attempts)
+        if served_version is None:
+            return None
+        base_ids = {b["id"] for b in bases}
+        for p in patches:
+            if p["id"] <= served_version:
+                continue
+            if p["key"] != served_base:
+                if p["key"] > served_base and p["key"] in base_ids:
+                    continue  # for a newer base; deployed after that base
+                self._refuse(p, served)
+                continue
+            if p["id"] in given_up:
+                self._log_once(("gaveup", p["id"]), logging.ERROR,
+                               "patch %d was given up; later patches of base %d are held back "
+                               "(they would be applied without its changes) until a new base",
+                               p["id"], served_base)
+                return None
+            return self._plan(p, "delta", served_version)
+        return None
+
+    def _plan(self, rec: dict, mode: str, base_version: int | None) -> dict:
+        return {"version": rec["id"], "key": rec["key"], "mode": mode, "base_version": base_version,
+                "input": rec["input"], "model": rec.get("model"), "phase": "Trigging",
+                "seen": time.time(), "attempt": 0}
+
+    def _refuse(self, rec: dict, served: dict) -> None:
+        with self.lock:
+            if rec["id"] in self.state["refused"]:
+                return
+            self.state["refused"].append(rec["id"])
+            del self.state["refused"][:-1000]
+            msg = (f"patch {rec['id']} refused: its base {rec['key']} is not the served base "
+                   f"{served.get('base_id')} (served version {served.get('version')})")
+            log.warning(msg)
+            self._history({"version": rec["id"], "mode": "delta", "key": rec["key"], "status": "refused",
+                           "error": msg, "started": time.time(), "finished": time.time()})
+            self.m_rollouts.labels("refused").inc()
+            self._save()
+
+    # ---------------------------------------------------------------- loop
+
+    def poll_once(self) -> dict | None:
+        """One donefile check and at most one rollout. Returns the history entry of the
+        rollout done (None if there was nothing to do). Never raises for a failed rollout."""
+        self.m_polls.inc()
+        self.last_poll = time.time()
+        plan = self.next_plan()
+        if plan is None:
+            return None
+        return self.rollout(plan)
+
+    def run(self) -> None:
+        """Polls until ``stop`` is set; an unexpected error is logged and the loop goes on."""
+        log.info("transfer: dict %s, %d shards x %s replicas, root %s, poll every %.1f s",
+                 self.dict_name, len(self.shards), "/".join(str(len(r)) for r in self.shards),
+                 self.root, self.poll_interval_s)
+        while not self.stop.is_set():
+            try:
+                while self.poll_once() is not None and not self.stop.is_set():
+                    pass  # a rollout happened: look again at once (patches queued behind it)
+                self.last_error = None
+            except Exception as exc:  # noqa: BLE001 - the watcher must survive anything
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("transfer poll failed")
+            self.stop.wait(self.poll_interval_s)
+
+    # ---------------------------------------------------------------- rollout
+
+    def rollout(self, plan: dict) -> dict:
+        """Drives one rollout through every phase (see module docstring). Returns its
+        history entry (``status`` finished | failed | partial)."""
+        v, mode = plan["version"], plan["mode"]
+        resumed = plan.get("phase") not in (None, "Trigging")
+        with self.lock:
+            attempts = self.state["attempts"].get(str(v), 0) + 1
+            self.state["attempts"][str(v)] = attempts
+            plan["attempt"] = attempts
+            plan["started"] = time.time()
+            self.state["current"] = plan
+            self._save()
+        t_start = time.monotonic()
+        phases: dict[str, float] = {}
+        log.info("Trigging version=%d mode=%s key=%d base_version=%s attempt=%d%s", v, mode, plan["key"],
+                 plan["base_version"], attempts, " (resuming an interrupted rollout)" if resumed else "")
+        entry = {"version": v, "mode": mode, "key": plan["key"], "base_version": plan["base_version"],
+                 "attempt": attempts, "started": plan["started"], "resumed": resumed}
+        enabled: set[Instance] = set()
+        try:
+            # instances that already serve v (an interrupted Enabling) are done
+            skip = {i for i, st in self._instance_versions().items() if st == v}
+            t = time.monotonic()
+            self._set_phase(plan, "Building")
+            build = self._build(plan)
+            phases["Building"] = time.monotonic() - t
+            log.info("Building version=%d finished: %d keys, %d shards, dim %s in %.2f s", v,
+                     build.get("count", -1), len(build["shards"]), build.get("dim"), phases["Building"])
+            t = time.monotonic()
+            self._set_phase(plan, "Deploying")
+            urls = self._publish(build, v)
+            phases["Deploying"] = time.monotonic() - t
+            log.info("Deploying version=%d finished: %d shard tars published in %.2f s", v, len(urls),
+                     phases["Deploying"])
+            todo = [i for i in self.instances if i not in skip]
+            for phase, step in (("Downloading", "download"), ("Reloading", "reload")):
+                t = time.monotonic()
+                self._set_phase(plan, phase)
+                self._barrier(phase, step, todo, plan, urls, build)
+                phases[phase] = time.monotonic() - t
+            t = time.monotonic()
+            self._set_phase(plan, "Enabling")
+            try:
+                self._barrier("Enabling", "enable", todo, plan, urls, build, enabled=enabled)
+            except RolloutError:
+                if enabled or skip:
+                    raise _Partial(enabled | skip)
+                raise
+            phases["Enabling"] = time.monotonic() - t
+        except _Partial as part:
+            err = str(part.__context__ or part)
+            entry.update(status="partial", finished=time.time(), error=err, phases=phases,
+                         enabled=sorted(i.name for i in part.enabled))
+            log.error("Enabling version=%d incomplete (%d/%d instances switched): %s; re-driven at the "
+                      "next poll", v, len(part.enabled), len(self.instances), err)
+            with self.lock:
+                self._history(entry)
+                self.m_rollouts.labels("partial").inc()
+                self._save()
+            return entry
+        except Exception as exc:  # noqa: BLE001 - any failure aborts; the old version keeps serving
+            err = str(exc) if isinstance(exc, RolloutError) else f"{plan.get('phase')}: {type(exc).__name__}: {exc}"
+            self._abort(v)
+            # a retry rebuilds from the inputs (a resumed *interrupted* rollout reuses the build)
+            shutil.rmtree(self.work_dir / "build" / self.dict_name / str(v), ignore_errors=True)
+            with self.lock:
+                gave_up = attempts >= self.max_rollout_attempts
+                if gave_up and v not in self.state["given_up"]:
+                    self.state["given_up"].append(v)
+                self.state["current"] = None
+                entry.update(status="failed", finished=time.time(), error=err, phases=phases,
+                             given_up=gave_up)
+                self._history(entry)
+                self.m_rollouts.labels("failed").inc()
+                self._save()
+            log.error("Aborted version=%d attempt=%d/%d: %s; version %s keeps serving%s", v, attempts,
+                      self.max_rollout_attempts, err, (self.state.get("served") or {}).get("version"),
+                      " (given up)" if gave_up else "")
+            return entry
+        total = time.monotonic() - t_start
+        with self.lock:
+            served_before = self.state.get("served") or {}
+            self.state["served"] = {
+                "version": v, "base_id": v if mode == "base" else plan["key"],
+                "patch_id": None if mode == "base" else v, "dim": build.get("dim"),
+                "count": build.get("count") if mode == "base" else served_before.get("count"),
+                "model": plan.get("model"), "enabled_at": time.time()}
+            self.state["current"] = None
+            entry.update(status="finished", finished=time.time(), seconds=round(total, 3),
+                         since_seen=round(time.time() - plan.get("seen", plan["started"]), 3),
+                         phases={k: round(s, 3) for k, s in phases.items()}, count=build.get("count"),
+                         skipped=sorted(i.name for i in skip))
+            self._history(entry)
+            self.m_rollouts.labels("finished").inc()
+            self.m_version.set(v)
+            self.m_rollout_s.set(total)
+            for k, s in phases.items():
+                self.m_phase.labels(k).set(s)
+            self._save()
+        log.info("Finished version=%d mode=%s: %d instances serve it, %.2f s (%s)", v, mode,
+                 len(self.instances), total, ", ".join(f"{k} {s:.2f} s" for k, s in phases.items()))
+        self._cleanup_builds()
+        return entry
+
+    def _set_phase(self, plan: dict, phase: str) -> None:
+        with self.lock:
+            plan["phase"] = phase
+            self.state["current"] = plan
+            self._save()
+        if self.after_phase:
+            self.after_phase(phase, plan)
+
+    # Building ----------------------------------------------------------------------
+
+    def _build(self, plan: dict) -> dict:
+        v = plan["version"]
+        out = self.work_dir / "build"
+        vdir = out / self.dict_name / str(v)
+        meta = vdir / "build.json"
+        if meta.exists():  # a finished build of an interrupted rollout: reuse it
+            try:
+                build = json.loads(meta.read_text())
+                if int(build.get("shard_num", -1)) == len(self.shards) and all(
+                        self._tar_path(vdir, s).exists() for s in build["shards"]):
+                    log.info("Building version=%d: reusing the finished build in %s", v, vdir)
+                    return self._normalize_build(build, vdir)
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+            shutil.rmtree(vdir, ignore_errors=True)
+        location = storage.join(self.root, plan["input"])
+        try:
+            inputs = list_inputs(location)
+        except storage.LocationError as exc:
+            raise RolloutError("Building", f"input of version {v}: {exc}") from exc
+        tmp_inputs = None
+        if any(storage.is_url(i) for i in inputs):
+            tmp_inputs = self.work_dir / "inputs" / str(v)
+            shutil.rmtree(tmp_inputs, ignore_errors=True)
+            local = []
+            for u in inputs:
+                dest = tmp_inputs / u.rstrip("/").rsplit("/", 1)[-1]
+                try:
+                    storage.download(u, dest)
+                except storage.LocationError as exc:
+                    raise RolloutError("Building", f"input of version {v}: {exc}") from exc
+                local.append(str(dest))
+            inputs = local
+        log.info("Building version=%d mode=%s from %d part files at %s", v, plan["mode"], len(inputs), location)
+        try:
+            self.build_fn(inputs, str(out), self.dict_name, len(self.shards), v, plan["mode"],
+                          plan["base_version"])
+        except Exception as exc:  # noqa: BLE001 - a bad input must not kill the transfer
+            shutil.rmtree(vdir, ignore_errors=True)
+            raise RolloutError("Building", f"version {v} from {location}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if tmp_inputs is not None:
+                shutil.rmtree(tmp_inputs, ignore_errors=True)
+        try:
+            build = json.loads(meta.read_text())
+        except (OSError, ValueError) as exc:
+            raise RolloutError("Building", f"version {v}: builder wrote no readable {meta}: {exc}") from exc
+        return self._normalize_build(build, vdir)
+
+    def _tar_path(self, vdir: Path, shard: dict) -> Path:
+        tar = shard.get("tar") or f"{self.dict_name}_part{shard['shard']}.tar"
+        p = Path(tar)
+        return p if p.is_absolute() else vdir / p.name
+
+    def _normalize_build(self, build: dict, vdir: Path) -> dict:
+        shards = sorted(build["shards"], key=lambda s: int(s["shard"]))
+        if [int(s["shard"]) for s in shards] != list(range(len(self.shards))):
+            raise RolloutError("Building", f"{vdir}/build.json: shards {[s['shard'] for s in shards]} do not "
+                                           f"match the topology's {len(self.shards)}")
+        for s in shards:
+            s["tar_path"] = str(self._tar_path(vdir, s))
+            if not s.get("md5"):
+                md5f = Path(s["tar_path"] + ".md5")
+                s["md5"] = md5f.read_text().split()[0] if md5f.exists() else storage.md5_file(s["tar_path"])
+        build["shards"] = shards
+        build["dir"] = str(vdir)
+        return build
+
+    # Deploying ---------------------------------------------------------------------
+
+    def _publish(self, build: dict, v: int) -> list[str]:
+        """Publishes each shard tar (+ .md5) and build.json under ROOT/cube/<dict>/<v>/;
+        returns the agents' download URL (or path) per shard."""
+        rel = f"cube/{self.dict_name}/{v}"
+        urls = []
+        try:
+            for s in build["shards"]:
+                tar = Path(s["tar_path"])
+                storage.upload(tar, storage.join(self.root, f"{rel}/{tar.name}"), self.token)
+                md5 = Path(str(tar) + ".md5")
+                if md5.exists():
+                    storage.upload(md5, storage.join(self.root, f"{rel}/{md5.name}"), self.token)
+                urls.append(storage.join(self.publish_url, f"{rel}/{tar.name}"))
+            meta = Path(build["dir"]) / "build.json"
+            if meta.exists():
+                storage.upload(meta, storage.join(self.root, f"{rel}/build.json"), self.token)
+        except (storage.LocationError, OSError) as exc:
+            raise RolloutError("Deploying", f"publishing version {v} under {storage.join(self.root, rel)}: {exc}") from exc
+        return urls
+
+    # Downloading / Reloading / Enabling --------------------------------------------
+
+    def _barrier(self, phase: str, step: str, todo: list[Instance], plan: dict, urls: list[str],
+                 build: dict, enabled: set | None = None) -> None:
+        """Runs ``step`` on every instance in ``todo`` concurrently; returns when all
+        succeeded, raises ``RolloutError`` (naming the instances) when any failed."""
+        v = plan["version"]
+        t0 = time.monotonic()
+        deadline = t0 + self.phase_timeout_s
+        log.info("%s version=%d: 0/%d instances", phase, v, len(todo))
+        failures: list[str] = []
+        done = 0
+        if not todo:
+            return
+        with cf.ThreadPoolExecutor(max_workers=min(32, len(todo)), thread_name_prefix=step) as ex:
+            futs = {ex.submit(self._drive, inst, step, plan, urls, build, deadline): inst for inst in todo}
+            for fut in cf.as_completed(futs):
+                inst = futs[fut]
+                try:
+                    fut.result()
+                    done += 1
+                    if enabled is not None:
+                        enabled.add(inst)
+                except Exception as exc:  # noqa: BLE001
+                    failures.append(f"{inst.name} ({inst.agent}) {step}: {exc}")
+        dt = time.monotonic() - t0
+        log.info("%s version=%d: %d/%d instances, %d failed, %.2f s", phase, v, done, len(todo),
+                 len(failures), dt)
+        if failures:
+            raise RolloutError(phase, "; ".join(failures))
+
+    def _drive(self, inst: Instance, step: str, plan: dict, urls: list[str], build: dict,
+               deadline: float) -> None:
+        """One instance through one step, with ``retries`` attempts (exponential backoff
+        0.2-2 s) inside the phase deadline. Raises the last error."""
+        v = plan["version"]
+        if step == "download":
+            body = {"url": urls[inst.shard], "md5": build["shards"][inst.shard]["md5"], "version": v, "mode": plan["mode"],
+                    "base_version": plan["base_version"], "dict_name": self.dict_name}
+        else:
+            body = {"version": v}
+
+        def attempt() -> None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{step} not done within the phase timeout {self.phase_timeout_s:.0f} s")
+            if step != "enable":
+                body["wait"] = max(0.0, min(left, 600.0))
+            try:
+                r = self._http.post(f"{inst.agent}/{step}", json=body, timeout=left + 5)
+            except requests.RequestException as exc:
+                raise _Retry(f"agent unreachable: {exc}") from exc
+            try:
+                out = r.json()
+            except ValueError:
+                out = {"error": r.text[:300]}
+            if r.status_code == 200:
+                return
+            err = out.get("error") or out.get("state") or r.text[:300]
+            if r.status_code == 202:
+                raise TimeoutError(f"{step} still running at the phase timeout")
+            if r.status_code == 400:
+                raise _Fatal(f"HTTP 400: {err}")
+            raise _Retry(f"HTTP {r.status_code}: {err}")
+
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self.retries),
+            wait=tenacity.wait_exponential(multiplier=0.2, max=2.0),
+            retry=tenacity.retry_if_exception_type(_Retry),
+            reraise=True,
+            before_sleep=lambda rs: log.warning("%s %s of version %d: attempt %d failed (%s); retrying",
+                                                inst.name, step, v, rs.attempt_number,
+                                                rs.outcome.exception()),
+        )
+        retrying(attempt)
+
+    def _abort(self, v: int) -> None:
+        """Tells every agent ``bg_unload`` (best effort, concurrently)."""
+        def unload(inst: Instance) -> None:
+            try:
+                r = self._http.post(f"{inst.agent}/bg_unload", json={"version": v}, timeout=self.http_timeout_s)
+                if r.status_code != 200:
+                    log.warning("%s bg_unload: HTTP %d %s", inst.name, r.status_code, r.text[:200])
+            except requests.RequestException as exc:
+                log.warning("%s bg_unload: %s", inst.name, exc)
+
+        with cf.ThreadPoolExecutor(max_workers=min(32, len(self.instances))) as ex:
+            list(ex.map(unload, self.instances))
+
+    def _instance_versions(self) -> dict[Instance, int | None]:
+        """Each instance's served version from its agent's status (None if unknown)."""
+        def one(inst: Instance):
+            try:
+                r = self._http.get(f"{inst.agent}/status", timeout=self.http_timeout_s)
+                return (r.json().get("server") or {}).get("version") if r.status_code == 200 else None
+            except (requests.RequestException, ValueError):
+                return None
+
+        with cf.ThreadPoolExecutor(max_workers=min(32, len(self.instances))) as ex:
+            return dict(zip(self.instances, ex.map(one, self.instances)))
+
+    def _cleanup_builds(self) -> None:
+        """Keeps the served build and the one before it under ``<work_dir>/build``."""
+        d = self.work_dir / "build" / self.dict_name
+        if not d.is_dir():
+            return
+        versions = sorted((int(p.name) for p in d.iterdir() if p.is_dir() and p.name.isdigit()))
+        for old in versions[:-2]:
+            shutil.rmtree(d / str(old), ignore_errors=True)
+
+    # ---------------------------------------------------------------- HTTP views
+
+    def info(self) -> dict:
+        """``GET /dict/info``: ``version`` is the id every instance serves (None before the
+        first rollout)."""
+        with self.lock:
+            served = dict(self.state.get("served") or {})
+            cur = self.state.get("current")
+            last = self.state["history"][-1] if self.state["history"] else None
+        return {"dict_name": self.dict_name, "version": served.get("version"),
+                "base_id": served.get("base_id"), "patch_id": served.get("patch_id"),
+                "shard_num": len(self.shards), "replica_num": min(len(r) for r in self.shards),
+                "replicas": [len(r) for r in self.shards], "dim": served.get("dim"),
+                "count": served.get("count"), "model": served.get("model"),
+                "enabled_at": served.get("enabled_at"),
+                "status": "rolling_out" if cur else ("serving" if served else "empty"),
+                "rollout": None if not cur else {k: cur.get(k) for k in ("version", "mode", "phase", "attempt",
+                                                                        "started")},
+                "last_rollout": None if not last else {k: last.get(k) for k in ("version", "status", "error")},
+                "last_poll": self.last_poll, "last_error": self.last_error}
+
+    def instance_status(self) -> dict:
+        """``GET /instance/status``: every instance's agent status (queried now, 2 s timeout)."""
+        def one(inst: Instance) -> dict:
+            out = {"shard": inst.shard, "replica": inst.replica, "agent": inst.agent, "server": inst.server}
+            try:
+                r = self._http.get(f"{inst.agent}/status", timeout=2.0)
+                st = r.json()
+                srv = st.get("server") or {}
+                out.update(reachable=True, version=srv.get("version"), bg_version=srv.get("bg_version"),
+                           bg_state=srv.get("bg_state"), step=st.get("step"), state=st.get("state"),
+                           error=st.get("error") or srv.get("error"))
+            except (requests.RequestException, ValueError) as exc:
+                out.update(reachable=False, error=str(exc))
+            return out
+
+        with cf.ThreadPoolExecutor(max_workers=min(32, len(self.instances))) as ex:
+            rows = list(ex.map(one, self.instances))
+        served = (self.state.get("served") or {}).get("version")
+        return {"dict_name": self.dict_name, "version": served, "instances": rows,
+                "consistent": all(r.get("version") == served for r in rows)}
+
+    def history(self) -> list[dict]:
+        with self.lock:
+            return list(self.state["history"])
+
+
+class _Retry(RuntimeError):
+    """A retryable failure of one instance's step."""
+
+
+class _Fatal(RuntimeError):
+    """A failure no retry can fix (a bad request)."""
+
+
+class _Partial(Exception):
+    """Enabling failed after some instances switched (carries them)."""
+
+    def __init__(self, enabled: set):
+        super().__init__("partial enable")
+        self.enabled = enabled
+
+
+# --------------------------------------------------------------------------- HTTP + main
+
+
+def create_app(transfer: Transfer):
+    """The transfer's Flask app (routes in the module docstring)."""
+    from flask import Flask, Response, jsonify
+    from prometheus_client import generate_latest, CONTENT_TYPE_LATEST
+
+    app = Flask("cube-transfer")
+
+    @app.get("/healthz")
+    def healthz():
+        return jsonify(ok=True)
+
+    @app.get("/dict/info")
+    def dict_info():
+        return jsonify(transfer.info())
+
+    @app.get("/instance/status")
+    def instance_status():
+        return jsonify(transfer.instance_status())
+
+    @app.get("/dict/deploy/history")
+    def history():
+        return jsonify(history=transfer.history())
+
+    @app.get("/metrics")
+    def metrics():
+        return Response(generate_latest(transfer.registry), mimetype=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def main(args) -> int:
+    """``elastic-ctr cube transfer``: serves HTTP in a thread and polls until SIGTERM."""
+    from waitress import create_server
+
+    token = storage.read_token(args.upload_token_file)
+    tr = Transfer(args.topology, args.root, args.work_dir, publish_url=args.publish_url, token=token,
+                  poll_interval_s=args.poll_interval, phase_timeout_s=args.phase_timeout,
+                  retries=args.retries, max_rollout_attempts=args.max_rollout_attempts,
+                  dict_name=args.dict_name)
+    if args.once:
+        while tr.poll_once() is not None:
+            pass
+        return 0
+    server = create_server(create_app(tr), host=args.host, port=args.port, threads=4, ident="cube-transfer")
+    threading.Thread(target=server.run, daemon=True, name="http").start()
+    log.info("cube-transfer listening on http://%s:%d", args.host, args.port)
+
+    def _stop(*_):
+        tr.stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    tr.run()
+    server.close()
+    return 0

@@ -1,0 +1,290 @@
+"""Cube transfer: donefile parsing, rollout barriers, abort, refusal, persisted state.
+
+Runs in-process: 2 shards x 2 replicas of a real ``Agent`` (its Flask app served in a
+thread) in front of ``FakeServer`` (tests/cube/cube_fakes.py), and a stub builder that
+writes the builder's output layout (docs/contracts.md) so these tests do not depend on
+the data plane.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from runtime.cube.agent import Agent, create_app as agent_app
+from runtime.cube.transfer import Transfer, create_app, load_topology, parse_donefile
+from tests.cube.cube_fakes import FakeServer, ThreadedApp
+
+DICT = "d"
+
+
+def stub_build(inputs, output_dir, dict_name, shard_num, version, mode, base_version, bad_md5_shard=None):
+    """Writes ``<out>/<dict>/<version>/{<dict>_part<i>/, .tar, .tar.md5, build.json}``."""
+    vdir = Path(output_dir) / dict_name / str(version)
+    vdir.mkdir(parents=True, exist_ok=True)
+    payload = b"".join(Path(p).read_bytes() for p in inputs)
+    shards = []
+    for i in range(shard_num):
+        part = vdir / f"{dict_name}_part{i}"
+        part.mkdir(exist_ok=True)
+        (part / "data").write_bytes(payload + b"|%d|%d" % (i, version))
+        tar = vdir / f"{dict_name}_part{i}.tar"
+        with tarfile.open(tar, "w") as tf:
+            tf.add(part, arcname=part.name)
+        md5 = hashlib.md5(tar.read_bytes()).hexdigest()
+        if i == bad_md5_shard:
+            md5 = "f" * 32
+        Path(str(tar) + ".md5").write_text(md5 + "\n")
+        shards.append({"shard": i, "tar": str(tar), "md5": md5, "count": 1, "bytes": tar.stat().st_size})
+    (vdir / "build.json").write_text(json.dumps({
+        "dict_name": dict_name, "version": version, "mode": mode, "base_version": base_version,
+        "shard_num": shard_num, "dim": 2, "count": len(payload), "duplicates": 0, "shards": shards}))
+
+
+class Cluster:
+    """2 shards x 2 replicas of FakeServer + Agent."""
+
+    def __init__(self, tmp: Path, shards: int = 2, replicas: int = 2):
+        self.servers, self.agents, self.apps = [], [], []
+        topo = {"dict_name": DICT, "shards": []}
+        for s in range(shards):
+            reps = []
+            for r in range(replicas):
+                srv = FakeServer(shard=s)
+                ag = Agent(srv.url, tmp / f"agent{s}{r}", load_timeout_s=10, poll_s=0.01)
+                app = ThreadedApp(agent_app(ag))
+                self.servers.append(srv)
+                self.agents.append(ag)
+                self.apps.append(app)
+                reps.append({"server": "127.0.0.1:1", "http": srv.url, "agent": app.url})
+            topo["shards"].append({"shard": s, "replicas": reps})
+        self.topology = topo
+
+    def versions(self):
+        return [s.version for s in self.servers]
+
+    def close(self):
+        for a in self.apps:
+            a.close()
+        for s in self.servers:
+            s.close()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def root(tmp_path):
+    r = tmp_path / "root"
+    (r / "donefile").mkdir(parents=True)
+    return r
+
+
+def add_version(root: Path, vid: int, key: int, patch: bool = False, data: bytes | None = None) -> None:
+    sparse = root / "versions" / str(vid) / "sparse"
+    sparse.mkdir(parents=True, exist_ok=True)
+    (sparse / "part-00000").write_bytes(data or b"v%d" % vid)
+    (sparse / "_SUCCESS").write_bytes(b"")
+    line = json.dumps({"id": vid, "key": key, "input": f"versions/{vid}/sparse"})
+    with open(root / "donefile" / ("patch.txt" if patch else "base.txt"), "a") as f:
+        f.write(line + "\n")
+
+
+def make_transfer(cluster, root, work, **kw) -> Transfer:
+    kw.setdefault("build_fn", stub_build)
+    kw.setdefault("phase_timeout_s", 20)
+    kw.setdefault("retries", 2)
+    return Transfer(cluster.topology, str(root), work, poll_interval_s=0.05, **kw)
+
+
+# ------------------------------------------------------------------------- parsing
+
+
+def test_parse_donefile_skips_malformed_lines():
+    text = "\n".join([
+        '{"id": 1, "key": 1, "input": "versions/1/sparse"}',
+        'not json',
+        '[1, 2]',
+        '{"id": 2, "key": 2}',
+        '{"id": "x", "key": 2, "input": "a"}',
+        '{"id": true, "key": 2, "input": "a"}',
+        '{"id": -3, "key": 2, "input": "a"}',
+        '{"id": 4, "key": 4, "input": ""}',
+        '',
+        '{"id": "5", "key": 5, "input": "versions/5/sparse", "dim": 8}',
+        '{"id": 6, "key": 6, "inp',  # a half-written last line
+    ])
+    recs, errors = parse_donefile(text)
+    assert [(r["id"], r["key"], r["_line"]) for r in recs] == [(1, 1, 1), (5, 5, 10)]
+    assert recs[1]["dim"] == 8
+    assert [n for n, _, _ in errors] == [2, 3, 4, 5, 6, 7, 8, 11]
+    assert "missing field 'input'" in errors[2][1]
+
+
+def test_topology_errors(tmp_path):
+    with pytest.raises(ValueError, match="no agent"):
+        load_topology({"dict_name": "d", "shards": [{"shard": 0, "replicas": [{"server": "h:1"}]}]})
+    with pytest.raises(ValueError, match="shard order"):
+        load_topology({"dict_name": "d", "shards": [{"shard": 1, "replicas": [{"agent": "http://a"}]}]})
+    p = tmp_path / "t.json"
+    p.write_text("{")
+    with pytest.raises(ValueError, match=str(p)):
+        load_topology(str(p))
+
+
+# ------------------------------------------------------------------------- rollouts
+
+
+def test_base_then_patch_and_malformed_lines(cluster, root, tmp_path):
+    add_version(root, 100, 100)
+    with open(root / "donefile" / "base.txt", "a") as f:
+        f.write("garbage line\n")  # malformed: logged, skipped; the last *valid* line is the newest
+    tr = make_transfer(cluster, root, tmp_path / "work")
+    assert tr.info()["version"] is None and tr.info()["status"] == "empty"
+    e = tr.poll_once()
+    assert e["status"] == "finished", e
+    assert cluster.versions() == [100] * 4
+    assert set(e["phases"]) == {"Building", "Deploying", "Downloading", "Reloading", "Enabling"}
+    # tars published under ROOT/cube/<dict>/<version>/
+    assert (root / "cube" / DICT / "100" / f"{DICT}_part1.tar").exists()
+    assert tr.poll_once() is None  # nothing new
+    add_version(root, 101, 100, patch=True)
+    add_version(root, 102, 100, patch=True)
+    assert tr.poll_once()["version"] == 101
+    assert tr.poll_once()["version"] == 102
+    assert cluster.versions() == [102] * 4
+    for s in cluster.servers:
+        assert s.enables == [100, 101, 102]
+    info = tr.info()
+    assert (info["version"], info["base_id"], info["patch_id"]) == (102, 100, 102)
+    assert (info["shard_num"], info["replica_num"], info["dim"]) == (2, 2, 2)
+    # a newer base supersedes older ones; patches of the old base are not applied to it
+    add_version(root, 200, 200)
+    add_version(root, 300, 300)
+    assert tr.poll_once()["version"] == 300
+    assert tr.poll_once() is None
+    assert cluster.versions() == [300] * 4
+    assert tr.m_malformed._value.get() == 1  # logged once, not at every poll
+
+
+def test_restart_does_not_repeat_a_finished_rollout(cluster, root, tmp_path):
+    add_version(root, 10, 10)
+    add_version(root, 11, 10, patch=True)
+    tr = make_transfer(cluster, root, tmp_path / "work")
+    while tr.poll_once():
+        pass
+    assert cluster.versions() == [11] * 4
+    tr2 = make_transfer(cluster, root, tmp_path / "work")  # "restarted": state from disk
+    assert tr2.info()["version"] == 11
+    assert tr2.poll_once() is None
+    for s in cluster.servers:
+        assert s.enables == [10, 11]
+    assert [h["version"] for h in tr2.history()] == [10, 11]
+
+
+def test_interrupted_rollout_is_resumed_once(cluster, root, tmp_path):
+    add_version(root, 20, 20)
+    tr = make_transfer(cluster, root, tmp_path / "work")
+
+    def crash(phase, plan):
+        if phase == "Enabling":
+            raise KeyboardInterrupt  # the process dies between Reloading and Enabling
+
+    tr.after_phase = crash
+    with pytest.raises(KeyboardInterrupt):
+        tr.poll_once()
+    state = json.loads((tmp_path / "work" / "transfer_state.json").read_text())
+    assert state["current"]["version"] == 20 and state["current"]["phase"] == "Enabling"
+    assert cluster.versions() == [None] * 4
+    # as if the old process had switched shard 0's replicas before dying
+    for ag in cluster.agents[:2]:
+        assert ag.enable({"version": 20})[0] == 200
+    tr2 = make_transfer(cluster, root, tmp_path / "work")
+    assert tr2.info()["status"] == "rolling_out"
+    e = tr2.poll_once()
+    assert e["status"] == "finished" and e["resumed"] and sorted(e["skipped"]) == [
+        "shard0/replica0", "shard0/replica1"]
+    assert cluster.versions() == [20] * 4
+    for s in cluster.servers:
+        assert s.enables == [20]  # nobody switched twice
+    assert tr2.poll_once() is None
+
+
+def test_failure_in_one_instance_aborts_and_old_version_serves(cluster, root, tmp_path):
+    add_version(root, 1, 1)
+    tr = make_transfer(cluster, root, tmp_path / "work", max_rollout_attempts=2)
+    assert tr.poll_once()["status"] == "finished"
+    add_version(root, 2, 2)
+    cluster.servers[3].fail_load.add(2)  # shard 1 replica 1 cannot load version 2
+    e = tr.poll_once()
+    assert e["status"] == "failed" and "Reloading" in e["error"] and "shard1/replica1" in e["error"]
+    assert cluster.versions() == [1] * 4  # nothing enabled: the barrier held
+    assert all(s.enables == [1] for s in cluster.servers)
+    assert all(s.unloads >= 1 for s in cluster.servers) and all(s.bg_version is None for s in cluster.servers)
+    assert tr.info()["version"] == 1 and tr.info()["last_rollout"]["status"] == "failed"
+    e = tr.poll_once()  # second and last attempt
+    assert e["status"] == "failed" and e["given_up"]
+    assert tr.poll_once() is None  # given up: not retried forever
+    assert cluster.versions() == [1] * 4
+    add_version(root, 3, 3)  # a newer base still goes out
+    assert tr.poll_once()["status"] == "finished" and cluster.versions() == [3] * 4
+
+
+def test_md5_mismatch_aborts_at_downloading(cluster, root, tmp_path):
+    add_version(root, 1, 1)
+    tr = make_transfer(cluster, root, tmp_path / "work")
+    tr.poll_once()
+    add_version(root, 2, 2)
+    tr.build_fn = lambda *a: stub_build(*a, bad_md5_shard=1)
+    e = tr.poll_once()
+    assert e["status"] == "failed" and "Downloading" in e["error"] and "md5 mismatch" in e["error"]
+    assert cluster.versions() == [1] * 4
+    assert all(s.loads[-1].endswith("_part%d" % s.shard) for s in cluster.servers)
+
+
+def test_delta_with_wrong_base_refused(cluster, root, tmp_path):
+    add_version(root, 50, 50)
+    tr = make_transfer(cluster, root, tmp_path / "work")
+    tr.poll_once()
+    add_version(root, 51, 49, patch=True)  # names a base that is not served
+    add_version(root, 52, 50, patch=True)
+    e = tr.poll_once()
+    assert e["version"] == 52 and e["status"] == "finished"
+    refused = [h for h in tr.history() if h["status"] == "refused"]
+    assert [h["version"] for h in refused] == [51] and "not the served base" in refused[0]["error"]
+    assert cluster.versions() == [52] * 4
+    assert tr.poll_once() is None
+    assert len([h for h in tr.history() if h["status"] == "refused"]) == 1  # recorded once
+
+
+def test_missing_input_fails_building_and_transfer_keeps_running(cluster, root, tmp_path):
+    with open(root / "donefile" / "base.txt", "w") as f:
+        f.write(json.dumps({"id": 7, "key": 7, "input": "versions/7/nowhere"}) + "\n")
+    tr = make_transfer(cluster, root, tmp_path / "work", max_rollout_attempts=1)
+    e = tr.poll_once()
+    assert e["status"] == "failed" and e["error"].startswith("Building") and "versions/7/nowhere" in e["error"]
+    add_version(root, 8, 8)
+    assert tr.poll_once()["status"] == "finished"
+
+
+def test_http_api(cluster, root, tmp_path):
+    add_version(root, 5, 5)
+    tr = make_transfer(cluster, root, tmp_path / "work")
+    tr.poll_once()
+    c = create_app(tr).test_client()
+    assert c.get("/healthz").status_code == 200
+    info = c.get("/dict/info").json
+    assert info["version"] == 5 and info["dict_name"] == DICT and info["status"] == "serving"
+    inst = c.get("/instance/status").json
+    assert inst["consistent"] and [i["version"] for i in inst["instances"]] == [5] * 4
+    hist = c.get("/dict/deploy/history").json["history"]
+    assert hist[-1]["status"] == "finished" and hist[-1]["version"] == 5
+    m = c.get("/metrics").data.decode()
+    assert "cube_transfer_served_version 5.0" in m and 'cube_transfer_rollouts_total{status="finished"} 1.0' in m
