@@ -1,0 +1,14 @@
+"""Pulumi ComponentResources of elastic-ctr (type tokens ``elastic-ctr:index:<Name>``)."""
+from components.common import Deployment
+from components.cube_cluster import CubeCluster, CubeClusterArgs
+from components.cube_transfer import CubeTransfer, CubeTransferArgs
+from components.file_server import FileServer, FileServerArgs
+from components.images import Images, ImagesArgs
+from components.serving import Serving, ServingArgs
+from components.training_job import TrainingJob, TrainingJobArgs
+
+__all__ = [
+    "Deployment", "CubeCluster", "CubeClusterArgs", "CubeTransfer", "CubeTransferArgs",
+    "FileServer", "FileServerArgs", "Images", "ImagesArgs", "Serving", "ServingArgs",
+    "TrainingJob", "TrainingJobArgs",
+]

@@ -1,0 +1,173 @@
+"""Building blocks shared by every component: labels, security contexts, resources, probes.
+
+Everything here returns plain ``pulumi_kubernetes`` argument objects, so each component
+reads as a direct description of its Kubernetes objects.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+PART_OF = "elastic-ctr"
+#: UID/GID of the non-root ``app`` user the Dockerfiles create.
+APP_UID = 10001
+#: Mount point of the writable scratch volume every container gets (root FS is read-only).
+TMP_DIR = "/tmp"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Where and as what the components deploy; shared by all of them.
+
+    Attributes:
+        namespace: Kubernetes namespace name (a DNS-1123 label); used in DNS names.
+        instance: value of ``app.kubernetes.io/instance`` (``<project>-<stack>``).
+        namespace_resource: the Namespace resource every namespaced object depends on
+            (``None`` where the namespace exists outside this program, e.g. in tests).
+        image_pull_secrets: names of ``kubernetes.io/dockerconfigjson`` Secrets for pods.
+        image_pull_policy: ``IfNotPresent`` | ``Always`` | ``Never``.
+    """
+
+    namespace: str
+    instance: str
+    namespace_resource: Optional[pulumi.Resource] = None
+    image_pull_secrets: Sequence[pulumi.Input[str]] = field(default_factory=tuple)
+    image_pull_policy: str = "IfNotPresent"
+
+    def svc_host(self, service: str) -> str:
+        """Cluster DNS name of ``service`` in this namespace (``<svc>.<ns>.svc.cluster.local``)."""
+        return f"{service}.{self.namespace}.svc.cluster.local"
+
+    def child_opts(self, parent: pulumi.Resource, **kwargs) -> pulumi.ResourceOptions:
+        """Options for a component's child: parented to it, ordered after the Namespace."""
+        depends = [self.namespace_resource] if self.namespace_resource is not None else []
+        return pulumi.ResourceOptions(parent=parent, depends_on=depends, **kwargs)
+
+    def pull_secrets(self) -> list[k8s.core.v1.LocalObjectReferenceArgs]:
+        """``imagePullSecrets`` entries for a pod spec."""
+        return [k8s.core.v1.LocalObjectReferenceArgs(name=n) for n in self.image_pull_secrets]
+
+
+def labels(dep: Deployment, name: str, component: str, **extra: str) -> dict[str, str]:
+    """The recommended ``app.kubernetes.io/*`` labels (plus ``extra``).
+
+    Args:
+        name: the application, e.g. ``cube-server``.
+        component: its role in the architecture, e.g. ``cube``, ``training``.
+    """
+    out = {
+        "app.kubernetes.io/name": name,
+        "app.kubernetes.io/instance": dep.instance,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": PART_OF,
+        "app.kubernetes.io/managed-by": "pulumi",
+    }
+    out.update(extra)
+    return out
+
+
+def selector(all_labels: dict[str, str]) -> dict[str, str]:
+    """The immutable subset of ``labels()`` used in selectors (name, instance and extras)."""
+    return {
+        k: v
+        for k, v in all_labels.items()
+        if k not in ("app.kubernetes.io/component", "app.kubernetes.io/part-of",
+                     "app.kubernetes.io/managed-by")
+    }
+
+
+def metadata(dep: Deployment, name: str, lbls: dict[str, str],
+             annotations: Optional[dict[str, str]] = None) -> k8s.meta.v1.ObjectMetaArgs:
+    """ObjectMeta with an explicit name (stable DNS) in the deployment's namespace."""
+    return k8s.meta.v1.ObjectMetaArgs(
+        name=name, namespace=dep.namespace, labels=lbls, annotations=annotations)
+
+
+def resources(cpu: str, memory: str) -> k8s.core.v1.ResourceRequirementsArgs:
+    """Requests = limits (Guaranteed QoS): ``cpu`` e.g. ``"500m"``, ``memory`` e.g. ``"1Gi"``."""
+    q = {"cpu": cpu, "memory": memory}
+    return k8s.core.v1.ResourceRequirementsArgs(requests=dict(q), limits=dict(q))
+
+
+def pod_security() -> k8s.core.v1.PodSecurityContextArgs:
+    """Pod-level: non-root UID/GID 10001, volumes group-writable, RuntimeDefault seccomp."""
+    return k8s.core.v1.PodSecurityContextArgs(
+        run_as_non_root=True,
+        run_as_user=APP_UID,
+        run_as_group=APP_UID,
+        fs_group=APP_UID,
+        seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault"),
+    )
+
+
+def container_security(read_only_root: bool = True) -> k8s.core.v1.SecurityContextArgs:
+    """Container-level: no privilege escalation, all capabilities dropped, read-only root FS."""
+    return k8s.core.v1.SecurityContextArgs(
+        run_as_non_root=True,
+        run_as_user=APP_UID,
+        allow_privilege_escalation=False,
+        read_only_root_filesystem=read_only_root,
+        capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"]),
+    )
+
+
+def http_probe(path: str, port: str, period_s: int = 10, failures: int = 3,
+               initial_delay_s: int = 0) -> k8s.core.v1.ProbeArgs:
+    """An HTTP GET probe on a named container port."""
+    return k8s.core.v1.ProbeArgs(
+        http_get=k8s.core.v1.HTTPGetActionArgs(path=path, port=port),
+        period_seconds=period_s, failure_threshold=failures, timeout_seconds=3,
+        initial_delay_seconds=initial_delay_s or None,
+    )
+
+
+def tcp_probe(port: str, period_s: int = 10, failures: int = 3) -> k8s.core.v1.ProbeArgs:
+    """A TCP connect probe on a named container port."""
+    return k8s.core.v1.ProbeArgs(
+        tcp_socket=k8s.core.v1.TCPSocketActionArgs(port=port),
+        period_seconds=period_s, failure_threshold=failures, timeout_seconds=3)
+
+
+def base_env(log_level: str = "INFO") -> list[k8s.core.v1.EnvVarArgs]:
+    """Environment every container gets: log level, HOME and caches on the writable /tmp."""
+    return [
+        k8s.core.v1.EnvVarArgs(name="ELASTIC_CTR_LOG_LEVEL", value=log_level),
+        k8s.core.v1.EnvVarArgs(name="HOME", value=TMP_DIR),
+        # numba caches compiled kernels beside the module by default: not writable here.
+        k8s.core.v1.EnvVarArgs(name="NUMBA_CACHE_DIR", value=f"{TMP_DIR}/numba"),
+    ]
+
+
+def token_env(secret_name: pulumi.Input[str], key: str) -> k8s.core.v1.EnvVarArgs:
+    """``ELASTIC_CTR_UPLOAD_TOKEN`` from a Secret key (never a literal value)."""
+    return k8s.core.v1.EnvVarArgs(
+        name="ELASTIC_CTR_UPLOAD_TOKEN",
+        value_from=k8s.core.v1.EnvVarSourceArgs(
+            secret_key_ref=k8s.core.v1.SecretKeySelectorArgs(name=secret_name, key=key)),
+    )
+
+
+def tmp_volume(size: str = "1Gi") -> tuple[k8s.core.v1.VolumeArgs, k8s.core.v1.VolumeMountArgs]:
+    """The writable scratch emptyDir mounted at /tmp (root FS is read-only)."""
+    return (
+        k8s.core.v1.VolumeArgs(name="tmp", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(size_limit=size)),
+        k8s.core.v1.VolumeMountArgs(name="tmp", mount_path=TMP_DIR),
+    )
+
+
+def topology_volume(configmap_name: pulumi.Input[str]) -> tuple[k8s.core.v1.VolumeArgs,
+                                                                  k8s.core.v1.VolumeMountArgs]:
+    """The cube topology ConfigMap mounted read-only at /etc/elastic-ctr (``topology.json``)."""
+    return (
+        k8s.core.v1.VolumeArgs(
+            name="topology",
+            config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=configmap_name)),
+        k8s.core.v1.VolumeMountArgs(name="topology", mount_path=TOPOLOGY_DIR, read_only=True),
+    )
+
+
+TOPOLOGY_DIR = "/etc/elastic-ctr"
+TOPOLOGY_FILE = f"{TOPOLOGY_DIR}/topology.json"

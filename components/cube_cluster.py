@@ -1,0 +1,233 @@
+"""CubeCluster: the sharded, replicated sparse-parameter service.
+
+Per shard ``i`` (0 <= i < shards): a StatefulSet ``cube-shard-<i>`` (replicas = the
+replica count; a ``cube-server`` and a ``cube-agent`` container sharing an emptyDir at
+``/data``), its headless Service (stable pod DNS) and a PodDisruptionBudget allowing one
+replica down at a time. Plus the ``cube-topology`` ConfigMap (``topology.json``, format in
+docs/contracts.md) that the transfer and serving mount.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components import common
+from components.common import Deployment
+
+SERVER_PORT = 8900
+SERVER_HTTP_PORT = 8901
+AGENT_PORT = 8902
+DICT_NAME = "ctr_embedding"
+TOPOLOGY_CONFIGMAP = "cube-topology"
+DATA_DIR = "/data"
+
+
+def shard_name(shard: int) -> str:
+    """Name of shard ``shard``'s StatefulSet, headless Service and PDB."""
+    return f"cube-shard-{shard}"
+
+
+def topology(namespace: str, shards: int, replicas: int, dict_name: str = DICT_NAME) -> dict:
+    """The topology document for ``shards`` x ``replicas`` StatefulSet pods, in shard order.
+
+    Addresses are StatefulSet pod DNS names,
+    ``<sts>-<ordinal>.<headless svc>.<namespace>.svc.cluster.local``, so they are known
+    before any pod exists and stay stable across restarts.
+    """
+    out = []
+    for s in range(shards):
+        name = shard_name(s)
+        reps = []
+        for r in range(replicas):
+            host = f"{name}-{r}.{name}.{namespace}.svc.cluster.local"
+            reps.append({
+                "server": f"{host}:{SERVER_PORT}",
+                "http": f"http://{host}:{SERVER_HTTP_PORT}",
+                "agent": f"http://{host}:{AGENT_PORT}",
+            })
+        out.append({"shard": s, "replicas": reps})
+    return {"dict_name": dict_name, "shards": out}
+
+
+def topology_json(doc: dict) -> str:
+    """Canonical JSON text of a topology (key order as in docs/contracts.md; stable, so its
+    checksum is too)."""
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def checksum(text: str) -> str:
+    """sha256 hex of ``text``; put in pod-template annotations to roll pods on change."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class CubeClusterArgs:
+    """Inputs of :class:`CubeCluster`.
+
+    Attributes:
+        deployment: namespace, labels instance, pull secrets.
+        image: cube image reference.
+        shards: shard count (>= 1); keys go to shard ``key % shards``.
+        replicas: replicas per shard (>= 1).
+        server_cpu / server_memory: cube-server requests = limits (Kubernetes quantities).
+        agent_cpu / agent_memory: cube-agent requests = limits.
+        data_size: size limit of the shared emptyDir holding downloaded and loaded dicts.
+    """
+
+    deployment: Deployment
+    image: pulumi.Input[str]
+    shards: int
+    replicas: int
+    server_cpu: str
+    server_memory: str
+    agent_cpu: str
+    agent_memory: str
+    data_size: str
+
+
+class CubeCluster(pulumi.ComponentResource):
+    """Cube servers and agents, shards x replicas, and the topology ConfigMap.
+
+    Outputs: ``topology`` (dict), ``topology_configmap`` (ConfigMap name),
+    ``topology_checksum`` (sha256 of ``topology.json``).
+    """
+
+    def __init__(self, name: str, args: CubeClusterArgs,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("elastic-ctr:index:CubeCluster", name, None, opts)
+        dep = args.deployment
+        self.topology = topology(dep.namespace, args.shards, args.replicas)
+        text = topology_json(self.topology)
+        self.topology_checksum = checksum(text)
+
+        cm_labels = common.labels(dep, "cube-topology", "cube")
+        self.configmap = k8s.core.v1.ConfigMap(
+            TOPOLOGY_CONFIGMAP,
+            metadata=common.metadata(dep, TOPOLOGY_CONFIGMAP, cm_labels),
+            data={"topology.json": text},
+            opts=dep.child_opts(self),
+        )
+        self.statefulsets: list[k8s.apps.v1.StatefulSet] = []
+        for shard in range(args.shards):
+            self._shard(shard, args)
+
+        self.topology_configmap = self.configmap.metadata.apply(lambda m: m.name)
+        self.register_outputs({
+            "topology": self.topology,
+            "topology_configmap": self.topology_configmap,
+            "topology_checksum": self.topology_checksum,
+        })
+
+    def _shard(self, shard: int, args: CubeClusterArgs) -> None:
+        dep = args.deployment
+        name = shard_name(shard)
+        lbls = common.labels(dep, "cube-server", "cube", **{"elastic-ctr.io/shard": str(shard)})
+        sel = common.selector(lbls)
+
+        k8s.core.v1.Service(
+            name,
+            metadata=common.metadata(dep, name, lbls),
+            spec=k8s.core.v1.ServiceSpecArgs(
+                cluster_ip="None",  # headless: per-pod DNS records
+                publish_not_ready_addresses=True,  # the transfer reaches agents before data is loaded
+                selector=sel,
+                ports=[
+                    k8s.core.v1.ServicePortArgs(name="data", port=SERVER_PORT, target_port="data"),
+                    k8s.core.v1.ServicePortArgs(name="http", port=SERVER_HTTP_PORT, target_port="http"),
+                    k8s.core.v1.ServicePortArgs(name="agent", port=AGENT_PORT, target_port="agent"),
+                ],
+            ),
+            opts=dep.child_opts(self),
+        )
+
+        tmp_vol, tmp_mount = common.tmp_volume()
+        data_mount = k8s.core.v1.VolumeMountArgs(name="cube-data", mount_path=DATA_DIR)
+        server = k8s.core.v1.ContainerArgs(
+            name="cube-server",
+            image=args.image,
+            image_pull_policy=dep.image_pull_policy,
+            args=["cube", "server", "--shard", str(shard), "--shard-num", str(args.shards),
+                  "--dict-name", DICT_NAME, "--host", "0.0.0.0",
+                  "--port", str(SERVER_PORT), "--http-port", str(SERVER_HTTP_PORT)],
+            ports=[
+                k8s.core.v1.ContainerPortArgs(name="data", container_port=SERVER_PORT),
+                k8s.core.v1.ContainerPortArgs(name="http", container_port=SERVER_HTTP_PORT),
+            ],
+            env=common.base_env(),
+            resources=common.resources(args.server_cpu, args.server_memory),
+            readiness_probe=common.http_probe("/healthz", "http", period_s=5),
+            liveness_probe=common.http_probe("/healthz", "http", period_s=10, failures=6),
+            security_context=common.container_security(),
+            volume_mounts=[data_mount, tmp_mount],
+        )
+        agent = k8s.core.v1.ContainerArgs(
+            name="cube-agent",
+            image=args.image,
+            image_pull_policy=dep.image_pull_policy,
+            args=["cube", "agent", "--host", "0.0.0.0", "--port", str(AGENT_PORT),
+                  "--server-http", f"http://127.0.0.1:{SERVER_HTTP_PORT}",
+                  "--work-dir", f"{DATA_DIR}/agent"],
+            ports=[k8s.core.v1.ContainerPortArgs(name="agent", container_port=AGENT_PORT)],
+            env=common.base_env(),
+            resources=common.resources(args.agent_cpu, args.agent_memory),
+            readiness_probe=common.http_probe("/healthz", "agent", period_s=5),
+            liveness_probe=common.http_probe("/healthz", "agent", period_s=10, failures=6),
+            security_context=common.container_security(),
+            volume_mounts=[data_mount, tmp_mount],
+        )
+        sts = k8s.apps.v1.StatefulSet(
+            name,
+            metadata=common.metadata(dep, name, lbls),
+            spec=k8s.apps.v1.StatefulSetSpecArgs(
+                service_name=name,
+                replicas=args.replicas,
+                pod_management_policy="Parallel",
+                selector=k8s.meta.v1.LabelSelectorArgs(match_labels=sel),
+                template=k8s.core.v1.PodTemplateSpecArgs(
+                    metadata=k8s.meta.v1.ObjectMetaArgs(labels=lbls),
+                    spec=k8s.core.v1.PodSpecArgs(
+                        security_context=common.pod_security(),
+                        image_pull_secrets=dep.pull_secrets() or None,
+                        # replicas of one shard on different nodes where possible
+                        affinity=k8s.core.v1.AffinityArgs(
+                            pod_anti_affinity=k8s.core.v1.PodAntiAffinityArgs(
+                                preferred_during_scheduling_ignored_during_execution=[
+                                    k8s.core.v1.WeightedPodAffinityTermArgs(
+                                        weight=100,
+                                        pod_affinity_term=k8s.core.v1.PodAffinityTermArgs(
+                                            topology_key="kubernetes.io/hostname",
+                                            label_selector=k8s.meta.v1.LabelSelectorArgs(
+                                                match_labels=sel),
+                                        ),
+                                    )
+                                ]
+                            )
+                        ),
+                        containers=[server, agent],
+                        volumes=[
+                            k8s.core.v1.VolumeArgs(
+                                name="cube-data",
+                                empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(
+                                    size_limit=args.data_size)),
+                            tmp_vol,
+                        ],
+                    ),
+                ),
+            ),
+            opts=dep.child_opts(self),
+        )
+        self.statefulsets.append(sts)
+
+        k8s.policy.v1.PodDisruptionBudget(
+            name,
+            metadata=common.metadata(dep, name, lbls),
+            spec=k8s.policy.v1.PodDisruptionBudgetSpecArgs(
+                max_unavailable=1,
+                selector=k8s.meta.v1.LabelSelectorArgs(match_labels=sel),
+            ),
+            opts=dep.child_opts(self),
+        )

@@ -1,0 +1,81 @@
+"""Images: the trainer, cube and serving container images, built with Docker by Pulumi.
+
+Each is a ``pulumi_docker.Image`` built from ``runtime/<role>/Dockerfile`` with the
+repository root as context, tagged ``<registry>/elastic-ctr-<role>:<tag>`` and pushed to
+the registry; with no registry configured the images are built locally and not pushed
+(for clusters that share the local Docker daemon, e.g. Docker Desktop or minikube's).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pulumi
+import pulumi_docker as docker
+
+ROLES = ("trainer", "cube", "serving")
+
+
+@dataclass(frozen=True)
+class ImagesArgs:
+    """Inputs of :class:`Images`.
+
+    Attributes:
+        repo_root: build context (the repository root; see ``.dockerignore``).
+        registry: registry and optional path prefix, e.g. ``ghcr.io/acme``; ``""`` = no push.
+        tag: image tag.
+        username / password: registry credentials (``password`` a Pulumi secret), or None
+            to use the Docker client's existing login.
+        platform: target platform, e.g. ``linux/amd64`` (Paddle's wheels are x86-64).
+    """
+
+    repo_root: Path
+    registry: str
+    tag: str
+    username: Optional[str] = None
+    password: Optional[pulumi.Input[str]] = None
+    platform: str = "linux/amd64"
+
+
+def image_name(registry: str, role: str, tag: str) -> str:
+    """``[<registry>/]elastic-ctr-<role>:<tag>``."""
+    repo = f"elastic-ctr-{role}"
+    return f"{registry.rstrip('/')}/{repo}:{tag}" if registry else f"{repo}:{tag}"
+
+
+class Images(pulumi.ComponentResource):
+    """Outputs ``trainer``, ``cube``, ``serving``: the references pods should run.
+
+    When pushed, the reference is the registry digest (``repo@sha256:...``), so every
+    rebuild rolls the pods; when not pushed, the local ``name:tag``.
+    """
+
+    def __init__(self, name: str, args: ImagesArgs,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("elastic-ctr:index:Images", name, None, opts)
+        push = bool(args.registry)
+        registry = None
+        if push and args.username and args.password is not None:
+            registry = docker.RegistryArgs(
+                server=args.registry.split("/")[0], username=args.username,
+                password=pulumi.Output.secret(args.password))
+        self.refs: dict[str, pulumi.Output[str]] = {}
+        for role in ROLES:
+            image = docker.Image(
+                role,
+                image_name=image_name(args.registry, role, args.tag),
+                build=docker.DockerBuildArgs(
+                    context=str(args.repo_root),
+                    dockerfile=str(args.repo_root / "runtime" / role / "Dockerfile"),
+                    platform=args.platform,
+                ),
+                registry=registry,
+                skip_push=not push,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            self.refs[role] = image.repo_digest if push else image.image_name
+        self.trainer = self.refs["trainer"]
+        self.cube = self.refs["cube"]
+        self.serving = self.refs["serving"]
+        self.register_outputs(dict(self.refs))

@@ -1,0 +1,137 @@
+"""Serving: the Open Inference Protocol (v2) prediction server.
+
+A Deployment (``servingReplicas`` pods, rolling updates without dropping capacity), a
+ClusterIP Service on 8000 and, when ``max_replicas`` > ``replicas``, a
+HorizontalPodAutoscaler (autoscaling/v2, CPU utilization). Probes use the v2 health
+endpoints. The pod template carries the topology checksum, so a resized cube rolls it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components import common
+from components.common import Deployment
+
+PORT = 8000
+NAME = "serving"
+
+
+@dataclass(frozen=True)
+class ServingArgs:
+    """Inputs of :class:`Serving`.
+
+    Attributes:
+        deployment: namespace, instance, pull secrets.
+        image: serving image reference.
+        topology_configmap / topology_checksum: the cube topology ConfigMap and its sha256.
+        model_root: ROOT of versions (the file server's URL).
+        transfer_url: base URL of the cube transfer.
+        replicas: pod count (the HPA's minimum when autoscaling).
+        max_replicas: HPA maximum; ``0`` (or <= ``replicas``) = no HPA.
+        target_cpu_utilization: HPA target, percent of the CPU request.
+        workers: WSGI worker processes per pod.
+        cpu / memory: requests = limits.
+    """
+
+    deployment: Deployment
+    image: pulumi.Input[str]
+    topology_configmap: pulumi.Input[str]
+    topology_checksum: str
+    model_root: str
+    transfer_url: str
+    replicas: int
+    cpu: str
+    memory: str
+    max_replicas: int = 0
+    target_cpu_utilization: int = 70
+    workers: int = 2
+
+
+class Serving(pulumi.ComponentResource):
+    """Outputs: ``url`` (in-cluster base URL), ``autoscaled`` (bool)."""
+
+    def __init__(self, name: str, args: ServingArgs,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("elastic-ctr:index:Serving", name, None, opts)
+        dep = args.deployment
+        lbls = common.labels(dep, NAME, "inference")
+        sel = common.selector(lbls)
+        topo_vol, topo_mount = common.topology_volume(args.topology_configmap)
+        tmp_vol, tmp_mount = common.tmp_volume()
+        container = k8s.core.v1.ContainerArgs(
+            name=NAME,
+            image=args.image,
+            image_pull_policy=dep.image_pull_policy,
+            args=["serve", "--topology", common.TOPOLOGY_FILE, "--model-root", args.model_root,
+                  "--transfer-url", args.transfer_url, "--host", "0.0.0.0",
+                  "--port", str(PORT), "--workers", str(args.workers)],
+            ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT)],
+            env=common.base_env(),
+            resources=common.resources(args.cpu, args.memory),
+            readiness_probe=common.http_probe("/v2/health/ready", "http", period_s=5),
+            liveness_probe=common.http_probe("/v2/health/live", "http", failures=6),
+            security_context=common.container_security(),
+            volume_mounts=[topo_mount, tmp_mount],
+        )
+        self.autoscaled = args.max_replicas > args.replicas
+        deployment = k8s.apps.v1.Deployment(
+            NAME,
+            metadata=common.metadata(dep, NAME, lbls),
+            spec=k8s.apps.v1.DeploymentSpecArgs(
+                replicas=args.replicas,
+                strategy=k8s.apps.v1.DeploymentStrategyArgs(
+                    type="RollingUpdate",
+                    rolling_update=k8s.apps.v1.RollingUpdateDeploymentArgs(
+                        max_surge=1, max_unavailable=0)),
+                selector=k8s.meta.v1.LabelSelectorArgs(match_labels=sel),
+                template=k8s.core.v1.PodTemplateSpecArgs(
+                    metadata=k8s.meta.v1.ObjectMetaArgs(
+                        labels=lbls,
+                        annotations={"elastic-ctr.io/topology-sha256": args.topology_checksum}),
+                    spec=k8s.core.v1.PodSpecArgs(
+                        security_context=common.pod_security(),
+                        image_pull_secrets=dep.pull_secrets() or None,
+                        containers=[container],
+                        volumes=[topo_vol, tmp_vol],
+                    ),
+                ),
+            ),
+            # with an HPA, later `pulumi up`s must not reset the autoscaler's count
+            opts=dep.child_opts(
+                self, ignore_changes=["spec.replicas"] if self.autoscaled else None),
+        )
+        k8s.core.v1.Service(
+            NAME,
+            metadata=common.metadata(dep, NAME, lbls),
+            spec=k8s.core.v1.ServiceSpecArgs(
+                selector=sel,
+                ports=[k8s.core.v1.ServicePortArgs(name="http", port=PORT, target_port="http")],
+            ),
+            opts=dep.child_opts(self),
+        )
+        if self.autoscaled:
+            k8s.autoscaling.v2.HorizontalPodAutoscaler(
+                NAME,
+                metadata=common.metadata(dep, NAME, lbls),
+                spec=k8s.autoscaling.v2.HorizontalPodAutoscalerSpecArgs(
+                    scale_target_ref=k8s.autoscaling.v2.CrossVersionObjectReferenceArgs(
+                        api_version="apps/v1", kind="Deployment",
+                        name=deployment.metadata.apply(lambda m: m.name)),
+                    min_replicas=args.replicas,
+                    max_replicas=args.max_replicas,
+                    metrics=[k8s.autoscaling.v2.MetricSpecArgs(
+                        type="Resource",
+                        resource=k8s.autoscaling.v2.ResourceMetricSourceArgs(
+                            name="cpu",
+                            target=k8s.autoscaling.v2.MetricTargetArgs(
+                                type="Utilization",
+                                average_utilization=args.target_cpu_utilization)),
+                    )],
+                ),
+                opts=dep.child_opts(self),
+            )
+        self.url = f"http://{dep.svc_host(NAME)}:{PORT}"
+        self.register_outputs({"url": self.url, "autoscaled": self.autoscaled})

@@ -1,0 +1,118 @@
+"""The Pulumi program: validated stack config -> components -> stack outputs.
+
+``build()`` declares everything and returns the stack outputs; ``infra/__main__.py``
+exports them under ``pulumi up``, and ``infra/render.py`` calls it under mocks.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components import (CubeCluster, CubeClusterArgs, CubeTransfer, CubeTransferArgs,
+                        Deployment, FileServer, FileServerArgs, Images, ImagesArgs, Serving,
+                        ServingArgs, TrainingJob, TrainingJobArgs, common)
+from components.training_job import JOB_NAME
+from infra.config import PROJECT, REPO_ROOT, StackConfig, load
+
+REGISTRY_SECRET = "registry-credentials"
+
+
+def build(cfg: StackConfig | None = None) -> dict[str, Any]:
+    """Declares every resource of the stack; returns the stack outputs (name -> Input).
+
+    Args:
+        cfg: validated config; ``None`` = read and validate the running stack's config
+            (raises :class:`infra.config.ConfigError` before anything is declared).
+    """
+    cfg = load() if cfg is None else cfg
+    instance = f"{PROJECT}-{pulumi.get_stack()}"
+
+    images = Images("images", ImagesArgs(
+        repo_root=REPO_ROOT, registry=cfg.image_registry, tag=cfg.image_tag,
+        username=cfg.registry_username or None,
+        password=cfg.registry_password.reveal() or None,
+        platform=cfg.build_platform))
+
+    bare = Deployment(namespace=cfg.namespace, instance=instance)
+    ns = k8s.core.v1.Namespace(
+        cfg.namespace,
+        metadata=k8s.meta.v1.ObjectMetaArgs(
+            name=cfg.namespace, labels=common.labels(bare, PROJECT, "namespace")))
+    pull_secrets: tuple[str, ...] = ()
+    if cfg.registry_password:
+        k8s.core.v1.Secret(
+            REGISTRY_SECRET,
+            metadata=common.metadata(bare, REGISTRY_SECRET,
+                                     common.labels(bare, "registry-credentials", "images")),
+            type="kubernetes.io/dockerconfigjson",
+            string_data={".dockerconfigjson": pulumi.Output.secret(
+                _dockerconfig(cfg.image_registry, cfg.registry_username,
+                              cfg.registry_password.reveal()))},
+            opts=pulumi.ResourceOptions(depends_on=[ns]),
+        )
+        pull_secrets = (REGISTRY_SECRET,)
+    dep = Deployment(namespace=cfg.namespace, instance=instance, namespace_resource=ns,
+                     image_pull_secrets=pull_secrets, image_pull_policy=cfg.image_pull_policy)
+    storage_class = cfg.storage_class or None
+
+    files = FileServer("fileserver", FileServerArgs(
+        deployment=dep, image=images.serving, upload_token=cfg.upload_token.reveal(),
+        cpu=cfg.file_server_cpu, memory=cfg.file_server_memory,
+        storage_size=cfg.file_server_storage_size, storage_class=storage_class,
+        expose=cfg.expose_file_server))
+
+    TrainingJob("training", TrainingJobArgs(
+        deployment=dep, image=images.trainer, queue=cfg.volcano_queue,
+        pservers=cfg.pservers, trainers=cfg.trainers,
+        pserver_cpu=cfg.pserver_cpu, pserver_memory=cfg.pserver_memory,
+        trainer_cpu=cfg.trainer_cpu, trainer_memory=cfg.trainer_memory,
+        epochs=cfg.epochs, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
+        embedding_dim=cfg.embedding_dim, sparse_shards=cfg.sparse_shards,
+        data_train=cfg.data_source, data_test=cfg.data_test_source,
+        data_format=cfg.data_format, slot_file=cfg.slot_file or None,
+        output=files.url, upload_token_secret=files.token_secret,
+        upload_token_key=files.token_key))
+
+    cube = CubeCluster("cube", CubeClusterArgs(
+        deployment=dep, image=images.cube, shards=cfg.cube_shards, replicas=cfg.cube_replicas,
+        server_cpu=cfg.cube_server_cpu, server_memory=cfg.cube_server_memory,
+        agent_cpu=cfg.cube_agent_cpu, agent_memory=cfg.cube_agent_memory,
+        data_size=cfg.cube_data_size))
+
+    transfer = CubeTransfer("cube-transfer", CubeTransferArgs(
+        deployment=dep, image=images.cube, topology_configmap=cube.topology_configmap,
+        topology_checksum=cube.topology_checksum, root=files.url,
+        upload_token_secret=files.token_secret, upload_token_key=files.token_key,
+        cpu=cfg.transfer_cpu, memory=cfg.transfer_memory,
+        state_size=cfg.transfer_storage_size, storage_class=storage_class))
+
+    serving = Serving("serving", ServingArgs(
+        deployment=dep, image=images.serving, topology_configmap=cube.topology_configmap,
+        topology_checksum=cube.topology_checksum, model_root=files.url,
+        transfer_url=transfer.url, replicas=cfg.serving_replicas,
+        max_replicas=cfg.serving_max_replicas,
+        target_cpu_utilization=cfg.serving_target_cpu_utilization,
+        workers=cfg.serving_workers, cpu=cfg.serving_cpu, memory=cfg.serving_memory))
+
+    return {
+        "namespace": cfg.namespace,
+        "servingUrl": serving.url,
+        "fileServerUrl": files.external_url,
+        "fileServerClusterUrl": files.url,
+        "transferStatusUrl": transfer.status_url,
+        "cubeTopology": cube.topology,
+        "trainingJob": f"{cfg.namespace}/{JOB_NAME}",
+        "images": images.refs,
+    }
+
+
+def _dockerconfig(registry: str, username: str, password: str) -> str:
+    """``.dockerconfigjson`` text for one registry host."""
+    host = registry.split("/")[0]
+    auth = base64.b64encode(f"{username}:{password}".encode()).decode()
+    return json.dumps({"auths": {host: {"username": username, "password": password,
+                                        "auth": auth}}}, sort_keys=True)

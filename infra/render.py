@@ -1,0 +1,297 @@
+"""Offline rendering: run the Pulumi program under mocks and write Kubernetes manifests.
+
+No cluster, Docker engine or Pulumi CLI is involved. Config is assembled the way the CLI
+would: ``Pulumi.yaml`` defaults (applied by :func:`infra.config.parse`), then
+``Pulumi.<stack>.yaml``, then ``--set`` overrides. Values a stack file stores encrypted
+(``secure: ...``) and secret keys left unset are replaced by a placeholder, so rendering
+never needs, nor shows, a real secret; Secret payloads are redacted in the output.
+
+Each Kubernetes resource the program declares (Docker images are not manifests) becomes
+one file ``NN-<kind>-<name>.yaml``, where ``NN`` ranks the kind in apply order
+(Namespace first, workloads later), so ``kubectl apply -f DIR`` and a file-by-file diff
+are both stable: adding a cube shard adds files and never renames existing ones.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import yaml
+
+from infra.config import PROJECT, REPO_ROOT, project_schema
+
+REDACTED = "[redacted]"
+#: stands in for every secret during rendering (long enough to pass validation)
+SECRET_PLACEHOLDER = "render-placeholder-not-a-secret"
+
+#: apply order of kinds; unknown kinds sort last (99)
+KIND_ORDER = {
+    "Namespace": 0, "Secret": 1, "ConfigMap": 2, "PersistentVolumeClaim": 3, "Service": 4,
+    "StatefulSet": 5, "Deployment": 6, "PodDisruptionBudget": 7,
+    "HorizontalPodAutoscaler": 8, "Job": 9,
+}
+_FILE_RE = re.compile(r"^\d\d-[a-z0-9.-]+\.yaml$")
+
+
+@dataclass
+class Manifest:
+    """One rendered Kubernetes object: ``body`` is the manifest dict (secrets redacted)."""
+
+    kind: str
+    name: str
+    body: dict
+
+    @property
+    def filename(self) -> str:
+        """``NN-<kind lowercase>-<metadata.name>.yaml``."""
+        return f"{KIND_ORDER.get(self.kind, 99):02d}-{self.kind.lower()}-{self.name}.yaml"
+
+
+@dataclass
+class Rendering:
+    """What one render produced: manifests in file order, stack outputs, all resources."""
+
+    stack: str
+    config: dict[str, str]
+    manifests: list[Manifest]
+    outputs: dict[str, Any]
+    resources: list[dict] = field(default_factory=list)  # every registration (type, name, ...)
+
+    def by_kind(self, kind: str) -> list[Manifest]:
+        """The manifests of one kind, in file order."""
+        return [m for m in self.manifests if m.kind == kind]
+
+    def get(self, kind: str, name: str) -> dict:
+        """The manifest body of ``kind``/``name``; KeyError when absent."""
+        for m in self.manifests:
+            if m.kind == kind and m.name == name:
+                return m.body
+        raise KeyError(f"{kind}/{name}")
+
+
+class RenderError(RuntimeError):
+    """A stack file is missing or malformed, or an override is not ``key=value``."""
+
+
+# ----------------------------------------------------------------------------- config
+def stack_config(stack: str, overrides: Sequence[str] = (), project_dir: Path = REPO_ROOT,
+                 ) -> tuple[dict[str, str], set[str]]:
+    """The ``elastic-ctr:*`` config of ``stack`` as the CLI would pass it to the program.
+
+    Returns ``(config, secret_keys)`` with fully qualified keys (``elastic-ctr:trainers``)
+    and string values. Raises :class:`RenderError`.
+    """
+    path = project_dir / f"Pulumi.{stack}.yaml"
+    if not path.is_file():
+        raise RenderError(f"no stack file {path} (stacks: "
+                          f"{', '.join(sorted(p.name[7:-5] for p in project_dir.glob('Pulumi.*.yaml')))})")
+    doc = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(doc, dict) or not isinstance(doc.get("config", {}), dict):
+        raise RenderError(f"{path}: expected a mapping with a 'config:' mapping")
+    config: dict[str, str] = {}
+    secrets: set[str] = set()
+    prefix = f"{PROJECT}:"
+    for key, value in (doc.get("config") or {}).items():
+        if not str(key).startswith(prefix):
+            continue  # provider or other namespaces' settings (e.g. kubernetes:context)
+        if isinstance(value, dict) and "secure" in value:
+            config[key], _ = SECRET_PLACEHOLDER, secrets.add(key)
+        else:
+            config[key] = _to_config_string(value)
+    for item in overrides:
+        if "=" not in item:
+            raise RenderError(f"--set {item!r}: expected key=value")
+        key, value = item.split("=", 1)
+        key = key.strip()
+        key = key if key.startswith(prefix) else prefix + key
+        config[key] = value
+    for key, decl in project_schema(project_dir / "Pulumi.yaml").items():
+        full = prefix + key
+        if decl.get("secret"):
+            secrets.add(full)
+            if full not in config:
+                config[full] = SECRET_PLACEHOLDER
+    return config, secrets
+
+
+def _to_config_string(value: Any) -> str:
+    """Pulumi hands the program every config value as a string (objects as JSON)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return "" if value is None else str(value)
+
+
+# ----------------------------------------------------------------------------- mocks
+def _mocks_class():
+    import pulumi
+
+    class RecordingMocks(pulumi.runtime.Mocks):
+        """Echoes inputs back as outputs and records every registration in order."""
+
+        def __init__(self) -> None:
+            self.resources: list[dict] = []
+
+        def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+            state = dict(args.inputs)
+            if args.typ == "docker:index/image:Image":
+                # a stand-in digest so pushed images render as repo@sha256:...
+                import hashlib
+                name = state.get("imageName", "")
+                digest = hashlib.sha256(name.encode()).hexdigest()
+                state["repoDigest"] = f"{name.rsplit(':', 1)[0]}@sha256:{digest}"
+            self.resources.append({"type": args.typ, "name": args.name,
+                                   "custom": args.custom, "inputs": copy.deepcopy(state)})
+            return f"{args.name}-id", state
+
+        def call(self, args: pulumi.runtime.MockCallArgs):
+            return {}
+
+    return RecordingMocks
+
+
+def run_program(config: Mapping[str, str], secret_keys: set[str], stack: str,
+                ) -> tuple[list[dict], dict[str, Any]]:
+    """Runs :func:`infra.program.build` under fresh mocks in this process.
+
+    Returns (registrations in order, resolved stack outputs). Safe to call repeatedly:
+    the root stack resource, settings, config and event loop are reset each time.
+    Raises whatever the program raises (e.g. :class:`infra.config.ConfigError`).
+    """
+    import pulumi
+    from pulumi.runtime import settings as rs
+    from pulumi.runtime.stack import run_pulumi_func
+    from pulumi.runtime.sync_await import _sync_await
+
+    from infra.program import build
+
+    mocks = _mocks_class()()
+    rs.ROOT.set(None)
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
+    pulumi.runtime.set_all_config(dict(config), sorted(secret_keys))
+    rs.SETTINGS.rpc_manager.clear()
+    rs.SETTINGS.outputs.clear()
+
+    outputs: dict[str, Any] = {}
+
+    def program() -> None:
+        result = build()
+        pulumi.Output.from_input(result).apply(outputs.update)
+
+    try:
+        _sync_await(run_pulumi_func(program))
+    finally:
+        rs.ROOT.set(None)
+        pulumi.runtime.set_all_config({}, [])
+    return mocks.resources, _plain(outputs)
+
+
+def _plain(value: Any) -> Any:
+    """Outputs as plain JSON-able data (tuples -> lists)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+# ----------------------------------------------------------------------------- manifests
+def to_manifest(resource: dict) -> Optional[Manifest]:
+    """The Kubernetes manifest of a recorded registration, or None for non-Kubernetes ones."""
+    if not resource["custom"] or not resource["type"].startswith("kubernetes:"):
+        return None
+    body = _clean(resource["inputs"])
+    if not isinstance(body, dict) or "kind" not in body:
+        return None
+    body = _redact(body)
+    ordered = {k: body[k] for k in ("apiVersion", "kind", "metadata") if k in body}
+    ordered.update({k: v for k, v in body.items() if k not in ordered})
+    return Manifest(kind=body["kind"], name=body["metadata"]["name"], body=ordered)
+
+
+_SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"  # pulumi's marker of a secret value
+_SIG_KEY = "4dabf18193072939515e22adb298388d"
+
+
+def _clean(value: Any) -> Any:
+    """Normalizes mock inputs into a manifest: drops unset (None) values, redacts values
+    Pulumi marks secret, turns integral floats (the wire format has only doubles) back
+    into ints and sorts keys so the text is stable."""
+    if isinstance(value, dict):
+        if value.get(_SIG_KEY) == _SECRET_SIG:
+            inner = value.get("value")
+            # keep a secret map's keys (a Secret's stringData stays a valid object)
+            return {k: REDACTED for k in sorted(inner)} if isinstance(inner, dict) else REDACTED
+        return {k: _clean(value[k]) for k in sorted(value) if value[k] is not None}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _redact(body: dict) -> dict:
+    """Replaces every Secret payload value by ``[redacted]``."""
+    if body.get("kind") == "Secret":
+        for key in ("data", "stringData"):
+            if isinstance(body.get(key), dict):
+                body[key] = {k: REDACTED for k in body[key]}
+    return body
+
+
+def render(stack: str, overrides: Sequence[str] = (), project_dir: Path = REPO_ROOT,
+           ) -> Rendering:
+    """Renders ``stack`` (plus ``key=value`` overrides) to manifests, in memory.
+
+    Raises :class:`RenderError` for a missing stack file or bad override, and
+    :class:`infra.config.ConfigError` for invalid config.
+    """
+    config, secrets = stack_config(stack, overrides, project_dir)
+    resources, outputs = run_program(config, secrets, stack)
+    manifests = [m for m in (to_manifest(r) for r in resources) if m is not None]
+    names = [m.filename for m in manifests]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise RenderError(f"two resources render to the same file: {sorted(dupes)}")
+    manifests.sort(key=lambda m: m.filename)
+    return Rendering(stack=stack, config=config, manifests=manifests, outputs=outputs,
+                     resources=resources)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style; multi-line strings (e.g. topology.json) as ``|`` literals."""
+
+
+def _str_representer(dumper: yaml.SafeDumper, text: str):
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_Dumper.add_representer(str, _str_representer)
+
+
+def dump(body: dict) -> str:
+    """Stable YAML text of a manifest (keys in insertion order, block style)."""
+    return yaml.dump(body, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
+
+
+def write(rendering: Rendering, out_dir: Path) -> list[Path]:
+    """Writes one file per manifest plus ``outputs.json`` into ``out_dir``.
+
+    Files a previous render left there (``NN-*.yaml``, ``outputs.json``) are removed first,
+    so a shrunken stack leaves no stale manifest; other files are left alone.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in out_dir.iterdir():
+        if old.is_file() and (_FILE_RE.match(old.name) or old.name == "outputs.json"):
+            old.unlink()
+    written = []
+    for m in rendering.manifests:
+        path = out_dir / m.filename
+        path.write_text(dump(m.body))
+        written.append(path)
+    outputs = out_dir / "outputs.json"
+    outputs.write_text(json.dumps(rendering.outputs, indent=2, sort_keys=True) + "\n")
+    return written + [outputs]
