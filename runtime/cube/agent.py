@@ -33,6 +33,7 @@ lives in memory and control traffic is a few requests per rollout.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -194,6 +195,7 @@ class Agent:
         self._cond = threading.Condition(self._lock)
         self._worker: threading.Thread | None = None
         self._http = requests.Session()
+        self._load_state()
 
     # ---------------------------------------------------------------- status
 
@@ -358,6 +360,7 @@ class Agent:
                 self.versions[version] = {"dir": str(ddir), "dict_name": dict_name, "mode": mode,
                                           "base_version": None if base_version is None else int(base_version),
                                           "md5": str(md5).lower(), "url": url}
+                self._save_state()
             log.info("downloaded version %d from %s (%.2f s) and unpacked %d members (%.2f s) into %s",
                      version, url, t1 - t0, len(members), time.monotonic() - t1, ddir)
             return {"dir": str(ddir), "members": len(members), "url": url}
@@ -433,6 +436,7 @@ class Agent:
             if version not in self.enabled:
                 self.enabled.append(version)
             self.enabled = self.enabled[-16:]
+            self._save_state()
         self._finish("enable", version, None)
         try:
             self.cleanup()
@@ -472,36 +476,67 @@ class Agent:
         except ValueError:
             return {}
 
+    def _chain(self, version: int | None) -> list[int]:
+        """``version`` and the versions it is built on (a delta's base_version, and so on)."""
+        out: list[int] = []
+        while version is not None and version not in out:
+            out.append(version)
+            info = self.versions.get(version)
+            version = info.get("base_version") if info and info.get("mode") == "delta" else None
+        return out
+
     def cleanup(self) -> list[str]:
-        """Removes unpacked versions other than the last ``keep`` enabled ones and any
-        version downloaded but not yet enabled that is newer than the served one.
-        Returns the removed directories."""
+        """Removes the unpacked versions no longer needed. Kept: the last ``keep`` enabled
+        versions with everything they are built on (base + patches: the server reloads
+        that chain after a restart; its ``/status`` ``lineage`` is honoured too), and any
+        version downloaded after the served one or in use by a running step. Only versions
+        this agent unpacked (recorded in its state file) are ever removed. Returns the
+        removed directories."""
+        try:
+            lineage = [int(v) for v in (self.server_status().get("lineage") or [])]
+        except AgentError:
+            return []  # cannot tell what the server needs: remove nothing
         with self._lock:
-            keep = set(self.enabled[-self.keep:])
+            keep = set(lineage)
+            for v in self.enabled[-self.keep:]:
+                keep |= set(self._chain(v))
             served = self.enabled[-1] if self.enabled else None
-            pending = {v for v in self.versions if served is not None and v > served}
-            keep |= pending
-            running = {st.version for st in self.steps.values() if st.state == "running"}
-            keep |= {v for v in running if v is not None}
+            keep |= {v for v in self.versions if served is not None and v > served}
+            keep |= {st.version for st in self.steps.values() if st.state == "running" and st.version is not None}
+            drop = {v: info for v, info in self.versions.items() if v not in keep}
+            for v in drop:
+                self.versions.pop(v)
+            self._save_state()
         removed = []
-        for ddir in self.work_dir.iterdir():
-            if not ddir.is_dir() or ddir.name.startswith("."):
-                continue
-            for vdir in ddir.iterdir():
-                if not vdir.is_dir():
-                    continue
-                try:
-                    v = int(vdir.name)
-                except ValueError:
-                    continue
-                if v not in keep:
-                    shutil.rmtree(vdir, ignore_errors=True)
-                    removed.append(str(vdir))
-                    with self._lock:
-                        self.versions.pop(v, None)
+        for v, info in sorted(drop.items()):
+            vdir = self.work_dir / info["dict_name"] / str(v)
+            shutil.rmtree(vdir, ignore_errors=True)
+            removed.append(str(vdir))
         if removed:
             log.info("removed old versions: %s", ", ".join(removed))
         return removed
+
+    def _load_state(self) -> None:
+        """Reads ``<work_dir>/agent_state.json`` (versions unpacked, versions enabled) so a
+        restarted agent knows what it may clean and what it can reload without a download."""
+        path = self.work_dir / "agent_state.json"
+        if not path.exists():
+            return
+        try:
+            st = json.loads(path.read_text())
+            self.versions = {int(k): v for k, v in st.get("versions", {}).items() if Path(v["dir"]).is_dir()}
+            self.enabled = [int(v) for v in st.get("enabled", [])]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("%s unreadable (%s): starting with an empty state; nothing will be cleaned "
+                        "that this agent did not unpack itself", path, exc)
+
+    def _save_state(self) -> None:
+        """Writes the state file atomically (temp file + rename); caller holds the lock."""
+        path = self.work_dir / "agent_state.json"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps({"versions": {str(k): v for k, v in self.versions.items()},
+                                   "enabled": self.enabled}))
+        os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- HTTP

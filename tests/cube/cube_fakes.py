@@ -42,6 +42,8 @@ class FakeServer:
         self.bg_state = "empty"
         self.bg_error = None
         self.keys = 0
+        self.lineage: list[int] = []
+        self.bg_lineage: list[int] = []
         self.fail_load: set[int] = set()
         self.load_delay_s = load_delay_s
         self.loads: list[str] = []
@@ -55,7 +57,8 @@ class FakeServer:
     def status(self) -> dict:
         return {"shard": self.shard, "shard_num": 2, "dict_name": "d", "version": self.version,
                 "prev_version": self.prev_version, "bg_version": self.bg_version,
-                "bg_state": self.bg_state, "bg_error": self.bg_error, "keys": self.keys, "dim": 2}
+                "bg_state": self.bg_state, "bg_error": self.bg_error, "keys": self.keys, "dim": 2,
+                "lineage": list(self.lineage)}
 
     def _load(self, d: str, version: int) -> None:
         time.sleep(self.load_delay_s)
@@ -84,6 +87,8 @@ class FakeServer:
                 return jsonify(error=f"base {b.get('base_version')} is not served ({self.version})"), 409
             with self.lock:
                 self.bg_version, self.bg_state, self.bg_error = int(b["version"]), "loading", None
+                patch = request.path.endswith("patch")
+                self.bg_lineage = (self.lineage if patch else []) + [int(b["version"])]
             threading.Thread(target=self._load, args=(b["dir"], int(b["version"])), daemon=True).start()
             return jsonify(ok=True), 202
 
@@ -94,6 +99,7 @@ class FakeServer:
                 if self.bg_version != v or self.bg_state != "loaded":
                     return jsonify(error=f"version {v} is not loaded"), 409
                 self.prev_version, self.version = self.version, v
+                self.lineage = self.bg_lineage
                 self.bg_version, self.bg_state = None, "empty"
                 self.enables.append(v)
             return jsonify(ok=True)

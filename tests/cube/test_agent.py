@@ -194,3 +194,33 @@ def test_bg_unload_forwards(client, server):
     server.bg_version, server.bg_state = 4, "loaded"
     assert client.post("/bg_unload").status_code == 200
     assert server.bg_version is None and server.unloads == 1
+
+
+def test_cleanup_keeps_the_served_chain_and_survives_restart(tmp_path, client, server, agent):
+    def roll(v, mode="base", base=None):
+        tar = tmp_path / "d_part0.tar"
+        md5 = make_tar(tar, {"data": b"%d" % v})
+        body = {"url": str(tar), "md5": md5, "version": v, "mode": mode, "base_version": base, "wait": 10}
+        assert client.post("/download", json=body).status_code == 200
+        assert client.post("/reload", json={"version": v, "wait": 10}).status_code == 200
+        assert client.post("/enable", json={"version": v}).status_code == 200
+
+    def left():
+        return sorted(int(p.name) for p in (tmp_path / "agent" / "d").iterdir())
+
+    roll(1)
+    for v in (2, 3, 4):
+        roll(v, "delta", v - 1)
+    assert left() == [1, 2, 3, 4]  # the served version is base 1 + patches 2, 3, 4
+    roll(5)
+    assert left() == [1, 2, 3, 4, 5]  # previous (4, with its chain) + current
+    # a restarted agent remembers what it unpacked
+    again = Agent(server.url, tmp_path / "agent", load_timeout_s=10, poll_s=0.01)
+    assert sorted(again.versions) == [1, 2, 3, 4, 5] and again.enabled[-1] == 5
+    c2 = create_app(again).test_client()
+    tar = tmp_path / "d_part0.tar"
+    md5 = make_tar(tar, {"data": b"6"})
+    assert c2.post("/download", json={"url": str(tar), "md5": md5, "version": 6, "wait": 10}).status_code == 200
+    assert c2.post("/reload", json={"version": 6, "wait": 10}).status_code == 200
+    assert c2.post("/enable", json={"version": 6}).status_code == 200
+    assert left() == [5, 6]

@@ -1,0 +1,142 @@
+"""A local cube cluster as processes on 127.0.0.1: file server, S shards x R replicas
+(cube server + agent each) and the transfer. Used by the rollout end-to-end tests and
+``bench/bench_rollout.py``; every process runs the same ``elastic-ctr`` subcommands as
+the pods, is supervised by ``runtime.proc.ProcessGroup`` and stopped by PID on exit.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import requests
+
+from runtime import proc, storage
+
+
+class LocalCubeCluster:
+    """Starts the cluster in ``base_dir``; use as a context manager.
+
+    Args:
+        base_dir: scratch directory (logs, agent/transfer work dirs, topology.json).
+        root: version root served by the file server (the trainer's export target).
+        shards, replicas: topology size.
+        dict_name: cube dict name.
+        poll_interval_s: the transfer's donefile poll interval (s).
+        root_mode: ``"url"``: the transfer reads ROOT through the file server (listing,
+            token PUT uploads); ``"dir"``: it reads the directory and agents download
+            through the file server (``--publish-url``).
+    Attributes after ``start()``: ``topology`` (dict), ``topology_path``, ``root_url``,
+    ``transfer_url``, ``group`` (the ProcessGroup).
+    """
+
+    def __init__(self, base_dir: str | Path, root: str | Path, shards: int = 2, replicas: int = 2,
+                 dict_name: str = "ctr_embedding", poll_interval_s: float = 0.2, root_mode: str = "url",
+                 token: str = "test-token", start_timeout_s: float = 60.0, extra_transfer_args=()):
+        self.base = Path(base_dir)
+        self.root = Path(root)
+        self.shards, self.replicas, self.dict_name = shards, replicas, dict_name
+        self.poll_interval_s, self.root_mode, self.token = poll_interval_s, root_mode, token
+        self.start_timeout_s = start_timeout_s
+        self.extra_transfer_args = list(extra_transfer_args)
+        self.group = proc.ProcessGroup(self.base / "logs", grace_s=5.0)
+        self.topology: dict = {}
+        self.servers: dict[tuple[int, int], proc.Role] = {}
+        self.agents: dict[tuple[int, int], proc.Role] = {}
+        self.transfer: proc.Role | None = None
+
+    def __enter__(self) -> "LocalCubeCluster":
+        try:
+            self.start()
+        except BaseException:
+            self.group.stop_all()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.group.stop_all()
+
+    def _wait(self, role: proc.Role, port: int) -> None:
+        proc.wait_for_port("127.0.0.1", port, self.start_timeout_s, role.proc, role.name, role.log_path)
+
+    def start(self) -> None:
+        cli = proc.self_command()
+        self.base.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
+        n = self.shards * self.replicas
+        ports = proc.free_ports(3 * n + 2)
+        fs_port, tr_port = ports[-2], ports[-1]
+        tok = self.base / "upload.token"
+        tok.write_text(self.token)
+        fs = self.group.start("fileserver", cli + ["fileserver", "--root", str(self.root), "--host", "127.0.0.1",
+                                                   "--port", str(fs_port), "--upload-token-file", str(tok)])
+        self.root_url = f"http://127.0.0.1:{fs_port}"
+        topo = {"dict_name": self.dict_name, "shards": []}
+        k = 0
+        started = []
+        for s in range(self.shards):
+            reps = []
+            for r in range(self.replicas):
+                dport, hport, aport = ports[3 * k: 3 * k + 3]
+                k += 1
+                srv = self.group.start(f"server{s}_{r}", cli + [
+                    "cube", "server", "--shard", str(s), "--shard-num", str(self.shards), "--dict-name",
+                    self.dict_name, "--host", "127.0.0.1", "--port", str(dport), "--http-port", str(hport)])
+                ag = self.group.start(f"agent{s}_{r}", cli + [
+                    "cube", "agent", "--host", "127.0.0.1", "--port", str(aport), "--server-http",
+                    f"http://127.0.0.1:{hport}", "--work-dir", str(self.base / f"agent{s}_{r}")])
+                self.servers[(s, r)], self.agents[(s, r)] = srv, ag
+                started += [(srv, dport), (srv, hport), (ag, aport)]
+                reps.append({"server": f"127.0.0.1:{dport}", "http": f"http://127.0.0.1:{hport}",
+                             "agent": f"http://127.0.0.1:{aport}"})
+            topo["shards"].append({"shard": s, "replicas": reps})
+        self.topology = topo
+        self.topology_path = self.base / "topology.json"
+        self.topology_path.write_text(json.dumps(topo, indent=1))
+        self._wait(fs, fs_port)
+        for role, port in started:
+            self._wait(role, port)
+        root_arg = self.root_url if self.root_mode == "url" else str(self.root)
+        argv = cli + ["cube", "transfer", "--topology", str(self.topology_path), "--root", root_arg,
+                      "--work-dir", str(self.base / "transfer"), "--host", "127.0.0.1", "--port", str(tr_port),
+                      "--upload-token-file", str(tok), "--poll-interval", str(self.poll_interval_s),
+                      "--phase-timeout", "120"]
+        if self.root_mode != "url":
+            argv += ["--publish-url", self.root_url]
+        self.transfer = self.group.start("transfer", argv + self.extra_transfer_args)
+        self.transfer_url = f"http://127.0.0.1:{tr_port}"
+        self._wait(self.transfer, tr_port)
+
+    def info(self) -> dict:
+        """The transfer's ``/dict/info``."""
+        return requests.get(f"{self.transfer_url}/dict/info", timeout=5).json()
+
+    def wait_version(self, version: int, timeout_s: float = 120.0, poll_s: float = 0.05) -> float:
+        """Blocks until the transfer reports ``version`` served by every instance; returns
+        the monotonic time it was seen. Raises ``TimeoutError`` (with the transfer's last
+        rollout) or ``RoleFailed`` if a process died."""
+        deadline = time.monotonic() + timeout_s
+        info: dict = {}
+        while time.monotonic() < deadline:
+            self.group.check()
+            try:
+                info = self.info()
+            except requests.RequestException:
+                info = {}
+            if info.get("version") == version:
+                return time.monotonic()
+            time.sleep(poll_s)
+        raise TimeoutError(f"version {version} not served after {timeout_s:.0f} s; transfer says {info}; "
+                           f"transfer log:\n{proc.tail(self.transfer.log_path if self.transfer else None)}")
+
+    def publish_version(self, vid: int, key: int, parts: list[Path] | None = None, patch: bool = False,
+                        dim: int | None = None, count: int | None = None) -> None:
+        """Appends the donefile line of version ``vid`` (its files must already be under
+        ``root/versions/<vid>/sparse``), as the trainer's export does: last."""
+        line = {"id": vid, "key": key, "input": f"versions/{vid}/sparse", "model": f"versions/{vid}/dense"}
+        if dim is not None:
+            line["dim"] = dim
+        if count is not None:
+            line["count"] = count
+        storage.append_line(str(self.root / "donefile" / ("patch.txt" if patch else "base.txt")),
+                            json.dumps(line))
