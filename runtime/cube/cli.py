@@ -18,6 +18,52 @@ def register(sub: "argparse._SubParsersAction") -> None:
         fn(cube_sub)
 
 
+# --------------------------------------------------------------------------- data plane
+
+
+def register_build(cube_sub: "argparse._SubParsersAction") -> None:
+    """``cube build``: SequenceFiles -> per-shard dicts, tars, md5s (runtime/cube/builder.py)."""
+    p = cube_sub.add_parser("build", help="build per-shard dicts (base or delta) from SequenceFiles")
+    p.add_argument("--input", nargs="+", required=True,
+                   help="SequenceFiles: paths, directories, globs or URLs (read in this order; last wins)")
+    p.add_argument("--output", required=True, help="output root (writes OUTPUT/DICT/VERSION/)")
+    p.add_argument("--dict", required=True, help="dict name")
+    p.add_argument("--shards", type=int, required=True, help="shard count (shard = key %% shards)")
+    p.add_argument("--version", type=int, required=True, help="version id of this build")
+    p.add_argument("--mode", choices=("base", "delta"), default="base", help="base (default) or delta")
+    p.add_argument("--base-version", type=int, default=None, help="for a delta: the version it applies to")
+
+    def handler(args: argparse.Namespace) -> int:
+        from runtime.cube import builder
+
+        return builder.main(args)
+
+    p.set_defaults(handler=handler)
+
+
+def register_server(cube_sub: "argparse._SubParsersAction") -> None:
+    """``cube server``: one shard over the binary data plane, HTTP control (runtime/cube/server.py)."""
+    p = cube_sub.add_parser("server", help="serve one shard (binary data plane + HTTP control/metrics)")
+    p.add_argument("--shard", type=int, required=True, help="this server's shard index")
+    p.add_argument("--shard-num", type=int, default=1, help="shard count (default 1)")
+    p.add_argument("--dict-name", default="ctr_embedding", help="dict name (default ctr_embedding)")
+    p.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
+    p.add_argument("--port", type=int, default=8900, help="data-plane TCP port (default 8900)")
+    p.add_argument("--http-port", type=int, default=8901, help="HTTP control/metrics port (default 8901)")
+    p.add_argument("--data-dir", default=None,
+                   help="where the enabled version is recorded, to serve it again after a restart")
+    p.add_argument("--max-keys", type=int, default=1 << 20,
+                   help="largest batch accepted, in keys (default 1048576); bigger frames are refused")
+    p.add_argument("--no-verify", action="store_true", help="skip the crc32 check of loaded dicts")
+
+    def handler(args: argparse.Namespace) -> int:
+        from runtime.cube import server
+
+        return server.main(args)
+
+    p.set_defaults(handler=handler)
+
+
 # --------------------------------------------------------------------------- control plane
 
 
@@ -72,5 +118,5 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
     p.set_defaults(handler=handler)
 
 
-# Data-plane registrars (build, server) go before these; one function per subcommand.
-_REGISTRARS = [register_agent, register_transfer]
+# One function per subcommand: data plane (build, server), then control plane (agent, transfer).
+_REGISTRARS = [register_build, register_server, register_agent, register_transfer]

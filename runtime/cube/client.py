@@ -1,0 +1,414 @@
+"""Sharded, replicated cube client: ``CubeClient.seek(keys) -> SeekResult``.
+
+- Topology: ``shards x replicas`` from the topology file (docs/contracts.md); shard of a
+  key = ``key % shard_num`` (as the reference and the builder).
+- One ``seek`` splits the batch by shard, sends every shard's request first and then
+  gathers the replies with ``poll`` (the shards work concurrently, no threads), over
+  persistent pooled connections (one pool per replica; a connection carries one request
+  at a time). Replicas are chosen round-robin, skipping one that failed in the last
+  ``down_s`` seconds.
+- ``timeout_ms`` bounds each attempt; on a timeout, a connection error, or a replica
+  that has nothing loaded, the shard's request is retried on the next replica, up to
+  ``retries`` more times. ``backup_request_ms``: when a shard has not answered after that
+  long, the same request also goes to another replica and the first reply wins.
+  A shard with no replica answering raises ``CubeUnavailable``.
+- Version pinning (one version for the whole batch): every reply carries the version it
+  was answered from and the other version the replica holds (its previous one). If the
+  shards answered from different versions, the client picks the NEWEST version that every
+  shard reported holding (current or previous) and re-asks, naming it, only the shards
+  that answered from another one. While a switch propagates (some shards on the new
+  version with the old one as previous, some still on the old one), that is the old
+  version; once all shards switched, the new one. If no version is common (a replica
+  moved two versions ahead), it asks again from scratch, at most ``pin_rounds`` times,
+  then raises ``CubeVersionUnavailable``. With ``seek(keys, version=V)`` every shard is
+  asked for V; a replica not holding V is skipped for another one.
+- Thread-safe: any number of threads may call ``seek`` on one client (each call uses its
+  own connections, taken from and returned to the locked pools).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import select
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from runtime.cube import protocol as P
+
+
+class CubeUnavailable(RuntimeError):
+    """A shard had no replica answering (within timeout and retries); names the shard and
+    the replicas tried."""
+
+
+class CubeVersionUnavailable(CubeUnavailable):
+    """No single version could be served for the whole batch (or the version asked for)."""
+
+
+@dataclass
+class SeekResult:
+    """``values`` float32[n, dim] (zeros for misses), ``found`` bool[n], ``version`` int."""
+
+    values: np.ndarray
+    found: np.ndarray
+    version: int
+
+
+class _Replica:
+    """One server address with its pool of idle connections."""
+
+    def __init__(self, addr: str, connect_timeout_s: float):
+        host, _, port = addr.rpartition(":")
+        self.addr, self.hostport = addr, (host or "127.0.0.1", int(port))
+        self.connect_timeout_s = connect_timeout_s
+        self.idle: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.down_until = 0.0
+
+    def get(self) -> socket.socket:
+        with self.lock:
+            if self.idle:
+                return self.idle.pop()
+        s = socket.create_connection(self.hostport, timeout=self.connect_timeout_s)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.setblocking(False)
+        return s
+
+    def put(self, s: socket.socket) -> None:
+        with self.lock:
+            if len(self.idle) < 64:
+                self.idle.append(s)
+                return
+        s.close()
+
+    def close(self) -> None:
+        with self.lock:
+            for s in self.idle:
+                s.close()
+            self.idle.clear()
+
+
+class _Call:
+    """One request in flight on one connection."""
+
+    __slots__ = ("shard", "replica", "sock", "buf", "mv", "have", "total", "deadline", "backup")
+
+    def __init__(self, shard, replica, sock, expect: int, deadline: float, backup: bool):
+        self.shard, self.replica, self.sock = shard, replica, sock
+        self.buf = bytearray(max(expect, 64))
+        self.mv = memoryview(self.buf)
+        self.have, self.total, self.deadline, self.backup = 0, 0, deadline, backup
+
+
+class _Outcome:
+    """A shard's answer: OK (``found``/``values``) or VERSION_UNAVAILABLE (``held``)."""
+
+    __slots__ = ("ok", "version", "other", "found", "values")
+
+    def __init__(self, ok, version, other, found=None, values=None):
+        self.ok, self.version, self.other, self.found, self.values = ok, version, other, found, values
+
+    @property
+    def held(self) -> set[int]:
+        return {v for v in (self.version, self.other) if v}
+
+
+class CubeClient:
+    """See the module docstring. ``shards``: per shard, its replicas' ``host:port``."""
+
+    def __init__(self, shards: list[list[str]], dict_name: str = "", timeout_ms: float = 500.0,
+                 retries: int = 2, backup_request_ms: float | None = None, down_s: float = 1.0,
+                 pin_rounds: int = 4):
+        if not shards or any(not r for r in shards):
+            raise ValueError("topology needs at least one shard, each with at least one replica")
+        self.dict_name = dict_name
+        self.timeout_s = timeout_ms / 1000.0
+        self.retries = int(retries)
+        self.backup_s = None if backup_request_ms is None else backup_request_ms / 1000.0
+        self.down_s = down_s
+        self.pin_rounds = pin_rounds
+        self.shards = [[_Replica(a, self.timeout_s) for a in reps] for reps in shards]
+        self.shard_num = len(shards)
+        self._rr = [itertools.count() for _ in shards]
+        self._dim: int | None = None
+        self._rid = itertools.count(1)
+
+    @classmethod
+    def from_topology(cls, path_or_dict, timeout_ms: float = 500.0, retries: int = 2,
+                      backup_request_ms: float | None = None, **kw) -> "CubeClient":
+        """From a topology file path (JSON) or the parsed dict (docs/contracts.md).
+        Raises ``ValueError`` naming the file when shards are missing or out of order."""
+        topo = path_or_dict
+        src = "topology"
+        if not isinstance(topo, dict):
+            src = str(path_or_dict)
+            with open(os.fspath(path_or_dict)) as f:
+                topo = json.load(f)
+        shards = topo.get("shards")
+        if not isinstance(shards, list) or not shards:
+            raise ValueError(f"{src}: no 'shards' list")
+        addrs = []
+        for i, s in enumerate(shards):
+            if s.get("shard", i) != i:
+                raise ValueError(f"{src}: shards must be listed in order; entry {i} is shard {s.get('shard')}")
+            reps = [r["server"] if isinstance(r, dict) else str(r) for r in s.get("replicas", [])]
+            if not reps:
+                raise ValueError(f"{src}: shard {i} has no replicas")
+            addrs.append(reps)
+        return cls(addrs, topo.get("dict_name", ""), timeout_ms=timeout_ms, retries=retries,
+                   backup_request_ms=backup_request_ms, **kw)
+
+    @property
+    def dim(self) -> int:
+        """Floats per value (asks shard 0 with an empty batch the first time)."""
+        if self._dim is None:
+            self.seek(np.empty(0, np.uint64))
+        return self._dim
+
+    def close(self) -> None:
+        """Closes every pooled connection."""
+        for reps in self.shards:
+            for r in reps:
+                r.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------------ seek
+    def seek(self, keys: np.ndarray, version: int | None = None) -> SeekResult:
+        """``keys: uint64[n]`` -> ``SeekResult(values float32[n, dim], found bool[n], version)``.
+
+        Raises ``CubeUnavailable`` (a shard unreachable) or ``CubeVersionUnavailable``."""
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        S = self.shard_num
+        if S == 1:
+            parts, idx = {0: keys}, None
+        else:
+            sh = keys % np.uint64(S)
+            idx = {s: np.flatnonzero(sh == np.uint64(s)) for s in range(S)}
+            parts = {s: keys[i] for s, i in idx.items() if i.shape[0]}
+            if not parts:
+                parts = {0: keys[:0]}
+        out = self._gather(parts, version)
+        for _ in range(self.pin_rounds):
+            versions = {o.version for o in out.values() if o.ok}
+            if all(o.ok for o in out.values()) and len(versions) == 1:
+                break
+            empty = [s for s, o in out.items() if not o.ok and not o.held]
+            if empty:
+                raise CubeUnavailable(f"cube shard(s) {empty}: no replica has a version loaded")
+            if version is not None:
+                bad = [s for s, o in out.items() if not o.ok]
+                raise CubeVersionUnavailable(
+                    f"version {version} is not held by shard(s) {bad} "
+                    f"(they hold {[sorted(out[s].held) for s in bad]})")
+            common = set.intersection(*(o.held for o in out.values()))
+            if common:
+                target = max(common)
+                redo = {s: parts[s] for s, o in out.items() if not (o.ok and o.version == target)}
+                out.update(self._gather(redo, target))
+            else:
+                out = self._gather(parts, None)
+        else:
+            raise CubeVersionUnavailable(
+                f"no version common to every shard after {self.pin_rounds} rounds: "
+                f"{ {s: sorted(o.held) for s, o in out.items()} }")
+        first = next(iter(out.values()))
+        ver = first.version
+        dim = first.values.shape[1]
+        self._dim = dim
+        if idx is None:
+            return SeekResult(first.values, first.found, ver)
+        values = np.zeros((keys.shape[0], dim), np.float32)
+        found = np.zeros(keys.shape[0], bool)
+        for s, o in out.items():
+            i = idx[s]
+            if i.shape[0]:
+                values[i] = o.values
+                found[i] = o.found
+        return SeekResult(values, found, ver)
+
+    def _pick(self, shard: int, avoid: set) -> _Replica | None:
+        reps = self.shards[shard]
+        now = time.monotonic()
+        start = next(self._rr[shard])
+        best = None
+        for j in range(len(reps)):
+            r = reps[(start + j) % len(reps)]
+            if r in avoid:
+                continue
+            if r.down_until <= now:
+                return r
+            if best is None:
+                best = r
+        return best
+
+    def _send(self, shard, frame, expect, avoid, tried, backup=False) -> _Call | None:
+        """Sends ``frame`` to a replica of ``shard`` not in ``avoid``; None if none left."""
+        while True:
+            r = self._pick(shard, avoid)
+            if r is None:
+                return None
+            avoid.add(r)
+            tried.append(r.addr)
+            try:
+                s = r.get()
+                try:
+                    s.sendall(frame)  # small request: fits the socket buffer
+                except BlockingIOError:
+                    s.setblocking(True)
+                    s.settimeout(self.timeout_s)
+                    s.sendall(frame)
+                    s.setblocking(False)
+            except OSError:
+                r.down_until = time.monotonic() + self.down_s
+                if len(tried) > self.retries:
+                    return None
+                continue
+            return _Call(shard, r, s, expect, time.monotonic() + self.timeout_s, backup)
+
+    def _gather(self, parts: dict[int, np.ndarray], version: int | None) -> dict[int, _Outcome]:
+        dim = self._dim or 0
+        frames = {s: P.encode_request(k, version) for s, k in parts.items()}
+        expect = {s: P.reply_size(k.shape[0], dim) for s, k in parts.items()}
+        avoid = {s: set() for s in parts}
+        tried = {s: [] for s in parts}
+        calls: dict[int, _Call] = {}
+        out: dict[int, _Outcome] = {}
+        pending: dict[int, list[_Call]] = {}
+        for s in parts:
+            c = self._send(s, frames[s], expect[s], avoid[s], tried[s])
+            if c is None:
+                self._fail(s, tried[s], calls)
+            pending[s] = [c]
+            calls[c.sock.fileno()] = c
+        poller = select.poll()
+        for fd in calls:
+            poller.register(fd, select.POLLIN)
+        backup_at = time.monotonic() + self.backup_s if self.backup_s is not None else None
+        try:
+            while len(out) < len(parts):
+                now = time.monotonic()
+                wake = min(c.deadline for c in calls.values())
+                if backup_at is not None:
+                    wake = min(wake, backup_at)
+                events = poller.poll(max(0.0, wake - now) * 1000.0) if wake > now else []
+                for fd, ev in events:
+                    c = calls.get(fd)
+                    if c is None or c.shard in out:
+                        continue
+                    res = self._recv(c)
+                    if res is None:
+                        continue  # incomplete
+                    del calls[fd]
+                    poller.unregister(fd)
+                    if isinstance(res, Exception):  # connection failed: next replica
+                        c.sock.close()
+                        c.replica.down_until = time.monotonic() + self.down_s
+                        self._retry(c, frames, expect, avoid, tried, calls, pending, poller)
+                        continue
+                    if res.ok or res.version or not self._has_other(c.shard, avoid):
+                        # OK, or VERSION_UNAVAILABLE from a replica that holds something
+                        if not res.ok and version is not None and self._has_other(c.shard, avoid) \
+                                and len(tried[c.shard]) <= self.retries:
+                            c.replica.put(c.sock)
+                            self._retry(c, frames, expect, avoid, tried, calls, pending, poller)
+                            continue
+                        c.replica.put(c.sock)
+                        out[c.shard] = res
+                        for other in pending[c.shard]:  # a backup that lost the race
+                            if other is not c and other.sock.fileno() in calls:
+                                poller.unregister(other.sock.fileno())
+                                del calls[other.sock.fileno()]
+                                other.sock.close()
+                    else:  # NOT_READY: try another replica
+                        c.replica.put(c.sock)
+                        self._retry(c, frames, expect, avoid, tried, calls, pending, poller)
+                now = time.monotonic()
+                for fd, c in list(calls.items()):
+                    if c.deadline <= now and c.shard not in out:
+                        del calls[fd]
+                        poller.unregister(fd)
+                        c.sock.close()
+                        c.replica.down_until = now + self.down_s
+                        if not any(o is not c and o.sock.fileno() in calls for o in pending[c.shard]):
+                            self._retry(c, frames, expect, avoid, tried, calls, pending, poller)
+                if backup_at is not None and now >= backup_at:
+                    backup_at = None
+                    for s in parts:
+                        if s not in out and self._has_other(s, avoid[s]):
+                            b = self._send(s, frames[s], expect[s], avoid[s], tried[s], backup=True)
+                            if b is not None:
+                                pending[s].append(b)
+                                calls[b.sock.fileno()] = b
+                                poller.register(b.sock.fileno(), select.POLLIN)
+        except BaseException:
+            for c in calls.values():
+                c.sock.close()
+            raise
+        return out
+
+    def _has_other(self, shard, avoid) -> bool:
+        avoid = avoid if isinstance(avoid, set) else avoid[shard]
+        return any(r not in avoid for r in self.shards[shard])
+
+    def _retry(self, c, frames, expect, avoid, tried, calls, pending, poller) -> None:
+        s = c.shard
+        n = None
+        if len(tried[s]) <= self.retries:
+            n = self._send(s, frames[s], expect[s], avoid[s], tried[s])
+        if n is None:
+            if any(o.sock.fileno() in calls for o in pending[s] if o is not c):
+                return  # a backup request is still in flight
+            for o in calls.values():
+                o.sock.close()
+            self._fail(s, tried[s], {})
+        pending[s].append(n)
+        calls[n.sock.fileno()] = n
+        poller.register(n.sock.fileno(), select.POLLIN)
+
+    def _fail(self, shard, tried, calls) -> None:
+        for c in calls.values():
+            c.sock.close()
+        raise CubeUnavailable(f"cube shard {shard}: no replica answered within {self.timeout_s * 1000:.0f} ms "
+                              f"and {self.retries} retries (tried {tried})")
+
+    def _recv(self, c: _Call):
+        """Reads what is available. Returns None (incomplete), an ``_Outcome``, or an
+        exception (connection closed or failed, malformed reply)."""
+        try:
+            while True:
+                want = (c.total or len(c.buf)) - c.have
+                n = c.sock.recv_into(c.mv[c.have:c.have + want])
+                if n == 0:
+                    return ConnectionError(f"{c.replica.addr} closed the connection")
+                c.have += n
+                if not c.total and c.have >= 4:
+                    c.total = P.LEN.unpack_from(c.buf, 0)[0] + 4
+                    if c.total > len(c.buf):
+                        nb = bytearray(c.total)
+                        nb[:c.have] = c.mv[:c.have]
+                        c.buf, c.mv = nb, memoryview(nb)
+                if c.total and c.have >= c.total:
+                    break
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            return exc
+        try:
+            _, version, other, found, values = P.decode_reply(c.mv[:c.total])
+        except P.ReplyError as exc:
+            if exc.status in (P.VERSION_UNAVAILABLE, P.NOT_READY):
+                return _Outcome(False, exc.version, exc.other)
+            return ConnectionError(f"{c.replica.addr}: {exc}")
+        except ValueError as exc:
+            return exc
+        return _Outcome(True, version, other, found, values)

@@ -1,0 +1,535 @@
+"""Cube server: one shard of one dict, served over the binary data plane, controlled over HTTP.
+
+Data plane (``--port``, default 8900): the protocol in ``runtime/cube/protocol.py``.
+One thread per connection runs a lean blocking loop: ``recv_into`` a per-connection
+preallocated buffer, one C call (``_kernel.c``, GIL released) that probes the hash index
+and writes the found mask and the values straight into a preallocated reply buffer, one
+``sendall``. No per-key Python, no per-request allocation (buffers grow only for bigger
+batches). Why threads rather than asyncio: measured here the blocking loop spends less
+CPU per request than an asyncio Protocol (no event-loop bookkeeping, no copies of
+received data), and the lookup itself runs outside the GIL so two connections can use
+two cores. See ``docs``/the bench for the figures.
+
+Versions: ``current`` (served), ``prev`` (the version served before the last enable, still
+answered when a request names it, so a client can finish a batch on one version across
+shards while a switch propagates; dropped when the next load begins), and the
+background slot (``bg``) being loaded. ``enable`` swaps one reference (atomic for the
+readers); a patch is merged into a copy of the served dict (copy on write).
+
+HTTP control (``--http-port``, default 8901), as docs/contracts.md:
+``GET /status``, ``POST /bg_load_base {"dir", "version"}``, ``POST /bg_load_patch {"dir",
+"version", "base_version"}`` (409 unless ``base_version`` is the served version),
+``POST /enable {"version"}`` (409 unless the bg slot holds it, loaded; 200 when it is
+already served), ``POST /bg_unload``, ``GET /healthz``, ``GET /metrics`` (Prometheus).
+
+``--data-dir``: the enabled version's chain of dict directories (base + patches) is
+recorded in ``<data-dir>/state.json``; a restarted server reloads and serves it.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+
+from runtime.cube import dictfile, protocol as P
+from runtime.cube._kernel import KERNEL
+
+log = logging.getLogger(__name__)
+
+
+class _Slot:
+    """A loaded version, ready for the hot path. ``lineage``: the versions it is made of
+    (base first, then each patch applied). ``chain``: their dict directories."""
+
+    __slots__ = ("d", "version", "dim", "args", "lineage", "chain", "_keep")
+
+    def __init__(self, d: dictfile.ShardDict, lineage: list[int], chain: list[dict]):
+        self.d = d
+        self.version = d.version
+        self.dim = d.dim
+        self.lineage = lineage
+        self.chain = chain
+        vals = d.values if d.values.size else np.zeros((1, d.dim), np.float32)
+        keys = d.keys if d.keys.size else np.zeros(1, np.uint64)
+        self._keep = (vals, keys)
+        self.args = (d.index.ctypes.data, d.index.shape[0], keys.ctypes.data, vals.ctypes.data, d.dim)
+
+
+class _ConnStats:
+    __slots__ = ("requests", "keys", "hits", "errors")
+
+    def __init__(self):
+        self.requests = self.keys = self.hits = 0
+        self.errors: dict[int, int] = {}
+
+
+class _Buf:
+    """A bytearray with its address (for the C kernel) and a memoryview."""
+
+    __slots__ = ("b", "mv", "addr", "_c")
+
+    def __init__(self, size: int):
+        self.b = bytearray(size)
+        self.mv = memoryview(self.b)
+        self._c = (ctypes.c_char * size).from_buffer(self.b)
+        self.addr = ctypes.addressof(self._c)
+
+
+class CubeServer:
+    """One shard server. ``start()`` binds both ports and starts the threads;
+    ``stop()`` closes them. ``port``/``http_port`` hold the bound ports (0 = any free)."""
+
+    def __init__(self, shard: int, shard_num: int, dict_name: str, host: str = "0.0.0.0",
+                 port: int = 8900, http_port: int = 8901, data_dir: str | None = None,
+                 max_keys: int = P.DEFAULT_MAX_KEYS, verify: bool = True):
+        if not 0 <= shard < shard_num:
+            raise ValueError(f"shard {shard} out of range for shard_num {shard_num}")
+        self.shard, self.shard_num, self.dict_name = shard, shard_num, dict_name
+        self.host, self.port, self.http_port = host, port, http_port
+        self.data_dir = Path(data_dir) if data_dir else None
+        self.max_keys = max_keys
+        self.max_frame = P.REQ_HEADER.size + 8 * max_keys
+        self.verify = verify
+        # (current, prev): replaced as a whole, read without a lock by the data plane
+        self._served: tuple[_Slot | None, _Slot | None] = (None, None)
+        self._lock = threading.Lock()  # control operations
+        self.bg: _Slot | None = None
+        self.bg_state, self.bg_error, self.bg_version = "empty", None, None
+        self._bg_gen = 0
+        self._stats: list[_ConnStats] = []
+        self._closed_stats = _ConnStats()
+        self._conns: set[socket.socket] = set()
+        self._conn_lock = threading.Lock()
+        self.loads = {"ok": 0, "failed": 0}
+        self.enables = 0
+        self._stop = threading.Event()
+        self._sock: socket.socket | None = None
+        self._http: ThreadingHTTPServer | None = None
+        self.started = time.time()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((self.host, self.port))
+        s.listen(1024)
+        self._sock = s
+        self.port = s.getsockname()[1]
+        self._http = ThreadingHTTPServer((self.host, self.http_port), _make_handler(self))
+        self._http.daemon_threads = True
+        self.http_port = self._http.server_address[1]
+        threading.Thread(target=self._accept_loop, name="cube-accept", daemon=True).start()
+        threading.Thread(target=self._http.serve_forever, name="cube-http", daemon=True).start()
+        self._warm()
+        self._restore()
+        log.info("cube server %s shard %d/%d: data plane %s:%d, HTTP %s:%d, kernel %s",
+                 self.dict_name, self.shard, self.shard_num, self.host, self.port, self.host,
+                 self.http_port, KERNEL.name)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+        with self._conn_lock:
+            for c in list(self._conns):
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def _warm(self) -> None:
+        """Runs the kernel once so the first request pays no load/compile cost."""
+        d = dictfile.make_shard_dict(np.arange(4, dtype=np.uint64), np.zeros((4, 1), np.float32),
+                                     dict_name="warm", shard=0, shard_num=1, version=1)
+        d.lookup(np.arange(8, dtype=np.uint64))
+
+    # ------------------------------------------------------------------ data plane
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                if self._stop.is_set():
+                    return
+                time.sleep(0.01)
+                continue
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve_conn, args=(conn,), name="cube-conn", daemon=True).start()
+
+    def _serve_conn(self, sock: socket.socket) -> None:
+        st = _ConnStats()
+        with self._conn_lock:
+            self._conns.add(sock)
+            self._stats.append(st)
+        try:
+            self._conn_loop(sock, st)
+        except (ConnectionError, OSError):
+            pass
+        except Exception:  # a bug must not take the server down: log, drop this connection
+            log.exception("data-plane connection failed")
+        finally:
+            with self._conn_lock:
+                self._conns.discard(sock)
+                self._stats.remove(st)
+                c = self._closed_stats
+                c.requests += st.requests
+                c.keys += st.keys
+                c.hits += st.hits
+                for k, v in st.errors.items():
+                    c.errors[k] = c.errors.get(k, 0) + v
+            sock.close()
+
+    def _conn_loop(self, sock: socket.socket, st: _ConnStats) -> None:
+        rin = _Buf(P.REQ_PREFIX + 8 * 1024)
+        rout = _Buf(P.reply_size(1024, 16))
+        recv_into, sendall = sock.recv_into, sock.sendall
+        unpack_len, unpack_req = P.LEN.unpack_from, P.REQ_HEADER.unpack_from
+        pack_rep = P.REP_FRAME.pack_into
+        lookup_raw = KERNEL.lookup_raw
+        max_frame, hdr = self.max_frame, P.REQ_HEADER.size
+        have = 0
+        while True:
+            while have < 4:
+                n = recv_into(rin.mv[have:])
+                if not n:
+                    return
+                have += n
+            (length,) = unpack_len(rin.b, 0)
+            if length > max_frame:
+                self._error(sock, st, P.TOO_LARGE, 0,
+                            f"frame of {length} bytes exceeds the limit of {max_frame} ({self.max_keys} keys)")
+                return
+            total = length + 4
+            if total > len(rin.b):
+                nb = _Buf(total)
+                nb.b[:have] = rin.mv[:have]
+                rin = nb
+            while have < total:
+                n = recv_into(rin.mv[have:])
+                if not n:
+                    return
+                have += n
+            if length < hdr:
+                self._error(sock, st, P.BAD_REQUEST, 0, f"frame of {length} bytes is shorter than the header")
+                return
+            magic, op, flags, _, rid, count, _, want = unpack_req(rin.b, 4)
+            if magic != P.MAGIC or op != P.OP_SEEK or length != hdr + 8 * count:
+                self._error(sock, st, P.BAD_REQUEST, rid,
+                            f"bad request (magic {magic:#x}, op {op}, length {length}, count {count})")
+                return
+            cur, prev = self._served
+            slot = cur
+            if cur is None:
+                slot = None
+                status = P.NOT_READY
+            elif flags & 1 and want != cur.version:
+                slot = prev if prev is not None and prev.version == want else None
+                status = P.VERSION_UNAVAILABLE
+            if slot is None:
+                self._error(sock, st, status, rid,
+                            "no version loaded" if status == P.NOT_READY else
+                            f"version {want} not held (serving {cur.version}, previous "
+                            f"{prev.version if prev else None})", close=False)
+            else:
+                dim = slot.dim
+                mask = (count + 7) & ~7
+                size = P.REP_PREFIX + mask + 4 * count * dim
+                if size > len(rout.b):
+                    rout = _Buf(size)
+                base = rout.addr + P.REP_PREFIX
+                if lookup_raw is not None:
+                    hits = lookup_raw(*slot.args, rin.addr + P.REQ_PREFIX, count, base + mask, base, None)
+                else:
+                    hits = self._lookup_py(slot, rin, count, rout, mask)
+                pack_rep(rout.b, 0, size - 4, P.MAGIC, P.OK, 0, 0, rid, count, dim, slot.version,
+                         (prev.version if slot is cur else cur.version) if prev is not None else 0)
+                sendall(rout.mv[:size])
+                st.requests += 1
+                st.keys += count
+                st.hits += hits
+            # keep any pipelined bytes that followed this frame
+            if have > total:
+                rin.b[:have - total] = rin.mv[total:have]
+            have -= total
+
+    @staticmethod
+    def _lookup_py(slot: _Slot, rin: _Buf, count: int, rout: _Buf, mask: int) -> int:
+        q = np.frombuffer(rin.b, np.uint64, count, P.REQ_PREFIX)
+        found = np.frombuffer(rout.b, np.uint8, count, P.REP_PREFIX)
+        out = np.frombuffer(rout.b, np.float32, count * slot.dim, P.REP_PREFIX + mask)
+        d = slot.d
+        return KERNEL.lookup(d.index, d.keys, d.values, q, out.reshape(count, slot.dim), found)
+
+    def _error(self, sock, st: _ConnStats, status: int, rid: int, msg: str, close: bool = True) -> None:
+        st.errors[status] = st.errors.get(status, 0) + 1
+        cur, prev = self._served
+        frame = P.encode_error(status, rid, cur.version if cur else 0, prev.version if prev else 0, msg)
+        if close:
+            log.warning("data plane: %s: %s; closing the connection", P.STATUS_NAMES[status], msg)
+        try:
+            sock.sendall(frame)
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------------ control
+    def status(self) -> dict:
+        cur, prev = self._served
+        return {"shard": self.shard, "shard_num": self.shard_num, "dict_name": self.dict_name,
+                "version": cur.version if cur else None, "prev_version": prev.version if prev else None,
+                "bg_version": self.bg_version, "bg_state": self.bg_state, "bg_error": self.bg_error,
+                "keys": len(cur.d) if cur else 0, "dim": cur.dim if cur else None,
+                "lineage": cur.lineage if cur else [], "kernel": KERNEL.name,
+                "connections": len(self._conns), **self.counters()}
+
+    def counters(self) -> dict:
+        with self._conn_lock:
+            stats = self._stats + [self._closed_stats]
+            out = {"requests": sum(s.requests for s in stats), "keys_looked_up": sum(s.keys for s in stats),
+                   "hits": sum(s.hits for s in stats), "errors": {}}
+            for s in stats:
+                for k, v in s.errors.items():
+                    name = P.STATUS_NAMES[k]
+                    out["errors"][name] = out["errors"].get(name, 0) + v
+        return out
+
+    def bg_load(self, directory: str, version: int, base_version: int | None = None) -> None:
+        """Starts a background load (a base, or a patch when ``base_version`` is given).
+        Raises ``Conflict`` (HTTP 409) when a load is running or the patch's base is not served."""
+        with self._lock:
+            if self.bg_state == "loading":
+                raise Conflict(f"a load of version {self.bg_version} is in progress")
+            cur, prev = self._served
+            if base_version is not None and (cur is None or cur.version != base_version):
+                raise Conflict(f"patch {version} applies to version {base_version}, but the served "
+                               f"version is {cur.version if cur else None}")
+            # the previous version is kept only until the next load begins
+            self._served = (cur, None)
+            self._bg_gen += 1
+            gen = self._bg_gen
+            self.bg, self.bg_state, self.bg_error, self.bg_version = None, "loading", None, version
+        threading.Thread(target=self._load, args=(gen, directory, version, base_version, cur),
+                         name="cube-load", daemon=True).start()
+
+    def _load(self, gen: int, directory: str, version: int, base_version: int | None, base: _Slot | None):
+        t0 = time.perf_counter()
+        try:
+            d = dictfile.load_shard_dict(directory, verify=self.verify)
+            m = d.meta
+            want = (self.dict_name, self.shard, self.shard_num, version)
+            got = (m.dict_name, m.shard, m.shard_num, m.version)
+            if got != want:
+                raise dictfile.DictFormatError(
+                    f"{directory}: holds dict {m.dict_name} shard {m.shard}/{m.shard_num} version "
+                    f"{m.version}, expected {self.dict_name} shard {self.shard}/{self.shard_num} version {version}")
+            entry = {"dir": str(Path(directory).resolve()), "version": version, "mode": m.mode,
+                     "base_version": base_version}
+            if base_version is None:
+                if m.mode != "base":
+                    raise dictfile.DictFormatError(f"{directory}: a {m.mode} dict, bg_load_base needs a base")
+                slot = _Slot(d, [version], [entry])
+            else:
+                if m.mode != "delta":
+                    raise dictfile.DictFormatError(f"{directory}: a {m.mode} dict, bg_load_patch needs a delta")
+                if m.base_version not in base.lineage:
+                    raise dictfile.DictFormatError(
+                        f"{directory}: delta {version} is built on {m.base_version}, which is not part of the "
+                        f"served version {base.version} (made of {base.lineage})")
+                slot = _Slot(dictfile.apply_patch(base.d, d), base.lineage + [version], base.chain + [entry])
+        except Exception as exc:  # reported through /status; the served version is untouched
+            with self._lock:
+                if gen == self._bg_gen:
+                    self.bg_state, self.bg_error = "failed", f"{type(exc).__name__}: {exc}"
+                    self.loads["failed"] += 1
+            log.error("load of version %s from %s failed: %s", version, directory, exc)
+            return
+        with self._lock:
+            if gen != self._bg_gen:  # unloaded or superseded meanwhile
+                return
+            self.bg, self.bg_state = slot, "loaded"
+            self.loads["ok"] += 1
+        log.info("loaded version %d (%d keys, dim %d) from %s in %.2f s", version, len(slot.d), slot.dim,
+                 directory, time.perf_counter() - t0)
+
+    def enable(self, version: int) -> dict:
+        """Switches to the loaded bg version atomically. Raises ``Conflict``."""
+        with self._lock:
+            cur, prev = self._served
+            if self.bg is None or self.bg_state != "loaded" or self.bg.version != version:
+                if cur is not None and cur.version == version:
+                    return {"version": version, "changed": False}
+                raise Conflict(f"cannot enable {version}: the background slot holds "
+                               f"{self.bg_version} ({self.bg_state})")
+            self._served = (self.bg, cur)
+            self.bg, self.bg_state, self.bg_version, self.bg_error = None, "empty", None, None
+            self.enables += 1
+            new = self._served[0]
+        log.info("enabled version %d (previous %s)", version, cur.version if cur else None)
+        self._persist(new)
+        return {"version": version, "changed": True, "prev_version": cur.version if cur else None}
+
+    def bg_unload(self) -> None:
+        with self._lock:
+            self._bg_gen += 1
+            self.bg, self.bg_state, self.bg_version, self.bg_error = None, "empty", None, None
+
+    def _persist(self, slot: _Slot) -> None:
+        if self.data_dir is None:
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.data_dir / ".state.json.tmp"
+        tmp.write_text(json.dumps({"dict_name": self.dict_name, "shard": self.shard,
+                                   "version": slot.version, "chain": slot.chain}))
+        os.replace(tmp, self.data_dir / "state.json")
+
+    def _restore(self) -> None:
+        """Reloads the chain recorded in ``<data-dir>/state.json`` (synchronously)."""
+        if self.data_dir is None or not (self.data_dir / "state.json").exists():
+            return
+        try:
+            state = json.loads((self.data_dir / "state.json").read_text())
+            slot = None
+            for e in state["chain"]:
+                d = dictfile.load_shard_dict(e["dir"], verify=self.verify)
+                if slot is None:
+                    slot = _Slot(d, [e["version"]], [e])
+                else:
+                    slot = _Slot(dictfile.apply_patch(slot.d, d), slot.lineage + [e["version"]], slot.chain + [e])
+            if slot is not None:
+                self._served = (slot, None)
+                log.info("restored version %d from %s", slot.version, self.data_dir / "state.json")
+        except Exception as exc:
+            log.error("cannot restore the state in %s (starting empty): %s", self.data_dir, exc)
+
+
+class Conflict(Exception):
+    """A control request that the current state refuses (HTTP 409)."""
+
+
+def _make_handler(server: CubeServer):
+    from prometheus_client import CollectorRegistry, generate_latest, CONTENT_TYPE_LATEST
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client import ProcessCollector
+
+    class _Collector:
+        def collect(self):
+            st = server.status()
+            yield CounterMetricFamily("cube_requests", "seek requests answered", value=st["requests"])
+            yield CounterMetricFamily("cube_keys", "keys looked up", value=st["keys_looked_up"])
+            yield CounterMetricFamily("cube_hits", "keys found", value=st["hits"])
+            e = CounterMetricFamily("cube_errors", "error replies by status", labels=["status"])
+            for k, v in st["errors"].items():
+                e.add_metric([k], v)
+            yield e
+            yield GaugeMetricFamily("cube_version", "served version id (0 = none)", value=st["version"] or 0)
+            yield GaugeMetricFamily("cube_prev_version", "previous version still answered",
+                                    value=st["prev_version"] or 0)
+            yield GaugeMetricFamily("cube_dict_keys", "keys in the served version", value=st["keys"])
+            yield GaugeMetricFamily("cube_connections", "open data-plane connections", value=st["connections"])
+            lo = CounterMetricFamily("cube_loads", "background loads by result", labels=["result"])
+            for k, v in server.loads.items():
+                lo.add_metric([k], v)
+            yield lo
+            yield CounterMetricFamily("cube_enables", "version switches", value=server.enables)
+
+    registry = CollectorRegistry()
+    registry.register(_Collector())
+    ProcessCollector(registry=registry)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt, *args):  # quiet: control calls are logged by the server
+            log.debug("http: " + fmt, *args)
+
+        def _send(self, code: int, body, ctype: str = "application/json") -> None:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            path = self.path.split("?")[0]
+            if path == "/healthz":
+                self._send(200, {"ok": True})
+            elif path == "/status":
+                self._send(200, server.status())
+            elif path == "/metrics":
+                self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            else:
+                self._send(404, {"error": f"no such path {path}"})
+
+        def do_POST(self):
+            path = self.path.split("?")[0]
+            try:
+                n = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(n) or b"{}") if n else {}
+                if not isinstance(body, dict):
+                    raise ValueError("body must be a JSON object")
+                if path == "/bg_load_base":
+                    server.bg_load(_req_str(body, "dir"), _req_int(body, "version"))
+                    self._send(202, {"accepted": True, "version": body["version"]})
+                elif path == "/bg_load_patch":
+                    server.bg_load(_req_str(body, "dir"), _req_int(body, "version"),
+                                   _req_int(body, "base_version"))
+                    self._send(202, {"accepted": True, "version": body["version"]})
+                elif path == "/enable":
+                    self._send(200, server.enable(_req_int(body, "version")))
+                elif path == "/bg_unload":
+                    server.bg_unload()
+                    self._send(200, {"ok": True})
+                else:
+                    self._send(404, {"error": f"no such path {path}"})
+            except Conflict as exc:
+                self._send(409, {"error": str(exc)})
+            except (ValueError, KeyError, TypeError) as exc:
+                self._send(400, {"error": f"bad request to {path}: {exc}"})
+
+    return Handler
+
+
+def _req_int(body: dict, key: str) -> int:
+    v = body.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).isdigit():
+        raise ValueError(f"field {key!r} must be a non-negative integer, got {v!r}")
+    return int(v)
+
+
+def _req_str(body: dict, key: str) -> str:
+    v = body.get(key)
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"field {key!r} must be a non-empty string, got {v!r}")
+    return v
+
+
+def main(args) -> int:
+    """``elastic-ctr cube server``: serves until SIGTERM/SIGINT."""
+    srv = CubeServer(args.shard, args.shard_num, args.dict_name, host=args.host, port=args.port,
+                     http_port=args.http_port, data_dir=args.data_dir, max_keys=args.max_keys,
+                     verify=not args.no_verify)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    srv.start()
+    done.wait()
+    srv.stop()
+    log.info("cube server stopped")
+    return 0
