@@ -1,0 +1,323 @@
+"""Serving: Open Inference Protocol v2 conformance, bad input (each case), cube down,
+predictions equal to the exported model's offline predictions, version switch without
+mixing. Uses a tiny dense model in the export layout and an in-memory cube."""
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from runtime import storage
+from runtime.serving.model import VersionWatcher
+from runtime.serving.server import Service, create_app
+from runtime.trainer import features
+from tests.serving.helpers import FakeCube, make_models, make_table, offline_predict, write_meta
+
+V1, V2 = 1_700_000_001, 1_700_000_002
+
+
+def _rows(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        dense = [("" if rng.random() < 0.2 else str(int(rng.integers(0, 300)))) for _ in range(13)]
+        cats = [("" if rng.random() < 0.1 else format(int(rng.integers(0, 40)), "x")) for _ in range(26)]
+        out.append("\t".join([str(i % 2)] + dense + cats))
+    return out
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("root")
+    d1, d2 = root / "versions" / str(V1) / "dense", root / "versions" / str(V2) / "dense"
+    make_models([d1, d2], seeds=[1, 2])
+    write_meta(d1, V1)
+    write_meta(d2, V2)
+    lines = _rows(64)
+    b = features.parse_criteo_lines(lines)
+    tables = {V1: make_table(b.feasigns, 1), V2: make_table(b.feasigns, 2)}
+    return {"root": root, "lines": lines, "batch": b, "tables": tables, "dirs": {V1: d1, V2: d2}}
+
+
+def _publish(root, v):
+    storage.append_line(str(root / "donefile" / "base.txt"),
+                        json.dumps({"id": v, "key": v, "input": f"versions/{v}/sparse", "model": f"versions/{v}/dense"}))
+
+
+@pytest.fixture
+def served(env, tmp_path):
+    """A service at version V1 (only V1 in the donefile) over a FakeCube holding V1 and V2."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "versions").symlink_to(env["root"] / "versions")
+    _publish(root, V1)
+    cube = FakeCube(dict(env["tables"]))
+    watcher = VersionWatcher(str(root), None, tmp_path / "work", pool_size=4,
+                             probe=lambda v: cube.seek(np.zeros(1, np.uint64), version=v))
+    service = Service(watcher, lambda: cube, max_batch=32)
+    assert watcher.poll_once()
+    app = create_app(service)
+    return {"root": root, "cube": cube, "watcher": watcher, "service": service, "client": app.test_client()}
+
+
+def v2_request(b, rows=slice(0, 3), flat=True, rid="r-1"):
+    dense = b.dense[rows]
+    fs = b.feasigns[rows]
+    n = dense.shape[0]
+    dd = [None if np.isnan(x) else float(x) for x in dense.ravel()]
+    fd = [int(x) for x in fs.ravel()]
+    if not flat:
+        dd = [dd[i * 13:(i + 1) * 13] for i in range(n)]
+        fd = [fd[i * 26:(i + 1) * 26] for i in range(n)]
+    return {"id": rid, "inputs": [
+        {"name": "dense_features", "datatype": "FP32", "shape": [n, 13], "data": dd},
+        {"name": "feasigns", "datatype": "UINT64", "shape": [n, 26], "data": fd}]}
+
+
+def test_health_and_metadata(served):
+    c = served["client"]
+    assert c.get("/v2/health/live").status_code == 200
+    r = c.get("/v2/health/ready")
+    assert r.status_code == 200 and r.json["model_version"] == str(V1)
+    assert c.get("/v2/models/ctr/ready").status_code == 200
+    assert c.get("/v2/models/other/ready").status_code == 404
+    meta = c.get("/v2").json
+    assert set(meta) == {"name", "version", "extensions"}
+    m = c.get("/v2/models/ctr").json
+    assert m["name"] == "ctr" and m["versions"] == [str(V1)]
+    assert {t["name"]: (t["datatype"], t["shape"]) for t in m["inputs"]} == {
+        "dense_features": ("FP32", [-1, 13]), "feasigns": ("UINT64", [-1, 26]), "lines": ("BYTES", [-1])}
+    assert m["outputs"] == [{"name": "probability", "datatype": "FP32", "shape": [-1, 1]}]
+    assert c.get(f"/v2/models/ctr/versions/{V1}").status_code == 200
+    assert c.get("/v2/models/ctr/versions/123").status_code == 404
+    assert c.get("/v2/models/nope").status_code == 404
+
+
+def test_infer_matches_offline_model(served, env):
+    c, b = served["client"], env["batch"]
+    r = c.post("/v2/models/ctr/infer", json=v2_request(b, slice(0, 20)))
+    assert r.status_code == 200, r.json
+    body = r.json
+    assert body["model_name"] == "ctr" and body["model_version"] == str(V1) and body["id"] == "r-1"
+    assert body["parameters"] == {"model_version": V1, "cube_version": V1}
+    (out,) = body["outputs"]
+    assert out["name"] == "probability" and out["datatype"] == "FP32" and out["shape"] == [20, 1]
+    want = offline_predict(env["dirs"][V1], env["tables"][V1], b.dense[:20], b.feasigns[:20])
+    np.testing.assert_allclose(out["data"], want, rtol=1e-5, atol=1e-6)
+    # some keys were missing in cube: they must have been zero vectors (offline does that)
+    assert any(int(k) not in env["tables"][V1] for k in b.feasigns[:20].ravel())
+
+
+def test_nested_lines_and_predict_agree(served, env):
+    c, b = served["client"], env["batch"]
+    flat = c.post("/v2/models/ctr/infer", json=v2_request(b, slice(0, 5))).json["outputs"][0]["data"]
+    nested = c.post("/v2/models/ctr/infer", json=v2_request(b, slice(0, 5), flat=False)).json["outputs"][0]["data"]
+    lines = env["lines"][:5]
+    r = c.post("/v2/models/ctr/infer", json={"inputs": [
+        {"name": "lines", "datatype": "BYTES", "shape": [5], "data": lines}]})
+    assert r.status_code == 200, r.json
+    by_lines = r.json["outputs"][0]["data"]
+    # rows without their label, and CSV rows, are accepted too
+    nolabel = [ln.split("\t", 1)[1] for ln in lines]
+    p = c.post("/predict", json={"lines": nolabel})
+    assert p.status_code == 200, p.json
+    csv = c.post("/predict", data="\n".join(ln.replace("\t", ",") for ln in lines), content_type="text/plain")
+    assert csv.status_code == 200, csv.json
+    np.testing.assert_allclose(flat, nested, rtol=1e-6)
+    np.testing.assert_allclose(flat, by_lines, rtol=1e-6)
+    np.testing.assert_allclose(flat, p.json["probabilities"], rtol=1e-6)
+    np.testing.assert_allclose(flat, csv.json["probabilities"], rtol=1e-6)
+    assert p.json["model_version"] == V1
+
+
+def _mut(fn):
+    def apply(req):
+        req = copy.deepcopy(req)
+        fn(req)
+        return req
+    return apply
+
+
+def _set(path, value):
+    def fn(req):
+        obj = req
+        for k in path[:-1]:
+            obj = obj[k]
+        obj[path[-1]] = value
+    return _mut(fn)
+
+
+BAD = [
+    # (case id, request transform, expected substring of the error)
+    ("not-json", lambda r: b"{nope", "not valid JSON"),
+    ("not-object", lambda r: [1, 2], "JSON object"),
+    ("no-inputs", _set(["inputs"], []), "inputs"),
+    ("inputs-not-list", _set(["inputs"], {"a": 1}), "inputs"),
+    ("unknown-input", _set(["inputs", 0, "name"], "dense"), "inputs[0].name"),
+    ("missing-feasigns", _mut(lambda r: r["inputs"].pop(1)), "feasigns"),
+    ("duplicate-input", _mut(lambda r: r["inputs"].append(copy.deepcopy(r["inputs"][0]))), "twice"),
+    ("dense-datatype", _set(["inputs", 0, "datatype"], "FP64"), "inputs[0].datatype"),
+    ("feasign-datatype", _set(["inputs", 1, "datatype"], "INT64"), "inputs[1].datatype"),
+    ("dense-shape-rank", _set(["inputs", 0, "shape"], [39]), "inputs[0].shape"),
+    ("dense-feature-count", _set(["inputs", 0, "shape"], [3, 12]), "inputs[0].shape"),
+    ("sparse-feature-count", _set(["inputs", 1, "shape"], [3, 25]), "inputs[1].shape"),
+    ("batch-mismatch", _set(["inputs", 1, "shape"], [2, 26]), "inputs[1].shape"),
+    ("shape-not-ints", _set(["inputs", 0, "shape"], ["3", 13]), "inputs[0].shape"),
+    ("too-few-elements", _mut(lambda r: r["inputs"][0]["data"].pop()), "inputs[0].data"),
+    ("too-many-elements", _mut(lambda r: r["inputs"][1]["data"].append(5)), "inputs[1].data"),
+    ("dense-non-numeric", _mut(lambda r: r["inputs"][0]["data"].__setitem__(4, "abc")), "inputs[0].data"),
+    ("dense-numeric-string", _mut(lambda r: r["inputs"][0]["data"].__setitem__(4, "1.5")), "inputs[0].data"),
+    ("dense-bool", _mut(lambda r: r["inputs"][0]["data"].__setitem__(4, True)), "inputs[0].data"),
+    ("feasign-float", _mut(lambda r: r["inputs"][1]["data"].__setitem__(0, 1.5)), "inputs[1].data"),
+    ("feasign-negative", _mut(lambda r: r["inputs"][1]["data"].__setitem__(0, -1)), "inputs[1].data"),
+    ("feasign-string", _mut(lambda r: r["inputs"][1]["data"].__setitem__(0, "x")), "inputs[1].data"),
+    ("feasign-null", _mut(lambda r: r["inputs"][1]["data"].__setitem__(0, None)), "inputs[1].data"),
+    ("ragged", _set(["inputs", 0, "data"], [[1.0] * 13, [1.0] * 12, [1.0] * 13]), "inputs[0].data"),
+    ("data-not-array", _set(["inputs", 0, "data"], "1,2,3"), "inputs[0].data"),
+    ("data-missing", _mut(lambda r: r["inputs"][0].pop("data")), "inputs[0].data"),
+    ("empty-batch", _mut(lambda r: (r["inputs"][0].update(shape=[0, 13], data=[]),
+                                    r["inputs"][1].update(shape=[0, 26], data=[]))), "empty batch"),
+    ("oversize-batch", _mut(lambda r: (r["inputs"][0].update(shape=[33, 13], data=[0.0] * 33 * 13),
+                                       r["inputs"][1].update(shape=[33, 26], data=[1] * 33 * 26))), "exceeds"),
+    ("binary-extension", _set(["inputs", 0, "parameters"], {"binary_data_size": 52}), "binary_data_size"),
+    ("unknown-output", _set(["outputs"], [{"name": "logit"}]), "outputs[0].name"),
+    ("id-not-string", _set(["id"], 5), "id"),
+    ("lines-datatype", lambda r: {"inputs": [{"name": "lines", "datatype": "FP32", "shape": [1], "data": ["x"]}]},
+     "inputs[0].datatype"),
+    ("lines-malformed", lambda r: {"inputs": [{"name": "lines", "datatype": "BYTES", "shape": [1],
+                                               "data": ["1\t2\t3"]}]}, "inputs[0].data[0]"),
+    ("lines-bad-hex", lambda r: {"inputs": [{"name": "lines", "datatype": "BYTES", "shape": [1],
+                                             "data": ["0" + "\t1" * 13 + "\tzz" * 26]}]}, "inputs[0].data[0]"),
+    ("lines-non-numeric-dense", lambda r: {"inputs": [{"name": "lines", "datatype": "BYTES", "shape": [1],
+                                                       "data": ["0" + "\tx" * 13 + "\taa" * 26]}]}, "I1"),
+    ("lines-with-features", _mut(lambda r: r["inputs"].append(
+        {"name": "lines", "datatype": "BYTES", "shape": [1], "data": ["x"]})), "either"),
+]
+
+
+@pytest.mark.parametrize("case,transform,needle", BAD, ids=[c[0] for c in BAD])
+def test_bad_input_is_400_naming_the_field(served, env, case, transform, needle):
+    req = transform(v2_request(env["batch"]))
+    body = req if isinstance(req, bytes) else json.dumps(req)
+    r = served["client"].post("/v2/models/ctr/infer", data=body, content_type="application/json")
+    assert r.status_code == 400, (case, r.status_code, r.data[:300])
+    err = r.json["error"]
+    assert needle in err, (case, err)
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("payload,needle", [
+    ({"lines": []}, "empty batch"),
+    ({"lines": ["bad line"]}, "lines[0]"),
+    ({"lines": "not a list"}, "lines"),
+    ({"lines": [5]}, "lines[0]"),
+])
+def test_predict_bad_input(served, payload, needle):
+    r = served["client"].post("/predict", json=payload)
+    assert r.status_code == 400 and needle in r.json["error"], r.json
+
+
+def test_unknown_model_and_version(served, env):
+    c = served["client"]
+    assert c.post("/v2/models/other/infer", json=v2_request(env["batch"])).status_code == 404
+    assert c.post("/v2/models/ctr/versions/42/infer", json=v2_request(env["batch"])).status_code == 404
+    r = c.post(f"/v2/models/ctr/versions/{V1}/infer", json=v2_request(env["batch"]))
+    assert r.status_code == 200
+    assert c.get("/v2/models/ctr/infer").status_code == 405
+
+
+def test_cube_down_is_503_and_not_ready(served, env):
+    c, cube = served["client"], served["cube"]
+    cube.down = True
+    r = c.post("/v2/models/ctr/infer", json=v2_request(env["batch"]))
+    assert r.status_code == 503 and "cube" in r.json["error"]
+    r = c.get("/v2/health/ready")
+    assert r.status_code == 400 and r.json["ready"] is False
+    cube.down = False
+    assert c.get("/v2/health/ready").status_code == 200
+    assert c.post("/v2/models/ctr/infer", json=v2_request(env["batch"])).status_code == 200
+
+
+def test_no_version_yet_is_503(env, tmp_path):
+    cube = FakeCube(env["tables"])
+    watcher = VersionWatcher(str(tmp_path / "empty"), None, tmp_path / "work")
+    service = Service(watcher, lambda: cube)
+    c = create_app(service).test_client()
+    assert not watcher.poll_once()
+    r = c.post("/v2/models/ctr/infer", json=v2_request(env["batch"]))
+    assert r.status_code == 503 and "no model version" in r.json["error"]
+    assert c.get("/v2/health/ready").status_code == 400
+    assert c.get("/v2/health/live").status_code == 200
+
+
+def test_metrics(served, env):
+    c = served["client"]
+    c.post("/v2/models/ctr/infer", json=v2_request(env["batch"]))
+    c.post("/v2/models/ctr/infer", data=b"{", content_type="application/json")
+    text = c.get("/metrics").data.decode()
+    assert 'elastic_ctr_serving_requests_total{code="200",endpoint="infer"} 1.0' in text
+    assert 'elastic_ctr_serving_requests_total{code="400",endpoint="infer"} 1.0' in text
+    assert f"elastic_ctr_serving_model_version {float(V1)}" in text or "elastic_ctr_serving_model_version 1.700000001e+09" in text
+    assert "elastic_ctr_serving_request_seconds_bucket" in text
+
+
+def test_version_switch_without_mixing(served, env):
+    """Requests keep flowing while V2 is published; every answer equals the offline
+    prediction of the version it names (dense model and embeddings of one version)."""
+    c, b = served["client"], env["batch"]
+    n = 8
+    want = {v: offline_predict(env["dirs"][v], env["tables"][v], b.dense[:n], b.feasigns[:n]) for v in (V1, V2)}
+    assert not np.allclose(want[V1], want[V2])
+    req = json.dumps(v2_request(b, slice(0, n)))
+    seen: dict[str, int] = {}
+    errors: list = []
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def worker():
+        cl = served["client"].application.test_client()
+        while not stop.is_set():
+            r = cl.post("/v2/models/ctr/infer", data=req, content_type="application/json")
+            if r.status_code != 200:
+                errors.append(r.data)
+                continue
+            body = r.json
+            v = int(body["model_version"])
+            try:
+                np.testing.assert_allclose(body["outputs"][0]["data"], want[v], rtol=1e-5, atol=1e-6)
+            except AssertionError as exc:
+                errors.append(str(exc))
+            with lock:
+                seen[str(v)] = seen.get(str(v), 0) + 1
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    _publish(served["root"], V2)
+    assert served["watcher"].poll_once()
+    time.sleep(0.5)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert seen.get(str(V1), 0) > 0 and seen.get(str(V2), 0) > 0, seen
+    r = c.post("/v2/models/ctr/infer", data=req, content_type="application/json")
+    assert r.json["model_version"] == str(V2)
+    # the cube lookups were pinned to the versions of the dense models used
+    assert {v for v, _ in served["cube"].calls} <= {V1, V2}
+
+
+def test_switch_waits_for_cube(served, env):
+    """A version the cube cannot answer yet is not switched to; the old one keeps serving."""
+    cube, w = served["cube"], served["watcher"]
+    del cube.tables[V2]
+    _publish(served["root"], V2)
+    assert not w.poll_once()
+    assert w.current.version == V1 and "V2" not in (w.last_error or "") and str(V2) in w.last_error
+    r = served["client"].post("/v2/models/ctr/infer", json=v2_request(env["batch"]))
+    assert r.status_code == 200 and r.json["model_version"] == str(V1)
