@@ -60,7 +60,8 @@ class Rendering:
     config: dict[str, str]
     manifests: list[Manifest]
     outputs: dict[str, Any]
-    resources: list[dict] = field(default_factory=list)  # every registration (type, name, ...)
+    #: every registration: urn, type, name, parent_type, inputs (components and images too)
+    resources: list[dict] = field(default_factory=list)
 
     def by_kind(self, kind: str) -> list[Manifest]:
         """The manifests of one kind, in file order."""
@@ -132,28 +133,22 @@ def _to_config_string(value: Any) -> str:
 def _mocks_class():
     import pulumi
 
-    class RecordingMocks(pulumi.runtime.Mocks):
-        """Echoes inputs back as outputs and records every registration in order."""
-
-        def __init__(self) -> None:
-            self.resources: list[dict] = []
+    class EchoMocks(pulumi.runtime.Mocks):
+        """Echoes inputs back as outputs (plus a stand-in digest for pushed images)."""
 
         def new_resource(self, args: pulumi.runtime.MockResourceArgs):
             state = dict(args.inputs)
             if args.typ == "docker:index/image:Image":
-                # a stand-in digest so pushed images render as repo@sha256:...
                 import hashlib
                 name = state.get("imageName", "")
                 digest = hashlib.sha256(name.encode()).hexdigest()
                 state["repoDigest"] = f"{name.rsplit(':', 1)[0]}@sha256:{digest}"
-            self.resources.append({"type": args.typ, "name": args.name,
-                                   "custom": args.custom, "inputs": copy.deepcopy(state)})
             return f"{args.name}-id", state
 
         def call(self, args: pulumi.runtime.MockCallArgs):
             return {}
 
-    return RecordingMocks
+    return EchoMocks
 
 
 def run_program(config: Mapping[str, str], secret_keys: set[str], stack: str,
@@ -171,9 +166,10 @@ def run_program(config: Mapping[str, str], secret_keys: set[str], stack: str,
 
     from infra.program import build
 
-    mocks = _mocks_class()()
+    monitor = pulumi.runtime.mocks.MockMonitor(_mocks_class()())
     rs.ROOT.set(None)
-    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
+    pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False,
+                             monitor=monitor)
     pulumi.runtime.set_all_config(dict(config), sorted(secret_keys))
     rs.SETTINGS.rpc_manager.clear()
     rs.SETTINGS.outputs.clear()
@@ -189,7 +185,20 @@ def run_program(config: Mapping[str, str], secret_keys: set[str], stack: str,
     finally:
         rs.ROOT.set(None)
         pulumi.runtime.set_all_config({}, [])
-    return mocks.resources, _plain(outputs)
+    return [_registration(r) for r in monitor.resources.values()], _plain(outputs)
+
+
+def _registration(reg) -> dict:
+    """A MockMonitor registration as a dict: urn, type, name, parent_type, inputs.
+
+    The URN encodes the parent chain, e.g.
+    ``urn:pulumi:dev::elastic-ctr::elastic-ctr:index:CubeCluster$kubernetes:apps/v1:StatefulSet::cube-shard-0``.
+    """
+    head, name = reg.urn.rsplit("::", 1)
+    chain = head.split("::", 2)[2].split("$")
+    return {"urn": reg.urn, "type": chain[-1], "name": name,
+            "parent_type": chain[-2] if len(chain) > 1 else None,
+            "inputs": copy.deepcopy(dict(reg.state or {}))}
 
 
 def _plain(value: Any) -> Any:
@@ -200,7 +209,7 @@ def _plain(value: Any) -> Any:
 # ----------------------------------------------------------------------------- manifests
 def to_manifest(resource: dict) -> Optional[Manifest]:
     """The Kubernetes manifest of a recorded registration, or None for non-Kubernetes ones."""
-    if not resource["custom"] or not resource["type"].startswith("kubernetes:"):
+    if not resource["type"].startswith("kubernetes:"):
         return None
     body = _clean(resource["inputs"])
     if not isinstance(body, dict) or "kind" not in body:

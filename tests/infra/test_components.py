@@ -1,0 +1,204 @@
+"""The program under Pulumi mocks: resource counts and key fields for several configs."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from components.cube_cluster import topology
+from infra.render import SECRET_PLACEHOLDER, dump, run_program, stack_config
+
+CONFIGS = [
+    ("dev",),
+    ("dev", "pservers=2", "trainers=5"),
+    ("dev", "cubeShards=3", "cubeReplicas=1"),
+    ("dev", "cubeShards=4", "cubeReplicas=3", "servingReplicas=3", "servingMaxReplicas=10"),
+    ("prod",),
+]
+
+
+def kinds(r) -> Counter:
+    return Counter(m.kind for m in r.manifests)
+
+
+def test_dev_stack_resource_counts(rendered):
+    r = rendered("dev")
+    assert kinds(r) == {"Namespace": 1, "Secret": 1, "ConfigMap": 1, "PersistentVolumeClaim": 2,
+                        "Service": 5, "StatefulSet": 2, "Deployment": 3,
+                        "PodDisruptionBudget": 2, "Job": 1}
+    types = Counter(x["type"] for x in r.resources)
+    assert types["docker:index/image:Image"] == 3
+    for name in ("Images", "TrainingJob", "CubeCluster", "CubeTransfer", "FileServer", "Serving"):
+        assert types[f"elastic-ctr:index:{name}"] == 1
+
+
+@pytest.mark.parametrize("args", CONFIGS, ids=lambda a: " ".join(a))
+def test_scale_fields_follow_config(rendered, args):
+    r = rendered(*args)
+    cfg = {k.split(":", 1)[1]: v for k, v in stack_config(args[0], args[1:])[0].items()}
+    pservers, trainers = int(cfg.get("pservers", 1)), int(cfg.get("trainers", 2))
+    shards, replicas = int(cfg.get("cubeShards", 2)), int(cfg.get("cubeReplicas", 2))
+    ns = cfg["namespace"]
+
+    job = r.get("Job", "ctr-train")["spec"]
+    assert job["minAvailable"] == pservers + trainers
+    assert [(t["name"], t["replicas"]) for t in job["tasks"]] == [
+        ("pserver", pservers), ("trainer", trainers)]
+
+    sts = r.by_kind("StatefulSet")
+    assert [s.name for s in sts] == [f"cube-shard-{i}" for i in range(shards)]
+    for i, s in enumerate(sts):
+        spec = s.body["spec"]
+        assert spec["replicas"] == replicas and spec["serviceName"] == f"cube-shard-{i}"
+        server = spec["template"]["spec"]["containers"][0]
+        assert server["args"][:6] == ["cube", "server", "--shard", str(i), "--shard-num", str(shards)]
+        svc = r.get("Service", f"cube-shard-{i}")["spec"]
+        assert svc["clusterIP"] == "None" and svc["selector"] == spec["selector"]["matchLabels"]
+        assert r.get("PodDisruptionBudget", f"cube-shard-{i}")["spec"]["maxUnavailable"] == 1
+
+    # the topology (ConfigMap and stack output) lists every shard x replica, in shard order
+    doc = json.loads(r.get("ConfigMap", "cube-topology")["data"]["topology.json"])
+    assert doc == r.outputs["cubeTopology"] == topology(ns, shards, replicas)
+    assert [s["shard"] for s in doc["shards"]] == list(range(shards))
+    for s in doc["shards"]:
+        assert [x["server"] for x in s["replicas"]] == [
+            f"cube-shard-{s['shard']}-{k}.cube-shard-{s['shard']}.{ns}.svc.cluster.local:8900"
+            for k in range(replicas)]
+        assert all(x["http"].endswith(":8901") and x["agent"].endswith(":8902")
+                   for x in s["replicas"])
+    # transfer and serving both mount it
+    for name in ("cube-transfer", "serving"):
+        pod = r.get("Deployment", name)["spec"]["template"]["spec"]
+        assert {"configMap": {"name": "cube-topology"}, "name": "topology"} in pod["volumes"]
+        assert "/etc/elastic-ctr/topology.json" in pod["containers"][0]["args"]
+
+
+def test_volcano_job_contract(rendered):
+    job = rendered("dev").get("Job", "ctr-train")
+    assert job["apiVersion"] == "batch.volcano.sh/v1alpha1"
+    spec = job["spec"]
+    assert spec["schedulerName"] == "volcano" and spec["queue"] == "default"
+    assert spec["plugins"] == {"env": [], "svc": []}
+    assert {(p["event"], p["action"]) for p in spec["policies"]} == {
+        ("PodEvicted", "RestartJob"), ("PodFailed", "RestartJob")}
+    tasks = {t["name"]: t for t in spec["tasks"]}
+    assert tasks["trainer"]["policies"] == [{"action": "CompleteJob", "event": "TaskCompleted"}]
+    for name, role in (("pserver", "PSERVER"), ("trainer", "TRAINER")):
+        c = tasks[name]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e for e in c["env"]}
+        assert env["TRAINING_ROLE"]["value"] == role and env["PADDLE_PORT"]["value"] == "8200"
+        assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        assert c["args"][0] == "train" and "--output" in c["args"]
+        assert c["resources"]["requests"] == c["resources"]["limits"]
+    trainer_env = {e["name"] for e in tasks["trainer"]["template"]["spec"]["containers"][0]["env"]}
+    pserver_env = {e["name"] for e in tasks["pserver"]["template"]["spec"]["containers"][0]["env"]}
+    assert "ELASTIC_CTR_UPLOAD_TOKEN" in trainer_env and "ELASTIC_CTR_UPLOAD_TOKEN" not in pserver_env
+
+
+def test_every_child_is_parented_to_its_component(rendered):
+    r = rendered("dev")
+    for x in r.resources:
+        if x["type"] == "kubernetes:core/v1:Namespace":
+            assert x["parent_type"] == "pulumi:pulumi:Stack"
+        elif x["type"].startswith(("kubernetes:", "docker:")):
+            assert x["parent_type"].startswith("elastic-ctr:index:"), x["urn"]
+        else:
+            assert x["parent_type"] == "pulumi:pulumi:Stack", x["urn"]
+
+
+def test_labels_probes_resources_and_security(rendered):
+    r = rendered("dev")
+    required = {"app.kubernetes.io/name", "app.kubernetes.io/instance",
+                "app.kubernetes.io/component", "app.kubernetes.io/part-of",
+                "app.kubernetes.io/managed-by"}
+    for m in r.manifests:
+        labels = m.body["metadata"]["labels"]
+        assert required <= set(labels), m.filename
+        assert labels["app.kubernetes.io/part-of"] == "elastic-ctr"
+        assert labels["app.kubernetes.io/managed-by"] == "pulumi"
+        assert labels["app.kubernetes.io/instance"] == "elastic-ctr-dev"
+    pods = [(m.filename, m.body["spec"]["template"]["spec"])
+            for m in r.manifests if m.kind in ("StatefulSet", "Deployment")]
+    pods += [(t["name"], t["template"]["spec"]) for t in r.get("Job", "ctr-train")["spec"]["tasks"]]
+    for where, pod in pods:
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] == 10001
+        for c in pod["containers"] + pod.get("initContainers", []):
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+            assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 10001
+            assert c["resources"]["requests"] and c["resources"]["limits"], where
+            if c["name"] not in ("pserver", "trainer"):
+                assert sc["readOnlyRootFilesystem"] is True, (where, c["name"])
+            if c["name"] not in ("trainer", "generate-data"):
+                assert "readinessProbe" in c and "livenessProbe" in c, (where, c["name"])
+    serving = r.get("Deployment", "serving")["spec"]["template"]["spec"]["containers"][0]
+    assert serving["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert serving["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    for name in ("fileserver", "cube-transfer"):
+        c = r.get("Deployment", name)["spec"]["template"]["spec"]["containers"][0]
+        assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_upload_token_reaches_pods_only_through_the_secret(rendered):
+    r = rendered("dev")
+    text = "".join(dump(m.body) for m in r.manifests)
+    assert SECRET_PLACEHOLDER not in text
+    assert r.get("Secret", "upload-token")["stringData"] == {"token": "[redacted]"}
+    for name in ("fileserver", "cube-transfer"):
+        env = r.get("Deployment", name)["spec"]["template"]["spec"]["containers"][0]["env"]
+        tok = [e for e in env if e["name"] == "ELASTIC_CTR_UPLOAD_TOKEN"]
+        assert tok == [{"name": "ELASTIC_CTR_UPLOAD_TOKEN", "valueFrom": {
+            "secretKeyRef": {"key": "token", "name": "upload-token"}}}]
+
+
+def test_optional_parts(rendered):
+    dev = rendered("dev")
+    assert dev.by_kind("HorizontalPodAutoscaler") == []
+    assert dev.get("Service", "fileserver")["spec"]["type"] == "ClusterIP"
+    big = rendered("dev", "servingReplicas=3", "servingMaxReplicas=10", "exposeFileServer=true")
+    hpa = big.get("HorizontalPodAutoscaler", "serving")["spec"]
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (3, 10)
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "serving"}
+    assert big.get("Service", "fileserver")["spec"]["type"] == "LoadBalancer"
+
+
+def test_images_pushed_only_with_a_registry(rendered):
+    local = {x["name"]: x["inputs"] for x in rendered("dev").resources
+             if x["type"] == "docker:index/image:Image"}
+    assert set(local) == {"trainer", "cube", "serving"}
+    for role, img in local.items():
+        assert img["skipPush"] is True and img["imageName"] == f"elastic-ctr-{role}:dev"
+        assert img["build"]["dockerfile"].endswith(f"runtime/{role}/Dockerfile")
+        assert "registry" not in img
+    pushed = rendered("prod")
+    imgs = {x["name"]: x["inputs"] for x in pushed.resources if x["type"] == "docker:index/image:Image"}
+    assert all(i["skipPush"] is False for i in imgs.values())
+    c = pushed.get("Deployment", "serving")["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"].startswith("registry.example.com/elastic-ctr/elastic-ctr-serving@sha256:")
+
+
+def test_registry_password_becomes_an_image_pull_secret():
+    config, secrets = stack_config("prod", ["registryUsername=ci-bot", "registryPassword=pw-123"])
+    secrets.add("elastic-ctr:registryPassword")
+    resources, _ = run_program(config, secrets, "prod")
+    by = {(x["type"], x["name"]): x["inputs"] for x in resources}
+    sec = by[("kubernetes:core/v1:Secret", "registry-credentials")]
+    assert sec["type"] == "kubernetes.io/dockerconfigjson"
+    pod = by[("kubernetes:apps/v1:Deployment", "serving")]["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "registry-credentials"}]
+    img = by[("docker:index/image:Image", "serving")]
+    registry = img["registry"]["value"]  # the whole block is marked secret (the password)
+    assert img["registry"]["4dabf18193072939515e22adb298388d"] == "1b47061264138c4ac30d75fd1eb44270"
+    assert registry == {"server": "registry.example.com", "username": "ci-bot", "password": "pw-123"}
+    from infra.render import to_manifest
+    text = dump(to_manifest({"type": "kubernetes:core/v1:Secret", "inputs": sec}).body)
+    assert "pw-123" not in text and "[redacted]" in text
+
+
+def test_secrets_given_in_plain_text_are_refused():
+    from infra.config import ConfigError
+    config, secrets = stack_config("prod", ["registryUsername=ci-bot", "registryPassword=pw-123"])
+    with pytest.raises(ConfigError, match="registryPassword: \\[value hidden\\] is stored in plain"):
+        run_program(config, secrets, "prod")

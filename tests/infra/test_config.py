@@ -1,0 +1,136 @@
+"""Stack config: Pulumi.yaml declares every key; parse() validates each and reports all."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from infra.config import (PROJECT_FILE, ConfigError, SecretStr, StackConfig, camel, parse,
+                          project_schema)
+
+TOKEN = "t" * 32
+OK = {"uploadToken": TOKEN}
+SECRET = {"uploadToken"}
+
+
+def errors_of(raw: dict, secrets=SECRET) -> list[str]:
+    with pytest.raises(ConfigError) as exc:
+        parse(raw, secrets)
+    return exc.value.errors
+
+
+def test_pulumi_yaml_declares_every_field_with_type_default_description():
+    doc = yaml.safe_load(PROJECT_FILE.read_text())
+    assert doc["name"] == "elastic-ctr" and doc["main"] == "infra/"
+    assert doc["runtime"]["name"] == "python"
+    assert doc["runtime"]["options"]["virtualenv"] == ".venv"
+    schema = project_schema()
+    fields = {camel(f.name) for f in dataclasses.fields(StackConfig)}
+    assert set(schema) == fields
+    for key, decl in schema.items():
+        assert decl["type"] in ("string", "integer", "boolean"), key
+        assert decl.get("description"), key
+        # Pulumi refuses a plain-text default for a secret key; secrets have none
+        assert ("default" in decl) != bool(decl.get("secret")), key
+    assert schema["uploadToken"]["secret"] is True
+
+
+def test_defaults_parse_to_typed_frozen_config():
+    cfg = parse(OK, SECRET)
+    assert (cfg.trainers, cfg.pservers, cfg.cube_shards, cfg.cube_replicas) == (2, 1, 2, 2)
+    assert cfg.expose_file_server is False
+    assert cfg.data_source == ("generated",)
+    assert isinstance(cfg.upload_token, SecretStr) and cfg.upload_token.reveal() == TOKEN
+    assert TOKEN not in repr(cfg)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.trainers = 3  # type: ignore[misc]
+
+
+def test_string_values_from_pulumi_are_coerced():
+    cfg = parse({**OK, "trainers": "5", "exposeFileServer": "true",
+                 "dataSource": "a.txt, b/*", "dataTestSource": "t.txt"}, SECRET)
+    assert cfg.trainers == 5 and cfg.expose_file_server is True
+    assert cfg.data_source == ("a.txt", "b/*") and cfg.data_test_source == ("t.txt",)
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("trainers", "0", "elastic-ctr:trainers: 0 is invalid; allowed: an integer in [1, 128]"),
+    ("trainers", "129", "elastic-ctr:trainers: 129 is invalid; allowed: an integer in [1, 128]"),
+    ("pservers", "33", "elastic-ctr:pservers: 33 is invalid; allowed: an integer in [1, 32]"),
+    ("cubeShards", "0", "elastic-ctr:cubeShards: 0 is invalid; allowed: an integer in [1, 64]"),
+    ("cubeReplicas", "17", "elastic-ctr:cubeReplicas: 17 is invalid; allowed: an integer in [1, 16]"),
+    ("servingReplicas", "0", "elastic-ctr:servingReplicas: 0 is invalid"),
+    ("epochs", "0", "elastic-ctr:epochs: 0 is invalid; allowed: an integer in [1, 1000]"),
+    ("batchSize", "70000", "elastic-ctr:batchSize: 70000 is invalid; allowed: an integer in [1, 65536]"),
+    ("embeddingDim", "0", "elastic-ctr:embeddingDim: 0 is invalid"),
+    ("sparseShards", "0", "elastic-ctr:sparseShards: 0 is invalid"),
+    ("servingTargetCpuUtilization", "5", "elastic-ctr:servingTargetCpuUtilization: 5 is invalid"),
+    ("servingWorkers", "0", "elastic-ctr:servingWorkers: 0 is invalid"),
+    ("trainers", "two", "elastic-ctr:trainers: 'two' is not an integer"),
+    ("exposeFileServer", "yes", "elastic-ctr:exposeFileServer: 'yes' is not a boolean"),
+    ("trainerCpu", "lots", "elastic-ctr:trainerCpu: 'lots' is invalid; allowed: a CPU quantity"),
+    ("servingCpu", "100", "elastic-ctr:servingCpu: '100' is invalid; allowed: a CPU quantity from 10m to 64"),
+    ("pserverMemory", "4GB", "elastic-ctr:pserverMemory: '4GB' is invalid; allowed: a memory quantity"),
+    ("cubeServerMemory", "1Mi", "elastic-ctr:cubeServerMemory: '1Mi' is invalid; allowed: a memory quantity from 64Mi to 512Gi"),
+    ("fileServerStorageSize", "big", "elastic-ctr:fileServerStorageSize: 'big' is invalid; allowed: a storage quantity"),
+    ("dataFormat", "csv", "elastic-ctr:dataFormat: 'csv' is invalid; allowed: criteo | slot"),
+    ("imagePullPolicy", "Sometimes", "elastic-ctr:imagePullPolicy: 'Sometimes' is invalid"),
+    ("buildPlatform", "linux/386", "elastic-ctr:buildPlatform: 'linux/386' is invalid"),
+    ("namespace", "Elastic_CTR", "elastic-ctr:namespace: 'Elastic_CTR' is invalid; allowed: a DNS-1123 label"),
+    ("namespace", "a" * 64, "elastic-ctr:namespace:"),
+    ("volcanoQueue", "Q!", "elastic-ctr:volcanoQueue: 'Q!' is invalid"),
+    ("storageClass", "Fast SSD", "elastic-ctr:storageClass: 'Fast SSD' is invalid"),
+    ("imageTag", "v1:2", "elastic-ctr:imageTag: 'v1:2' is invalid; allowed: a Docker tag"),
+    ("imageRegistry", "HTTP://reg", "elastic-ctr:imageRegistry: 'HTTP://reg' is invalid"),
+    ("learningRate", "0", "elastic-ctr:learningRate: '0' is invalid; allowed: a decimal number in (0, 1]"),
+    ("learningRate", "fast", "elastic-ctr:learningRate: 'fast' is invalid"),
+    ("dataSource", "", "elastic-ctr:dataSource: () is invalid"),
+])
+def test_each_bad_value_names_key_value_and_range(key, value, needle):
+    errors = errors_of({**OK, key: value})
+    assert any(needle in e for e in errors), errors
+
+
+@pytest.mark.parametrize("raw,needle", [
+    ({"servingReplicas": "4", "servingMaxReplicas": "3"},
+     "elastic-ctr:servingMaxReplicas: 3 is invalid; allowed: 0 (no autoscaler) or more than servingReplicas (4)"),
+    ({"servingMaxReplicas": "201"}, "elastic-ctr:servingMaxReplicas: 201 is invalid"),
+    ({"dataFormat": "slot", "dataSource": "s3.txt", "dataTestSource": "t.txt"},
+     "elastic-ctr:slotFile: '' is invalid; allowed: a slot-list location"),
+    ({"dataSource": "train.txt"}, "elastic-ctr:dataTestSource: '' is invalid"),
+    ({"dataFormat": "slot", "slotFile": "slots.txt"},
+     "elastic-ctr:dataFormat: 'slot' is invalid with dataSource \"generated\""),
+    ({"uploadToken": "short"}, "elastic-ctr:uploadToken: [secret, 5 characters] is invalid; allowed: at least 16"),
+    ({"registryPassword": "pw"}, "elastic-ctr:registryPassword: [secret] is set without imageRegistry"),
+    ({"trainer": "3"}, "elastic-ctr:trainer: unknown key (did you mean elastic-ctr:trainers?)"),
+])
+def test_cross_key_rules(raw, needle):
+    errors = errors_of({**OK, **raw}, SECRET | {"registryPassword"})
+    assert any(needle in e for e in errors), errors
+
+
+def test_missing_required_secret():
+    errors = errors_of({})
+    assert any(e.startswith("elastic-ctr:uploadToken: required, not set") for e in errors), errors
+
+
+def test_secrets_stored_in_plain_text_are_refused_without_echoing_them():
+    raw = {**OK, "imageRegistry": "ghcr.io/acme", "registryUsername": "bot",
+           "registryPassword": "hunter2-hunter2"}
+    errors = errors_of(raw, secrets=set())
+    assert any("elastic-ctr:uploadToken: [value hidden] is stored in plain text" in e
+               for e in errors)
+    assert any("elastic-ctr:registryPassword: [value hidden] is stored in plain text" in e
+               for e in errors)
+    assert not any(TOKEN in e or "hunter2" in e for e in errors)
+    cfg = parse(raw, {"uploadToken", "registryPassword"})
+    assert cfg.registry_password.reveal() == "hunter2-hunter2"
+
+
+def test_all_errors_reported_together():
+    errors = errors_of({**OK, "trainers": "0", "cubeShards": "99", "servingCpu": "x",
+                        "namespace": "BAD"})
+    keys = {e.split(":")[1] for e in errors}
+    assert {"trainers", "cubeShards", "servingCpu", "namespace"} <= keys
+    assert len(errors) == 4
