@@ -1,8 +1,125 @@
-"""Subcommands of this role (registered into ``elastic-ctr``); filled in by the role's issue."""
+"""Subcommands of the trainer role: ``data generate`` and ``train``.
+
+Heavy imports (Paddle) happen inside the handlers so ``--help`` stays fast.
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import sys
+
+log = logging.getLogger("elastic_ctr.trainer")
+
+# Defaults of the demo (local pipeline): 1 pserver + 2 trainers on 200k generated rows.
+DEMO_ROWS = 200_000
+DEMO_TEST_ROWS = 20_000
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
-    """Adds this role's subcommands to the top-level parser."""
+    """Adds ``data generate`` and ``train`` to the top-level parser."""
+    data = sub.add_parser("data", help="training data utilities", description="Training data utilities.")
+    dsub = data.add_subparsers(dest="data_command", metavar="COMMAND")
+    dsub.required = True
+    gen = dsub.add_parser(
+        "generate", help="generate Criteo-format data with a known learnable signal",
+        description="Writes OUT/train.txt, OUT/test.txt (Criteo TSV) and OUT/signal.json; prints the AUC "
+                    "the true logit reaches on the test split (the generator is documented in "
+                    "runtime/trainer/generator.py).")
+    gen.add_argument("--rows", type=int, default=DEMO_ROWS, help=f"training rows (default {DEMO_ROWS})")
+    gen.add_argument("--test-rows", type=int, default=DEMO_TEST_ROWS, help=f"test rows (default {DEMO_TEST_ROWS})")
+    gen.add_argument("--out", required=True, help="output directory")
+    gen.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    gen.set_defaults(handler=_generate)
+
+    tr = sub.add_parser(
+        "train", help="parameter-server (or single-process) training and export",
+        description="Fleet parameter-server CTR training (async). Without --local-cluster/--single the role "
+                    "(pserver or trainer) comes from the environment: TRAINING_ROLE, "
+                    "PADDLE_PSERVERS_IP_PORT_LIST, PADDLE_TRAINERS_NUM, PADDLE_TRAINER_ID, POD_IP, "
+                    "PADDLE_PORT (or Volcano's VC_PSERVER_HOSTS, VC_TRAINER_NUM, VC_TASK_INDEX). "
+                    "Trainer 0 exports the version to --output.")
+    tr.add_argument("--config", help="YAML file with any of the options below (keys like the flags); flags win")
+    tr.add_argument("--data-train", nargs="+", metavar="LOC", help="training data: paths, globs, dirs or URLs")
+    tr.add_argument("--data-test", nargs="+", metavar="LOC", help="test data (test AUC after each pass)")
+    tr.add_argument("--format", choices=("criteo", "slot"), help="input format (default criteo)")
+    tr.add_argument("--slot-file", help="slot list for --format slot (one slot id per line; default 1..26)")
+    tr.add_argument("--epochs", type=int, help="passes over the training data (default 3)")
+    tr.add_argument("--batch-size", type=int, help="examples per batch per trainer (default 512)")
+    tr.add_argument("--lr", type=float, help="Adam learning rate (default 0.002)")
+    tr.add_argument("--embedding-dim", type=int, help="embedding width (default 9)")
+    tr.add_argument("--layers", help="hidden layer widths, comma-separated (default 128,64,32)")
+    tr.add_argument("--sparse-shards", type=int, help="sparse table shard_num (default 8)")
+    tr.add_argument("--output", help="version root: a directory or the file server's URL (export if set)")
+    tr.add_argument("--upload-token-file", help="file holding the upload token (else $ELASTIC_CTR_UPLOAD_TOKEN)")
+    tr.add_argument("--max-bad-lines", type=int, help="malformed lines allowed before training stops (default 100)")
+    tr.add_argument("--max-bad-fraction", type=float, help="malformed fraction allowed (default: not checked)")
+    tr.add_argument("--log-every-s", type=float, help="seconds between progress lines (default 5)")
+    tr.add_argument("--test-limit", type=int, help="evaluate on at most this many test rows")
+    tr.add_argument("--single-vocab-size", type=int, help="--single: embedding rows (default 1048576)")
+    tr.add_argument("--dump-predictions", help="save trainer 0's final test predictions (.npy) here")
+    tr.add_argument("--seed", type=int, help="random seed of the initializers (default 1)")
+    tr.add_argument("--wait-pserver-s", type=float, help="seconds a trainer waits for the pservers (default 120)")
+    mode = tr.add_mutually_exclusive_group()
+    mode.add_argument("--local-cluster", action="store_true",
+                      help="start --pservers + --trainers processes on 127.0.0.1 and run the job")
+    mode.add_argument("--single", action="store_true", help="single process, no parameter server")
+    tr.add_argument("--pservers", type=int, default=1, help="--local-cluster: pservers (default 1)")
+    tr.add_argument("--trainers", type=int, default=2, help="--local-cluster: trainers (default 2)")
+    tr.add_argument("--log-dir", help="--local-cluster: directory for the roles' logs (default: a temp dir)")
+    tr.add_argument("--timeout-s", type=float, help="--local-cluster: give up after this many seconds")
+    tr.set_defaults(handler=_train)
+
+
+def _setup_logging(level: str) -> None:
+    """Our loggers print INFO lines even when an imported library (Paddle) configured the
+    root logger first (``logging.basicConfig`` is then a no-op)."""
+    lvl = getattr(logging, str(level).upper(), logging.INFO)
+    for name in ("elastic_ctr", "runtime"):
+        lg = logging.getLogger(name)
+        lg.setLevel(lvl)
+        if not lg.handlers:
+            h = logging.StreamHandler()
+            h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            lg.addHandler(h)
+            lg.propagate = False
+
+
+def _generate(args) -> int:
+    from runtime.trainer import generator
+
+    rec = generator.generate(args.out, args.rows, args.test_rows, args.seed)
+    print(f"wrote {args.out}/train.txt ({rec['rows']} rows), test.txt ({rec['test_rows']} rows), signal.json "
+          f"in {rec['seconds']} s")
+    print(f"true-logit test AUC: {rec['true_logit_auc_test']:.4f} (click rate {rec['ctr_test']:.3f})")
+    return 0
+
+
+def _train(args) -> int:
+    from runtime import proc, storage
+    from runtime.trainer import readers, roles, train
+
+    _setup_logging(getattr(args, "log_level", "INFO"))
+    try:
+        cfg = train.config_from_args(args)
+        if args.local_cluster:
+            from runtime.trainer.cluster import run_local_cluster
+
+            rec = run_local_cluster(cfg, args.pservers, args.trainers, args.log_dir, args.timeout_s)
+        elif args.single:
+            rec = train.run_single(cfg)
+        else:
+            rec = train.run_role(cfg)
+    except (ValueError, storage.LocationError, readers.TooManyBadLines, roles.RoleError) as exc:
+        print(f"elastic-ctr train: error: {exc}", file=sys.stderr)
+        return 2
+    except proc.RoleFailed as exc:
+        print(f"elastic-ctr train: {exc}", file=sys.stderr)
+        return 1
+    if rec and (args.local_cluster or args.single):
+        auc = rec.get("test_auc") or []
+        print(f"{rec.get('mode')} training done: test auc per pass {[round(a, 4) for a in auc]}, "
+              f"{rec.get('examples_per_s_total') or rec.get('examples_per_s')} examples/s"
+              + (f", version {rec['version']} exported to {cfg.output}" if rec.get("version") else ""))
+        print("ELASTIC_CTR_SUMMARY " + json.dumps(rec))
+    return 0

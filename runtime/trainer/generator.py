@@ -1,0 +1,166 @@
+"""``elastic-ctr data generate``: Criteo-format rows with a known, learnable signal.
+
+The generative model (all randomness from ``numpy.random.default_rng(seed)``, so the same
+seed and sizes give byte-identical files):
+
+* 26 categorical slots. Slot ``s`` has a vocabulary of ``V_s`` distinct random 32-bit
+  values (written as 8 hex digits, as in Criteo), ``V_s`` cycling through
+  ``VOCAB_SIZES``; a row draws value rank ``k`` with Zipf-like probability
+  ``p_k ~ 1/(k+1)**1.1``; a slot is missing (empty field) with probability ``miss_s``
+  (0..0.3). Each value has a weight ``w_s[k] ~ N(0, sigma_s**2)``; ``sigma_s`` is 0 for
+  the noise slots (every 4th slot), else 0.25..0.8.
+* 13 dense integer counts ``I_i = floor(exp(N(mu_i, 1.2)))`` (``I2`` may be -1, as in
+  Criteo), missing with probability 0.1; effect ``beta_i * z_i`` with ``z`` = the
+  project's dense normalization (``features.normalize_dense``), ``beta_i ~ N(0, 1)``.
+* Two interactions: a pairwise table ``U[k3 % 8, k4 % 8] ~ N(0, 0.6**2)`` between slots 3
+  and 4, and ``gamma * z_1 * sign(w_5[k5])`` between dense I1 and slot 5.
+* ``logit = b + sum_s w_s[k_s] + sum_i beta_i z_i + interactions``, ``b`` set so that the
+  click rate is ~25%; ``label ~ Bernoulli(sigmoid(logit))``.
+
+The AUC of the true logit on the test split (the best a model can do, up to noise) is
+printed and written to ``signal.json``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from runtime.trainer import features as F
+
+log = logging.getLogger(__name__)
+
+VOCAB_SIZES = (4, 12, 40, 150, 600, 2000, 8000)
+CHUNK_ROWS = 200_000
+
+
+class _Model:
+    """The sampled parameters of the generative model (see module docstring)."""
+
+    def __init__(self, rng: np.random.Generator):
+        S = F.NUM_SLOTS
+        self.vocab = [VOCAB_SIZES[s % len(VOCAB_SIZES)] for s in range(S)]
+        self.values, self.probs, self.weights = [], [], []
+        self.miss = rng.uniform(0.0, 0.3, size=S)
+        self.sigma = np.where(np.arange(S) % 4 == 3, 0.0, rng.uniform(0.25, 0.8, size=S))
+        for s in range(S):
+            v = self.vocab[s]
+            vals = rng.choice(1 << 32, size=v, replace=False).astype(np.uint64)
+            p = 1.0 / np.arange(1, v + 1) ** 1.1
+            self.values.append(np.array([f"{int(x):08x}" for x in vals]))
+            self.probs.append(p / p.sum())
+            self.weights.append(rng.normal(0.0, self.sigma[s], size=v))
+        self.mu = rng.uniform(0.0, 4.0, size=F.NUM_DENSE)
+        self.beta = rng.normal(0.0, 1.0, size=F.NUM_DENSE)
+        self.inter = rng.normal(0.0, 0.6, size=(8, 8))
+        self.gamma = 1.0
+        self.bias = 0.0
+
+    def sample(self, rng: np.random.Generator, n: int):
+        """Draws ``n`` rows -> (labels int64[n], logit float64[n], dense float64[n,13] with
+        NaN for missing, cat str[n,26] with "" for missing)."""
+        S = F.NUM_SLOTS
+        logit = np.full(n, self.bias)
+        ks = np.empty((n, S), dtype=np.int64)
+        cat = np.empty((n, S), dtype="<U8")
+        for s in range(S):
+            k = rng.choice(self.vocab[s], size=n, p=self.probs[s])
+            miss = rng.random(n) < self.miss[s]
+            ks[:, s] = np.where(miss, -1, k)
+            logit += np.where(miss, 0.0, self.weights[s][k])
+            cat[:, s] = np.where(miss, "", self.values[s][k])
+        dense = np.floor(np.exp(rng.normal(self.mu, 1.2, size=(n, F.NUM_DENSE))))
+        dense[:, 1] -= rng.random(n) < 0.05  # Criteo's I2 can be -1
+        dense[rng.random((n, F.NUM_DENSE)) < 0.1] = np.nan
+        z = F.normalize_dense(dense).astype(np.float64)
+        logit += z @ self.beta
+        k3, k4, k5 = ks[:, 2], ks[:, 3], ks[:, 4]
+        both = (k3 >= 0) & (k4 >= 0)
+        logit += np.where(both, self.inter[np.maximum(k3, 0) % 8, np.maximum(k4, 0) % 8], 0.0)
+        logit += np.where(k5 >= 0, self.gamma * z[:, 0] * np.sign(self.weights[4][np.maximum(k5, 0)]), 0.0)
+        return logit, dense, cat
+
+
+def _lines(labels, dense, cat) -> list[str]:
+    n = labels.shape[0]
+    cols = [labels.astype(str).tolist()]
+    for i in range(F.NUM_DENSE):
+        d = dense[:, i]
+        cols.append(["" if x != x else str(int(x)) for x in d.tolist()])
+    for s in range(F.NUM_SLOTS):
+        cols.append(cat[:, s].tolist())
+    return ["\t".join(r) for r in zip(*cols)] if n else []
+
+
+def generate(out_dir: str | os.PathLike, rows: int, test_rows: int, seed: int = 1) -> dict:
+    """Writes ``out_dir/train.txt`` (``rows`` rows), ``out_dir/test.txt`` (``test_rows``)
+    and ``out_dir/signal.json``; returns the signal record (``true_logit_auc_test``,
+    ``ctr_train``, ``ctr_test``, sizes, seed, model summary, seconds).
+
+    Raises ``ValueError`` for non-positive sizes.
+    """
+    if rows <= 0 or test_rows <= 0:
+        raise ValueError(f"--rows and --test-rows must be > 0 (got {rows}, {test_rows})")
+    t0 = time.monotonic()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    model = _Model(rng)
+    # Calibrate the bias on a pilot sample so the click rate is ~25%.
+    pilot, _, _ = model.sample(np.random.default_rng(seed + 7919), 20_000)
+    lo, hi = -10.0, 10.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if np.mean(1 / (1 + np.exp(-(pilot + mid)))) > 0.25:
+            hi = mid
+        else:
+            lo = mid
+    model.bias = (lo + hi) / 2
+    stats = {}
+    for name, n in (("train", rows), ("test", test_rows)):
+        path = out / f"{name}.txt"
+        tmp = out / f".{name}.txt.tmp"
+        pos = 0
+        logits, labels_all = [], []
+        with open(tmp, "w") as f:
+            done = 0
+            while done < n:
+                m = min(CHUNK_ROWS, n - done)
+                logit, dense, cat = model.sample(rng, m)
+                labels = (rng.random(m) < 1 / (1 + np.exp(-logit))).astype(np.int64)
+                pos += int(labels.sum())
+                if name == "test":
+                    logits.append(logit)
+                    labels_all.append(labels)
+                f.write("\n".join(_lines(labels, dense, cat)) + "\n")
+                done += m
+        os.replace(tmp, path)
+        stats[name] = pos / n
+        if name == "test":
+            stats["auc"] = F.auc(np.concatenate(labels_all), np.concatenate(logits))
+    rec = {
+        "seed": seed,
+        "rows": rows,
+        "test_rows": test_rows,
+        "format": "criteo",
+        "files": {"train": "train.txt", "test": "test.txt"},
+        "true_logit_auc_test": round(stats["auc"], 6),
+        "ctr_train": round(stats["train"], 6),
+        "ctr_test": round(stats["test"], 6),
+        "model": {
+            "vocab_sizes": model.vocab,
+            "missing_rates": np.round(model.miss, 4).tolist(),
+            "slot_weight_sigma": np.round(model.sigma, 4).tolist(),
+            "dense_beta": np.round(model.beta, 4).tolist(),
+            "interactions": ["U[k3 % 8, k4 % 8] (slots 3 x 4)", "z_I1 * sign(w_5) (I1 x slot 5)"],
+            "bias": round(model.bias, 4),
+        },
+        "generator": "runtime.trainer.generator (see its docstring)",
+        "seconds": round(time.monotonic() - t0, 2),
+    }
+    (out / "signal.json").write_text(json.dumps(rec, indent=2) + "\n")
+    return rec

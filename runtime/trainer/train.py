@@ -1,0 +1,412 @@
+"""``elastic-ctr train``: Fleet parameter-server training (async), or single-process.
+
+Parameter-server mode (Paddle 3.0.0, legacy static graph ``FLAGS_enable_pir_api=0``):
+the role (pserver or trainer) comes from the environment (``runtime.trainer.roles``).
+A pserver serves the sparse table and the dense parameters until it is stopped (it never
+exits by itself: Volcano's ``CompleteJob`` policy or the local-cluster launcher stops it).
+A trainer waits for every pserver port, runs ``fleet.init_worker()``, trains ``epochs``
+passes over its shard of the training lines (``a_sync=True``, Adam), logs progress, and
+trainer 0 evaluates the test AUC after each pass. At the end every trainer calls the
+fleet save (it holds a barrier); trainer 0 then exports the version
+(``runtime.trainer.export``).
+
+Single-process mode (``--single``): the same network with a local embedding table over a
+vocabulary grown on the fly (feasign -> row; row 0 = zero vector for unseen feasigns),
+same data, same export.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+import numpy as np
+
+from runtime.trainer import features as F
+from runtime.trainer import readers as R
+from runtime.trainer import roles as roles_mod
+
+log = logging.getLogger("elastic_ctr.train")
+
+# Legacy static graph: under the new IR sparse_embedding fails (../shared/notes/paddle-ps.md).
+# Must be set before paddle is imported anywhere in the process.
+os.environ["FLAGS_enable_pir_api"] = "0"
+
+
+@dataclass
+class TrainConfig:
+    """Everything ``train`` needs (flags or ``--config`` YAML keys with ``_`` for ``-``)."""
+
+    data_train: list = field(default_factory=list)
+    data_test: list = field(default_factory=list)
+    format: str = "criteo"
+    slot_file: str | None = None
+    epochs: int = 3
+    batch_size: int = 512
+    lr: float = 0.002
+    embedding_dim: int = 9
+    layers: tuple = (128, 64, 32)
+    sparse_shards: int = 8
+    output: str | None = None
+    upload_token_file: str | None = None
+    max_bad_lines: int | None = 100
+    max_bad_fraction: float | None = None
+    log_every_s: float = 5.0
+    test_limit: int | None = None
+    single_vocab_size: int = 1 << 20
+    dump_predictions: str | None = None
+    seed: int = 1
+    wait_pserver_s: float = 120.0
+
+    def slots(self) -> tuple[int, ...]:
+        """The slot list (from ``slot_file`` for the slot format, else 1..26)."""
+        if self.format == "slot" and self.slot_file:
+            from runtime import storage
+
+            return F.load_slots(storage.read_bytes(self.slot_file).decode())
+        return F.DEFAULT_SLOTS
+
+
+def check_inputs(cfg: TrainConfig) -> tuple[list[str], list[str]]:
+    """Resolves train and test locations; raises ``storage.LocationError`` naming a missing
+    file or unreachable URL, ``ValueError`` for bad settings. Call before starting anything."""
+    if not cfg.data_train:
+        raise ValueError("--data-train: no training data given")
+    if cfg.format not in ("criteo", "slot"):
+        raise ValueError(f"--format {cfg.format!r}: expected criteo or slot")
+    for name in ("epochs", "batch_size", "embedding_dim", "sparse_shards"):
+        if int(getattr(cfg, name)) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(cfg, name)})")
+    if cfg.lr <= 0:
+        raise ValueError(f"--lr must be > 0 (got {cfg.lr})")
+    if not cfg.layers or any(int(x) < 1 for x in cfg.layers):
+        raise ValueError(f"--layers: positive widths expected (got {cfg.layers})")
+    train = R.resolve(cfg.data_train)
+    test = R.resolve(cfg.data_test) if cfg.data_test else []
+    if cfg.slot_file:
+        from runtime import storage
+
+        storage.check_readable(cfg.slot_file)
+    return train, test
+
+
+def _feed(batch: R.Batch, with_label: bool = True) -> dict:
+    ids = batch.feasigns.view(np.int64)
+    feed = {"dense_input": batch.dense}
+    for i in range(ids.shape[1]):
+        feed[f"C{i + 1}"] = np.ascontiguousarray(ids[:, i:i + 1])
+    if with_label:
+        feed["label"] = batch.labels.reshape(-1, 1)
+    return feed
+
+
+class Progress:
+    """Periodic progress line: pass, batch, examples/s, loss, running AUC (last 20k rows)."""
+
+    def __init__(self, who: str, epochs: int, every_s: float):
+        self.who, self.epochs, self.every_s = who, epochs, every_s
+        self.labels: deque = deque(maxlen=40)
+        self.probs: deque = deque(maxlen=40)
+        self.losses: deque = deque(maxlen=50)
+        self.t_last = time.monotonic()
+        self.n_last = 0
+        self.examples = 0
+        self.batches = 0
+
+    def update(self, epoch: int, labels, probs, loss: float) -> None:
+        self.labels.append(np.asarray(labels).ravel())
+        self.probs.append(np.asarray(probs).ravel())
+        self.losses.append(float(loss))
+        self.examples += len(labels)
+        self.batches += 1
+        now = time.monotonic()
+        if now - self.t_last >= self.every_s:
+            self.emit(epoch, now)
+
+    def emit(self, epoch: int, now: float | None = None) -> None:
+        now = now or time.monotonic()
+        rate = (self.examples - self.n_last) / max(1e-9, now - self.t_last)
+        a = F.auc(np.concatenate(self.labels), np.concatenate(self.probs)) if self.labels else float("nan")
+        log.info("%s pass %d/%d batch %d examples %d | %.0f ex/s | loss %.4f | running auc %.4f",
+                 self.who, epoch + 1, self.epochs, self.batches, self.examples, rate,
+                 float(np.mean(self.losses)) if self.losses else float("nan"), a)
+        self.t_last, self.n_last = now, self.examples
+
+
+def _predict(exe, program, prob, batch: R.Batch, map_ids=None, bs: int = 4096) -> np.ndarray:
+    out = []
+    for s in range(0, len(batch), bs):
+        b = R.Batch(batch.labels[s:s + bs], batch.dense[s:s + bs], batch.feasigns[s:s + bs])
+        if map_ids is not None:
+            b = R.Batch(b.labels, b.dense, map_ids(b.feasigns, grow=False))
+        (p,) = exe.run(program, feed=_feed(b), fetch_list=[prob])
+        out.append(np.asarray(p).ravel())
+    return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+class Vocab:
+    """feasign (uint64) -> row of the single-process embedding table; row 0 = unseen."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.index: dict[int, int] = {}
+
+    def __call__(self, fs: np.ndarray, grow: bool = True) -> np.ndarray:
+        """Maps uint64[n,S] feasigns to uint64[n,S] rows (0 = unseen when not growing)."""
+        u, inv = np.unique(fs, return_inverse=True)
+        d = self.index
+        rows = np.empty(len(u), dtype=np.uint64)
+        for j, k in enumerate(u.tolist()):
+            r = d.get(k)
+            if r is None:
+                if grow:
+                    if len(d) + 1 >= self.capacity:
+                        raise RuntimeError(f"single-process vocabulary full ({self.capacity} rows): "
+                                           "raise --single-vocab-size")
+                    r = d[k] = len(d) + 1
+                else:
+                    r = 0
+            rows[j] = r
+        return rows[inv.reshape(fs.shape)]
+
+    def keys_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys uint64[m], rows int64[m]) of every feasign seen."""
+        keys = np.fromiter(self.index.keys(), dtype=np.uint64, count=len(self.index))
+        rows = np.fromiter(self.index.values(), dtype=np.int64, count=len(self.index))
+        return keys, rows
+
+
+def _load_test(cfg: TrainConfig, test_files: list[str], slots) -> R.Batch | None:
+    if not test_files:
+        return None
+    budget = R.BadLineBudget(cfg.max_bad_lines, cfg.max_bad_fraction)
+    return R.read_all(test_files, cfg.format, slots, budget=budget, limit=cfg.test_limit)
+
+
+def _result_line(record: dict) -> None:
+    """Prints the machine-readable result line (parsed by the local-cluster launcher)."""
+    print("ELASTIC_CTR_RESULT " + json.dumps(record), flush=True)
+
+
+def run_single(cfg: TrainConfig) -> dict:
+    """Trains in this process without parameter servers, evaluates, exports if ``output``.
+    Returns the result record (``test_auc`` per pass, ``examples_per_s``, ``version``...)."""
+    train_files, test_files = check_inputs(cfg)
+    import paddle
+
+    from runtime.trainer import export as E
+    from runtime.trainer import model as M
+
+    paddle.enable_static()
+    paddle.seed(cfg.seed)
+    slots = cfg.slots()
+    net = M.build_train(len(slots), cfg.embedding_dim, tuple(cfg.layers), ps=False,
+                        vocab_size=cfg.single_vocab_size)
+    test_prog = net.main.clone(for_test=True)
+    with paddle.static.program_guard(net.main, net.startup):
+        paddle.optimizer.Adam(cfg.lr, lazy_mode=True).minimize(net.loss)
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    exe.run(net.startup)
+    vocab = Vocab(cfg.single_vocab_size)
+    test = _load_test(cfg, test_files, slots)
+    prog = Progress("single", cfg.epochs, cfg.log_every_s)
+    budget = R.BadLineBudget(cfg.max_bad_lines, cfg.max_bad_fraction)
+    aucs, t_train = [], 0.0
+    for epoch in range(cfg.epochs):
+        t0 = time.monotonic()
+        for b in R.iter_batches(train_files, cfg.format, cfg.batch_size, slots, budget=budget):
+            mb = R.Batch(b.labels, b.dense, vocab(b.feasigns))
+            loss, p = exe.run(net.main, feed=_feed(mb), fetch_list=[net.loss, net.prob])
+            prog.update(epoch, b.labels, p, float(np.asarray(loss)))
+        t_train += time.monotonic() - t0
+        prog.emit(epoch)
+        if test is not None:
+            p = _predict(exe, test_prog, net.prob, test, map_ids=vocab)
+            aucs.append(F.auc(test.labels, p))
+            log.info("single pass %d/%d: test auc %.5f (%d rows)", epoch + 1, cfg.epochs, aucs[-1], len(test))
+    rec = {"mode": "single", "trainers": 1, "pservers": 0, "epochs": cfg.epochs, "test_auc": aucs,
+           "examples": prog.examples, "train_seconds": round(t_train, 3),
+           "examples_per_s": round(prog.examples / max(t_train, 1e-9), 1)}
+    if cfg.dump_predictions and test is not None:
+        np.save(cfg.dump_predictions, _predict(exe, test_prog, net.prob, test, map_ids=vocab))
+    if cfg.output:
+        keys, rows = vocab.keys_rows()
+        table = np.array(paddle.static.global_scope().find_var(M.TABLE_NAME).get_tensor())
+        t0 = time.monotonic()
+        ver = E.export_version(cfg, slots, keys=keys, values=table[rows].astype(np.float32),
+                               metrics=_metrics(rec), exe=exe)
+        rec.update(version=ver["id"], export_seconds=round(time.monotonic() - t0, 3))
+    _result_line(rec)
+    return rec
+
+
+def _metrics(rec: dict) -> dict:
+    return {"test_auc": rec["test_auc"][-1] if rec.get("test_auc") else None,
+            "test_auc_per_pass": rec.get("test_auc", []), "mode": rec.get("mode"),
+            "trainers": rec.get("trainers"), "pservers": rec.get("pservers"),
+            "epochs": rec.get("epochs"), "examples_per_s": rec.get("examples_per_s")}
+
+
+def _strategy(cfg: TrainConfig):
+    from paddle.distributed import fleet
+
+    from runtime.trainer import model as M
+
+    strategy = fleet.DistributedStrategy()
+    strategy.a_sync = True
+    # Keys are full proto paths (DistributedStrategy.sparse_table_configs setter, Paddle 3.0.0).
+    strategy.sparse_table_configs = {
+        M.TABLE_NAME: {f"table_parameters.{M.TABLE_NAME}.shard_num": int(cfg.sparse_shards)}}
+    return strategy
+
+
+def run_role(cfg: TrainConfig) -> dict | None:
+    """Runs this process's parameter-server role (from the environment)."""
+    role = roles_mod.from_env()
+    roles_mod.apply(role)
+    train_files, test_files = check_inputs(cfg)
+    import paddle
+    from paddle.distributed import fleet
+
+    from runtime import proc
+    from runtime.trainer import model as M
+
+    paddle.enable_static()
+    paddle.seed(cfg.seed)
+    slots = cfg.slots()
+    fleet.init(is_collective=False)
+    net = M.build_train(len(slots), cfg.embedding_dim, tuple(cfg.layers), ps=True)
+    test_origin = net.main.clone(for_test=True)
+    with paddle.static.program_guard(net.main, net.startup):
+        opt = fleet.distributed_optimizer(paddle.optimizer.Adam(cfg.lr), _strategy(cfg))
+        opt.minimize(net.loss)
+        # The PS program builder replaces the programs: the trainer (or server) program is
+        # now loss.block.program and the startup program the (switched) default one.
+        net.main = net.loss.block.program
+        net.startup = paddle.static.default_startup_program()
+    if fleet.is_server():
+        log.info("pserver %s: serving (trainers %d)", role.endpoint, role.trainers)
+        fleet.init_server()
+        fleet.run_server()  # blocks until the process is stopped
+        return None
+    who = f"trainer {role.trainer_id}/{role.trainers}"
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    exe.run(net.startup)
+    for ep in role.pservers:
+        host, _, port = ep.rpartition(":")
+        log.info("%s: waiting for pserver %s", who, ep)
+        proc.wait_for_port(host, int(port), timeout_s=cfg.wait_pserver_s, name=f"pserver {ep}")
+    fleet.init_worker()
+    from paddle.distributed.fleet.utils.ps_util import DistributedInfer
+
+    with paddle.static.program_guard(test_origin, net.startup):
+        test_prog = DistributedInfer(main_program=test_origin, startup_program=net.startup).get_dist_infer_program()
+    first = role.trainer_id == 0
+    test = _load_test(cfg, test_files, slots) if first else None
+    prog = Progress(who, cfg.epochs, cfg.log_every_s)
+    budget = R.BadLineBudget(cfg.max_bad_lines, cfg.max_bad_fraction)
+    aucs, t_train = [], 0.0
+    for epoch in range(cfg.epochs):
+        t0 = time.monotonic()
+        for b in R.iter_batches(train_files, cfg.format, cfg.batch_size, slots,
+                                shard=(role.trainer_id, role.trainers), budget=budget):
+            loss, p = exe.run(net.main, feed=_feed(b), fetch_list=[net.loss, net.prob])
+            prog.update(epoch, b.labels, p, float(np.asarray(loss)))
+        t_train += time.monotonic() - t0
+        prog.emit(epoch)
+        # The last pass is evaluated after the save (pulling an unseen id creates it).
+        if first and test is not None and epoch < cfg.epochs - 1:
+            aucs.append(F.auc(test.labels, _predict(exe, test_prog, net.prob, test)))
+            log.info("%s pass %d/%d: test auc %.5f (%d rows)", who, epoch + 1, cfg.epochs, aucs[-1], len(test))
+    rec = {"mode": "ps", "trainers": role.trainers, "pservers": len(role.pservers), "trainer_id": role.trainer_id,
+           "epochs": cfg.epochs, "examples": prog.examples, "train_seconds": round(t_train, 3),
+           "examples_per_s": round(prog.examples / max(t_train, 1e-9), 1)}
+    # Every trainer takes part in the save (it holds a barrier); trainer 0's path is used.
+    with tempfile.TemporaryDirectory(prefix="elastic-ctr-table-") as table_dir:
+        t_save = time.monotonic()
+        fleet.save_one_table(0, table_dir, 0)
+        if first:
+            log.info("%s: sparse table saved in %.1f s", who, time.monotonic() - t_save)
+            if test is not None:
+                p = _predict(exe, test_prog, net.prob, test)
+                aucs.append(F.auc(test.labels, p))
+                log.info("%s pass %d/%d: test auc %.5f (%d rows)", who, cfg.epochs, cfg.epochs, aucs[-1], len(test))
+                if cfg.dump_predictions:
+                    np.save(cfg.dump_predictions, p)
+            rec["test_auc"] = aucs
+            if cfg.output:
+                from runtime.trainer import export as E
+
+                t0 = time.monotonic()
+                keys, values = E.read_saved_table(table_dir, cfg.embedding_dim)
+                ver = E.export_version(cfg, slots, keys=keys, values=values, metrics=_metrics(rec), exe=exe)
+                rec.update(version=ver["id"], export_seconds=round(time.monotonic() - t0 + (t0 - t_save), 3))
+    fleet.stop_worker()
+    _result_line(rec)
+    return rec
+
+
+def config_from_args(args) -> TrainConfig:
+    """Merges ``--config FILE`` (YAML mapping; keys like the flags, ``-`` or ``_``) with
+    flags given on the command line (flags win). Raises ``ValueError`` on unknown keys."""
+    cfg = TrainConfig()
+    if getattr(args, "config", None):
+        import yaml
+
+        from runtime import storage
+
+        data = yaml.safe_load(storage.read_bytes(args.config)) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"--config {args.config}: expected a YAML mapping")
+        known = set(asdict(cfg))
+        for k, v in data.items():
+            key = str(k).replace("-", "_")
+            if key not in known:
+                raise ValueError(f"--config {args.config}: unknown key {k!r} (known: {sorted(known)})")
+            setattr(cfg, key, v)
+    for k in asdict(cfg):
+        v = getattr(args, k, None)
+        if v is not None:
+            setattr(cfg, k, v)
+    if isinstance(cfg.layers, str):
+        cfg.layers = parse_layers(cfg.layers)
+    cfg.layers = tuple(int(x) for x in cfg.layers)
+    for k in ("data_train", "data_test"):
+        v = getattr(cfg, k)
+        if isinstance(v, str):
+            setattr(cfg, k, [v])
+    return cfg
+
+
+def parse_layers(text: str) -> tuple[int, ...]:
+    """``"128,64,32"`` -> (128, 64, 32); raises ``ValueError`` naming the bad value."""
+    try:
+        out = tuple(int(x) for x in str(text).split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"--layers {text!r}: expected comma-separated integers") from None
+    if not out or any(x < 1 for x in out):
+        raise ValueError(f"--layers {text!r}: expected positive widths")
+    return out
+
+
+def train_argv(cfg: TrainConfig) -> list[str]:
+    """Flags reproducing ``cfg`` for a child ``elastic-ctr train`` process."""
+    argv = ["--data-train", *cfg.data_train]
+    if cfg.data_test:
+        argv += ["--data-test", *cfg.data_test]
+    argv += ["--format", cfg.format, "--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size),
+             "--lr", repr(float(cfg.lr)), "--embedding-dim", str(cfg.embedding_dim),
+             "--layers", ",".join(str(x) for x in cfg.layers), "--sparse-shards", str(cfg.sparse_shards),
+             "--log-every-s", str(cfg.log_every_s), "--seed", str(cfg.seed)]
+    if cfg.max_bad_lines is not None:
+        argv += ["--max-bad-lines", str(cfg.max_bad_lines)]
+    if cfg.max_bad_fraction is not None:
+        argv += ["--max-bad-fraction", str(cfg.max_bad_fraction)]
+    for flag, v in (("--slot-file", cfg.slot_file), ("--output", cfg.output),
+                    ("--upload-token-file", cfg.upload_token_file), ("--test-limit", cfg.test_limit)):
+        if v is not None:
+            argv += [flag, str(v)]
+    return argv
