@@ -216,6 +216,9 @@ class CubeServer:
                 self._error(sock, st, P.TOO_LARGE, 0,
                             f"frame of {length} bytes exceeds the limit of {max_frame} ({self.max_keys} keys)")
                 return
+            if length < hdr:
+                self._error(sock, st, P.BAD_REQUEST, 0, f"frame of {length} bytes is shorter than the header")
+                return
             total = length + 4
             if total > len(rin.b):
                 nb = _Buf(total)
@@ -226,9 +229,6 @@ class CubeServer:
                 if not n:
                     return
                 have += n
-            if length < hdr:
-                self._error(sock, st, P.BAD_REQUEST, 0, f"frame of {length} bytes is shorter than the header")
-                return
             magic, op, flags, _, rid, count, _, want = unpack_req(rin.b, 4)
             if magic != P.MAGIC or op != P.OP_SEEK or length != hdr + 8 * count:
                 self._error(sock, st, P.BAD_REQUEST, rid,

@@ -1,0 +1,189 @@
+"""Cube client: sharding, replica failover, timeout, backup request, version pinning, threads."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from runtime.cube.client import CubeClient, CubeUnavailable, CubeVersionUnavailable
+from tests.cube.dataplane_helpers import build_version, load_and_enable, make_data, shard_dir, start_server
+
+
+class BlackHole:
+    """Accepts connections and never answers (a hung replica)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.conns = []
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+
+    def close(self):
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """2 shards x 2 replicas serving version 100; yields (servers[shard][replica], keys, values, tmp)."""
+    keys, values = make_data(4000, 3, seed=11)
+    base = build_version(tmp_path, keys, values, version=100, shard_num=2)
+    servers = [[start_server(s, 2) for _ in range(2)] for s in range(2)]
+    for s in range(2):
+        for srv in servers[s]:
+            load_and_enable(srv, shard_dir(base, s), 100)
+    yield servers, keys, values, tmp_path
+    for reps in servers:
+        for srv in reps:
+            srv.stop()
+
+
+def _topology(servers):
+    return {"dict_name": "emb", "shards": [
+        {"shard": s, "replicas": [{"server": f"127.0.0.1:{r.port}", "http": f"http://127.0.0.1:{r.http_port}"}
+                                  for r in reps]} for s, reps in enumerate(servers)]}
+
+
+def test_seek_splits_by_shard(cluster, tmp_path):
+    servers, keys, values, _ = cluster
+    path = tmp_path / "topology.json"
+    import json
+    path.write_text(json.dumps(_topology(servers)))
+    with CubeClient.from_topology(str(path), timeout_ms=2000) as c:
+        assert c.dim == 3
+        q = np.concatenate([keys[:1000], keys[:7] ^ np.uint64(1 << 63)])
+        res = c.seek(q)
+        assert res.version == 100 and res.values.shape == (1007, 3)
+        assert res.found[:1000].all() and not res.found[1000:].any()
+        np.testing.assert_array_equal(res.values[:1000], values[:1000])
+        assert (res.values[1000:] == 0).all()
+        empty = c.seek(np.empty(0, np.uint64))
+        assert empty.values.shape == (0, 3)
+        # only shard-1 keys
+        odd = keys[keys % np.uint64(2) == 1][:10]
+        np.testing.assert_array_equal(c.seek(odd).values, values[keys % np.uint64(2) == 1][:10])
+    # both replicas of each shard got requests (round robin)
+    with CubeClient.from_topology(_topology(servers)) as c:
+        for _ in range(8):
+            c.seek(keys[:100])
+    assert all(r.counters()["requests"] > 0 for reps in servers for r in reps)
+
+
+def test_replica_failover_and_unavailable(cluster):
+    servers, keys, values, _ = cluster
+    c = CubeClient.from_topology(_topology(servers), timeout_ms=2000, retries=2)
+    c.seek(keys[:10])  # pooled connections now exist to some replicas
+    servers[0][0].stop()
+    for _ in range(6):
+        res = c.seek(keys[:500])
+        np.testing.assert_array_equal(res.values, values[:500])
+    servers[0][1].stop()
+    with pytest.raises(CubeUnavailable, match="shard 0"):
+        c.seek(keys[:500])
+    c.close()
+
+
+def test_timeout_retry_and_backup_request(cluster):
+    servers, keys, values, _ = cluster
+    hole = BlackHole()
+    try:
+        good = f"127.0.0.1:{servers[0][0].port}"
+        black = f"127.0.0.1:{hole.port}"
+        # only a hung replica: CubeUnavailable after about (retries + 1) x timeout
+        c = CubeClient([[black]], timeout_ms=100, retries=1)
+        t0 = time.monotonic()
+        with pytest.raises(CubeUnavailable):
+            c.seek(keys[:10])
+        assert time.monotonic() - t0 < 1.5
+        # hung + good replica: the timeout moves the request to the good one
+        even = keys[keys % np.uint64(2) == 0][:50]
+        c = CubeClient([[black, good]], timeout_ms=200, retries=1)
+        for _ in range(3):
+            assert c.seek(even).found.all()
+        # a backup request answers well before the timeout
+        c = CubeClient([[black, good]], timeout_ms=5000, retries=0, backup_request_ms=20, down_s=0)
+        for _ in range(4):
+            t0 = time.monotonic()
+            assert c.seek(even).found.all()
+            assert time.monotonic() - t0 < 2.0
+    finally:
+        hole.close()
+
+
+def test_version_pinning_during_a_switch(cluster):
+    servers, keys, values, tmp = cluster
+    newer = build_version(tmp, keys, values + 10, version=101, shard_num=2)
+    c = CubeClient.from_topology(_topology(servers), timeout_ms=2000)
+    # shard 0 (both replicas) switches to 101, shard 1 still serves 100
+    for srv in servers[0]:
+        load_and_enable(srv, shard_dir(newer, 0), 101)
+    for _ in range(4):
+        res = c.seek(keys[:400])
+        assert res.version == 100  # the newest version every shard holds
+        np.testing.assert_array_equal(res.values, values[:400])
+    # one replica of shard 1 switched, the other not: still whole-version batches
+    load_and_enable(servers[1][0], shard_dir(newer, 1), 101)
+    for _ in range(6):
+        res = c.seek(keys[:400])
+        expect = values[:400] + (10 if res.version == 101 else 0)
+        np.testing.assert_array_equal(res.values, expect)
+    load_and_enable(servers[1][1], shard_dir(newer, 1), 101)
+    res = c.seek(keys[:400])
+    assert res.version == 101
+    np.testing.assert_array_equal(res.values, values[:400] + 10)
+    # asking for the previous version explicitly still works on every shard
+    res = c.seek(keys[:400], version=100)
+    assert res.version == 100
+    np.testing.assert_array_equal(res.values, values[:400])
+    with pytest.raises(CubeVersionUnavailable, match="99"):
+        c.seek(keys[:10], version=99)
+    c.close()
+
+
+def test_thread_safe(cluster):
+    servers, keys, values, _ = cluster
+    c = CubeClient.from_topology(_topology(servers), timeout_ms=5000)
+    errors = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(40):
+                i = rng.integers(0, len(keys), 200)
+                res = c.seek(keys[i])
+                if not res.found.all() or not np.array_equal(res.values, values[i]):
+                    errors.append("wrong values")
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    c.close()
+
+
+def test_topology_errors():
+    with pytest.raises(ValueError, match="no 'shards'"):
+        CubeClient.from_topology({"dict_name": "x"})
+    with pytest.raises(ValueError, match="order"):
+        CubeClient.from_topology({"shards": [{"shard": 1, "replicas": [{"server": "h:1"}]}]})
+    with pytest.raises(ValueError, match="no replicas"):
+        CubeClient.from_topology({"shards": [{"shard": 0, "replicas": []}]})
