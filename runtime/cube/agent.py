@@ -375,8 +375,20 @@ class Agent:
             return 400, {"step": "reload", "error": f"bad request: need integer version ({exc})"}
         with self._lock:
             info = self.versions.get(version)
+            st = self.steps["reload"]
+            done = st.version == version and st.state == "done"
         if info is None:
             return 409, {"step": "reload", "error": f"version {version} is not downloaded"}
+        if done:  # answered "done" only while the server still holds the version
+            try:
+                srv = self.server_status()
+            except AgentError as exc:
+                return 503, {"step": "reload", "error": str(exc)}
+            if not (srv.get("version") == version or (srv.get("bg_version") == version
+                                                       and srv.get("bg_state") == "loaded")):
+                with self._lock:
+                    if self.steps["reload"].state == "done":
+                        self.steps["reload"].state = "idle"
 
         def run() -> dict:
             if info["mode"] == "delta":
@@ -448,8 +460,9 @@ class Agent:
     def bg_unload(self) -> tuple[int, dict]:
         """``POST /bg_unload``: the transfer aborted; drop the server's background slot."""
         with self._cond:
-            for st in self.steps.values():
-                if st.state == "running":
+            for name, st in self.steps.items():
+                # a running step stops; a finished reload no longer holds (the slot is dropped)
+                if st.state == "running" or (name == "reload" and st.state == "done"):
                     st.state, st.error = "aborted", "aborted by bg_unload"
                     st.finished = time.time()
             self._cond.notify_all()

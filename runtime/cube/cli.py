@@ -108,6 +108,8 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
                    help="attempts per instance and phase before the rollout aborts (default 3)")
     p.add_argument("--max-rollout-attempts", type=int, default=3,
                    help="rollouts of one version before it is given up (default 3)")
+    p.add_argument("--rollout-backoff", type=float, default=10.0,
+                   help="seconds before a failed rollout is retried, doubled per attempt, <= 300 (default 10)")
     p.add_argument("--once", action="store_true", help="roll out what the donefile holds, then exit")
 
     def handler(args: argparse.Namespace) -> int:

@@ -31,7 +31,9 @@ A rollout of version V (one at a time), phases as in the reference:
 
 Failure in Building, Deploying, Downloading or Reloading aborts the rollout: every agent
 is told ``bg_unload`` and the previous version keeps serving. The version is retried at
-the next polls up to ``max_rollout_attempts`` times, then given up (a later base
+the next polls, ``rollout_backoff_s`` after the failure (doubled per attempt, at most
+300 s, so an agent restarting for a minute does not use the attempts up), up to
+``max_rollout_attempts`` times, then given up (a later base
 supersedes it; a given-up patch blocks the later patches of its base, since they would
 be applied without its changes). A failure during Enabling (some instances switched, not
 all) cannot be undone: the rollout stays current and is re-driven at every poll until
@@ -190,7 +192,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def _empty_state() -> dict:
-    return {"served": None, "current": None, "attempts": {}, "given_up": [], "refused": [],
+    return {"served": None, "current": None, "attempts": {}, "retry_after": {}, "given_up": [], "refused": [],
             "history": []}
 
 
@@ -251,13 +253,15 @@ class Transfer:
         token: upload bearer token for a URL root.
         poll_interval_s, phase_timeout_s: seconds.
         retries: attempts per instance and phase; max_rollout_attempts: rollouts per version.
+        rollout_backoff_s: wait before retrying a failed rollout (s; doubled per attempt, <= 300).
         build_fn: ``(inputs, output_dir, dict_name, shard_num, version, mode, base_version)``,
             writing the builder's layout (docs/contracts.md); default ``builder.build``.
     """
 
     def __init__(self, topology, root: str, work_dir: str | os.PathLike, publish_url: str | None = None,
                  token: str | None = None, poll_interval_s: float = 2.0, phase_timeout_s: float = 300.0,
-                 retries: int = 3, max_rollout_attempts: int = 3, dict_name: str | None = None,
+                 retries: int = 3, max_rollout_attempts: int = 3, rollout_backoff_s: float = 10.0,
+                 dict_name: str | None = None,
                  build_fn: Callable | None = None, http_timeout_s: float = 10.0):
         topo_dict, self.shards = load_topology(topology)
         self.dict_name = dict_name or topo_dict
@@ -271,6 +275,7 @@ class Transfer:
         self.phase_timeout_s = phase_timeout_s
         self.retries = max(1, retries)
         self.max_rollout_attempts = max(1, max_rollout_attempts)
+        self.rollout_backoff_s = max(0.0, rollout_backoff_s)
         self.http_timeout_s = http_timeout_s
         self.build_fn = build_fn or _default_build
         self.state_path = self.work_dir / STATE_FILE
@@ -396,7 +401,11 @@ class Transfer:
             return self._plan(p, "delta", served_version)
         return None
 
-    def _plan(self, rec: dict, mode: str, base_version: int | None) -> dict:
+    def _plan(self, rec: dict, mode: str, base_version: int | None) -> dict | None:
+        with self.lock:
+            after = self.state.get("retry_after", {}).get(str(rec["id"]), 0)
+        if time.time() < after:
+            return None  # a failed rollout of this version waits for its backoff
         return {"version": rec["id"], "key": rec["key"], "mode": mode, "base_version": base_version,
                 "input": rec["input"], "model": rec.get("model"), "phase": "Trigging",
                 "seen": time.time(), "attempt": 0}
@@ -513,6 +522,8 @@ class Transfer:
                 gave_up = attempts >= self.max_rollout_attempts
                 if gave_up and v not in self.state["given_up"]:
                     self.state["given_up"].append(v)
+                backoff = min(300.0, self.rollout_backoff_s * 2 ** (attempts - 1))
+                self.state.setdefault("retry_after", {})[str(v)] = time.time() + backoff
                 self.state["current"] = None
                 entry.update(status="failed", finished=time.time(), error=err, phases=phases,
                              given_up=gave_up)
@@ -869,6 +880,7 @@ def main(args) -> int:
     tr = Transfer(args.topology, args.root, args.work_dir, publish_url=args.publish_url, token=token,
                   poll_interval_s=args.poll_interval, phase_timeout_s=args.phase_timeout,
                   retries=args.retries, max_rollout_attempts=args.max_rollout_attempts,
+                  rollout_backoff_s=args.rollout_backoff,
                   dict_name=args.dict_name)
     if args.once:
         while tr.poll_once() is not None:

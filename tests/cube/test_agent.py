@@ -224,3 +224,16 @@ def test_cleanup_keeps_the_served_chain_and_survives_restart(tmp_path, client, s
     assert c2.post("/reload", json={"version": 6, "wait": 10}).status_code == 200
     assert c2.post("/enable", json={"version": 6}).status_code == 200
     assert left() == [5, 6]
+
+
+def test_reload_after_abort_loads_again(tmp_path, client, server):
+    tar = tmp_path / "d_part0.tar"
+    md5 = make_tar(tar, {"data": b"x"})
+    client.post("/download", json={"url": str(tar), "md5": md5, "version": 8, "wait": 10})
+    assert client.post("/reload", json={"version": 8, "wait": 10}).status_code == 200
+    assert client.post("/bg_unload").status_code == 200  # the transfer aborted the rollout
+    assert server.bg_version is None
+    # the retried rollout: reload must load again, not answer "done" from memory
+    assert client.post("/reload", json={"version": 8, "wait": 10}).status_code == 200
+    assert server.bg_version == 8 and server.bg_state == "loaded" and len(server.loads) == 2
+    assert client.post("/enable", json={"version": 8}).status_code == 200

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import tarfile
 from pathlib import Path
 
@@ -101,6 +102,7 @@ def make_transfer(cluster, root, work, **kw) -> Transfer:
     kw.setdefault("build_fn", stub_build)
     kw.setdefault("phase_timeout_s", 20)
     kw.setdefault("retries", 2)
+    kw.setdefault("rollout_backoff_s", 0.0)
     return Transfer(cluster.topology, str(root), work, poll_interval_s=0.05, **kw)
 
 
@@ -272,6 +274,18 @@ def test_missing_input_fails_building_and_transfer_keeps_running(cluster, root, 
     assert e["status"] == "failed" and e["error"].startswith("Building") and "versions/7/nowhere" in e["error"]
     add_version(root, 8, 8)
     assert tr.poll_once()["status"] == "finished"
+
+
+def test_failed_rollout_waits_for_its_backoff(cluster, root, tmp_path):
+    add_version(root, 1, 1)
+    cluster.servers[0].fail_load.add(1)
+    tr = make_transfer(cluster, root, tmp_path / "work", rollout_backoff_s=0.5)
+    assert tr.poll_once()["status"] == "failed"
+    assert tr.poll_once() is None  # within the backoff: not retried yet
+    cluster.servers[0].fail_load.clear()  # the instance recovers
+    time.sleep(0.6)
+    assert tr.poll_once()["status"] == "finished"
+    assert cluster.versions() == [1] * 4
 
 
 def test_http_api(cluster, root, tmp_path):
