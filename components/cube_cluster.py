@@ -151,7 +151,8 @@ class CubeCluster(pulumi.ComponentResource):
             image=args.image,
             image_pull_policy=dep.image_pull_policy,
             args=["cube", "server", "--shard", str(shard), "--shard-num", str(args.shards),
-                  "--dict-name", DICT_NAME, "--host", "0.0.0.0",
+                  "--dict-name", DICT_NAME, "--data-dir", f"{DATA_DIR}/server",
+                  "--host", "0.0.0.0",
                   "--port", str(SERVER_PORT), "--http-port", str(SERVER_HTTP_PORT)],
             ports=[
                 k8s.core.v1.ContainerPortArgs(name="data", container_port=SERVER_PORT),

@@ -8,6 +8,7 @@ endpoints. The pod template carries the topology checksum, so a resized cube rol
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -33,6 +34,7 @@ class ServingArgs:
         max_replicas: HPA maximum; ``0`` (or <= ``replicas``) = no HPA.
         target_cpu_utilization: HPA target, percent of the CPU request.
         workers: WSGI worker processes per pod.
+        data_format / slot_file: raw-line format ``/predict`` accepts (as in training).
         cpu / memory: requests = limits.
     """
 
@@ -45,6 +47,8 @@ class ServingArgs:
     replicas: int
     cpu: str
     memory: str
+    data_format: str = "criteo"
+    slot_file: Optional[str] = None
     max_replicas: int = 0
     target_cpu_utilization: int = 70
     workers: int = 2
@@ -67,7 +71,9 @@ class Serving(pulumi.ComponentResource):
             image_pull_policy=dep.image_pull_policy,
             args=["serve", "--topology", common.TOPOLOGY_FILE, "--model-root", args.model_root,
                   "--transfer-url", args.transfer_url, "--host", "0.0.0.0",
-                  "--port", str(PORT), "--workers", str(args.workers)],
+                  "--port", str(PORT), "--workers", str(args.workers),
+                  "--work-dir", f"{common.TMP_DIR}/models", "--format", args.data_format,
+                  *(["--slot-file", args.slot_file] if args.slot_file else [])],
             ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT)],
             env=common.base_env(),
             resources=common.resources(args.cpu, args.memory),

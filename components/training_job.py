@@ -117,8 +117,8 @@ class TrainingJob(pulumi.ComponentResource):
         dep = args.deployment
         is_trainer = task == "trainer"
         generated = list(args.data_train) == [GENERATED]
-        data_train = [f"{DATA_DIR}/train/*"] if generated else list(args.data_train)
-        data_test = [f"{DATA_DIR}/test/*"] if generated else list(args.data_test)
+        data_train = [f"{DATA_DIR}/train.txt"] if generated else list(args.data_train)
+        data_test = [f"{DATA_DIR}/test.txt"] if generated else list(args.data_test)
         cmd = ["train", "--data-train", *data_train, "--data-test", *data_test,
                "--format", args.data_format]
         if args.slot_file:
@@ -182,7 +182,8 @@ class TrainingJob(pulumi.ComponentResource):
                 "name": "generate-data",
                 "image": args.image,
                 "imagePullPolicy": dep.image_pull_policy,
-                "args": ["data", "generate", "--output", DATA_DIR],
+                # writes DATA_DIR/train.txt and test.txt (same seed in every pod: same data)
+                "args": ["data", "generate", "--out", DATA_DIR],
                 "env": [{"name": "HOME", "value": common.TMP_DIR}],
                 "resources": container["resources"],
                 "securityContext": {**security, "readOnlyRootFilesystem": True},

@@ -96,7 +96,8 @@ def build(cfg: StackConfig | None = None) -> dict[str, Any]:
         transfer_url=transfer.url, replicas=cfg.serving_replicas,
         max_replicas=cfg.serving_max_replicas,
         target_cpu_utilization=cfg.serving_target_cpu_utilization,
-        workers=cfg.serving_workers, cpu=cfg.serving_cpu, memory=cfg.serving_memory))
+        workers=cfg.serving_workers, data_format=cfg.data_format,
+        slot_file=cfg.slot_file or None, cpu=cfg.serving_cpu, memory=cfg.serving_memory))
 
     return {
         "namespace": cfg.namespace,
