@@ -103,9 +103,17 @@ class LocalCubeCluster:
                       "--phase-timeout", "120"]
         if self.root_mode != "url":
             argv += ["--publish-url", self.root_url]
-        self.transfer = self.group.start("transfer", argv + self.extra_transfer_args)
+        self._transfer_argv, self._transfer_port = argv + self.extra_transfer_args, tr_port
+        self.transfer = self.group.start("transfer", self._transfer_argv)
         self.transfer_url = f"http://127.0.0.1:{tr_port}"
         self._wait(self.transfer, tr_port)
+
+    def restart_transfer(self) -> None:
+        """Stops the transfer (SIGTERM, by PID) and starts it again with the same work dir."""
+        self.group.stop(self.transfer)
+        self.group.roles.remove(self.transfer)
+        self.transfer = self.group.start("transfer", self._transfer_argv)
+        self._wait(self.transfer, self._transfer_port)
 
     def info(self) -> dict:
         """The transfer's ``/dict/info``."""

@@ -135,3 +135,51 @@ def test_rollout_under_continuous_seeks(cluster):
     assert stats["mixed"] == 0, f"{stats['mixed']} of {stats['batches']} batches mixed versions"
     assert stats["versions"] == {PATCH1, BASE2}
     assert stats["batches"] > 20
+
+
+def test_bad_version_and_restart_keep_serving(cluster):
+    import requests
+
+    from runtime.cube.client import CubeClient
+
+    assert cluster.info()["version"] == BASE2  # after the previous test
+    with open(cluster.root / "donefile" / "base.txt", "a") as f:
+        f.write("{not json\n")  # malformed: logged and skipped
+    # a version whose SequenceFile is truncated: Building fails, nothing is published
+    rng = np.random.default_rng(3)
+    keys = rng.choice(1 << 40, 5000, replace=False).astype(np.uint64)
+    files = write_version(cluster.root, 1004, keys, np.ones((5000, DIM), np.float32), parts=1)
+    files[0].write_bytes(files[0].read_bytes()[:-7])
+    cluster.publish_version(1004, 1004, dim=DIM)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        last = cluster.info()["last_rollout"]
+        if last and last["version"] == 1004:
+            break
+        time.sleep(0.1)
+    assert last["status"] == "failed" and "Building" in last["error"] and "part-00000" in last["error"]
+    assert not (cluster.root / "cube" / "ctr_embedding" / "1004").exists()
+    with CubeClient.from_topology(cluster.topology, timeout_ms=2000) as client:
+        assert client.seek(keys[:10]).version == BASE2
+    hist = requests.get(f"{cluster.transfer_url}/dict/deploy/history", timeout=5).json()["history"]
+    finished = [h["version"] for h in hist if h["status"] == "finished"]
+    assert finished == [BASE1, PATCH1, BASE2]
+
+    # a restarted transfer resumes from its state: nothing redeployed, the same version served
+    cluster.restart_transfer()
+    assert cluster.info()["version"] == BASE2
+    time.sleep(1.0)  # ~10 polls
+    hist = requests.get(f"{cluster.transfer_url}/dict/deploy/history", timeout=5).json()["history"]
+    assert [h["version"] for h in hist if h["status"] == "finished"] == finished
+    inst = requests.get(f"{cluster.transfer_url}/instance/status", timeout=5).json()
+    assert inst["consistent"] and {i["version"] for i in inst["instances"]} == {BASE2}
+    # and it still rolls out what comes next
+    k2 = rng.choice(1 << 40, 3000, replace=False).astype(np.uint64)
+    v2 = rng.standard_normal((3000, DIM)).astype(np.float32)
+    write_version(cluster.root, 1005, k2, v2)
+    cluster.publish_version(1005, 1005, dim=DIM)
+    cluster.wait_version(1005, timeout_s=60)
+    with CubeClient.from_topology(cluster.topology, timeout_ms=2000) as client:
+        res = client.seek(k2)
+        assert res.version == 1005 and res.found.all()
+        np.testing.assert_array_equal(res.values, v2)
