@@ -1,12 +1,360 @@
-"""The local pipeline (``elastic-ctr local``, what ``make demo`` runs). Work in progress."""
+"""The local pipeline (``elastic-ctr local``, what ``make demo`` runs).
+
+Every role runs as its own process on 127.0.0.1, with the same ``elastic-ctr``
+subcommands the pods run, supervised by ``runtime.proc.ProcessGroup`` (logs in
+``runs/<timestamp>/logs/``; every process stopped by PID on exit, Ctrl-C or failure):
+
+1. data: ``elastic-ctr data generate`` (seeded, known signal), or ``--data FILE...``
+   (Criteo TSV, Criteo CSV with a header, or the slot format with ``--slot-file``),
+   split into train (first 80 %) and test (last 20 %) rows;
+2. file server (the version root, token-authenticated uploads);
+3. cube: S shards x R replicas (``cube server`` + ``cube agent`` each) and the
+   ``cube transfer`` watching the file server's donefile;
+4. round 1: ``elastic-ctr train --local-cluster`` (P pservers, T trainers) exporting a
+   version to the file server; the transfer rolls it out; ``serve`` loads it;
+5. the demo client scores the test set (AUC of the served version) and measures
+   latency/QPS at batch 1;
+6. round 2: a second training run exports a new version while the client keeps sending;
+   the transfer rolls it out and serving switches without a failed request;
+7. the client scores the test set on the new version; a summary table, ending with
+   ``demo: versions=<n> auc=<test AUC of the last version> failed_requests=<n> qps=<x> p99_ms=<y>``.
+"""
 from __future__ import annotations
 
-DESCRIPTION = "Runs the whole pipeline locally as processes on 127.0.0.1."
+import argparse
+import json
+import os
+import re
+import secrets
+import sys
+import time
+from pathlib import Path
+
+DESCRIPTION = __doc__
 
 
-def add_arguments(p) -> None:
-    """Adds the local pipeline's flags to ``p``."""
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Adds the local pipeline's flags to ``p`` (sizes and counts)."""
+    p.add_argument("--run-dir", default=None, help="where logs and data go (default runs/<timestamp>)")
+    p.add_argument("--data", nargs="+", default=None,
+                   help="use these rows instead of generated data (Criteo TSV/CSV or slot format)")
+    p.add_argument("--format", choices=("auto", "criteo", "slot"), default="auto",
+                   help="format of --data (default: detect)")
+    p.add_argument("--slot-file", default=None, help="slot list for slot-format --data")
+    p.add_argument("--rows", type=int, default=200_000, help="generated training rows (default 200000)")
+    p.add_argument("--test-rows", type=int, default=20_000, help="generated test rows (default 20000)")
+    p.add_argument("--seed", type=int, default=1, help="data generator seed (default 1)")
+    p.add_argument("--epochs", type=int, default=None, help="training passes per round (default: the trainer's)")
+    p.add_argument("--epochs-round2", type=int, default=None, help="passes of the second round (default: --epochs)")
+    p.add_argument("--batch-size-train", type=int, default=None, help="training batch size (default: the trainer's)")
+    p.add_argument("--embedding-dim", type=int, default=None, help="embedding width (default: the trainer's)")
+    p.add_argument("--pservers", type=int, default=1, help="parameter servers (default 1)")
+    p.add_argument("--trainers", type=int, default=2, help="trainers (default 2)")
+    p.add_argument("--shards", type=int, default=2, help="cube shards (default 2)")
+    p.add_argument("--replicas", type=int, default=2, help="cube replicas per shard (default 2)")
+    p.add_argument("--serving-threads", type=int, default=4, help="serving threads (default 4)")
+    p.add_argument("--concurrency", type=int, default=4, help="demo client workers (default 4)")
+    p.add_argument("--batch-size", type=int, default=1, help="client batch size of the latency run (default 1)")
+    p.add_argument("--score-batch-size", type=int, default=64,
+                   help="client batch size when scoring the whole test set (default 64)")
+    p.add_argument("--latency-requests", type=int, default=3000,
+                   help="requests of the batch-1 latency/QPS run (default 3000)")
+    p.add_argument("--rollout-concurrency", type=int, default=2,
+                   help="client workers sending during the second round (default 2)")
+    p.add_argument("--rounds", type=int, choices=(1, 2), default=2, help="training rounds (default 2)")
+    p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds (default 900)")
+
+
+class _Step:
+    """Prints a progress line with the elapsed time."""
+
+    def __init__(self):
+        self.t0 = time.monotonic()
+
+    def __call__(self, msg: str) -> None:
+        print(f"[{time.monotonic() - self.t0:6.1f}s] {msg}", flush=True)
+
+
+def _summary_line(log_path: Path) -> dict:
+    """The ``ELASTIC_CTR_SUMMARY {json}`` line a ``train --local-cluster`` run prints."""
+    rec: dict = {}
+    for ln in log_path.read_text(errors="replace").splitlines():
+        if ln.startswith("ELASTIC_CTR_SUMMARY "):
+            try:
+                rec = json.loads(ln.split(" ", 1)[1])
+            except ValueError:
+                pass
+    return rec
+
+
+def _split_user_data(files: list[str], out: Path, fmt: str) -> tuple[Path, Path, int, str]:
+    """Copies user rows into train (first 80 %) and test (last 20 %) files, header dropped.
+    Returns (train, test, rows, format)."""
+    from runtime import storage
+    from runtime.serving.client import detect_format
+    from runtime.trainer import features
+
+    lines: list[str] = []
+    for loc in files:
+        got = storage.expand(loc)
+        if not got:
+            raise storage.LocationError(f"{loc}: no such file")
+        for f in got:
+            lines += [ln for ln in storage.iter_lines(f) if ln.strip() and not features.is_header(ln)]
+    if len(lines) < 2:
+        raise ValueError(f"--data: {len(lines)} data rows in {files}; need at least 2")
+    if fmt == "auto":
+        fmt = detect_format(lines[0])
+    cut = max(1, int(len(lines) * 0.8))
+    out.mkdir(parents=True, exist_ok=True)
+    train, test = out / "train.txt", out / "test.txt"
+    train.write_text("\n".join(lines[:cut]) + "\n")
+    test.write_text("\n".join(lines[cut:]) + "\n")
+    return train, test, len(lines), fmt
 
 
 def main(args) -> int:
-    raise SystemExit("elastic-ctr local: not implemented yet")
+    """Runs the pipeline; returns 0 on success (zero failed requests), 1 otherwise."""
+    from runtime import proc, storage
+
+    step = _Step()
+    run_dir = Path(args.run_dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    logs = run_dir / "logs"
+    print(f"elastic-ctr local: run directory {run_dir} (logs in {logs})", flush=True)
+    group = proc.ProcessGroup(logs, grace_s=5.0)
+    try:
+        with group:
+            return _pipeline(args, run_dir, group, step)
+    except proc.RoleFailed as exc:
+        print(f"\nelastic-ctr local: FAILED: role {exc.name!r} exited with code {exc.returncode}; "
+              f"last lines of {logs / (exc.name + '.log')}:\n{exc.log_tail}", file=sys.stderr, flush=True)
+        return 1
+    except (TimeoutError, storage.LocationError, ValueError) as exc:
+        print(f"\nelastic-ctr local: FAILED: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("\nelastic-ctr local: interrupted; every process stopped", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        left = [r.name for r in group.roles if r.proc.poll() is None]
+        if left:
+            print(f"elastic-ctr local: still running after shutdown: {left}", file=sys.stderr)
+
+
+def _pipeline(args, run_dir: Path, group, step) -> int:
+    import requests
+
+    from runtime import proc
+
+    cli = proc.self_command()
+    deadline = time.monotonic() + args.timeout
+    data_dir = run_dir / "data"
+    logs = run_dir / "logs"
+    signal_auc = None
+
+    def wait_roles(roles, what: str) -> None:
+        group.wait(roles, timeout_s=max(1.0, deadline - time.monotonic()))
+
+    def until(cond, what: str, timeout_s: float, poll_s: float = 0.1):
+        end = min(deadline, time.monotonic() + timeout_s)
+        while time.monotonic() < end:
+            group.check()
+            v = cond()
+            if v:
+                return v
+            time.sleep(poll_s)
+        raise TimeoutError(f"{what}: not after {timeout_s:.0f} s")
+
+    # -- 1. data ---------------------------------------------------------------------------
+    slot_args: list[str] = []
+    if args.data:
+        train, test, nrows, fmt = _split_user_data(args.data, data_dir, args.format)
+        if fmt == "slot" and args.slot_file:
+            slot_args = ["--slot-file", str(args.slot_file)]
+        step(f"data: {nrows} rows from {' '.join(args.data)} ({fmt}); train {train}, test {test}")
+        if nrows < 10_000:
+            step(f"note: with {nrows} rows (test: {nrows - int(nrows * 0.8)}) the AUC means little; "
+                 "it only shows the pipeline runs on these rows")
+    else:
+        fmt = "criteo"
+        g = group.start("datagen", cli + ["data", "generate", "--rows", str(args.rows), "--test-rows",
+                                          str(args.test_rows), "--out", str(data_dir), "--seed", str(args.seed)],
+                        expect_exit=True)
+        step(f"data: generating {args.rows} train + {args.test_rows} test rows (seed {args.seed})")
+    # -- 2. file server, 3. cube (started while data is generated) ----------------------------
+    n_inst = args.shards * args.replicas
+    ports = proc.free_ports(3 * n_inst + 3)
+    fs_port, tr_port, sv_port = ports[-3:]
+    token = secrets.token_hex(16)
+    tok = run_dir / "upload.token"
+    tok.write_text(token)
+    os.chmod(tok, 0o600)
+    fs_root = run_dir / "fileserver"
+    root_url = f"http://127.0.0.1:{fs_port}"
+    fs = group.start("fileserver", cli + ["fileserver", "--root", str(fs_root), "--host", "127.0.0.1",
+                                          "--port", str(fs_port), "--upload-token-file", str(tok)])
+    topo = {"dict_name": "ctr_embedding", "shards": []}
+    waits = [(fs, fs_port)]
+    k = 0
+    for s in range(args.shards):
+        reps = []
+        for r in range(args.replicas):
+            dport, hport, aport = ports[3 * k:3 * k + 3]
+            k += 1
+            srv = group.start(f"cube-server-{s}-{r}", cli + [
+                "cube", "server", "--shard", str(s), "--shard-num", str(args.shards), "--dict-name",
+                topo["dict_name"], "--host", "127.0.0.1", "--port", str(dport), "--http-port", str(hport)])
+            ag = group.start(f"cube-agent-{s}-{r}", cli + [
+                "cube", "agent", "--host", "127.0.0.1", "--port", str(aport), "--server-http",
+                f"http://127.0.0.1:{hport}", "--work-dir", str(run_dir / "cube" / f"agent-{s}-{r}")])
+            waits += [(srv, dport), (srv, hport), (ag, aport)]
+            reps.append({"server": f"127.0.0.1:{dport}", "http": f"http://127.0.0.1:{hport}",
+                         "agent": f"http://127.0.0.1:{aport}"})
+        topo["shards"].append({"shard": s, "replicas": reps})
+    topo_path = run_dir / "topology.json"
+    topo_path.write_text(json.dumps(topo, indent=1))
+    for role, port in waits:
+        proc.wait_for_port("127.0.0.1", port, 120, role.proc, role.name, role.log_path)
+    transfer = group.start("cube-transfer", cli + [
+        "cube", "transfer", "--topology", str(topo_path), "--root", root_url, "--work-dir",
+        str(run_dir / "cube" / "transfer"), "--host", "127.0.0.1", "--port", str(tr_port),
+        "--upload-token-file", str(tok), "--poll-interval", "0.2", "--phase-timeout", "120"])
+    proc.wait_for_port("127.0.0.1", tr_port, 120, transfer.proc, transfer.name, transfer.log_path)
+    transfer_url = f"http://127.0.0.1:{tr_port}"
+    step(f"file server {root_url}; cube {args.shards} shards x {args.replicas} replicas (server + agent each); "
+         f"transfer {transfer_url}")
+    if not args.data:
+        wait_roles([g], "data generation")
+        m = re.search(r"true-logit test AUC: ([0-9.]+)", g.log_path.read_text())
+        signal_auc = float(m.group(1)) if m else None
+        train, test = data_dir / "train.txt", data_dir / "test.txt"
+        step(f"data ready; the generator's true-logit test AUC is {signal_auc}")
+
+    def train_round(i: int, epochs: int | None, seed: int):
+        argv = cli + ["train", "--local-cluster", "--pservers", str(args.pservers), "--trainers", str(args.trainers),
+                      "--data-train", str(train), "--data-test", str(test), "--format", fmt,
+                      "--output", root_url, "--upload-token-file", str(tok), "--seed", str(seed),
+                      "--log-dir", str(logs / f"train{i}")] + slot_args
+        if epochs:
+            argv += ["--epochs", str(epochs)]
+        if args.batch_size_train:
+            argv += ["--batch-size", str(args.batch_size_train)]
+        if args.embedding_dim:
+            argv += ["--embedding-dim", str(args.embedding_dim)]
+        step(f"round {i}: training ({args.pservers} pserver, {args.trainers} trainers), exporting to the file server")
+        return group.start(f"train{i}", argv, expect_exit=True)
+
+    def dict_info() -> dict:
+        try:
+            return requests.get(transfer_url + "/dict/info", timeout=2).json()
+        except (requests.RequestException, ValueError):
+            return {}
+
+    def serving_version():
+        try:
+            r = requests.get(sv_url + "/v2/health/ready", timeout=2)
+            return int(r.json()["model_version"]) if r.status_code == 200 else None
+        except (requests.RequestException, ValueError, KeyError):
+            return None
+
+    def client(name: str, extra: list[str], concurrency: int, batch: int, wait: bool = True):
+        out = run_dir / f"{name}.json"
+        role = group.start(name, cli + ["client", "--url", sv_url, "--data", str(test), "--format", fmt,
+                                        "--concurrency", str(concurrency), "--batch-size", str(batch),
+                                        "--json-out", str(out)] + slot_args + extra, expect_exit=True)
+        if wait:
+            wait_roles([role], name)
+            return json.loads(out.read_text())
+        return role, out
+
+    rounds: list[dict] = []
+    # -- 4. round 1 --------------------------------------------------------------------------
+    t1 = train_round(1, args.epochs, 1)
+    wait_roles([t1], "training round 1")
+    rec1 = _summary_line(t1.log_path)
+    v1 = int(rec1.get("version") or 0)
+    if not v1:
+        raise TimeoutError(f"training round 1 exported no version (see {t1.log_path})")
+    step(f"round 1: version {v1} exported; test AUC {_fmt(rec1.get('test_auc'))}; waiting for the cube rollout")
+    until(lambda: dict_info().get("version") == v1, f"cube rollout of version {v1}", 180)
+    step(f"cube serves version {v1} on every shard and replica; starting serving")
+    sv_url = f"http://127.0.0.1:{sv_port}"
+    serving = group.start("serving", cli + [
+        "serve", "--topology", str(topo_path), "--model-root", root_url, "--transfer-url", transfer_url,
+        "--host", "127.0.0.1", "--port", str(sv_port), "--threads", str(args.serving_threads),
+        "--work-dir", str(run_dir / "serving"), "--format", fmt, "--poll-interval", "0.2"] + slot_args)
+    proc.wait_for_port("127.0.0.1", sv_port, 120, serving.proc, serving.name, serving.log_path)
+    until(lambda: serving_version() == v1, f"serving ready on version {v1}", 120)
+    step(f"serving ready on version {v1} at {sv_url}")
+    # -- 5. client: score the test set, then latency at batch 1 ------------------------------
+    s1 = client("client-score-1", [], args.concurrency, args.score_batch_size)
+    rounds.append({"version": v1, "train_auc": rec1.get("test_auc"), "served_auc": s1["auc"],
+                   "rows": s1["rows_scored"], "failed": s1["failed_requests"]})
+    step(f"client: test set scored on version {v1}: AUC {s1['auc']:.4f} over {s1['rows_scored']} rows, "
+         f"{s1['failed_requests']} failed")
+    lat = client("client-latency", ["--max-requests", str(args.latency_requests)], args.concurrency, args.batch_size)
+    step(f"client: batch {args.batch_size} x {args.concurrency} workers: {lat['qps']} requests/s, "
+         f"p50 {lat['p50_ms']} ms, p99 {lat['p99_ms']} ms, {lat['failed_requests']} failed")
+    failed = s1["failed_requests"] + lat["failed_requests"]
+    versions_seen = {v1}
+    rollout = None
+    # -- 6. round 2 under load ---------------------------------------------------------------
+    if args.rounds == 2:
+        stop_file = run_dir / "client-rollout.stop"
+        bg, bg_out = client("client-rollout", ["--until-file", str(stop_file)], args.rollout_concurrency, 1,
+                            wait=False)
+        t2 = train_round(2, args.epochs_round2 or args.epochs, 2)
+        wait_roles([t2], "training round 2")
+        rec2 = _summary_line(t2.log_path)
+        v2 = int(rec2.get("version") or 0)
+        if not v2:
+            raise TimeoutError(f"training round 2 exported no version (see {t2.log_path})")
+        step(f"round 2: version {v2} exported; test AUC {_fmt(rec2.get('test_auc'))}; rolling out while the "
+             "client keeps sending")
+        until(lambda: dict_info().get("version") == v2, f"cube rollout of version {v2}", 180)
+        step(f"cube serves version {v2}")
+        until(lambda: serving_version() == v2, f"serving switch to version {v2}", 120)
+        step(f"serving switched to version {v2}")
+        time.sleep(1.0)
+        stop_file.write_text("stop")
+        wait_roles([bg], "client during the rollout")
+        rollout = json.loads(bg_out.read_text())
+        failed += rollout["failed_requests"]
+        step(f"client during the rollout: {rollout['requests']} requests, versions seen {rollout['versions']}, "
+             f"{rollout['failed_requests']} failed")
+        # -- 7. score on the new version ----------------------------------------------------
+        s2 = client("client-score-2", [], args.concurrency, args.score_batch_size)
+        failed += s2["failed_requests"]
+        rounds.append({"version": v2, "train_auc": rec2.get("test_auc"), "served_auc": s2["auc"],
+                       "rows": s2["rows_scored"], "failed": s2["failed_requests"]})
+        versions_seen |= {int(v) for v in rollout["versions"]} | {int(v) for v in s2["versions"]}
+        step(f"client: test set scored on version {v2}: AUC {s2['auc']:.4f}")
+    # -- summary -------------------------------------------------------------------------------
+    print("\n== elastic-ctr local: summary ==")
+    print(f"{'version':>12} {'trainer test AUC':>17} {'served test AUC':>16} {'rows':>7} {'failed':>7}")
+    for r in rounds:
+        print(f"{r['version']:>12} {_fmt(r['train_auc']):>17} {r['served_auc']:>16.4f} {r['rows']:>7} {r['failed']:>7}")
+    if signal_auc is not None:
+        print(f"generator's true-logit test AUC: {signal_auc:.4f}")
+    if args.data:
+        print("note: AUC on a few hundred rows means little; the run shows the pipeline works on these rows")
+    print(f"versions rolled out: {len(rounds)} ({', '.join(str(r['version']) for r in rounds)}); "
+          f"versions seen by the client: {sorted(versions_seen)}")
+    if rollout is not None:
+        print(f"during the rollout: {rollout['requests']} requests, {rollout['failed_requests']} failed, "
+              f"answers per version {rollout['versions']}")
+    print(f"latency run (batch {args.batch_size}, {args.concurrency} workers, {lat['requests']} requests): "
+          f"{lat['qps']} requests/s, p50 {lat['p50_ms']} ms, p99 {lat['p99_ms']} ms")
+    print(f"failed requests: {failed}")
+    print(f"logs: {run_dir / 'logs'}")
+    last = rounds[-1]
+    print(f"demo: versions={len(rounds)} auc={last['served_auc']:.4f} failed_requests={failed} "
+          f"qps={lat['qps']} p99_ms={lat['p99_ms']}", flush=True)
+    return 0 if failed == 0 else 1
+
+
+def _fmt(x) -> str:
+    if isinstance(x, list):
+        x = x[-1] if x else None
+    return f"{x:.4f}" if isinstance(x, (int, float)) else "n/a"

@@ -80,7 +80,10 @@ class DenseModel:
         names = list(first.get_input_names())
         feeds = self.meta.get("feeds")
         dense_name = None
-        if isinstance(feeds, dict):
+        emb_order = None
+        if isinstance(feeds, list) and feeds and all(isinstance(f, str) for f in feeds):
+            dense_name, emb_order = feeds[0], feeds[1:]  # the export's order: dense, then slots
+        elif isinstance(feeds, dict):
             dense_name = feeds.get("dense") or feeds.get("dense_input")
             if isinstance(dense_name, dict):
                 dense_name = dense_name.get("name")
@@ -89,7 +92,10 @@ class DenseModel:
         if dense_name is None:
             raise ModelLoadError(f"{prog}: no dense feed among {names}")
         self.dense_feed = dense_name
-        self.emb_feeds = sorted((n for n in names if n != dense_name), key=_emb_index)
+        if emb_order and sorted(emb_order) == sorted(n for n in names if n != dense_name):
+            self.emb_feeds = list(emb_order)
+        else:
+            self.emb_feeds = sorted((n for n in names if n != dense_name), key=_emb_index)
         self.num_slots = len(self.emb_feeds)
         self.output_name = list(first.get_output_names())[0]
         dim = self.meta.get("embedding_dim", self.meta.get("dim", self.meta.get("emb_dim")))

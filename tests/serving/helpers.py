@@ -54,7 +54,7 @@ def make_models(out_dirs: list[Path], dim: int = DIM, seeds: list[int] | None = 
 def write_meta(d: Path, version: int, dim: int = DIM) -> None:
     meta = {"version": version, "embedding_dim": dim, "features": features.feature_spec("criteo"),
             "normalization": features.NORMALIZATION,
-            "feeds": {"dense": "dense_input", "emb": [f"emb_{i}" for i in range(1, 27)]},
+            "feeds": ["dense_input"] + [f"emb_{i}" for i in range(1, 27)],
             "fetches": ["prob"]}
     (d / "model_meta.json").write_text(json.dumps(meta))
 
