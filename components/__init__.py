@@ -1,5 +1,5 @@
 """Pulumi ComponentResources of elastic-ctr (type tokens ``elastic-ctr:index:<Name>``)."""
-from components.common import Deployment
+from components.common import DeployContext
 from components.cube_cluster import CubeCluster, CubeClusterArgs
 from components.cube_transfer import CubeTransfer, CubeTransferArgs
 from components.file_server import FileServer, FileServerArgs
@@ -8,7 +8,7 @@ from components.serving import Serving, ServingArgs
 from components.training_job import TrainingJob, TrainingJobArgs
 
 __all__ = [
-    "Deployment", "CubeCluster", "CubeClusterArgs", "CubeTransfer", "CubeTransferArgs",
+    "DeployContext", "CubeCluster", "CubeClusterArgs", "CubeTransfer", "CubeTransferArgs",
     "FileServer", "FileServerArgs", "Images", "ImagesArgs", "Serving", "ServingArgs",
     "TrainingJob", "TrainingJobArgs",
 ]

@@ -19,7 +19,7 @@ TMP_DIR = "/tmp"
 
 
 @dataclass(frozen=True)
-class Deployment:
+class DeployContext:
     """Where and as what the components deploy; shared by all of them.
 
     Attributes:
@@ -51,7 +51,7 @@ class Deployment:
         return [k8s.core.v1.LocalObjectReferenceArgs(name=n) for n in self.image_pull_secrets]
 
 
-def labels(dep: Deployment, name: str, component: str, **extra: str) -> dict[str, str]:
+def labels(dep: DeployContext, name: str, component: str, **extra: str) -> dict[str, str]:
     """The recommended ``app.kubernetes.io/*`` labels (plus ``extra``).
 
     Args:
@@ -79,7 +79,7 @@ def selector(all_labels: dict[str, str]) -> dict[str, str]:
     }
 
 
-def metadata(dep: Deployment, name: str, lbls: dict[str, str],
+def metadata(dep: DeployContext, name: str, lbls: dict[str, str],
              annotations: Optional[dict[str, str]] = None) -> k8s.meta.v1.ObjectMetaArgs:
     """ObjectMeta with an explicit name (stable DNS) in the deployment's namespace."""
     return k8s.meta.v1.ObjectMetaArgs(

@@ -16,7 +16,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components import common
-from components.common import Deployment
+from components.common import DeployContext
 
 SERVER_PORT = 8900
 SERVER_HTTP_PORT = 8901
@@ -78,7 +78,7 @@ class CubeClusterArgs:
         data_size: size limit of the shared emptyDir holding downloaded and loaded dicts.
     """
 
-    deployment: Deployment
+    deployment: DeployContext
     image: pulumi.Input[str]
     shards: int
     replicas: int

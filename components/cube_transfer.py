@@ -15,7 +15,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components import common
-from components.common import Deployment
+from components.common import DeployContext
 
 PORT = 8910
 NAME = "cube-transfer"
@@ -38,7 +38,7 @@ class CubeTransferArgs:
         poll_interval_s: seconds between donefile polls.
     """
 
-    deployment: Deployment
+    deployment: DeployContext
     image: pulumi.Input[str]
     topology_configmap: pulumi.Input[str]
     topology_checksum: str

@@ -14,7 +14,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components import common
-from components.common import Deployment
+from components.common import DeployContext
 
 PORT = 8080
 NAME = "fileserver"
@@ -37,7 +37,7 @@ class FileServerArgs:
         expose: ``True`` = Service type LoadBalancer, else ClusterIP.
     """
 
-    deployment: Deployment
+    deployment: DeployContext
     image: pulumi.Input[str]
     upload_token: pulumi.Input[str]
     cpu: str

@@ -14,7 +14,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components import common
-from components.common import Deployment
+from components.common import DeployContext
 
 PORT = 8000
 NAME = "serving"
@@ -38,7 +38,7 @@ class ServingArgs:
         cpu / memory: requests = limits.
     """
 
-    deployment: Deployment
+    deployment: DeployContext
     image: pulumi.Input[str]
     topology_configmap: pulumi.Input[str]
     topology_checksum: str

@@ -16,7 +16,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components import common
-from components.common import Deployment
+from components.common import DeployContext
 
 PADDLE_PORT = 8200
 JOB_NAME = "ctr-train"
@@ -42,7 +42,7 @@ class TrainingJobArgs:
         upload_token_secret / upload_token_key: Secret holding the upload token.
     """
 
-    deployment: Deployment
+    deployment: DeployContext
     image: pulumi.Input[str]
     queue: str
     pservers: int

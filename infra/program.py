@@ -13,7 +13,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components import (CubeCluster, CubeClusterArgs, CubeTransfer, CubeTransferArgs,
-                        Deployment, FileServer, FileServerArgs, Images, ImagesArgs, Serving,
+                        DeployContext, FileServer, FileServerArgs, Images, ImagesArgs, Serving,
                         ServingArgs, TrainingJob, TrainingJobArgs, common)
 from components.training_job import JOB_NAME
 from infra.config import PROJECT, REPO_ROOT, StackConfig, load
@@ -37,7 +37,7 @@ def build(cfg: StackConfig | None = None) -> dict[str, Any]:
         password=cfg.registry_password.reveal() or None,
         platform=cfg.build_platform))
 
-    bare = Deployment(namespace=cfg.namespace, instance=instance)
+    bare = DeployContext(namespace=cfg.namespace, instance=instance)
     ns = k8s.core.v1.Namespace(
         cfg.namespace,
         metadata=k8s.meta.v1.ObjectMetaArgs(
@@ -55,7 +55,7 @@ def build(cfg: StackConfig | None = None) -> dict[str, Any]:
             opts=pulumi.ResourceOptions(depends_on=[ns]),
         )
         pull_secrets = (REGISTRY_SECRET,)
-    dep = Deployment(namespace=cfg.namespace, instance=instance, namespace_resource=ns,
+    dep = DeployContext(namespace=cfg.namespace, instance=instance, namespace_resource=ns,
                      image_pull_secrets=pull_secrets, image_pull_policy=cfg.image_pull_policy)
     storage_class = cfg.storage_class or None
 
