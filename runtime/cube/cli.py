@@ -110,6 +110,9 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
                    help="rollouts of one version before it is given up (default 3)")
     p.add_argument("--rollout-backoff", type=float, default=10.0,
                    help="seconds before a failed rollout is retried, doubled per attempt, <= 300 (default 10)")
+    p.add_argument("--reconcile-interval", type=float, default=30.0,
+                   help="seconds between checks for instances lagging behind the served version, "
+                        "which are then brought up to it (default 30; 0 = never)")
     p.add_argument("--once", action="store_true", help="roll out what the donefile holds, then exit")
 
     def handler(args: argparse.Namespace) -> int:

@@ -39,6 +39,11 @@ be applied without its changes). A failure during Enabling (some instances switc
 all) cannot be undone: the rollout stays current and is re-driven at every poll until
 every instance serves V (instances already serving V are skipped).
 
+Reconciling: every ``reconcile_interval_s`` the transfer checks every instance; one
+serving something other than the served version (a server restarted empty) is driven
+alone through the links of the served chain (base, then patches) it lacks, from the tars
+already published.
+
 State (``<work_dir>/transfer_state.json``, written to a temp file, fsynced and renamed)
 holds the served version, the rollout in progress with its phase, attempts and the
 history. A restarted transfer resumes the rollout in progress from its start
@@ -254,6 +259,7 @@ class Transfer:
         poll_interval_s, phase_timeout_s: seconds.
         retries: attempts per instance and phase; max_rollout_attempts: rollouts per version.
         rollout_backoff_s: wait before retrying a failed rollout (s; doubled per attempt, <= 300).
+        reconcile_interval_s: how often ``run`` checks for lagging instances (s; 0 = never).
         build_fn: ``(inputs, output_dir, dict_name, shard_num, version, mode, base_version)``,
             writing the builder's layout (docs/contracts.md); default ``builder.build``.
     """
@@ -261,6 +267,7 @@ class Transfer:
     def __init__(self, topology, root: str, work_dir: str | os.PathLike, publish_url: str | None = None,
                  token: str | None = None, poll_interval_s: float = 2.0, phase_timeout_s: float = 300.0,
                  retries: int = 3, max_rollout_attempts: int = 3, rollout_backoff_s: float = 10.0,
+                 reconcile_interval_s: float = 30.0,
                  dict_name: str | None = None,
                  build_fn: Callable | None = None, http_timeout_s: float = 10.0):
         topo_dict, self.shards = load_topology(topology)
@@ -276,6 +283,7 @@ class Transfer:
         self.retries = max(1, retries)
         self.max_rollout_attempts = max(1, max_rollout_attempts)
         self.rollout_backoff_s = max(0.0, rollout_backoff_s)
+        self.reconcile_interval_s = reconcile_interval_s
         self.http_timeout_s = http_timeout_s
         self.build_fn = build_fn or _default_build
         self.state_path = self.work_dir / STATE_FILE
@@ -441,10 +449,14 @@ class Transfer:
         log.info("transfer: dict %s, %d shards x %s replicas, root %s, poll every %.1f s",
                  self.dict_name, len(self.shards), "/".join(str(len(r)) for r in self.shards),
                  self.root, self.poll_interval_s)
+        next_reconcile = time.monotonic() + self.reconcile_interval_s
         while not self.stop.is_set():
             try:
                 while self.poll_once() is not None and not self.stop.is_set():
                     pass  # a rollout happened: look again at once (patches queued behind it)
+                if self.reconcile_interval_s > 0 and time.monotonic() >= next_reconcile:
+                    self.reconcile()
+                    next_reconcile = time.monotonic() + self.reconcile_interval_s
                 self.last_error = None
             except Exception as exc:  # noqa: BLE001 - the watcher must survive anything
                 self.last_error = f"{type(exc).__name__}: {exc}"
@@ -542,6 +554,11 @@ class Transfer:
                 "patch_id": None if mode == "base" else v, "dim": build.get("dim"),
                 "count": build.get("count") if mode == "base" else served_before.get("count"),
                 "model": plan.get("model"), "enabled_at": time.time()}
+            # what an instance needs to be brought to the served version (see reconcile)
+            link = {"version": v, "mode": mode, "base_version": plan["base_version"], "urls": urls,
+                    "md5s": [sh["md5"] for sh in build["shards"]]}
+            chain = [] if mode == "base" else list(self.state.get("served_chain") or [])
+            self.state["served_chain"] = chain + [link]
             self.state["current"] = None
             entry.update(status="finished", finished=time.time(), seconds=round(total, 3),
                          since_seen=round(time.time() - plan.get("seen", plan["started"]), 3),
@@ -767,6 +784,47 @@ class Transfer:
         with cf.ThreadPoolExecutor(max_workers=min(32, len(self.instances))) as ex:
             return dict(zip(self.instances, ex.map(one, self.instances)))
 
+    def reconcile(self) -> list[str]:
+        """Brings a lagging instance (e.g. a restarted server that came back empty) to the
+        served version: it is driven alone through download -> reload -> enable of each
+        link of the served chain (the base, then every patch) it lacks, from the tars
+        already published. Unreachable instances are left alone (retried next time).
+        Does nothing while a rollout is current. Returns the instances brought up to date.
+        Errors are logged, never raised."""
+        with self.lock:
+            served = self.state.get("served") or {}
+            chain = list(self.state.get("served_chain") or [])
+            if self.state.get("current") or not chain or served.get("version") != chain[-1]["version"]:
+                return []
+        target = served["version"]
+        fixed = []
+        for inst in self.instances:
+            try:
+                r = self._http.get(f"{inst.agent}/status", timeout=self.http_timeout_s)
+                have = (r.json().get("server") or {}).get("version") if r.status_code == 200 else target
+            except (requests.RequestException, ValueError):
+                continue
+            if have == target:
+                continue
+            links = [c["version"] for c in chain]
+            start = links.index(have) + 1 if have in links else 0
+            t0 = time.monotonic()
+            log.warning("Reconciling %s: serves %s, not %d; driving it through %s", inst.name, have, target,
+                        links[start:])
+            try:
+                for c in chain[start:]:
+                    plan = {"version": c["version"], "mode": c["mode"], "base_version": c["base_version"]}
+                    build = {"shards": [{"md5": m} for m in c["md5s"]]}
+                    deadline = time.monotonic() + self.phase_timeout_s
+                    for step in ("download", "reload", "enable"):
+                        self._drive(inst, step, plan, c["urls"], build, deadline)
+            except Exception as exc:  # noqa: BLE001
+                log.error("Reconciling %s failed: %s (retried later)", inst.name, exc)
+                continue
+            log.info("Reconciled %s to version %d in %.2f s", inst.name, target, time.monotonic() - t0)
+            fixed.append(inst.name)
+        return fixed
+
     def _cleanup_builds(self) -> None:
         """Keeps the served build and the one before it under ``<work_dir>/build``."""
         d = self.work_dir / "build" / self.dict_name
@@ -880,7 +938,7 @@ def main(args) -> int:
     tr = Transfer(args.topology, args.root, args.work_dir, publish_url=args.publish_url, token=token,
                   poll_interval_s=args.poll_interval, phase_timeout_s=args.phase_timeout,
                   retries=args.retries, max_rollout_attempts=args.max_rollout_attempts,
-                  rollout_backoff_s=args.rollout_backoff,
+                  rollout_backoff_s=args.rollout_backoff, reconcile_interval_s=args.reconcile_interval,
                   dict_name=args.dict_name)
     if args.once:
         while tr.poll_once() is not None:

@@ -288,6 +288,22 @@ def test_failed_rollout_waits_for_its_backoff(cluster, root, tmp_path):
     assert cluster.versions() == [1] * 4
 
 
+def test_reconcile_brings_a_restarted_instance_back(cluster, root, tmp_path):
+    add_version(root, 1, 1)
+    add_version(root, 2, 1, patch=True)
+    add_version(root, 3, 1, patch=True)
+    tr = make_transfer(cluster, root, tmp_path / "work")
+    while tr.poll_once():
+        pass
+    assert tr.reconcile() == []  # all consistent
+    s = cluster.servers[2]  # shard 1 replica 0 restarts empty
+    s.version, s.lineage, s.enables = None, [], []
+    assert tr.reconcile() == ["shard1/replica0"]
+    assert s.version == 3 and s.enables == [1, 2, 3] and s.lineage == [1, 2, 3]
+    assert cluster.versions() == [3] * 4
+    assert all(x.enables == [1, 2, 3] for x in cluster.servers if x is not s)  # others untouched
+
+
 def test_http_api(cluster, root, tmp_path):
     add_version(root, 5, 5)
     tr = make_transfer(cluster, root, tmp_path / "work")
