@@ -11,8 +11,8 @@ import sys
 
 log = logging.getLogger("elastic_ctr.trainer")
 
-# Defaults of the demo (local pipeline): 1 pserver + 2 trainers on 200k generated rows.
-DEMO_ROWS = 200_000
+# Defaults of the demo (local pipeline): 1 pserver + 2 trainers, 2 passes over 100k generated rows.
+DEMO_ROWS = 100_000
 DEMO_TEST_ROWS = 20_000
 
 
@@ -44,7 +44,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     tr.add_argument("--data-test", nargs="+", metavar="LOC", help="test data (test AUC after each pass)")
     tr.add_argument("--format", choices=("criteo", "slot"), help="input format (default criteo)")
     tr.add_argument("--slot-file", help="slot list for --format slot (one slot id per line; default 1..26)")
-    tr.add_argument("--epochs", type=int, help="passes over the training data (default 3)")
+    tr.add_argument("--epochs", type=int, help="passes over the training data (default 2)")
     tr.add_argument("--batch-size", type=int, help="examples per batch per trainer (default 512)")
     tr.add_argument("--lr", type=float, help="Adam learning rate (default 0.002)")
     tr.add_argument("--embedding-dim", type=int, help="embedding width (default 9)")
