@@ -432,7 +432,8 @@ def train_argv(cfg: TrainConfig) -> list[str]:
     if cfg.max_bad_fraction is not None:
         argv += ["--max-bad-fraction", str(cfg.max_bad_fraction)]
     for flag, v in (("--slot-file", cfg.slot_file), ("--output", cfg.output),
-                    ("--upload-token-file", cfg.upload_token_file), ("--test-limit", cfg.test_limit)):
+                    ("--upload-token-file", cfg.upload_token_file), ("--test-limit", cfg.test_limit),
+                    ("--dump-predictions", cfg.dump_predictions)):
         if v is not None:
             argv += [flag, str(v)]
     return argv

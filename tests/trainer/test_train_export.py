@@ -1,0 +1,108 @@
+"""Training + export end to end: the exported dense model fed with embeddings read back
+from the SequenceFiles predicts what the trained program predicted on the same rows."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from runtime import storage
+from runtime.cube.seqfile import read_sequence_file
+from runtime.trainer import export as E
+from runtime.trainer import generator, readers
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    generator.generate(d, 10000, 1500, seed=3)
+    return d
+
+
+def _train(args, tmp, timeout=240):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-m", "runtime.cli", "train", *args], capture_output=True, text=True,
+                       timeout=timeout, env=env, cwd=tmp)
+    return r
+
+
+def _summary(r):
+    for line in r.stdout.splitlines():
+        if line.startswith("ELASTIC_CTR_SUMMARY "):
+            return json.loads(line.split(" ", 1)[1])
+    raise AssertionError(f"no summary; rc={r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+
+
+def _check_version(root, data_dir, preds_path):
+    done = storage.read_donefile(str(root / "donefile" / "base.txt"))
+    assert len(done) == 1
+    rec = done[0]
+    vdir = root / rec["input"].rsplit("/", 1)[0]
+    meta = json.loads((root / rec["model"] / "model_meta.json").read_text())
+    dim = meta["embedding_dim"]
+    assert rec["dim"] == dim and meta["version"] == rec["id"]
+    assert meta["feeds"][0] == "dense_input" and meta["feeds"][1:] == [f"emb_{i}" for i in range(1, 27)]
+    assert meta["fetches"] == ["prob"] and meta["features"]["feasign_function"] == "criteo_hex32_v1"
+    keys, vals = [], []
+    for part in sorted((vdir / "sparse").iterdir()):
+        k, v = read_sequence_file(str(part))
+        keys.append(k)
+        vals.append(v)
+    keys, vals = np.concatenate(keys), np.concatenate(vals)
+    assert len(keys) == rec["count"] and vals.shape[1] == dim
+    table = dict(zip(keys.tolist(), range(len(keys))))
+    test = readers.read_all([str(data_dir / "test.txt")])
+    feed = {"dense_input": test.dense}
+    for s in range(26):
+        rows = np.array([table.get(int(k), -1) for k in test.feasigns[:, s]])
+        emb = np.where((rows >= 0)[:, None], vals[np.maximum(rows, 0)], 0.0).astype(np.float32)
+        feed[f"emb_{s + 1}"] = emb
+    got = E.predict_dense(root / rec["model"], feed).ravel()
+    want = np.load(preds_path).ravel()
+    diff = float(np.max(np.abs(got - want)))
+    print(f"max abs diff exported vs trained predictions: {diff:.3g} over {len(want)} rows")
+    assert diff < 1e-4
+    return meta, diff
+
+
+def test_single_process_train_and_export(data, tmp_path):
+    root = tmp_path / "root"
+    r = _train(["--single", "--data-train", str(data / "train.txt"), "--data-test", str(data / "test.txt"),
+                "--epochs", "2", "--output", str(root), "--dump-predictions", str(tmp_path / "p.npy")], tmp_path)
+    s = _summary(r)
+    assert s["test_auc"][-1] > 0.6
+    meta, _ = _check_version(root, data, tmp_path / "p.npy")
+    assert meta["metrics"]["mode"] == "single"
+
+
+@pytest.mark.slow
+def test_ps_cluster_train_and_export(data, tmp_path):
+    root = tmp_path / "root"
+    r = _train(["--local-cluster", "--pservers", "1", "--trainers", "2", "--data-train", str(data / "train.txt"),
+                "--data-test", str(data / "test.txt"), "--epochs", "2", "--output", str(root),
+                "--log-dir", str(tmp_path / "logs"), "--dump-predictions", str(tmp_path / "p.npy")], tmp_path)
+    s = _summary(r)
+    assert s["mode"] == "ps" and s["trainers"] == 2
+    assert s["test_auc"][-1] > 0.6
+    meta, _ = _check_version(root, data, tmp_path / "p.npy")
+    assert meta["metrics"]["trainers"] == 2
+    # a second export gets a larger version id
+    assert E.new_version_id(str(root)) > meta["version"]
+
+
+@pytest.mark.slow
+def test_ps_cluster_role_failure_is_clean(data, tmp_path):
+    bad = tmp_path / "bad.txt"
+    lines = (data / "test.txt").read_text().splitlines()[:400]
+    lines[100] = "garbage"
+    bad.write_text("\n".join(lines) + "\n")
+    r = _train(["--local-cluster", "--data-train", str(bad), "--epochs", "1", "--max-bad-lines", "0",
+                "--log-dir", str(tmp_path / "logs")], tmp_path)
+    assert r.returncode == 1
+    assert "trainer-" in r.stderr and "malformed" in r.stderr  # the failing role's log tail
+    out = subprocess.run(["pgrep", "-f", str(tmp_path / "bad.txt")], capture_output=True, text=True)
+    assert out.stdout.strip() == ""  # no role left running
