@@ -175,6 +175,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=4.0, help="per configuration (s)")
     ap.add_argument("--max-requests", type=int, default=50_000, help="per client process")
     ap.add_argument("--skip-redis", action="store_true")
+    ap.add_argument("--io-mode", default="epoll", choices=("threads", "epoll"), help="cube server's --io-mode")
     args = ap.parse_args()
     procs_list = [int(x) for x in args.procs.split(",")]
     work = Path(tempfile.mkdtemp(prefix="bench-cube-"))
@@ -203,7 +204,7 @@ def main() -> int:
         port, hport = free_port(), free_port()
         cube = pg.start("cube-server", [sys.executable, "-m", "runtime.cli", "cube", "server", "--shard", "0",
                                         "--shard-num", "1", "--dict-name", "bench", "--host", "127.0.0.1",
-                                        "--port", str(port), "--http-port", str(hport)],
+                                        "--port", str(port), "--http-port", str(hport), "--io-mode", args.io_mode],
                         cwd=str(Path(__file__).resolve().parent.parent))
         wait_for_port("127.0.0.1", hport, 60, cube.proc, "cube-server", cube.log_path)
         import requests

@@ -42,7 +42,9 @@ int64_t cube_build_index(const uint64_t *keys, int64_t n, int32_t *index, int64_
     return 0;
 }
 
+#ifndef CHUNK
 #define CHUNK 32
+#endif
 
 /* Looks up q[qn] in (index[cap], keys, values[.., dim]). Writes found[qn] (1 hit, 0 miss)
  * and out[qn * dim] (the value row, zeros for a miss); rows[qn] (may be NULL) gets the

@@ -55,6 +55,8 @@ def register_server(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--max-keys", type=int, default=1 << 20,
                    help="largest batch accepted, in keys (default 1048576); bigger frames are refused")
     p.add_argument("--no-verify", action="store_true", help="skip the crc32 check of loaded dicts")
+    p.add_argument("--io-mode", choices=("epoll", "threads"), default="epoll",
+                   help="data-plane I/O: one epoll thread for every connection (default) or a thread each")
 
     def handler(args: argparse.Namespace) -> int:
         from runtime.cube import server

@@ -1,6 +1,7 @@
 """Helpers for the cube data-plane tests: data, builds and in-thread shard servers."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -37,6 +38,7 @@ def shard_dir(result, shard: int) -> str:
 
 
 def start_server(shard: int = 0, shard_num: int = 1, **kw) -> CubeServer:
+    kw.setdefault("io_mode", os.environ.get("CUBE_TEST_IO_MODE", "epoll"))
     s = CubeServer(shard, shard_num, DICT, host="127.0.0.1", port=0, http_port=0, **kw)
     s.start()
     return s

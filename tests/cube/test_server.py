@@ -63,7 +63,15 @@ def data(tmp_path):
     return tmp_path, keys, values, base
 
 
-def test_not_ready_then_load_enable_seek(server, data):
+@pytest.fixture(params=["epoll", "threads"])
+def any_server(request):
+    s = start_server(io_mode=request.param)
+    yield s
+    s.stop()
+
+
+def test_not_ready_then_load_enable_seek(any_server, data):
+    server = any_server
     tmp, keys, values, base = data
     c = Conn(server)
     with pytest.raises(P.ReplyError) as err:
@@ -160,6 +168,7 @@ def test_control_conflicts_and_failed_load(server, data):
     assert "cube_requests_total" in metrics and 'cube_loads_total{result="failed"} 3.0' in metrics
 
 
+@pytest.mark.parametrize("io_mode", ["epoll", "threads"])
 @pytest.mark.parametrize("frame,status", [
     (struct.pack("<I", 28) + b"XXXX" + bytes(24), P.BAD_REQUEST),               # bad magic
     (struct.pack("<I", 28 + 24) + P.encode_request(np.arange(4, dtype=np.uint64))[4:-8],
@@ -167,9 +176,9 @@ def test_control_conflicts_and_failed_load(server, data):
     (struct.pack("<I", 2), P.BAD_REQUEST),                                      # shorter than a header
     (struct.pack("<I", 64 * 8 + 28 + 8), P.TOO_LARGE),                          # over the limit
 ])
-def test_bad_frames_get_error_and_close(data, frame, status):
+def test_bad_frames_get_error_and_close(data, frame, status, io_mode):
     tmp, keys, values, base = data
-    server = start_server(max_keys=64)
+    server = start_server(max_keys=64, io_mode=io_mode)
     try:
         load_and_enable(server, shard_dir(base, 0), 100)
         good = Conn(server)
