@@ -106,6 +106,7 @@ class DenseModel:
             handles = [p.get_input_handle(dense_name)] + [p.get_input_handle(n) for n in self.emb_feeds]
             self._pool.put((p, handles, p.get_output_handle(self.output_name)))
         self.loaded_at = time.time()
+        self.combiner = None  # set by serving: combines concurrent requests (server.Combiner)
 
     def predict(self, dense: np.ndarray, emb: np.ndarray) -> np.ndarray:
         """``dense`` float32[n,13] normalized; ``emb`` float32[num_slots*n, dim] in

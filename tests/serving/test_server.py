@@ -10,10 +10,11 @@ import time
 
 import numpy as np
 import pytest
+from werkzeug.test import Client
 
 from runtime import storage
 from runtime.serving.model import VersionWatcher
-from runtime.serving.server import Service, create_app
+from runtime.serving.server import Service, create_app, create_wsgi
 from runtime.trainer import features
 from tests.serving.helpers import FakeCube, make_models, make_table, offline_predict, write_meta
 
@@ -48,9 +49,11 @@ def _publish(root, v):
                         json.dumps({"id": v, "key": v, "input": f"versions/{v}/sparse", "model": f"versions/{v}/dense"}))
 
 
-@pytest.fixture
-def served(env, tmp_path):
-    """A service at version V1 (only V1 in the donefile) over a FakeCube holding V1 and V2."""
+@pytest.fixture(params=["wsgi", "flask"])
+def served(env, tmp_path, request):
+    """A service at version V1 (only V1 in the donefile) over a FakeCube holding V1 and V2,
+    behind the production WSGI stack (``create_wsgi``: the infer fast path in front of
+    Flask) and behind the Flask app alone (the same routes, answered by Flask)."""
     root = tmp_path / "root"
     root.mkdir()
     (root / "versions").symlink_to(env["root"] / "versions")
@@ -60,8 +63,11 @@ def served(env, tmp_path):
                              probe=lambda v: cube.seek(np.zeros(1, np.uint64), version=v))
     service = Service(watcher, lambda: cube, max_batch=32)
     assert watcher.poll_once()
-    app = create_app(service)
-    return {"root": root, "cube": cube, "watcher": watcher, "service": service, "client": app.test_client()}
+    if request.param == "flask":
+        client = create_app(service).test_client()
+    else:
+        client = Client(create_wsgi(service))
+    return {"root": root, "cube": cube, "watcher": watcher, "service": service, "client": client}
 
 
 def v2_request(b, rows=slice(0, 3), flat=True, rid="r-1"):
@@ -279,7 +285,7 @@ def test_version_switch_without_mixing(served, env):
     lock = threading.Lock()
 
     def worker():
-        cl = served["client"].application.test_client()
+        cl = Client(served["client"].application)
         while not stop.is_set():
             r = cl.post("/v2/models/ctr/infer", data=req, content_type="application/json")
             if r.status_code != 200:
@@ -321,3 +327,41 @@ def test_switch_waits_for_cube(served, env):
     assert w.current.version == V1 and "V2" not in (w.last_error or "") and str(V2) in w.last_error
     r = served["client"].post("/v2/models/ctr/infer", json=v2_request(env["batch"]))
     assert r.status_code == 200 and r.json["model_version"] == str(V1)
+
+
+def test_combiner_merges_concurrent_requests_and_splits_results():
+    """Concurrent requests are combined into fewer batches; each gets its own rows back,
+    and an error reaches every request of its batch."""
+    from runtime.serving.server import Combiner
+
+    calls = []
+
+    def process(dense, fs):
+        calls.append(fs.shape[0])
+        time.sleep(0.02)
+        if (fs == 999).any():
+            raise ValueError("boom")
+        return fs[:, :1].astype(np.float32) * 2
+
+    comb = Combiner(process, max_rows=64, max_active=1)
+    out, errs = {}, {}
+
+    def one(i):
+        fs = np.full((1 + i % 3, 26), i, np.uint64)
+        if i == 7:
+            fs[:] = 999
+        try:
+            out[i] = comb.submit(np.zeros((fs.shape[0], 13), np.float32), fs)
+        except ValueError as exc:
+            errs[i] = exc
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(12)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert comb.requests == 12 and comb.batches < 12, (comb.batches, calls)
+    assert 7 in errs
+    for i, o in out.items():
+        assert o.shape == (1 + i % 3, 1) and np.all(o == 2 * i), (i, o)
+    assert comb.active == 0 and not comb.pending

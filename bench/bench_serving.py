@@ -1,0 +1,231 @@
+"""Serving benchmark (``make bench-serving``): requests/s and p50/p99 latency of
+``POST /v2/models/ctr/infer`` at batch 1 and 256, with 1 and 4 concurrent clients,
+against a local cube of 2 shards (file server + transfer + cube servers/agents as
+processes, ``runtime.cube._transfer_cluster.LocalCubeCluster``) and ``elastic-ctr serve``.
+
+The version served is synthetic but shaped like the trainer's export: a dense model with
+the trainer's default widths (embedding 9, layers 128-64-32) and an embedding for every
+feasign of the rows sent (1 in 7 left out: looked up as a miss). Each client is its own
+process with one keep-alive connection (``http.client``) sending pre-encoded requests
+back to back (closed loop), so client CPU stays small next to the server's.
+
+Prints one table and a final line
+``serving batch1_p50_ms=<x> batch1_qps_at_4=<y> batch256_qps_at_4=<z>``.
+Targets (2 cores): batch-1 p50 <= 3 ms; >= 600 requests/s at batch 1 with 4 clients.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from runtime import proc, storage  # noqa: E402
+from runtime.serving.client import encode_batches, load_rows  # noqa: E402
+
+_MAKE_MODEL = r"""
+import os, sys
+import numpy as np, paddle
+paddle.enable_static()
+out, dim = sys.argv[1], int(sys.argv[2])
+paddle.seed(7)
+main, startup = paddle.static.Program(), paddle.static.Program()
+with paddle.static.program_guard(main, startup):
+    dense = paddle.static.data("dense_input", [-1, 13], "float32")
+    embs = [paddle.static.data(f"emb_{i}", [-1, dim], "float32") for i in range(1, 27)]
+    x = paddle.concat(embs + [dense], axis=1)
+    for h in (128, 64, 32):
+        x = paddle.static.nn.fc(x, h, activation="relu")
+    prob = paddle.nn.functional.sigmoid(paddle.static.nn.fc(x, 1))
+exe = paddle.static.Executor(paddle.CPUPlace())
+exe.run(startup)
+paddle.static.save_inference_model(os.path.join(out, "inference"), [dense] + embs, [prob], exe, program=main)
+"""
+
+
+def make_version(root: Path, vid: int, rows, dim: int = 9) -> None:
+    """Writes ROOT/versions/<vid>/{dense,sparse} like the trainer's export."""
+    from runtime.cube.seqfile import write_sequence_file
+    from runtime.trainer import features
+
+    dense = root / "versions" / str(vid) / "dense"
+    sparse = root / "versions" / str(vid) / "sparse"
+    dense.mkdir(parents=True)
+    sparse.mkdir(parents=True)
+    subprocess.run([sys.executable, "-c", _MAKE_MODEL, str(dense), str(dim)], check=True, capture_output=True)
+    meta = {"version": vid, "embedding_dim": dim, "features": features.feature_spec("criteo"),
+            "normalization": features.NORMALIZATION,
+            "feeds": ["dense_input"] + [f"emb_{i}" for i in range(1, 27)], "fetches": ["prob"]}
+    (dense / "model_meta.json").write_text(json.dumps(meta))
+    keys = np.unique(rows.feasigns.ravel())
+    keys = keys[np.arange(len(keys)) % 7 != 0]
+    vals = np.random.default_rng(vid % 1000).normal(0, 0.1, (len(keys), dim)).astype(np.float32)
+    write_sequence_file(str(sparse / "part-00000"), keys, vals)
+
+
+def _client(url: str, bodies: list[bytes], duration_s: float, q: mp.Queue) -> None:
+    host, port = url.split("//")[1].split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=30)
+    lat, failed, i = [], 0, 0
+    end = time.perf_counter() + duration_s
+    while True:
+        t0 = time.perf_counter()
+        if t0 >= end:
+            break
+        c.request("POST", "/v2/models/ctr/infer", bodies[i % len(bodies)], {"Content-Type": "application/json"})
+        r = c.getresponse()
+        r.read()
+        if r.status != 200:
+            failed += 1
+        lat.append(time.perf_counter() - t0)
+        i += 1
+    c.close()
+    q.put((lat, failed))
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """user+system CPU seconds of one process (``/proc/<pid>/stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            parts = f.read().rsplit(")", 1)[1].split()
+        return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and its live descendants (gunicorn workers)."""
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                kids.setdefault(ppid, []).append(int(d))
+            except (OSError, ValueError, IndexError):
+                pass
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += _proc_cpu_s(p)
+        todo += kids.get(p, [])
+    return total
+
+
+def load(url: str, bodies: list[bytes], clients: int, duration_s: float) -> dict:
+    """``clients`` closed-loop client processes for ``duration_s`` s -> figures."""
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_client, args=(url, bodies[k::clients] or bodies, duration_s, q)) for k in range(clients)]
+    t0 = time.perf_counter()
+    for p in ps:
+        p.start()
+    res = [q.get(timeout=duration_s + 60) for _ in ps]
+    for p in ps:
+        p.join()
+    wall = time.perf_counter() - t0
+    lat = np.concatenate([np.array(r[0]) for r in res]) * 1e3
+    n = lat.size
+    return {"requests": n, "failed": sum(r[1] for r in res), "rps": n / duration_s,
+            "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)), "wall_s": wall}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=float, default=8.0, help="seconds per measurement (default 8)")
+    ap.add_argument("--rows", type=int, default=4096, help="distinct rows sent (default 4096)")
+    ap.add_argument("--workers", type=int, default=1, help="serving worker processes (default 1)")
+    ap.add_argument("--threads", type=int, default=4, help="serving threads per worker (default 4)")
+    ap.add_argument("--clients", default="1,4", help="concurrent clients to try (default 1,4)")
+    ap.add_argument("--batches", default="1,256", help="batch sizes to try (default 1,256)")
+    args = ap.parse_args()
+
+    from runtime.cube._transfer_cluster import LocalCubeCluster
+    from runtime.trainer import generator
+
+    with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
+        tmp = Path(tmp)
+        generator.generate(tmp / "data", rows=10, test_rows=args.rows, seed=3)
+        rows = load_rows([str(tmp / "data" / "test.txt")], "criteo")
+        root = tmp / "root"
+        vid = int(time.time())
+        make_version(root, vid, rows)
+        with LocalCubeCluster(tmp / "cube", root, shards=2, replicas=1) as cube:
+            cube.publish_version(vid, vid, dim=9)
+            t_roll = time.monotonic()
+            cube.wait_version(vid, timeout_s=120)
+            print(f"cube: 2 shards, version {vid} rolled out in {time.monotonic() - t_roll:.1f} s", flush=True)
+            port = proc.free_port()
+            url = f"http://127.0.0.1:{port}"
+            sv = cube.group.start("serving", proc.self_command() + [
+                "serve", "--topology", str(cube.topology_path), "--model-root", cube.root_url,
+                "--transfer-url", cube.transfer_url, "--host", "127.0.0.1", "--port", str(port),
+                "--workers", str(args.workers), "--threads", str(args.threads), "--work-dir", str(tmp / "serving")])
+            proc.wait_for_port("127.0.0.1", port, 120, sv.proc, sv.name, sv.log_path)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                cube.group.check()
+                try:
+                    if storage.session().get(url + "/v2/health/ready", timeout=2).status_code == 200:
+                        break
+                except Exception:
+                    pass
+                time.sleep(0.2)
+            else:
+                raise TimeoutError(f"serving not ready:\n{proc.tail(sv.log_path)}")
+            print(f"serving: {args.workers} worker(s) x {args.threads} threads; {os.cpu_count()} CPUs on this machine",
+                  flush=True)
+            results = []
+            for b in [int(x) for x in args.batches.split(",")]:
+                bodies = [body for body, _, _ in encode_batches(rows, b)]
+                load(url, bodies[:50], 1, 1.0)  # warm-up
+                for c in [int(x) for x in args.clients.split(",")]:
+                    cpu0 = tree_cpu_s(sv.proc.pid)
+                    cube0 = sum(_proc_cpu_s(r.proc.pid) for r in cube.servers.values())
+                    r = load(url, bodies, c, args.duration)
+                    r.update(batch=b, clients=c)
+                    r["serving_cpu_ms"] = (tree_cpu_s(sv.proc.pid) - cpu0) * 1e3 / max(1, r["requests"])
+                    r["cube_cpu_ms"] = (sum(_proc_cpu_s(x.proc.pid) for x in cube.servers.values()) - cube0
+                                        ) * 1e3 / max(1, r["requests"])
+                    results.append(r)
+                    print(f"  batch {b:>4} clients {c}: {r['rps']:8.1f} requests/s ({r['rps'] * b:9.0f} rows/s)  "
+                          f"p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms  failed {r['failed']}  "
+                          f"CPU/request: serving {r['serving_cpu_ms']:.2f} ms, cube {r['cube_cpu_ms']:.2f} ms",
+                          flush=True)
+            text = storage.session().get(url + "/metrics", timeout=5).text
+            runs = sum(float(ln.split()[-1]) for ln in text.splitlines()
+                       if ln.startswith("elastic_ctr_serving_predictor_runs_total"))
+            reqs = sum(float(ln.split()[-1]) for ln in text.splitlines()
+                       if ln.startswith("elastic_ctr_serving_requests_total") and 'code="200"' in ln)
+            print(f"serving: {reqs:.0f} requests answered with {runs:.0f} predictor runs "
+                  f"(concurrent requests combined: {reqs / max(runs, 1):.2f} requests per run)")
+    print("\n| batch | clients | requests/s | rows/s | p50 ms | p99 ms | failed | serving CPU ms/request |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        print(f"| {r['batch']} | {r['clients']} | {r['rps']:.0f} | {r['rps'] * r['batch']:.0f} | "
+              f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['failed']} | {r['serving_cpu_ms']:.2f} |")
+    la = os.getloadavg()
+    print(f"load average during the run: {la[0]:.1f} {la[1]:.1f} {la[2]:.1f} on {os.cpu_count()} CPUs "
+          "(other work on the machine lowers these figures)")
+
+    def pick(b, c, k):
+        return next((r[k] for r in results if r["batch"] == b and r["clients"] == c), float("nan"))
+
+    print(f"serving batch1_p50_ms={pick(1, 1, 'p50_ms'):.2f} batch1_qps_at_4={pick(1, 4, 'rps'):.0f} "
+          f"batch256_qps_at_4={pick(256, 4, 'rps'):.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
