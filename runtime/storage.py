@@ -37,6 +37,13 @@ CHUNK = 1 << 20  # bytes per streamed chunk
 _session: requests.Session | None = None
 
 
+def _umask_mode() -> int:
+    """0o666 less the process umask: the mode ``open()`` would give a new file."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 class LocationError(OSError):
     """A location (path or URL) could not be read or written; the message names it."""
 
@@ -195,6 +202,7 @@ def download(location: str, dest: str | os.PathLike, md5: str | None = None,
         got = h.hexdigest()
         if md5 and got != md5.lower():
             raise LocationError(f"{location}: md5 mismatch (expected {md5}, got {got})")
+        os.chmod(tmp, _umask_mode())
         os.replace(tmp, dest)
         return got
     except BaseException:
@@ -230,6 +238,7 @@ def upload(local: str | os.PathLike, location: str, token: str | None = None,
     os.close(fd)
     try:
         shutil.copyfile(local, tmp)
+        os.chmod(tmp, _umask_mode())
         os.replace(tmp, dest)
     except BaseException:
         if os.path.exists(tmp):

@@ -40,3 +40,20 @@ def test_missing_location_is_a_clear_error(tmp_path):
         storage.check_readable(str(tmp_path / "nope.txt"))
     with pytest.raises(storage.LocationError, match="nope.txt"):
         storage.open_stream(str(tmp_path / "nope.txt"))
+
+
+def test_uploaded_and_downloaded_files_are_not_private(tmp_path):
+    """Files put in place through temporary files get the umask's mode, not mkstemp's 0600."""
+    import os
+    import stat
+
+    src = tmp_path / "a.bin"
+    src.write_bytes(b"data")
+    old = os.umask(0o022)
+    try:
+        storage.upload(str(src), str(tmp_path / "pub" / "a.bin"))
+        storage.download(str(src), tmp_path / "dl" / "a.bin")
+    finally:
+        os.umask(old)
+    for p in (tmp_path / "pub" / "a.bin", tmp_path / "dl" / "a.bin"):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o644
