@@ -262,7 +262,8 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
         out = run_dir / f"{name}.json"
         role = group.start(name, cli + ["client", "--url", sv_url, "--data", str(test), "--format", fmt,
                                         "--concurrency", str(concurrency), "--batch-size", str(batch),
-                                        "--json-out", str(out)] + slot_args + extra, expect_exit=True)
+                                        "--json-out", str(out), "--predictions-out", str(run_dir / f"{name}.tsv")]
+                           + slot_args + extra, expect_exit=True)
         if wait:
             wait_roles([role], name)
             return json.loads(out.read_text())
@@ -349,6 +350,9 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
     print(f"failed requests: {failed}")
     print(f"logs: {run_dir / 'logs'}")
     last = rounds[-1]
+    (run_dir / "summary.json").write_text(json.dumps({
+        "rounds": rounds, "signal_auc": signal_auc, "failed_requests": failed, "latency": lat,
+        "rollout": rollout, "versions_seen": sorted(versions_seen), "test_data": str(test), "format": fmt}, indent=1))
     print(f"demo: versions={len(rounds)} auc={last['served_auc']:.4f} failed_requests={failed} "
           f"qps={lat['qps']} p99_ms={lat['p99_ms']}", flush=True)
     return 0 if failed == 0 else 1

@@ -43,12 +43,17 @@ paddle.static.save_inference_model(os.path.join(out, "inference"), [dense] + emb
 
 def make_models(out_dirs: list[Path], dim: int = DIM, seeds: list[int] | None = None) -> None:
     """Writes one dense model per directory (one subprocess each: Paddle's static mode
-    stays out of the test process)."""
+    stays out of the test process). Even positions are saved as a PIR program
+    (``inference.json``, Paddle 3's default), odd ones as a legacy ProgramDesc
+    (``inference.pdmodel``, what the trainer's export writes under FLAGS_enable_pir_api=0),
+    so both loaders are exercised."""
     seeds = seeds or list(range(len(out_dirs)))
-    for d, s in zip(out_dirs, seeds):
+    for i, (d, s) in enumerate(zip(out_dirs, seeds)):
         d.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, FLAGS_enable_pir_api="0" if i % 2 else "1")
         subprocess.run([sys.executable, "-c", _MAKE_MODEL, str(d), str(dim), str(s)], check=True,
-                       capture_output=True, timeout=120)
+                       capture_output=True, timeout=120, env=env)
+        assert (d / ("inference.pdmodel" if i % 2 else "inference.json")).exists(), os.listdir(d)
 
 
 def write_meta(d: Path, version: int, dim: int = DIM) -> None:
