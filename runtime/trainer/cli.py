@@ -60,6 +60,12 @@ def register(sub: "argparse._SubParsersAction") -> None:
     tr.add_argument("--dump-predictions", help="save trainer 0's final test predictions (.npy) here")
     tr.add_argument("--seed", type=int, help="random seed of the initializers (default 1)")
     tr.add_argument("--wait-pserver-s", type=float, help="seconds a trainer waits for the pservers (default 120)")
+    tr.add_argument("--table-dir", metavar="DIR",
+                    help="base directory of the sparse-table save at export: the pservers write the table "
+                         "into a fresh subdirectory of DIR on their own file system, trainer 0 reads it "
+                         "back, then removes it (default: the system temp dir). In Kubernetes DIR must be "
+                         "a volume shared by the pserver and trainer pods (ReadWriteMany), mounted at the "
+                         "same path")
     mode = tr.add_mutually_exclusive_group()
     mode.add_argument("--local-cluster", action="store_true",
                       help="start --pservers + --trainers processes on 127.0.0.1 and run the job")

@@ -45,13 +45,20 @@ def read_saved_table(table_dir: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
     """Reads the text files of ``fleet.save_one_table`` under ``table_dir`` ->
     ``(keys uint64[n], values float32[n,dim])`` (layout: module docstring).
 
+    Every part file under ``table_dir`` (any depth) is read, so several pservers, each
+    writing its own ``part-<pserver>-<shard>`` files into the same directory, give the
+    whole table.
+
     Raises ``ExportError`` if no part file is found (e.g. the pservers saved on another
-    machine's file system) or a line has too few columns.
+    machine's file system: ``--table-dir`` must then be a shared volume) or a line has
+    too few columns.
     """
     files = sorted(glob.glob(os.path.join(table_dir, "**", "part-*"), recursive=True))
     if not files:
-        raise ExportError(f"sparse table: no part files under {table_dir} (the pservers write the "
-                          "table on their own file system: it must be shared with trainer 0)")
+        raise ExportError(f"sparse table: no part files under {table_dir}: the pservers write the "
+                          "table on their own file system, so it must be shared with trainer 0; in "
+                          "Kubernetes pass --table-dir DIR where DIR is a volume shared by the pserver "
+                          "and trainer pods (ReadWriteMany), mounted at the same path in both")
     keys_l, vals_l = [], []
     for path in files:
         opener = gzip.open if path.endswith(".gz") else open

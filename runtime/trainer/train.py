@@ -10,18 +10,27 @@ trainer 0 evaluates the test AUC after each pass. At the end every trainer calls
 fleet save (it holds a barrier); trainer 0 then exports the version
 (``runtime.trainer.export``).
 
+The sparse table is saved by the PSERVERS, into the directory trainer 0 names, on the
+pservers' own file system; trainer 0 then reads it back. That directory is a fresh
+subdirectory of ``--table-dir`` (default: the system temp dir), removed after the export.
+On one machine any local directory works; in Kubernetes ``--table-dir`` must be a volume
+shared by the pserver and trainer pods (ReadWriteMany), mounted at the same path in both.
+
 Single-process mode (``--single``): the same network with a local embedding table over a
 vocabulary grown on the fly (feasign -> row; row 0 = zero vector for unseen feasigns),
 same data, same export.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 import numpy as np
 
@@ -60,6 +69,7 @@ class TrainConfig:
     dump_predictions: str | None = None
     seed: int = 1
     wait_pserver_s: float = 120.0
+    table_dir: str | None = None
 
     def slots(self) -> tuple[int, ...]:
         """The slot list (from ``slot_file`` for the slot format, else 1..26)."""
@@ -90,7 +100,51 @@ def check_inputs(cfg: TrainConfig) -> tuple[list[str], list[str]]:
         from runtime import storage
 
         storage.check_readable(cfg.slot_file)
+    if cfg.table_dir:
+        check_table_dir(cfg.table_dir)
     return train, test
+
+
+TABLE_DIR_PREFIX = "elastic-ctr-table-"
+
+
+def check_table_dir(base: str) -> None:
+    """Creates ``base`` (the ``--table-dir``) if missing and checks that a subdirectory can
+    be made in it, so a bad value fails before training rather than at the export.
+
+    Raises ``ValueError`` naming the flag for a URL or a directory that cannot be created
+    or written."""
+    if "://" in str(base):
+        raise ValueError(f"--table-dir {base}: expected a local directory (in Kubernetes a volume "
+                         "shared by the pserver and trainer pods), not a URL")
+    try:
+        os.makedirs(base, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=TABLE_DIR_PREFIX + "check-", dir=base))
+    except OSError as exc:
+        raise ValueError(f"--table-dir {base}: cannot create a directory in it ({exc})") from None
+
+
+@contextlib.contextmanager
+def table_save_dir(base: str | None) -> Iterator[str]:
+    """A fresh, empty directory for one ``fleet.save_one_table`` (``<base>/elastic-ctr-table-XXXX``),
+    removed with its contents when the block exits (also on an exception).
+
+    Args:
+        base: the ``--table-dir`` (created if missing); ``None`` or ``""`` = the system temp
+            dir. The pservers write the part files into the directory on THEIR file system,
+            so in Kubernetes ``base`` must be on a volume shared (ReadWriteMany) by the
+            pserver and trainer pods, mounted at the same path.
+
+    Raises:
+        ValueError: ``base`` cannot be created or written (names ``--table-dir``).
+    """
+    if base:
+        check_table_dir(base)
+    path = tempfile.mkdtemp(prefix=TABLE_DIR_PREFIX, dir=base or None)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _feed(batch: R.Batch, with_label: bool = True) -> dict:
@@ -350,12 +404,14 @@ def run_role(cfg: TrainConfig) -> dict | None:
     rec = {"mode": "ps", "trainers": role.trainers, "pservers": len(role.pservers), "trainer_id": role.trainer_id,
            "epochs": cfg.epochs, "examples": prog.examples, "train_seconds": round(t_train, 3),
            "examples_per_s": round(prog.examples / max(t_train, 1e-9), 1)}
-    # Every trainer takes part in the save (it holds a barrier); trainer 0's path is used.
-    with tempfile.TemporaryDirectory(prefix="elastic-ctr-table-") as table_dir:
+    # Every trainer takes part in the save (it holds a barrier); only trainer 0's path is
+    # used (Paddle 3.0.0 the_one_ps._save_one_table): the pservers write there, on their
+    # own file system, so in Kubernetes cfg.table_dir is a shared (ReadWriteMany) volume.
+    with table_save_dir(cfg.table_dir) as table_dir:
         t_save = time.monotonic()
         fleet.save_one_table(0, table_dir, 0)
         if first:
-            log.info("%s: sparse table saved in %.1f s", who, time.monotonic() - t_save)
+            log.info("%s: sparse table saved under %s in %.1f s", who, table_dir, time.monotonic() - t_save)
             if test is not None:
                 p = _predict(exe, test_prog, net.prob, test)
                 aucs.append(F.auc(test.labels, p))
@@ -433,7 +489,7 @@ def train_argv(cfg: TrainConfig) -> list[str]:
         argv += ["--max-bad-fraction", str(cfg.max_bad_fraction)]
     for flag, v in (("--slot-file", cfg.slot_file), ("--output", cfg.output),
                     ("--upload-token-file", cfg.upload_token_file), ("--test-limit", cfg.test_limit),
-                    ("--dump-predictions", cfg.dump_predictions)):
+                    ("--dump-predictions", cfg.dump_predictions), ("--table-dir", cfg.table_dir)):
         if v is not None:
             argv += [flag, str(v)]
     return argv

@@ -82,11 +82,16 @@ def test_single_process_train_and_export(data, tmp_path):
 @pytest.mark.slow
 def test_ps_cluster_train_and_export(data, tmp_path):
     root = tmp_path / "root"
+    tables = tmp_path / "shared" / "table"  # --table-dir: created, used for the save, emptied
     r = _train(["--local-cluster", "--pservers", "1", "--trainers", "2", "--data-train", str(data / "train.txt"),
                 "--data-test", str(data / "test.txt"), "--epochs", "2", "--output", str(root),
-                "--log-dir", str(tmp_path / "logs"), "--dump-predictions", str(tmp_path / "p.npy")], tmp_path)
+                "--log-dir", str(tmp_path / "logs"), "--dump-predictions", str(tmp_path / "p.npy"),
+                "--table-dir", str(tables)], tmp_path)
     s = _summary(r)
     assert s["mode"] == "ps" and s["trainers"] == 2
+    log0 = (tmp_path / "logs" / "trainer-0.log").read_text()
+    assert f"sparse table saved under {tables}/elastic-ctr-table-" in log0
+    assert tables.is_dir() and list(tables.iterdir()) == []  # every save dir removed
     assert s["test_auc"][-1] > 0.6
     meta, _ = _check_version(root, data, tmp_path / "p.npy")
     assert meta["metrics"]["trainers"] == 2
