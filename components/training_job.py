@@ -6,6 +6,13 @@ stable hostname and sets ``VC_PSERVER_HOSTS``; the ``env`` plugin sets ``VC_TASK
 ``runtime/trainer/roles.py`` derives the Paddle environment contract from them, so no
 pod-listing RBAC is needed. A pod evicted or failed restarts the whole job (PS training
 cannot lose a member); the trainer task completing completes the job.
+
+At export the PSERVERS write the sparse table into a directory trainer 0 names, on their
+own file system, and trainer 0 reads it back: so both tasks mount one ReadWriteMany
+PersistentVolumeClaim (``training-shared``) at ``/shared`` and ``train`` gets
+``--table-dir /shared/table`` (each save uses a fresh subdirectory, removed after the
+export). The claim needs an RWX-capable StorageClass (NFS, CephFS, EFS, Filestore; on a
+single-node dev cluster the default hostPath provisioner works).
 """
 from __future__ import annotations
 
@@ -22,6 +29,11 @@ PADDLE_PORT = 8200
 JOB_NAME = "ctr-train"
 GENERATED = "generated"
 DATA_DIR = "/data"
+#: the ReadWriteMany claim both tasks mount at SHARED_DIR (the sparse-table save)
+SHARED_PVC = "training-shared"
+SHARED_DIR = "/shared"
+#: ``train --table-dir``: the pservers save the table here, trainer 0 reads it back
+TABLE_DIR = f"{SHARED_DIR}/table"
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,11 @@ class TrainingJobArgs:
         data_format: ``criteo`` | ``slot``; ``slot_file`` required for ``slot``.
         output: ROOT the trainer exports to (the file server's URL).
         upload_token_secret / upload_token_key: Secret holding the upload token.
+        shared_storage_class: StorageClass of the ``training-shared`` ReadWriteMany claim
+            (must support RWX); ``None`` = the cluster default.
+        shared_size: its requested size, a Kubernetes quantity (e.g. ``"5Gi"``); holds one
+            sparse-table save (text, gzip) at a time.
+        scratch_size: size limit of each pod's ``/data`` emptyDir.
     """
 
     deployment: DeployContext
@@ -63,11 +80,15 @@ class TrainingJobArgs:
     upload_token_secret: pulumi.Input[str]
     upload_token_key: str
     slot_file: Optional[str] = None
+    shared_storage_class: Optional[str] = None
+    shared_size: str = "5Gi"
     scratch_size: str = "10Gi"
 
 
 class TrainingJob(pulumi.ComponentResource):
-    """The Volcano Job. Outputs: ``job_name``, ``min_available``."""
+    """The Volcano Job and the ReadWriteMany claim its pods share.
+
+    Outputs: ``job_name``, ``min_available``, ``shared_claim`` (the claim's name)."""
 
     def __init__(self, name: str, args: TrainingJobArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
@@ -75,6 +96,18 @@ class TrainingJob(pulumi.ComponentResource):
         dep = args.deployment
         lbls = common.labels(dep, "trainer", "training")
         self.min_available = args.pservers + args.trainers
+        # Not part of the Job's spec, so a new run (other scale) keeps the claim.
+        self.shared_pvc = k8s.core.v1.PersistentVolumeClaim(
+            SHARED_PVC,
+            metadata=common.metadata(dep, SHARED_PVC, common.labels(dep, SHARED_PVC, "training")),
+            spec=k8s.core.v1.PersistentVolumeClaimSpecArgs(
+                access_modes=["ReadWriteMany"],
+                storage_class_name=args.shared_storage_class or None,
+                resources=k8s.core.v1.VolumeResourceRequirementsArgs(
+                    requests={"storage": args.shared_size}),
+            ),
+            opts=dep.child_opts(self),
+        )
         spec = {
             "schedulerName": "volcano",
             "queue": args.queue,
@@ -106,10 +139,15 @@ class TrainingJob(pulumi.ComponentResource):
             metadata=common.metadata(dep, JOB_NAME, lbls),
             spec=spec,
             # A Volcano Job's spec is mostly immutable: a changed scale is a new run.
-            opts=dep.child_opts(self, replace_on_changes=["spec"], delete_before_replace=True),
+            # The claim is named literally in the pod templates: depend on it explicitly.
+            opts=pulumi.ResourceOptions.merge(
+                dep.child_opts(self, replace_on_changes=["spec"], delete_before_replace=True),
+                pulumi.ResourceOptions(depends_on=[self.shared_pvc])),
         )
         self.job_name = JOB_NAME
-        self.register_outputs({"job_name": self.job_name, "min_available": self.min_available})
+        self.shared_claim = SHARED_PVC
+        self.register_outputs({"job_name": self.job_name, "min_available": self.min_available,
+                               "shared_claim": self.shared_claim})
 
     @staticmethod
     def _template(args: TrainingJobArgs, task: str, lbls: dict) -> dict:
@@ -125,7 +163,8 @@ class TrainingJob(pulumi.ComponentResource):
             cmd += ["--slot-file", args.slot_file]
         cmd += ["--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
                 "--lr", args.learning_rate, "--embedding-dim", str(args.embedding_dim),
-                "--sparse-shards", str(args.sparse_shards), "--output", args.output]
+                "--sparse-shards", str(args.sparse_shards), "--output", args.output,
+                "--table-dir", TABLE_DIR]
 
         env = [
             {"name": "TRAINING_ROLE", "value": "TRAINER" if is_trainer else "PSERVER"},
@@ -158,7 +197,8 @@ class TrainingJob(pulumi.ComponentResource):
                           "limits": {"cpu": cpu, "memory": mem}},
             "securityContext": security,
             "volumeMounts": [{"name": "data", "mountPath": DATA_DIR},
-                             {"name": "tmp", "mountPath": common.TMP_DIR}],
+                             {"name": "tmp", "mountPath": common.TMP_DIR},
+                             {"name": "shared", "mountPath": SHARED_DIR}],
         }
         if not is_trainer:
             container["readinessProbe"] = {"tcpSocket": {"port": "paddle"},
@@ -175,6 +215,7 @@ class TrainingJob(pulumi.ComponentResource):
             "volumes": [
                 {"name": "data", "emptyDir": {"sizeLimit": args.scratch_size}},
                 {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+                {"name": "shared", "persistentVolumeClaim": {"claimName": SHARED_PVC}},
             ],
         }
         if is_trainer and generated:
@@ -187,7 +228,7 @@ class TrainingJob(pulumi.ComponentResource):
                 "env": [{"name": "HOME", "value": common.TMP_DIR}],
                 "resources": container["resources"],
                 "securityContext": {**security, "readOnlyRootFilesystem": True},
-                "volumeMounts": container["volumeMounts"],
+                "volumeMounts": [m for m in container["volumeMounts"] if m["name"] != "shared"],
             }]
         if dep.image_pull_secrets:
             pod["imagePullSecrets"] = [{"name": n} for n in dep.image_pull_secrets]

@@ -76,6 +76,8 @@ class StackConfig:
     storage_class: str
     file_server_storage_size: str
     transfer_storage_size: str
+    training_shared_storage_class: str
+    training_shared_size: str
     expose_file_server: bool
     pservers: int
     trainers: int
@@ -141,6 +143,7 @@ _UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _REGISTRY = re.compile(r"^[a-z0-9.-]+(:\d+)?(/[a-z0-9._-]+)*$")
+_STORAGE_CLASS = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
 def cpu_cores(q: str) -> Optional[float]:
@@ -173,7 +176,7 @@ CPU_RANGE = (0.01, 64.0)  # cores
 MEMORY_KEYS = ("pserverMemory", "trainerMemory", "cubeServerMemory", "cubeAgentMemory",
                "transferMemory", "fileServerMemory", "servingMemory")
 MEMORY_RANGE = (64 * 2**20, 512 * _GI)  # 64Mi .. 512Gi
-STORAGE_KEYS = ("fileServerStorageSize", "transferStorageSize", "cubeDataSize")
+STORAGE_KEYS = ("fileServerStorageSize", "transferStorageSize", "cubeDataSize", "trainingSharedSize")
 STORAGE_RANGE = (2**20, 64 * 2**40)  # 1Mi .. 64Ti
 CHOICES: dict[str, tuple[str, ...]] = {
     "dataFormat": ("criteo", "slot"),
@@ -255,8 +258,9 @@ def parse(raw: Mapping[str, Any], secret_keys: frozenset[str] | set[str] = froze
           "a DNS-1123 label: lowercase letters, digits and '-', at most 63 characters")
     check("volcanoQueue", lambda v: len(v) <= 63 and bool(_DNS_LABEL.match(v)),
           "a Volcano queue name (DNS-1123 label)")
-    check("storageClass", lambda v: v == "" or (len(v) <= 253 and bool(
-        re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", v))), "empty or a StorageClass name")
+    for key in ("storageClass", "trainingSharedStorageClass"):
+        check(key, lambda v: v == "" or (len(v) <= 253 and bool(_STORAGE_CLASS.match(v))),
+              "empty or a StorageClass name (lowercase DNS subdomain)")
     check("imageTag", lambda v: bool(_TAG.match(v)),
           "a Docker tag: [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
     check("imageRegistry", lambda v: v == "" or bool(_REGISTRY.match(v)),

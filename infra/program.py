@@ -75,7 +75,9 @@ def build(cfg: StackConfig | None = None) -> dict[str, Any]:
         data_train=cfg.data_source, data_test=cfg.data_test_source,
         data_format=cfg.data_format, slot_file=cfg.slot_file or None,
         output=files.url, upload_token_secret=files.token_secret,
-        upload_token_key=files.token_key))
+        upload_token_key=files.token_key,
+        shared_storage_class=cfg.training_shared_storage_class or None,
+        shared_size=cfg.training_shared_size))
 
     cube = CubeCluster("cube", CubeClusterArgs(
         deployment=dep, image=images.cube, shards=cfg.cube_shards, replicas=cfg.cube_replicas,

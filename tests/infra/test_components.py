@@ -24,7 +24,7 @@ def kinds(r) -> Counter:
 
 def test_dev_stack_resource_counts(rendered):
     r = rendered("dev")
-    assert kinds(r) == {"Namespace": 1, "Secret": 1, "ConfigMap": 1, "PersistentVolumeClaim": 2,
+    assert kinds(r) == {"Namespace": 1, "Secret": 1, "ConfigMap": 1, "PersistentVolumeClaim": 3,
                         "Service": 5, "StatefulSet": 2, "Deployment": 3,
                         "PodDisruptionBudget": 2, "Job": 1}
     types = Counter(x["type"] for x in r.resources)
@@ -94,6 +94,35 @@ def test_volcano_job_contract(rendered):
     trainer_env = {e["name"] for e in tasks["trainer"]["template"]["spec"]["containers"][0]["env"]}
     pserver_env = {e["name"] for e in tasks["pserver"]["template"]["spec"]["containers"][0]["env"]}
     assert "ELASTIC_CTR_UPLOAD_TOKEN" in trainer_env and "ELASTIC_CTR_UPLOAD_TOKEN" not in pserver_env
+
+
+@pytest.mark.parametrize("args", [("dev",), ("prod",), ("dev", "trainingSharedStorageClass=nfs-client",
+                                                         "trainingSharedSize=20Gi")],
+                         ids=lambda a: " ".join(a))
+def test_training_shared_volume_is_rwx_and_mounted_in_both_tasks(rendered, args):
+    """The pservers save the sparse table where trainer 0 reads it: one RWX claim, mounted
+    at the same path in both tasks, passed as --table-dir."""
+    r = rendered(*args)
+    cfg = {k.split(":", 1)[1]: v for k, v in stack_config(args[0], args[1:])[0].items()}
+    pvc = r.get("PersistentVolumeClaim", "training-shared")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["spec"]["resources"]["requests"]["storage"] == cfg.get("trainingSharedSize", "5Gi")
+    assert pvc["spec"].get("storageClassName") == (cfg.get("trainingSharedStorageClass") or None)
+    assert pvc["metadata"]["labels"]["app.kubernetes.io/component"] == "training"
+    assert pvc["metadata"]["labels"]["app.kubernetes.io/name"] == "training-shared"
+    tasks = {t["name"]: t["template"]["spec"] for t in r.get("Job", "ctr-train")["spec"]["tasks"]}
+    assert set(tasks) == {"pserver", "trainer"}
+    for name, pod in tasks.items():
+        vols = {v["name"]: v for v in pod["volumes"]}
+        assert vols["shared"] == {"name": "shared",
+                                  "persistentVolumeClaim": {"claimName": "training-shared"}}, name
+        (c,) = pod["containers"]
+        assert {"name": "shared", "mountPath": "/shared"} in c["volumeMounts"], name
+        assert c["args"][c["args"].index("--table-dir") + 1] == "/shared/table", name
+    # the claim is the training component's child (not in the Job spec: a new run keeps it)
+    (res,) = [x for x in r.resources if x["type"] == "kubernetes:core/v1:PersistentVolumeClaim"
+              and x["name"] == "training-shared"]
+    assert res["parent_type"] == "elastic-ctr:index:TrainingJob"
 
 
 def test_every_child_is_parented_to_its_component(rendered):

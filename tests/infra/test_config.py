@@ -41,6 +41,7 @@ def test_defaults_parse_to_typed_frozen_config():
     assert (cfg.trainers, cfg.pservers, cfg.cube_shards, cfg.cube_replicas) == (2, 1, 2, 2)
     assert cfg.expose_file_server is False
     assert cfg.data_source == ("generated",)
+    assert (cfg.training_shared_storage_class, cfg.training_shared_size) == ("", "5Gi")
     assert isinstance(cfg.upload_token, SecretStr) and cfg.upload_token.reveal() == TOKEN
     assert TOKEN not in repr(cfg)
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -81,6 +82,10 @@ def test_string_values_from_pulumi_are_coerced():
     ("namespace", "a" * 64, "elastic-ctr:namespace:"),
     ("volcanoQueue", "Q!", "elastic-ctr:volcanoQueue: 'Q!' is invalid"),
     ("storageClass", "Fast SSD", "elastic-ctr:storageClass: 'Fast SSD' is invalid"),
+    ("trainingSharedStorageClass", "NFS_Client",
+     "elastic-ctr:trainingSharedStorageClass: 'NFS_Client' is invalid; allowed: empty or a StorageClass name"),
+    ("trainingSharedSize", "5GB", "elastic-ctr:trainingSharedSize: '5GB' is invalid; allowed: a storage quantity"),
+    ("trainingSharedSize", "0", "elastic-ctr:trainingSharedSize: '0' is invalid; allowed: a storage quantity from 1Mi"),
     ("imageTag", "v1:2", "elastic-ctr:imageTag: 'v1:2' is invalid; allowed: a Docker tag"),
     ("imageRegistry", "HTTP://reg", "elastic-ctr:imageRegistry: 'HTTP://reg' is invalid"),
     ("learningRate", "0", "elastic-ctr:learningRate: '0' is invalid; allowed: a decimal number in (0, 1]"),

@@ -63,6 +63,8 @@ def test_trainers_2_to_5_changes_only_the_job(rendered):
     before, after = rendered("dev", "trainers=2"), rendered("dev", "trainers=5")
     added, removed, changed = diff(before, after)
     assert (added, removed, changed) == (set(), set(), {"09-job-ctr-train.yaml"})
+    pvc = "03-persistentvolumeclaim-training-shared.yaml"  # the shared claim survives the new run
+    assert pvc in files(before) and files(before)[pvc] == files(after)[pvc]
     name = "09-job-ctr-train.yaml"
     assert paths(files(before)[name], files(after)[name]) == [
         "spec.minAvailable", "spec.tasks[1].replicas"]

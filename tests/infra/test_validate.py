@@ -15,7 +15,8 @@ STACKS = [
     ("dev",),
     ("prod",),
     ("dev", "servingReplicas=3", "servingMaxReplicas=10", "exposeFileServer=true",
-     "storageClass=fast-ssd", "dataFormat=slot", "slotFile=/data/slots.txt",
+     "storageClass=fast-ssd", "trainingSharedStorageClass=nfs-client", "trainingSharedSize=50Gi",
+     "dataFormat=slot", "slotFile=/data/slots.txt",
      "dataSource=/data/train/*", "dataTestSource=/data/test/*"),
 ]
 
