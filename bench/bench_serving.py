@@ -63,7 +63,9 @@ def make_version(root: Path, vid: int, rows, dim: int = 9) -> None:
     sparse = root / "versions" / str(vid) / "sparse"
     dense.mkdir(parents=True)
     sparse.mkdir(parents=True)
-    subprocess.run([sys.executable, "-c", _MAKE_MODEL, str(dense), str(dim)], check=True, capture_output=True)
+    # Saved as a legacy ProgramDesc (inference.pdmodel), as the trainer's export does.
+    subprocess.run([sys.executable, "-c", _MAKE_MODEL, str(dense), str(dim)], check=True, capture_output=True,
+                   env=dict(os.environ, FLAGS_enable_pir_api="0"))
     meta = {"version": vid, "embedding_dim": dim, "features": features.feature_spec("criteo"),
             "normalization": features.NORMALIZATION,
             "feeds": ["dense_input"] + [f"emb_{i}" for i in range(1, 27)], "fetches": ["prob"]}
@@ -145,8 +147,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=8.0, help="seconds per measurement (default 8)")
     ap.add_argument("--rows", type=int, default=4096, help="distinct rows sent (default 4096)")
-    ap.add_argument("--workers", type=int, default=1, help="serving worker processes (default 1)")
-    ap.add_argument("--threads", type=int, default=4, help="serving threads per worker (default 4)")
+    ap.add_argument("--workers", type=int, default=2, help="serving worker processes (default 2)")
+    ap.add_argument("--threads", type=int, default=2, help="serving threads per worker (default 2)")
     ap.add_argument("--clients", default="1,4", help="concurrent clients to try (default 1,4)")
     ap.add_argument("--batches", default="1,256", help="batch sizes to try (default 1,256)")
     args = ap.parse_args()

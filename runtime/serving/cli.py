@@ -51,9 +51,13 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    "(default: follow ROOT/donefile instead)")
     p.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
     p.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
-    p.add_argument("--workers", type=int, default=_env_int("SERVING_WORKERS", 1),
-                   help="worker processes (gunicorn gthread; default 1, or $SERVING_WORKERS)")
-    p.add_argument("--threads", type=int, default=4, help="threads per worker (default 4)")
+    p.add_argument("--workers", type=int, default=_env_int("SERVING_WORKERS", 2),
+                   help="worker processes (default 2, or $SERVING_WORKERS): more than 1 runs gunicorn "
+                   "gthread workers (one predictor set and cube client each; Paddle holds the GIL while "
+                   "it runs, so processes, not threads, use several cores); 1 runs waitress in-process")
+    p.add_argument("--threads", type=int, default=2,
+                   help="threads per worker (default 2); concurrent requests in a worker are combined "
+                   "into one cube lookup and predictor run")
     p.add_argument("--max-batch", type=int, default=4096,
                    help="largest batch accepted, in samples (default 4096; larger -> 400)")
     p.add_argument("--poll-interval", type=float, default=0.5,

@@ -52,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trainers", type=int, default=2, help="trainers (default 2)")
     p.add_argument("--shards", type=int, default=2, help="cube shards (default 2)")
     p.add_argument("--replicas", type=int, default=2, help="cube replicas per shard (default 2)")
-    p.add_argument("--serving-threads", type=int, default=4, help="serving threads (default 4)")
+    p.add_argument("--serving-workers", type=int, default=2, help="serving worker processes (default 2)")
+    p.add_argument("--serving-threads", type=int, default=2, help="serving threads per worker (default 2)")
     p.add_argument("--concurrency", type=int, default=4, help="demo client workers (default 4)")
     p.add_argument("--batch-size", type=int, default=1, help="client batch size of the latency run (default 1)")
     p.add_argument("--score-batch-size", type=int, default=64,
@@ -283,7 +284,8 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
     sv_url = f"http://127.0.0.1:{sv_port}"
     serving = group.start("serving", cli + [
         "serve", "--topology", str(topo_path), "--model-root", root_url, "--transfer-url", transfer_url,
-        "--host", "127.0.0.1", "--port", str(sv_port), "--threads", str(args.serving_threads),
+        "--host", "127.0.0.1", "--port", str(sv_port), "--workers", str(args.serving_workers),
+        "--threads", str(args.serving_threads),
         "--work-dir", str(run_dir / "serving"), "--format", fmt, "--poll-interval", "0.2"] + slot_args)
     proc.wait_for_port("127.0.0.1", sv_port, 120, serving.proc, serving.name, serving.log_path)
     until(lambda: serving_version() == v1, f"serving ready on version {v1}", 120)

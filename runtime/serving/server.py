@@ -798,8 +798,13 @@ def main(args) -> int:
         return 0
 
     # Several processes: gunicorn gthread workers, metrics aggregated across them.
+    import atexit
+    import shutil
+
     mp_dir = tempfile.mkdtemp(prefix="elastic-ctr-prom-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = mp_dir
+    master = os.getpid()
+    atexit.register(lambda: os.getpid() == master and shutil.rmtree(mp_dir, ignore_errors=True))
     from gunicorn.app.base import BaseApplication
 
     class _App(BaseApplication):
