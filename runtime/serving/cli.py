@@ -81,7 +81,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--format", choices=("criteo", "slot", "auto"), default="auto",
                    help="data format (default: auto-detect)")
     p.add_argument("--slot-file", default=None, help="slot list for --format slot")
-    p.add_argument("--concurrency", type=int, default=4, help="concurrent workers (default 4)")
+    p.add_argument("--concurrency", type=int, default=4,
+                   help="concurrent workers, one process and keep-alive connection each (default 4)")
     p.add_argument("--batch-size", type=int, default=1, help="samples per request (default 1)")
     p.add_argument("--max-requests", type=int, default=None,
                    help="stop after this many requests (default: one pass over the data)")
@@ -89,6 +90,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="keep cycling over the data for this many seconds")
     p.add_argument("--until-file", default=None,
                    help="keep cycling over the data until this file exists")
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="requests/s over all workers (default 0: as fast as serving answers)")
     p.add_argument("--mode", choices=("features", "lines"), default="features",
                    help="send parsed features (FP32+UINT64 tensors) or raw lines (BYTES)")
     p.add_argument("--timeout", type=float, default=10.0, help="request timeout, s (default 10)")

@@ -3,10 +3,10 @@
 Reads rows (Criteo TSV/CSV or the slot format; files, globs or URLs), parses them with
 ``runtime.trainer.features``, pre-encodes one Open Inference Protocol v2 request per
 batch (``dense_features`` FP32 [n,13] with ``null`` for a missing value + ``feasigns``
-UINT64 [n,26], or raw ``lines`` BYTES [n]), and sends them with N worker threads, each
+UINT64 [n,26], or raw ``lines`` BYTES [n]), and sends them with N worker processes, each
 over its own keep-alive HTTP/1.1 connection (``http.client``: ~10x less client CPU per
-request than ``requests``, so the client measures the server, not itself). No retries:
-a request that fails is counted as failed.
+request than ``requests``) in its own process, so the client measures the server, not
+its own GIL. No retries: a request that fails is counted as failed.
 
 Report: requests, failed requests, rows scored, QPS (requests/s), p50/p99 latency (ms),
 AUC over the scored rows (and per version), versions seen. ``--json-out`` writes it as
@@ -15,13 +15,11 @@ JSON; ``--predictions-out`` writes every scored row's prediction.
 from __future__ import annotations
 
 import http.client
-import itertools
 import json
 import logging
 import os
 import re
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,80 +145,96 @@ class _Conn:
             self.c.close()
 
 
-def run_load(url: str, bodies: list[tuple[bytes, int, int]], labels: np.ndarray, concurrency: int = 4,
-             max_requests: int | None = None, duration_s: float | None = None, until_file: str | None = None,
-             timeout_s: float = 10.0, model: str = "ctr", progress_every_s: float = 0.0) -> RunResult:
-    """Sends ``bodies`` with ``concurrency`` threads. Stops after one pass, or
-    ``max_requests`` requests, or ``duration_s`` seconds, or once ``until_file`` exists
-    (then cycling over the batches). Returns a ``RunResult``."""
-    res = RunResult()
-    counter = itertools.count()
-    lock = threading.Lock()
-    cycle = duration_s is not None or until_file is not None
-    total = max_requests if max_requests is not None else (None if cycle else len(bodies))
-    t_start = time.monotonic()
-    deadline = t_start + duration_s if duration_s is not None else None
-    stop = threading.Event()
-    path = f"/v2/models/{model}/infer"
-
-    def worker() -> None:
-        conn = _Conn(url, timeout_s)
-        lat, scored, errs, byv = [], [], [], {}
-        failed = 0
-        try:
-            while not stop.is_set():
-                i = next(counter)
-                if total is not None and i >= total:
-                    break
-                body, start, m = bodies[i % len(bodies)]
-                t0 = time.perf_counter()
-                try:
-                    status, data = conn.post(path, body)
-                except (OSError, http.client.HTTPException) as exc:
-                    status, data = -1, f"{exc.__class__.__name__}: {exc}".encode()
-                dt = time.perf_counter() - t0
-                if status != 200:
-                    failed += 1
-                    if len(errs) < 5:
-                        errs.append(f"HTTP {status}: {data[:300].decode('utf-8', 'replace')}")
-                    continue
-                lat.append(dt)
-                out = json.loads(data)
-                v = int(out["model_version"])
-                byv[v] = byv.get(v, 0) + 1
-                probs = out["outputs"][0]["data"]
-                scored.append((start, m, v, probs))
-        finally:
-            conn.close()
-            with lock:
-                res.latencies += lat
-                res.failed += failed
-                res.errors += errs
-                res.scored += scored
-                for v, c in byv.items():
-                    res.by_version[v] = res.by_version.get(v, 0) + c
-
-    def watchdog() -> None:
-        last = time.monotonic()
-        while not stop.is_set():
+def _worker(k: int, n_workers: int, url: str, bodies: list, total: int | None, deadline: float | None,
+            until_file: str | None, timeout_s: float, path: str, rate: float, out) -> None:
+    """One client worker (its own process and connection): requests ``k, k+N, k+2N, ...``
+    (cycling over ``bodies`` when ``total`` is None) until a stop condition; puts its
+    results on ``out``. ``rate``: this worker's share of requests/s (0 = no limit)."""
+    conn = _Conn(url, timeout_s)
+    lat, scored, errs, byv = [], [], [], {}
+    failed = 0
+    gap = 1.0 / rate if rate > 0 else 0.0
+    next_t = time.perf_counter()
+    i = k
+    checked = 0.0
+    try:
+        while True:
+            if total is not None and i >= total:
+                break
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                stop.set()
-            if until_file is not None and os.path.exists(until_file):
-                stop.set()
-            if progress_every_s and now - last >= progress_every_s:
-                last = now
-                print(f"client: {next(counter)} requests sent, {now - t_start:.0f} s", flush=True)
-            time.sleep(0.02)
+                break
+            if until_file is not None and now - checked > 0.05:
+                checked = now
+                if os.path.exists(until_file):
+                    break
+            if gap:
+                delay = next_t - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                next_t = max(next_t + gap, time.perf_counter() - gap)
+            body, start, m = bodies[i % len(bodies)]
+            i += n_workers
+            t0 = time.perf_counter()
+            try:
+                status, data = conn.post(path, body)
+            except (OSError, http.client.HTTPException) as exc:
+                status, data = -1, f"{exc.__class__.__name__}: {exc}".encode()
+            dt = time.perf_counter() - t0
+            if status != 200:
+                failed += 1
+                if len(errs) < 5:
+                    errs.append(f"HTTP {status}: {data[:300].decode('utf-8', 'replace')}")
+                continue
+            lat.append(dt)
+            res = json.loads(data)
+            v = int(res["model_version"])
+            byv[v] = byv.get(v, 0) + 1
+            scored.append((start, m, v, res["outputs"][0]["data"]))
+    finally:
+        conn.close()
+        out.put((lat, failed, errs, byv, scored))
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
-    wd = threading.Thread(target=watchdog, daemon=True)
-    wd.start()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    stop.set()
+
+def run_load(url: str, bodies: list[tuple[bytes, int, int]], labels: np.ndarray, concurrency: int = 4,
+             max_requests: int | None = None, duration_s: float | None = None, until_file: str | None = None,
+             timeout_s: float = 10.0, model: str = "ctr", rate: float = 0.0) -> RunResult:
+    """Sends ``bodies`` with ``concurrency`` worker processes (each with one keep-alive
+    connection: a GIL-bound pool of threads would measure the client, not the server).
+    Stops after one pass, or ``max_requests`` requests, or ``duration_s`` seconds, or
+    once ``until_file`` exists (then cycling over the batches). ``rate``: requests/s
+    over all workers (0 = as fast as the server answers). Returns a ``RunResult``."""
+    import multiprocessing as mp
+
+    res = RunResult()
+    cycle = duration_s is not None or until_file is not None
+    total = max_requests if max_requests is not None else (None if cycle else len(bodies))
+    concurrency = max(1, min(concurrency, total if total is not None else concurrency))
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    t_start = time.monotonic()
+    deadline = t_start + duration_s if duration_s is not None else None
+    path = f"/v2/models/{model}/infer"
+    procs = [ctx.Process(target=_worker, args=(k, concurrency, url, bodies, total, deadline, until_file,
+                                               timeout_s, path, rate / concurrency if rate else 0.0, q),
+                         daemon=True)
+             for k in range(concurrency)]
+    for p in procs:
+        p.start()
+    try:
+        for _ in procs:
+            lat, failed, errs, byv, scored = q.get()
+            res.latencies += lat
+            res.failed += failed
+            res.errors += errs
+            res.scored += scored
+            for v, c in byv.items():
+                res.by_version[v] = res.by_version.get(v, 0) + c
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
     res.seconds = time.monotonic() - t_start
     res.requests = len(res.latencies) + res.failed
     return res
@@ -276,7 +290,7 @@ def main(args) -> int:
     print(f"client: {len(rows.labels)} rows ({rows.fmt}), {len(bodies)} requests of up to {args.batch_size} rows, "
           f"{args.concurrency} workers -> {args.url}", flush=True)
     res = run_load(args.url, bodies, rows.labels, args.concurrency, args.max_requests, args.duration,
-                   args.until_file, args.timeout, progress_every_s=10.0)
+                   args.until_file, args.timeout, rate=args.rate)
     rep = summarize(res, rows.labels)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rep, indent=1))

@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests of the batch-1 latency/QPS run (default 3000)")
     p.add_argument("--rollout-concurrency", type=int, default=2,
                    help="client workers sending during the second round (default 2)")
+    p.add_argument("--rollout-rate", type=float, default=200.0,
+                   help="requests/s the client sends during the second round (default 200; 0 = unlimited); "
+                   "bounded so that it does not starve the training it overlaps with")
     p.add_argument("--rounds", type=int, choices=(1, 2), default=2, help="training rounds (default 2)")
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds (default 900)")
 
@@ -305,8 +308,8 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
     # -- 6. round 2 under load ---------------------------------------------------------------
     if args.rounds == 2:
         stop_file = run_dir / "client-rollout.stop"
-        bg, bg_out = client("client-rollout", ["--until-file", str(stop_file)], args.rollout_concurrency, 1,
-                            wait=False)
+        bg, bg_out = client("client-rollout", ["--until-file", str(stop_file), "--rate", str(args.rollout_rate)],
+                            args.rollout_concurrency, 1, wait=False)
         t2 = train_round(2, args.epochs_round2 or args.epochs, 2)
         wait_roles([t2], "training round 2")
         rec2 = _summary_line(t2.log_path)

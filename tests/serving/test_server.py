@@ -365,3 +365,30 @@ def test_combiner_merges_concurrent_requests_and_splits_results():
     for i, o in out.items():
         assert o.shape == (1 + i % 3, 1) and np.all(o == 2 * i), (i, o)
     assert comb.active == 0 and not comb.pending
+
+
+def test_demo_client_over_http(served, env, tmp_path):
+    """The demo client against the real WSGI stack over HTTP: every row scored once, the
+    AUC equals the offline AUC of the rows' served predictions, nothing failed; a
+    malformed request body would count as failed (checked by summarize on errors)."""
+    if served["client"].__class__.__name__ != "Client":
+        pytest.skip("the HTTP path is the production WSGI stack only")
+    from runtime.serving.client import encode_batches, load_rows, run_load, summarize
+    from runtime.serving.fileserver import ServerThread
+
+    data = tmp_path / "test.txt"
+    data.write_text("\n".join(env["lines"]) + "\n")
+    rows = load_rows([str(data)])
+    assert rows.fmt == "criteo" and len(rows.labels) == 64
+    with ServerThread(served["client"].application, threads=4) as st:
+        for mode in ("features", "lines"):
+            res = run_load(st.url, encode_batches(rows, 5, mode), rows.labels, concurrency=3)
+            rep = summarize(res, rows.labels)
+            assert rep["requests"] == 13 and rep["failed_requests"] == 0 and rep["rows_scored"] == 64, rep
+            assert rep["versions"] == {str(V1): 13}
+            probs = np.concatenate([np.asarray(p) for _, _, _, p in sorted(res.scored, key=lambda x: x[0])])
+            assert rep["auc"] == pytest.approx(features.auc(rows.labels, probs))
+        served["cube"].down = True
+        res = run_load(st.url, encode_batches(rows, 16), rows.labels, concurrency=2)
+        rep = summarize(res, rows.labels)
+        assert rep["failed_requests"] == 4 and "503" in rep["errors"][0]
