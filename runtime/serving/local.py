@@ -14,7 +14,8 @@ subcommands the pods run, supervised by ``runtime.proc.ProcessGroup`` (logs in
    version to the file server; the transfer rolls it out; ``serve`` loads it;
 5. the demo client scores the test set (AUC of the served version) and measures
    latency/QPS at batch 1;
-6. round 2: a second training run exports a new version while the client keeps sending;
+6. round 2: a second training run (generated data: on day 1 plus the next day's rows,
+   ``train-day2.txt``) exports a new version while the client keeps sending;
    the transfer rolls it out and serving switches without a failed request;
 7. the client scores the test set on the new version; a summary table, ending with
    ``demo: versions=<n> auc=<test AUC of the last version> failed_requests=<n> qps=<x> p99_ms=<y>``.
@@ -45,7 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test-rows", type=int, default=20_000, help="generated test rows (default 20000)")
     p.add_argument("--seed", type=int, default=1, help="data generator seed (default 1)")
     p.add_argument("--epochs", type=int, default=None, help="training passes per round (default: the trainer's)")
-    p.add_argument("--epochs-round2", type=int, default=None, help="passes of the second round (default: --epochs)")
+    p.add_argument("--epochs-round2", type=int, default=None, help="passes of the second round (default: half of --epochs, at least 1, over the "
+                        "two days of generated data, so both rounds train on as many examples; with --data: --epochs)")
     p.add_argument("--batch-size-train", type=int, default=None, help="training batch size (default: the trainer's)")
     p.add_argument("--embedding-dim", type=int, default=None, help="embedding width (default: the trainer's)")
     p.add_argument("--pservers", type=int, default=1, help="parameter servers (default 1)")
@@ -174,6 +176,7 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
     slot_args: list[str] = []
     if args.data:
         train, test, nrows, fmt = _split_user_data(args.data, data_dir, args.format)
+        train_round2 = [train]  # user data: round 2 retrains on the same rows
         if fmt == "slot" and args.slot_file:
             slot_args = ["--slot-file", str(args.slot_file)]
         step(f"data: {nrows} rows from {' '.join(args.data)} ({fmt}); train {train}, test {test}")
@@ -183,7 +186,8 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
     else:
         fmt = "criteo"
         g = group.start("datagen", cli + ["data", "generate", "--rows", str(args.rows), "--test-rows",
-                                          str(args.test_rows), "--out", str(data_dir), "--seed", str(args.seed)],
+                                          str(args.test_rows), "--out", str(data_dir), "--seed", str(args.seed),
+                                          "--extra-days", "1" if args.rounds == 2 else "0"],
                         expect_exit=True)
         step(f"data: generating {args.rows} train + {args.test_rows} test rows (seed {args.seed})")
     # -- 2. file server, 3. cube (started while data is generated) ----------------------------
@@ -233,11 +237,13 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
         m = re.search(r"true-logit test AUC: ([0-9.]+)", g.log_path.read_text())
         signal_auc = float(m.group(1)) if m else None
         train, test = data_dir / "train.txt", data_dir / "test.txt"
+        # Round 2 retrains on a window of two days: day 1 plus the next day's traffic.
+        train_round2 = [train, data_dir / "train-day2.txt"]
         step(f"data ready; the generator's true-logit test AUC is {signal_auc}")
 
-    def train_round(i: int, epochs: int | None, seed: int):
+    def train_round(i: int, epochs: int | None, seed: int, data_train: list) -> "proc.Role":
         argv = cli + ["train", "--local-cluster", "--pservers", str(args.pservers), "--trainers", str(args.trainers),
-                      "--data-train", str(train), "--data-test", str(test), "--format", fmt,
+                      "--data-train", *map(str, data_train), "--data-test", str(test), "--format", fmt,
                       "--output", root_url, "--upload-token-file", str(tok), "--seed", str(seed),
                       "--log-dir", str(logs / f"train{i}")] + slot_args
         if epochs:
@@ -275,7 +281,7 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
 
     rounds: list[dict] = []
     # -- 4. round 1 --------------------------------------------------------------------------
-    t1 = train_round(1, args.epochs, 1)
+    t1 = train_round(1, args.epochs, 1, [train])
     wait_roles([t1], "training round 1")
     rec1 = _summary_line(t1.log_path)
     v1 = int(rec1.get("version") or 0)
@@ -310,7 +316,12 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
         stop_file = run_dir / "client-rollout.stop"
         bg, bg_out = client("client-rollout", ["--until-file", str(stop_file), "--rate", str(args.rollout_rate)],
                             args.rollout_concurrency, 1, wait=False)
-        t2 = train_round(2, args.epochs_round2 or args.epochs, 2)
+        epochs2 = args.epochs_round2
+        if epochs2 is None and len(train_round2) > 1:
+            from runtime.trainer.train import TrainConfig
+
+            epochs2 = max(1, (args.epochs or TrainConfig().epochs) // 2)
+        t2 = train_round(2, epochs2 or args.epochs, 2, train_round2)
         wait_roles([t2], "training round 2")
         rec2 = _summary_line(t2.log_path)
         v2 = int(rec2.get("version") or 0)

@@ -30,6 +30,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
     gen.add_argument("--test-rows", type=int, default=DEMO_TEST_ROWS, help=f"test rows (default {DEMO_TEST_ROWS})")
     gen.add_argument("--out", required=True, help="output directory")
     gen.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    gen.add_argument("--extra-days", type=int, default=0,
+                     help="also write train-day2.txt .. (ROWS rows each, same model): later days' "
+                          "traffic for retraining rounds (default 0)")
     gen.set_defaults(handler=_generate)
 
     tr = sub.add_parser(
@@ -94,9 +97,9 @@ def _setup_logging(level: str) -> None:
 def _generate(args) -> int:
     from runtime.trainer import generator
 
-    rec = generator.generate(args.out, args.rows, args.test_rows, args.seed)
-    print(f"wrote {args.out}/train.txt ({rec['rows']} rows), test.txt ({rec['test_rows']} rows), signal.json "
-          f"in {rec['seconds']} s")
+    rec = generator.generate(args.out, args.rows, args.test_rows, args.seed, extra_days=args.extra_days)
+    print(f"wrote {args.out}: {', '.join(rec['files'].values())}, signal.json in {rec['seconds']} s "
+          f"({rec['rows']} train rows per day, {rec['test_rows']} test rows)")
     print(f"true-logit test AUC: {rec['true_logit_auc_test']:.4f} (click rate {rec['ctr_test']:.3f})")
     return 0
 

@@ -96,15 +96,23 @@ def _lines(labels, dense, cat) -> list[str]:
     return ["\t".join(r) for r in zip(*cols)] if n else []
 
 
-def generate(out_dir: str | os.PathLike, rows: int, test_rows: int, seed: int = 1) -> dict:
+def generate(out_dir: str | os.PathLike, rows: int, test_rows: int, seed: int = 1,
+             extra_days: int = 0) -> dict:
     """Writes ``out_dir/train.txt`` (``rows`` rows), ``out_dir/test.txt`` (``test_rows``)
     and ``out_dir/signal.json``; returns the signal record (``true_logit_auc_test``,
     ``ctr_train``, ``ctr_test``, sizes, seed, model summary, seconds).
 
-    Raises ``ValueError`` for non-positive sizes.
+    ``extra_days`` > 0 also writes ``train-day2.txt`` .. ``train-day<extra_days+1>.txt``,
+    ``rows`` rows each, drawn from the same model after the test split (so ``train.txt``
+    and ``test.txt`` are the same with or without them): the "next days" of traffic that
+    a retraining round adds.
+
+    Raises ``ValueError`` for non-positive sizes or a negative ``extra_days``.
     """
     if rows <= 0 or test_rows <= 0:
         raise ValueError(f"--rows and --test-rows must be > 0 (got {rows}, {test_rows})")
+    if extra_days < 0:
+        raise ValueError(f"--extra-days must be >= 0 (got {extra_days})")
     t0 = time.monotonic()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -121,7 +129,9 @@ def generate(out_dir: str | os.PathLike, rows: int, test_rows: int, seed: int = 
             lo = mid
     model.bias = (lo + hi) / 2
     stats = {}
-    for name, n in (("train", rows), ("test", test_rows)):
+    splits = [("train", rows), ("test", test_rows)]
+    splits += [(f"train-day{d}", rows) for d in range(2, extra_days + 2)]
+    for name, n in splits:
         path = out / f"{name}.txt"
         tmp = out / f".{name}.txt.tmp"
         pos = 0
@@ -147,7 +157,7 @@ def generate(out_dir: str | os.PathLike, rows: int, test_rows: int, seed: int = 
         "rows": rows,
         "test_rows": test_rows,
         "format": "criteo",
-        "files": {"train": "train.txt", "test": "test.txt"},
+        "files": {name: f"{name}.txt" for name, _ in splits},
         "true_logit_auc_test": round(stats["auc"], 6),
         "ctr_train": round(stats["train"], 6),
         "ctr_test": round(stats["test"], 6),

@@ -96,3 +96,21 @@ def test_cli_train_fails_before_starting_on_missing_file(tmp_path, capsys):
     rc = main(["train", "--local-cluster", "--data-train", str(tmp_path / "absent.txt")])
     assert rc == 2
     assert "absent.txt" in capsys.readouterr().err
+
+
+def test_extra_days_are_new_rows_of_the_same_model(gen, tmp_path):
+    """train-day2.txt is fresh traffic from the same generative model; train/test unchanged."""
+    d, rec = gen
+    more = generator.generate(tmp_path, 3000, 4000, seed=5, extra_days=1)
+    assert (tmp_path / "train.txt").read_bytes() == (d / "train.txt").read_bytes()
+    assert (tmp_path / "test.txt").read_bytes() == (d / "test.txt").read_bytes()
+    day2 = (tmp_path / "train-day2.txt").read_text().splitlines()
+    day1 = (d / "train.txt").read_text().splitlines()
+    assert len(day2) == 3000 and day2 != day1
+    # Same model: the categorical vocabulary of a slot is shared (slot 1 has 4 values).
+    v1 = {line.split("\t")[14] for line in day1} - {""}
+    v2 = {line.split("\t")[14] for line in day2} - {""}
+    assert v2 <= v1 and len(v1) <= 4
+    assert more["files"]["train-day2"] == "train-day2.txt"
+    with pytest.raises(ValueError, match="extra-days"):
+        generator.generate(tmp_path / "x", 10, 10, extra_days=-1)
