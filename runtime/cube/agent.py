@@ -26,7 +26,12 @@ Download and reload run in a background thread (one step at a time): the command
 ``"wait": S`` makes the command block up to S seconds for the outcome (the transfer uses
 this to avoid polling). Commands are idempotent: repeating a command for the version it
 already completed answers ``200`` at once; a command for the version running answers
-``202``; a different version while a step runs is ``409``.
+``202``; a different version while a step runs is ``409``. A download of a version already
+downloaded with another md5 (the same version id built for another shard count: a
+re-layout) is a new download, and it clears the finished ``reload``/``enable`` of that
+version, so they load and switch the new files instead of answering ``200`` at once;
+``enable`` switches whenever the server's background slot holds the version loaded, even
+if the server already serves that version id (from another build).
 
 HTTP server: Flask behind waitress (one process, threads), because the agent's state
 lives in memory and control traffic is a few requests per rollout.
@@ -337,11 +342,14 @@ class Agent:
         if "/" in dict_name or dict_name in ("", ".", ".."):
             return 400, {"step": "download", "error": f"bad request: dict_name {dict_name!r}"}
         with self._lock:
-            # a repeated download of the same version with another md5 is a new download
+            # a repeated download of the same version with another md5 is a new download (a
+            # re-layout): the reload and enable done for the old files no longer count
             prev = self.versions.get(version)
-            if prev and prev["md5"] != str(md5).lower() and self.steps["download"].version == version \
-                    and self.steps["download"].state == "done":
-                self.steps["download"] = StepState()
+            if prev and prev["md5"] != str(md5).lower():
+                for step in STEPS:
+                    st = self.steps[step]
+                    if st.version == version and st.state == "done":
+                        self.steps[step] = StepState()
 
         def run() -> dict:
             vdir = self.work_dir / dict_name / str(version)
@@ -438,15 +446,18 @@ class Agent:
             elif code:
                 return code, body  # type: ignore[return-value]
         try:
-            if st.get("version") != version:
+            # the bg slot may hold the same version id built anew (a re-layout): switch to it
+            if st.get("version") != version or (st.get("bg_version") == version
+                                                and st.get("bg_state") == "loaded"):
                 self._server_post("enable", "/enable", {"version": version})
         except AgentError as exc:
             self._finish("enable", version, str(exc))
             with self._lock:
                 return 500, asdict(self.steps["enable"]) | {"step": "enable"}
         with self._lock:
-            if version not in self.enabled:
-                self.enabled.append(version)
+            if version in self.enabled:  # enabled again (a re-layout): now the newest
+                self.enabled.remove(version)
+            self.enabled.append(version)
             self.enabled = self.enabled[-16:]
             self._save_state()
         self._finish("enable", version, None)

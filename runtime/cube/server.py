@@ -25,7 +25,10 @@ HTTP control (``--http-port``, default 8901), as docs/contracts.md:
 already served), ``POST /bg_unload``, ``GET /healthz``, ``GET /metrics`` (Prometheus).
 
 ``--data-dir``: the enabled version's chain of dict directories (base + patches) is
-recorded in ``<data-dir>/state.json``; a restarted server reloads and serves it.
+recorded in ``<data-dir>/state.json``; a restarted server reloads and serves it, unless a
+dict of the chain is not this server's dict name, shard and ``--shard-num`` (a resize: it
+then starts empty, logged, and the transfer lays the version out for the new shard count).
+Loads check the same against the dict's meta, so a server never serves another layout.
 """
 from __future__ import annotations
 
@@ -484,18 +487,27 @@ class CubeServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.data_dir / ".state.json.tmp"
         tmp.write_text(json.dumps({"dict_name": self.dict_name, "shard": self.shard,
-                                   "version": slot.version, "chain": slot.chain}))
+                                   "shard_num": self.shard_num, "version": slot.version, "chain": slot.chain}))
         os.replace(tmp, self.data_dir / "state.json")
 
     def _restore(self) -> None:
-        """Reloads the chain recorded in ``<data-dir>/state.json`` (synchronously)."""
+        """Reloads the chain recorded in ``<data-dir>/state.json`` (synchronously). Starts
+        empty (logged) when the file is unreadable or a dict of the chain is not this
+        server's ``(dict_name, shard, shard_num)``, e.g. after a restart with a new
+        ``--shard-num``."""
         if self.data_dir is None or not (self.data_dir / "state.json").exists():
             return
         try:
             state = json.loads((self.data_dir / "state.json").read_text())
             slot = None
+            want = (self.dict_name, self.shard, self.shard_num)
             for e in state["chain"]:
                 d = dictfile.load_shard_dict(e["dir"], verify=self.verify)
+                got = (d.meta.dict_name, d.meta.shard, d.meta.shard_num)
+                if got != want:
+                    raise dictfile.DictFormatError(
+                        f"{e['dir']} holds dict {got[0]} shard {got[1]}/{got[2]}, this server is "
+                        f"{want[0]} shard {want[1]}/{want[2]} (resized?)")
                 if slot is None:
                     slot = _Slot(d, [e["version"]], [e])
                 else:

@@ -214,6 +214,31 @@ def test_restart_restores_enabled_chain(tmp_path, data):
         s2.stop()
 
 
+def test_restart_with_another_shard_num_starts_empty(tmp_path, data):
+    """A resize restarts the server with a new --shard-num: the recorded chain (laid out
+    for 1 shard) is not restored, and a dict of the old layout is refused on load."""
+    tmp, keys, values, base = data
+    state = tmp_path / "state"
+    s1 = start_server(data_dir=str(state))
+    try:
+        load_and_enable(s1, shard_dir(base, 0), 100)
+    finally:
+        s1.stop()
+    s2 = start_server(shard=0, shard_num=2, data_dir=str(state))
+    try:
+        st = requests.get(http(s2) + "/status", timeout=5).json()
+        assert (st["version"], st["shard_num"], st["keys"]) == (None, 2, 0)
+        st = load(s2, shard_dir(base, 0), 100)
+        assert st["bg_state"] == "failed" and "shard 0/1" in st["bg_error"], st
+        # the same version id built for 2 shards loads, and is enabled (not "already served")
+        two = build_version(tmp / "two", keys, values, version=100, shard_num=2)
+        load_and_enable(s2, shard_dir(two, 0), 100)
+        _, version, _, found, vals = Conn(s2).seek(keys[keys % 2 == 0][:5])
+        assert version == 100 and found.all()
+    finally:
+        s2.stop()
+
+
 def test_cli_server_process(tmp_path, data):
     tmp, keys, values, base = data
     port, hport = free_ports(2)
