@@ -42,7 +42,28 @@ every instance serves V (instances already serving V are skipped).
 Reconciling: every ``reconcile_interval_s`` the transfer checks every instance; one
 serving something other than the served version (a server restarted empty) is driven
 alone through the links of the served chain (base, then patches) it lacks, from the tars
-already published.
+already published. It stands aside while the served version is laid out for another shard
+count than the topology's (its published tars do not fit the servers), and it skips (with
+a warning, once) an instance whose server runs with another ``--shard-num`` than the
+topology's shard count: only restarting that server fixes it.
+
+Re-layout (resize): the served record holds ``shard_num``, the shard count its version
+was built for (older state files: the number of md5s in the served chain's last link).
+When the topology's shard count differs from it (checked at every poll, so also right
+after a restart with a new topology), the transfer rolls the served chain out again for
+the new layout, one link per rollout through the normal phases and barriers: the base
+(same version id, rebuilt from its donefile ``input`` with the new ``shard_num``), then
+each patch of the chain in order, up to and including the served version. Each link's
+Finished makes it the served version (so ``/dict/info`` ``version`` goes back to the base
+id and forward again: it is always the version every instance serves, on the new layout);
+``/dict/info`` ``relayout`` and history entries (``"reason": "relayout 2->4 shards"``)
+say what is going on. Re-layout builds go to ``<work_dir>/build/relayout-<N>shards/`` and
+are published under ``ROOT/cube/<dict>/<V>-<N>shards/``, so they never overwrite the tars
+of the same version id for another shard count. A newer base in the donefile supersedes
+a pending re-layout (it is built for the new layout anyway); patches wait until the
+re-layout is done. A re-layout link failing ``max_rollout_attempts`` times gives the
+re-layout up (the cube then waits for a newer base). Attempts and backoff of a re-layout
+link are counted apart from the version's original rollout.
 
 State (``<work_dir>/transfer_state.json``, written to a temp file, fsynced and renamed)
 holds the served version, the rollout in progress with its phase, attempts and the
@@ -198,7 +219,13 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 def _empty_state() -> dict:
     return {"served": None, "current": None, "attempts": {}, "retry_after": {}, "given_up": [], "refused": [],
-            "history": []}
+            "history": [], "relayout": None}
+
+
+def relayout_name(version: int, shard_num: int) -> str:
+    """The build/publish directory name of a re-layout of ``version`` for ``shard_num``
+    shards: ``<version>-<shard_num>shards`` (an original rollout uses ``<version>``)."""
+    return f"{version}-{shard_num}shards"
 
 
 # --------------------------------------------------------------------------- inputs
@@ -370,11 +397,38 @@ class Transfer:
         self._logged_errors.add(key)
         log.log(level, msg, *args)
 
-    def next_plan(self) -> dict | None:
-        """The next rollout to do (or resume), or None. Records refused patches."""
+    def served_shard_num(self) -> int | None:
+        """The shard count the served version was rolled out for: the served record's
+        ``shard_num``, else (state written before it was recorded) the number of shard md5s
+        in the served chain's last link; None when nothing is served or it is unknown."""
         with self.lock:
-            if self.state.get("current"):
-                return dict(self.state["current"])
+            served = self.state.get("served") or {}
+            if served.get("shard_num") is not None:
+                return int(served["shard_num"])
+            chain = self.state.get("served_chain") or []
+            if served.get("version") is not None and chain and chain[-1].get("version") == served["version"]:
+                return len(chain[-1].get("md5s") or []) or None
+            return None
+
+    def next_plan(self) -> dict | None:
+        """The next rollout to do (or resume), or None. Records refused patches. A pending
+        re-layout (see the module docstring) comes after a newer base and before patches."""
+        n = len(self.shards)
+        with self.lock:
+            cur = self.state.get("current")
+            if cur:
+                rl = cur.get("relayout")
+                have = self.served_shard_num()
+                # an interrupted rollout that cannot work on this topology any more: a re-layout
+                # for another shard count, or a patch on a base that is laid out for another
+                if (rl and int(rl["to"]) != n) or (not rl and cur.get("mode") == "delta"
+                                                   and have is not None and have != n):
+                    log.warning("Dropping the interrupted rollout of version %d (%s): the topology now has "
+                                "%d shards", cur["version"], cur.get("reason") or cur.get("mode"), n)
+                    self.state["current"] = None
+                    self._save()
+                else:
+                    return dict(cur)
             served = self.state.get("served") or {}
             given_up = set(self.state.get("given_up", []))
         bases = self._read_donefile("base.txt")
@@ -391,6 +445,9 @@ class Transfer:
                                newest["id"], self.max_rollout_attempts)
         if served_version is None:
             return None
+        blocking, plan = self._relayout_next(bases, patches)
+        if blocking:
+            return plan  # patches wait until the served chain is laid out for this topology
         base_ids = {b["id"] for b in bases}
         for p in patches:
             if p["id"] <= served_version:
@@ -417,6 +474,101 @@ class Transfer:
         return {"version": rec["id"], "key": rec["key"], "mode": mode, "base_version": base_version,
                 "input": rec["input"], "model": rec.get("model"), "phase": "Trigging",
                 "seen": time.time(), "attempt": 0}
+
+    # ---------------------------------------------------------------- re-layout
+
+    def _relayout_links(self, served: dict, bases: list[dict], patches: list[dict]) -> list[dict]:
+        """The links of the served chain to roll out again: ``[{"version", "mode", "key",
+        "base_version", "input", "model"}]``, base first. Taken from the served chain (its
+        links record ``input`` since re-layouts exist; older ones are looked up in the
+        donefile by id), else rebuilt from the donefile (the served base's line, then its
+        patches up to the served version, in file order). Raises ``ValueError`` naming the
+        version whose donefile line is missing."""
+        target, base_id = served["version"], served.get("base_id")
+        chain = list(self.state.get("served_chain") or [])
+        by_id = {("base", b["id"]): b for b in bases}
+        by_id.update({("delta", p["id"]): p for p in patches})
+        if not chain or chain[-1].get("version") != target:
+            lines = [b for b in bases if b["id"] == base_id][-1:]
+            lines += [p for p in patches if p["key"] == base_id and base_id < p["id"] <= target]
+            chain, prev = [], None
+            for i, rec in enumerate(lines):
+                chain.append({"version": rec["id"], "mode": "base" if i == 0 else "delta", "base_version": prev})
+                prev = rec["id"]
+            if not chain or chain[0]["mode"] != "base" or chain[-1]["version"] != target:
+                raise ValueError(f"the donefile has no base line {base_id} and patch lines up to {target}")
+        links = []
+        for c in chain:
+            v, mode = int(c["version"]), c["mode"]
+            rec = by_id.get((mode, v)) or {}
+            inp = c.get("input") or rec.get("input")
+            if not inp:
+                raise ValueError(f"no input for {mode} {v}: its line is not in donefile/"
+                                 f"{'base' if mode == 'base' else 'patch'}.txt")
+            links.append({"version": v, "mode": mode,
+                          "key": v if mode == "base" else int(c.get("key") or rec.get("key") or base_id),
+                          "base_version": c.get("base_version"), "input": inp,
+                          "model": c.get("model") or rec.get("model")})
+        return links
+
+    def _relayout_next(self, bases: list[dict], patches: list[dict]) -> tuple[bool, dict | None]:
+        """Plans the next link of a re-layout. Returns ``(blocking, plan)``: ``blocking``
+        is True while a re-layout is pending (the served chain is not laid out for the
+        topology's shard count; patches must wait), ``plan`` the link to roll out now (None
+        while its backoff runs, or once the re-layout is given up)."""
+        n = len(self.shards)
+        with self.lock:
+            served = self.state.get("served") or {}
+            have = self.served_shard_num()
+            rl = self.state.get("relayout")
+            if rl and int(rl["to"]) != n:
+                if have == n and served.get("version") == rl["target"]:
+                    log.info("Re-layout %s->%s shards dropped: the topology is back to %d shards, on which "
+                             "version %d is served", rl["from"], rl["to"], n, rl["target"])
+                    rl = self.state["relayout"] = None
+                else:
+                    log.warning("Re-layout of version %d restarted for %d shards (it was for %s)",
+                                rl["target"], n, rl["to"])
+                    rl.update({"from": have, "to": n, "next": 0, "given_up": False, "error": None,
+                               "started": time.time()})
+                self._save()
+            if rl is None:
+                if served.get("version") is None or have is None or have == n:
+                    return False, None
+                rl = {"from": have, "to": n, "target": served["version"], "links": [], "next": 0,
+                      "given_up": False, "error": None, "started": time.time()}
+                try:
+                    rl["links"] = self._relayout_links(served, bases, patches)
+                except ValueError as exc:
+                    rl.update(given_up=True, error=f"cannot re-lay out version {served['version']}: {exc}")
+                    self._history({"version": served["version"], "mode": "base", "status": "failed",
+                                   "reason": f"relayout {have}->{n} shards", "error": rl["error"],
+                                   "given_up": True, "started": time.time(), "finished": time.time()})
+                    self.m_rollouts.labels("failed").inc()
+                    log.error("Re-layout %d->%d shards: %s; waiting for a new base", have, n, rl["error"])
+                else:
+                    log.warning("Re-layout: version %d is served on %d shards, the topology has %d; rolling "
+                                "its chain %s out again for %d shards (nothing serves until its base is "
+                                "enabled everywhere)", served["version"], have, n,
+                                [c["version"] for c in rl["links"]], n)
+                self.state["relayout"] = rl
+                self._save()
+            if rl.get("given_up"):
+                self._log_once(("relayout-gaveup", rl["target"], n), logging.ERROR,
+                               "re-layout of version %d for %d shards was given up (%s); waiting for a "
+                               "newer base", rl["target"], n, rl.get("error"))
+                return True, None
+            i = int(rl["next"])
+            link = rl["links"][i]
+            key = f"relayout-{n}:{link['version']}"
+            if time.time() < self.state.get("retry_after", {}).get(key, 0):
+                return True, None
+            reason = f"relayout {rl['from']}->{n} shards"
+            return True, {"version": link["version"], "key": link["key"], "mode": link["mode"],
+                          "base_version": link["base_version"], "input": link["input"], "model": link.get("model"),
+                          "phase": "Trigging", "seen": time.time(), "attempt": 0, "attempt_key": key,
+                          "reason": reason, "relayout": {"from": rl["from"], "to": n, "target": rl["target"],
+                                                         "link": i + 1, "links": len(rl["links"])}}
 
     def _refuse(self, rec: dict, served: dict) -> None:
         with self.lock:
@@ -469,24 +621,30 @@ class Transfer:
         """Drives one rollout through every phase (see module docstring). Returns its
         history entry (``status`` finished | failed | partial)."""
         v, mode = plan["version"], plan["mode"]
+        n = len(self.shards)
         resumed = plan.get("phase") not in (None, "Trigging")
+        akey = plan.get("attempt_key") or str(v)
+        reason = plan.get("reason")
         with self.lock:
-            attempts = self.state["attempts"].get(str(v), 0) + 1
-            self.state["attempts"][str(v)] = attempts
+            attempts = self.state["attempts"].get(akey, 0) + 1
+            self.state["attempts"][akey] = attempts
             plan["attempt"] = attempts
             plan["started"] = time.time()
             self.state["current"] = plan
             self._save()
         t_start = time.monotonic()
         phases: dict[str, float] = {}
-        log.info("Trigging version=%d mode=%s key=%d base_version=%s attempt=%d%s", v, mode, plan["key"],
-                 plan["base_version"], attempts, " (resuming an interrupted rollout)" if resumed else "")
+        log.info("Trigging version=%d mode=%s key=%d base_version=%s attempt=%d%s%s", v, mode, plan["key"],
+                 plan["base_version"], attempts, " (resuming an interrupted rollout)" if resumed else "",
+                 f" ({reason}, link {plan['relayout']['link']}/{plan['relayout']['links']})" if reason else "")
         entry = {"version": v, "mode": mode, "key": plan["key"], "base_version": plan["base_version"],
-                 "attempt": attempts, "started": plan["started"], "resumed": resumed}
+                 "attempt": attempts, "started": plan["started"], "resumed": resumed, "shard_num": n}
+        if reason:
+            entry.update(reason=reason, relayout=dict(plan["relayout"]))
         enabled: set[Instance] = set()
         try:
-            # instances that already serve v (an interrupted Enabling) are done
-            skip = {i for i, st in self._instance_versions().items() if st == v}
+            # instances that already serve v on this layout (an interrupted Enabling) are done
+            skip = {i for i, (have, shards) in self._instance_versions().items() if have == v and shards == n}
             t = time.monotonic()
             self._set_phase(plan, "Building")
             build = self._build(plan)
@@ -495,7 +653,7 @@ class Transfer:
                      build.get("count", -1), len(build["shards"]), build.get("dim"), phases["Building"])
             t = time.monotonic()
             self._set_phase(plan, "Deploying")
-            urls = self._publish(build, v)
+            urls = self._publish(build, v, plan)
             phases["Deploying"] = time.monotonic() - t
             log.info("Deploying version=%d finished: %d shard tars published in %.2f s", v, len(urls),
                      phases["Deploying"])
@@ -529,22 +687,26 @@ class Transfer:
             err = str(exc) if isinstance(exc, RolloutError) else f"{plan.get('phase')}: {type(exc).__name__}: {exc}"
             self._abort(v)
             # a retry rebuilds from the inputs (a resumed *interrupted* rollout reuses the build)
-            shutil.rmtree(self.work_dir / "build" / self.dict_name / str(v), ignore_errors=True)
+            shutil.rmtree(self._build_root(plan) / self.dict_name / str(v), ignore_errors=True)
             with self.lock:
                 gave_up = attempts >= self.max_rollout_attempts
-                if gave_up and v not in self.state["given_up"]:
+                rl = self.state.get("relayout")
+                if gave_up and reason:
+                    if rl:
+                        rl.update(given_up=True, error=err)
+                elif gave_up and v not in self.state["given_up"]:
                     self.state["given_up"].append(v)
                 backoff = min(300.0, self.rollout_backoff_s * 2 ** (attempts - 1))
-                self.state.setdefault("retry_after", {})[str(v)] = time.time() + backoff
+                self.state.setdefault("retry_after", {})[akey] = time.time() + backoff
                 self.state["current"] = None
                 entry.update(status="failed", finished=time.time(), error=err, phases=phases,
                              given_up=gave_up)
                 self._history(entry)
                 self.m_rollouts.labels("failed").inc()
                 self._save()
-            log.error("Aborted version=%d attempt=%d/%d: %s; version %s keeps serving%s", v, attempts,
-                      self.max_rollout_attempts, err, (self.state.get("served") or {}).get("version"),
-                      " (given up)" if gave_up else "")
+            log.error("Aborted version=%d%s attempt=%d/%d: %s; version %s keeps serving%s", v,
+                      f" ({reason})" if reason else "", attempts, self.max_rollout_attempts, err,
+                      (self.state.get("served") or {}).get("version"), " (given up)" if gave_up else "")
             return entry
         total = time.monotonic() - t_start
         with self.lock:
@@ -553,13 +715,25 @@ class Transfer:
                 "version": v, "base_id": v if mode == "base" else plan["key"],
                 "patch_id": None if mode == "base" else v, "dim": build.get("dim"),
                 "count": build.get("count") if mode == "base" else served_before.get("count"),
-                "model": plan.get("model"), "enabled_at": time.time()}
-            # what an instance needs to be brought to the served version (see reconcile)
+                "model": plan.get("model"), "enabled_at": time.time(), "shard_num": n}
+            # what an instance needs to be brought to the served version (see reconcile), and
+            # what a re-layout rebuilds it from
             link = {"version": v, "mode": mode, "base_version": plan["base_version"], "urls": urls,
-                    "md5s": [sh["md5"] for sh in build["shards"]]}
+                    "md5s": [sh["md5"] for sh in build["shards"]], "key": plan["key"],
+                    "input": plan.get("input"), "model": plan.get("model"), "shard_num": n}
             chain = [] if mode == "base" else list(self.state.get("served_chain") or [])
             self.state["served_chain"] = chain + [link]
             self.state["current"] = None
+            rl = self.state.get("relayout")
+            relayout_done = False
+            if reason and rl and int(rl["to"]) == n:
+                rl["next"] = int(rl["next"]) + 1
+                if rl["next"] >= len(rl["links"]):
+                    self.state["relayout"], relayout_done = None, True
+            elif mode == "base" and rl:
+                log.info("Re-layout of version %s superseded by base %d, rolled out for %d shards",
+                         rl.get("target"), v, n)
+                self.state["relayout"] = None
             entry.update(status="finished", finished=time.time(), seconds=round(total, 3),
                          since_seen=round(time.time() - plan.get("seen", plan["started"]), 3),
                          phases={k: round(s, 3) for k, s in phases.items()}, count=build.get("count"),
@@ -571,8 +745,11 @@ class Transfer:
             for k, s in phases.items():
                 self.m_phase.labels(k).set(s)
             self._save()
-        log.info("Finished version=%d mode=%s: %d instances serve it, %.2f s (%s)", v, mode,
-                 len(self.instances), total, ", ".join(f"{k} {s:.2f} s" for k, s in phases.items()))
+        log.info("Finished version=%d mode=%s%s: %d instances serve it, %.2f s (%s)", v, mode,
+                 f" ({reason})" if reason else "", len(self.instances), total,
+                 ", ".join(f"{k} {s:.2f} s" for k, s in phases.items()))
+        if relayout_done:
+            log.info("Re-layout finished: version %d is served on %d shards", v, n)
         self._cleanup_builds()
         return entry
 
@@ -586,9 +763,16 @@ class Transfer:
 
     # Building ----------------------------------------------------------------------
 
+    def _build_root(self, plan: dict) -> Path:
+        """The builder's ``output_dir`` for ``plan``: ``<work_dir>/build``, or for a
+        re-layout ``<work_dir>/build/relayout-<N>shards`` (never the original's build)."""
+        if plan.get("relayout"):
+            return self.work_dir / "build" / f"relayout-{int(plan['relayout']['to'])}shards"
+        return self.work_dir / "build"
+
     def _build(self, plan: dict) -> dict:
         v = plan["version"]
-        out = self.work_dir / "build"
+        out = self._build_root(plan)
         vdir = out / self.dict_name / str(v)
         meta = vdir / "build.json"
         if meta.exists():  # a finished build of an interrupted rollout: reuse it
@@ -658,10 +842,12 @@ class Transfer:
 
     # Deploying ---------------------------------------------------------------------
 
-    def _publish(self, build: dict, v: int) -> list[str]:
-        """Publishes each shard tar (+ .md5) and build.json under ROOT/cube/<dict>/<v>/;
-        returns the agents' download URL (or path) per shard."""
-        rel = f"cube/{self.dict_name}/{v}"
+    def _publish(self, build: dict, v: int, plan: dict | None = None) -> list[str]:
+        """Publishes each shard tar (+ .md5) and build.json under ROOT/cube/<dict>/<v>/
+        (a re-layout: ROOT/cube/<dict>/<v>-<N>shards/, see ``relayout_name``); returns the
+        agents' download URL (or path) per shard. Raises ``RolloutError("Deploying")``."""
+        name = relayout_name(v, int(plan["relayout"]["to"])) if plan and plan.get("relayout") else str(v)
+        rel = f"cube/{self.dict_name}/{name}"
         urls = []
         files = []
         for s in build["shards"]:
@@ -772,14 +958,16 @@ class Transfer:
         with cf.ThreadPoolExecutor(max_workers=min(32, len(self.instances))) as ex:
             list(ex.map(unload, self.instances))
 
-    def _instance_versions(self) -> dict[Instance, int | None]:
-        """Each instance's served version from its agent's status (None if unknown)."""
+    def _instance_versions(self) -> dict[Instance, tuple[int | None, int | None]]:
+        """Each instance's ``(served version, server shard_num)`` from its agent's status
+        (None where unknown)."""
         def one(inst: Instance):
             try:
                 r = self._http.get(f"{inst.agent}/status", timeout=self.http_timeout_s)
-                return (r.json().get("server") or {}).get("version") if r.status_code == 200 else None
-            except (requests.RequestException, ValueError):
-                return None
+                srv = (r.json().get("server") or {}) if r.status_code == 200 else {}
+                return srv.get("version"), srv.get("shard_num")
+            except (requests.RequestException, ValueError, AttributeError):
+                return None, None
 
         with cf.ThreadPoolExecutor(max_workers=min(32, len(self.instances))) as ex:
             return dict(zip(self.instances, ex.map(one, self.instances)))
@@ -789,20 +977,31 @@ class Transfer:
         served version: it is driven alone through download -> reload -> enable of each
         link of the served chain (the base, then every patch) it lacks, from the tars
         already published. Unreachable instances are left alone (retried next time).
-        Does nothing while a rollout is current. Returns the instances brought up to date.
-        Errors are logged, never raised."""
+        Does nothing while a rollout is current or while the served chain is laid out for
+        another shard count than the topology's (a re-layout replaces it). An instance whose
+        server runs with another ``--shard-num`` is skipped with a warning (its server must
+        restart). Returns the instances brought up to date. Errors are logged, never raised."""
+        n = len(self.shards)
         with self.lock:
             served = self.state.get("served") or {}
             chain = list(self.state.get("served_chain") or [])
             if self.state.get("current") or not chain or served.get("version") != chain[-1]["version"]:
+                return []
+            if self.served_shard_num() not in (None, n):
                 return []
         target = served["version"]
         fixed = []
         for inst in self.instances:
             try:
                 r = self._http.get(f"{inst.agent}/status", timeout=self.http_timeout_s)
-                have = (r.json().get("server") or {}).get("version") if r.status_code == 200 else target
-            except (requests.RequestException, ValueError):
+                srv = (r.json().get("server") or {}) if r.status_code == 200 else {"version": target}
+                have, shards = srv.get("version"), srv.get("shard_num")
+            except (requests.RequestException, ValueError, AttributeError):
+                continue
+            if shards is not None and int(shards) != n:
+                self._log_once(("shard_num", inst.name, shards, n), logging.WARNING,
+                               "%s: its server runs with --shard-num %s, the topology has %d shards; not "
+                               "reconciled until it restarts with --shard-num %d", inst.name, shards, n, n)
                 continue
             if have == target:
                 continue
@@ -826,23 +1025,37 @@ class Transfer:
         return fixed
 
     def _cleanup_builds(self) -> None:
-        """Keeps the served build and the one before it under ``<work_dir>/build``."""
+        """Keeps the served build and the one before it under ``<work_dir>/build``; removes
+        the re-layout builds (``build/relayout-*``) once no re-layout is pending."""
         d = self.work_dir / "build" / self.dict_name
-        if not d.is_dir():
-            return
-        versions = sorted((int(p.name) for p in d.iterdir() if p.is_dir() and p.name.isdigit()))
-        for old in versions[:-2]:
-            shutil.rmtree(d / str(old), ignore_errors=True)
+        if d.is_dir():
+            versions = sorted((int(p.name) for p in d.iterdir() if p.is_dir() and p.name.isdigit()))
+            for old in versions[:-2]:
+                shutil.rmtree(d / str(old), ignore_errors=True)
+        with self.lock:
+            pending = self.state.get("relayout") or (self.state.get("current") or {}).get("relayout")
+        if not pending:
+            for p in (self.work_dir / "build").glob("relayout-*shards"):
+                shutil.rmtree(p, ignore_errors=True)
 
     # ---------------------------------------------------------------- HTTP views
 
     def info(self) -> dict:
         """``GET /dict/info``: ``version`` is the id every instance serves (None before the
-        first rollout)."""
+        first rollout); ``shard_num`` the topology's shard count, ``served_shard_num`` the
+        one the served version was rolled out for (they differ until a re-layout is done);
+        ``relayout``: None, or the pending re-layout ``{"from", "to", "target", "done",
+        "links", "given_up", "error"}`` (shard counts, the version id it restores, links
+        finished / total)."""
         with self.lock:
             served = dict(self.state.get("served") or {})
             cur = self.state.get("current")
             last = self.state["history"][-1] if self.state["history"] else None
+            rl = self.state.get("relayout")
+            relayout = None if not rl else {
+                "from": rl.get("from"), "to": rl.get("to"), "target": rl.get("target"), "done": rl.get("next"),
+                "links": len(rl.get("links") or []), "given_up": bool(rl.get("given_up")), "error": rl.get("error")}
+            served_shards = self.served_shard_num()
         return {"dict_name": self.dict_name, "version": served.get("version"),
                 "base_id": served.get("base_id"), "patch_id": served.get("patch_id"),
                 "shard_num": len(self.shards), "replica_num": min(len(r) for r in self.shards),
@@ -851,8 +1064,10 @@ class Transfer:
                 "enabled_at": served.get("enabled_at"),
                 "status": "rolling_out" if cur else ("serving" if served else "empty"),
                 "rollout": None if not cur else {k: cur.get(k) for k in ("version", "mode", "phase", "attempt",
-                                                                        "started")},
-                "last_rollout": None if not last else {k: last.get(k) for k in ("version", "status", "error")},
+                                                                        "started", "reason")},
+                "served_shard_num": served_shards, "relayout": relayout,
+                "last_rollout": None if not last else {k: last.get(k) for k in ("version", "status", "error",
+                                                                               "reason")},
                 "last_poll": self.last_poll, "last_error": self.last_error}
 
     def instance_status(self) -> dict:

@@ -1,12 +1,16 @@
 """In-process stand-ins for the cube control plane's tests (agent, transfer).
 
 ``FakeServer``: a cube server's HTTP control API (docs/contracts.md, "Cube internals")
-held in memory: ``bg_load_*`` "loads" a directory by reading every file under it (its
-byte count becomes ``keys``), ``enable`` switches versions. ``ThreadedApp`` serves any
+held in memory: ``bg_load_*`` "loads" a directory (a ``meta.json`` in it, when there is
+one, must name this server's ``shard``/``shard_num`` and the version, as the real server
+checks a dict's meta), ``enable`` switches versions (200 for the version already served
+when the background slot does not hold it, as the real server). ``restart(shard_num)``
+is a server restarted empty, possibly with a new ``--shard-num``. ``ThreadedApp`` serves any
 WSGI app on 127.0.0.1 in a thread (werkzeug), stopped by ``close()``.
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -34,8 +38,9 @@ class FakeServer:
     """In-memory cube server control plane. ``fail_load``: versions whose load fails;
     ``load_delay_s``: seconds a load takes. ``loads``: dirs loaded, in order."""
 
-    def __init__(self, shard: int = 0, load_delay_s: float = 0.0):
+    def __init__(self, shard: int = 0, load_delay_s: float = 0.0, shard_num: int = 2):
         self.shard = shard
+        self.shard_num = shard_num
         self.version = None
         self.prev_version = None
         self.bg_version = None
@@ -55,7 +60,7 @@ class FakeServer:
         self.url = self.http.url
 
     def status(self) -> dict:
-        return {"shard": self.shard, "shard_num": 2, "dict_name": "d", "version": self.version,
+        return {"shard": self.shard, "shard_num": self.shard_num, "dict_name": "d", "version": self.version,
                 "prev_version": self.prev_version, "bg_version": self.bg_version,
                 "bg_state": self.bg_state, "bg_error": self.bg_error, "keys": self.keys, "dim": 2,
                 "lineage": list(self.lineage)}
@@ -68,6 +73,14 @@ class FakeServer:
             if version in self.fail_load or not Path(d).is_dir():
                 self.bg_state, self.bg_error = "failed", f"cannot load {d}"
                 return
+            meta = Path(d) / "meta.json"
+            if meta.exists():
+                m = json.loads(meta.read_text())
+                if (m["shard"], m["shard_num"], m["version"]) != (self.shard, self.shard_num, version):
+                    self.bg_state, self.bg_error = "failed", (
+                        f"{d} holds shard {m['shard']}/{m['shard_num']} version {m['version']}, expected "
+                        f"{self.shard}/{self.shard_num} version {version}")
+                    return
             self.loads.append(d)
             self.bg_state = "loaded"
 
@@ -97,6 +110,8 @@ class FakeServer:
             v = int(request.get_json()["version"])
             with self.lock:
                 if self.bg_version != v or self.bg_state != "loaded":
+                    if self.version == v:
+                        return jsonify(version=v, changed=False)
                     return jsonify(error=f"version {v} is not loaded"), 409
                 self.prev_version, self.version = self.version, v
                 self.lineage = self.bg_lineage
@@ -116,6 +131,15 @@ class FakeServer:
             return jsonify(ok=True)
 
         return app
+
+    def restart(self, shard_num: int | None = None) -> None:
+        """As if the server process restarted (empty), with ``--shard-num shard_num``."""
+        with self.lock:
+            if shard_num is not None:
+                self.shard_num = shard_num
+            self.version = self.prev_version = self.bg_version = self.bg_error = None
+            self.bg_state, self.keys, self.lineage, self.bg_lineage = "empty", 0, [], []
+            self.loads, self.enables = [], []
 
     def close(self) -> None:
         self.http.close()

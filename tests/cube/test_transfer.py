@@ -32,6 +32,8 @@ def stub_build(inputs, output_dir, dict_name, shard_num, version, mode, base_ver
         part = vdir / f"{dict_name}_part{i}"
         part.mkdir(exist_ok=True)
         (part / "data").write_bytes(payload + b"|%d|%d" % (i, version))
+        # FakeServer checks it, as the real server checks a dict's meta
+        (part / "meta.json").write_text(json.dumps({"shard": i, "shard_num": shard_num, "version": version}))
         tar = vdir / f"{dict_name}_part{i}.tar"
         with tarfile.open(tar, "w") as tf:
             tf.add(part, arcname=part.name)
@@ -46,32 +48,56 @@ def stub_build(inputs, output_dir, dict_name, shard_num, version, mode, base_ver
 
 
 class Cluster:
-    """2 shards x 2 replicas of FakeServer + Agent."""
+    """``shards`` x ``replicas`` (default 2 x 2) of FakeServer + Agent. ``servers``,
+    ``agents`` are in topology order (shard-major)."""
 
     def __init__(self, tmp: Path, shards: int = 2, replicas: int = 2):
-        self.servers, self.agents, self.apps = [], [], []
+        self.tmp = tmp
+        self.inst: dict[tuple[int, int], tuple[FakeServer, Agent, ThreadedApp]] = {}
+        self.resize(shards, replicas)
+
+    def resize(self, shards: int, replicas: int | None = None, keep_running: tuple = ()) -> None:
+        """What ``pulumi up`` with new cubeShards/cubeReplicas does: when the shard count
+        changes, every existing server restarts empty with the new ``--shard-num`` (but
+        those in ``keep_running``, (shard, replica) pairs, which keep the old one and their
+        version: a pod not restarted yet); the agents keep their state; missing instances
+        are added, surplus ones dropped; the topology is rewritten."""
+        replicas = replicas or self.replicas
+        for key in [k for k in self.inst if k[0] >= shards or k[1] >= replicas]:
+            srv, _, app = self.inst.pop(key)
+            app.close()
+            srv.close()
+        for (s, r), (srv, _, _) in self.inst.items():
+            if srv.shard_num != shards and (s, r) not in keep_running:
+                srv.restart(shard_num=shards)
         topo = {"dict_name": DICT, "shards": []}
         for s in range(shards):
             reps = []
             for r in range(replicas):
-                srv = FakeServer(shard=s)
-                ag = Agent(srv.url, tmp / f"agent{s}{r}", load_timeout_s=10, poll_s=0.01)
-                app = ThreadedApp(agent_app(ag))
-                self.servers.append(srv)
-                self.agents.append(ag)
-                self.apps.append(app)
+                if (s, r) not in self.inst:
+                    srv = FakeServer(shard=s, shard_num=shards)
+                    ag = Agent(srv.url, self.tmp / f"agent{s}{r}", load_timeout_s=10, poll_s=0.01)
+                    self.inst[(s, r)] = (srv, ag, ThreadedApp(agent_app(ag)))
+                srv, _, app = self.inst[(s, r)]
                 reps.append({"server": "127.0.0.1:1", "http": srv.url, "agent": app.url})
             topo["shards"].append({"shard": s, "replicas": reps})
-        self.topology = topo
+        self.shards, self.replicas, self.topology = shards, replicas, topo
+
+    @property
+    def servers(self) -> list[FakeServer]:
+        return [self.inst[k][0] for k in sorted(self.inst)]
+
+    @property
+    def agents(self) -> list[Agent]:
+        return [self.inst[k][1] for k in sorted(self.inst)]
 
     def versions(self):
         return [s.version for s in self.servers]
 
     def close(self):
-        for a in self.apps:
-            a.close()
-        for s in self.servers:
-            s.close()
+        for srv, _, app in self.inst.values():
+            app.close()
+            srv.close()
 
 
 @pytest.fixture
@@ -318,3 +344,134 @@ def test_http_api(cluster, root, tmp_path):
     assert hist[-1]["status"] == "finished" and hist[-1]["version"] == 5
     m = c.get("/metrics").data.decode()
     assert "cube_transfer_served_version 5.0" in m and 'cube_transfer_rollouts_total{status="finished"} 1.0' in m
+
+
+# ------------------------------------------------------------------------- resize
+
+
+def served_chain_2shards(cluster, root, work) -> Transfer:
+    """Base 10, patches 11 and 12 served on the 2-shard cluster."""
+    add_version(root, 10, 10)
+    add_version(root, 11, 10, patch=True)
+    add_version(root, 12, 10, patch=True)
+    tr = make_transfer(cluster, root, work)
+    while tr.poll_once():
+        pass
+    assert cluster.versions() == [12] * 4
+    assert tr.info()["served_shard_num"] == 2
+    return tr
+
+
+def drain(tr: Transfer) -> list[dict]:
+    out = []
+    while (e := tr.poll_once()) is not None:
+        out.append(e)
+        assert len(out) < 20
+    return out
+
+
+@pytest.mark.parametrize("legacy_state", [False, True], ids=["state", "legacy-state"])
+def test_resize_relayouts_the_served_chain(cluster, root, tmp_path, legacy_state):
+    work = tmp_path / "work"
+    served_chain_2shards(cluster, root, work)
+    old_md5 = (root / "cube" / DICT / "10" / f"{DICT}_part0.tar.md5").read_text()
+    if legacy_state:  # written before the served record held shard_num: the chain's md5s tell
+        st = json.loads((work / "transfer_state.json").read_text())
+        del st["served"]["shard_num"], st["relayout"]
+        for link in st["served_chain"]:
+            del link["input"], link["key"], link["model"], link["shard_num"]
+        (work / "transfer_state.json").write_text(json.dumps(st))
+    cluster.resize(4)  # shards 0-1 restart empty with --shard-num 4, agents keep their state
+    assert cluster.versions() == [None] * 8
+    tr = make_transfer(cluster, root, work)  # the transfer restarts with the new topology
+    info = tr.info()
+    assert (info["version"], info["shard_num"], info["served_shard_num"]) == (12, 4, 2)
+    assert tr.reconcile() == []  # the served chain's tars are for 2 shards: no reconcile
+    entries = drain(tr)
+    assert [(e["version"], e["mode"], e["status"]) for e in entries] == [
+        (10, "base", "finished"), (11, "delta", "finished"), (12, "delta", "finished")]
+    assert {e["reason"] for e in entries} == {"relayout 2->4 shards"}
+    assert [e["base_version"] for e in entries] == [None, 10, 11]
+    assert all(e["shard_num"] == 4 for e in entries)
+    assert cluster.versions() == [12] * 8
+    for s in cluster.servers:  # every server (FakeServer checks the dict meta) loaded 4-shard dicts
+        assert s.enables == [10, 11, 12] and s.lineage == [10, 11, 12] and s.shard_num == 4
+    info = tr.info()
+    assert (info["version"], info["base_id"], info["patch_id"]) == (12, 10, 12)
+    assert (info["shard_num"], info["served_shard_num"], info["relayout"]) == (4, 4, None)
+    assert info["status"] == "serving"
+    # published beside the 2-shard tars of the same ids, which are untouched
+    for v in (10, 11, 12):
+        assert (root / "cube" / DICT / f"{v}-4shards" / f"{DICT}_part3.tar").exists()
+    assert (root / "cube" / DICT / "10" / f"{DICT}_part0.tar.md5").read_text() == old_md5
+    assert not (root / "cube" / DICT / "10" / f"{DICT}_part3.tar").exists()
+    assert not list((work / "build").glob("relayout-*"))  # re-layout builds cleaned
+    assert tr.poll_once() is None and tr.reconcile() == []
+    # a restarted server is reconciled from the 4-shard tars
+    cluster.servers[5].restart()
+    assert tr.reconcile() == ["shard2/replica1"] and cluster.servers[5].version == 12
+    # the next patch goes out on 4 shards
+    add_version(root, 13, 10, patch=True)
+    e = tr.poll_once()
+    assert (e["version"], e["status"], e.get("reason")) == (13, "finished", None)
+    assert cluster.versions() == [13] * 8
+
+
+def test_no_relayout_when_the_shard_count_is_unchanged(cluster, root, tmp_path):
+    work = tmp_path / "work"
+    served_chain_2shards(cluster, root, work)
+    n_hist = len(json.loads((work / "transfer_state.json").read_text())["history"])
+    tr = make_transfer(cluster, root, work)  # restarted, same topology
+    assert tr.info()["relayout"] is None
+    assert tr.poll_once() is None
+    assert len(tr.history()) == n_hist
+    for s in cluster.servers:
+        assert s.enables == [10, 11, 12]
+
+
+def test_more_replicas_are_reconciled_without_relayout(cluster, root, tmp_path):
+    work = tmp_path / "work"
+    served_chain_2shards(cluster, root, work)
+    cluster.resize(2, replicas=3)
+    tr = make_transfer(cluster, root, work)
+    assert tr.poll_once() is None
+    assert sorted(tr.reconcile()) == ["shard0/replica2", "shard1/replica2"]
+    assert cluster.versions() == [12] * 6
+    assert all(s.lineage == [10, 11, 12] for s in cluster.servers)
+
+
+def test_relayout_waits_for_every_server_of_the_new_layout(cluster, root, tmp_path):
+    add_version(root, 10, 10)
+    tr = make_transfer(cluster, root, tmp_path / "work")
+    assert tr.poll_once()["status"] == "finished"
+    # shard 1 replica 0 has not restarted yet: it still serves 10 laid out for 2 shards,
+    # and its agent finished reload/enable of 10 (those must not answer 200 at once)
+    cluster.resize(4, keep_running=((1, 0),))
+    stale = cluster.inst[(1, 0)][0]
+    tr = make_transfer(cluster, root, tmp_path / "work", max_rollout_attempts=5)
+    add_version(root, 11, 10, patch=True)  # held back until the re-layout is done
+    e = tr.poll_once()
+    assert e["status"] == "failed" and e["reason"] == "relayout 2->4 shards" and e["version"] == 10
+    assert "Reloading" in e["error"] and "shard1/replica0" in e["error"]
+    assert all(s.enables == [] for s in cluster.servers if s is not stale)  # nothing enabled
+    assert stale.version == 10 and stale.enables == [10]
+    assert tr.info()["relayout"]["done"] == 0 and tr.info()["version"] == 10
+    assert tr.reconcile() == []  # does not fight the re-layout
+    stale.restart(shard_num=4)  # the pod restarts with --shard-num 4
+    entries = drain(tr)
+    assert [(e["version"], e["status"], e.get("reason")) for e in entries] == [
+        (10, "finished", "relayout 2->4 shards"), (11, "finished", None)]
+    assert cluster.versions() == [11] * 8
+    assert all(s.enables == [10, 11] for s in cluster.servers)
+
+
+def test_relayout_superseded_by_a_newer_base_and_back_to_old_count(cluster, root, tmp_path):
+    work = tmp_path / "work"
+    served_chain_2shards(cluster, root, work)
+    cluster.resize(3)
+    tr = make_transfer(cluster, root, work)
+    add_version(root, 20, 20)  # a newer base: built for 3 shards, no re-layout needed
+    e = tr.poll_once()
+    assert (e["version"], e["status"], e.get("reason"), e["shard_num"]) == (20, "finished", None, 3)
+    assert tr.poll_once() is None and tr.info()["relayout"] is None
+    assert cluster.versions() == [20] * 6
