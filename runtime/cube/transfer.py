@@ -61,9 +61,16 @@ say what is going on. Re-layout builds go to ``<work_dir>/build/relayout-<N>shar
 are published under ``ROOT/cube/<dict>/<V>-<N>shards/``, so they never overwrite the tars
 of the same version id for another shard count. A newer base in the donefile supersedes
 a pending re-layout (it is built for the new layout anyway); patches wait until the
-re-layout is done. A re-layout link failing ``max_rollout_attempts`` times gives the
-re-layout up (the cube then waits for a newer base). Attempts and backoff of a re-layout
-link are counted apart from the version's original rollout.
+re-layout is done. A failed re-layout link is retried after its backoff (doubled per
+attempt, at most 300 s) and never given up, since without it the cube serves nothing;
+its attempts and backoff are counted apart from the version's original rollout. The
+re-layout is given up only when its links cannot be found (the served base's donefile
+line is gone); the cube then waits for a newer base.
+
+No rollout (re-layout or not) starts while a reachable server reports another
+``shard_num`` than the topology's: its pod has not restarted with the new
+``--shard-num`` yet, it would refuse the new dicts. The transfer waits (logged once,
+``/dict/info`` ``waiting_for``), without using an attempt up.
 
 State (``<work_dir>/transfer_state.json``, written to a temp file, fsynced and renamed)
 holds the served version, the rollout in progress with its phase, attempts and the
@@ -319,6 +326,7 @@ class Transfer:
         self.stop = threading.Event()
         self.last_poll: float | None = None
         self.last_error: str | None = None
+        self.waiting_for: list[str] = []  # instances whose server runs with another --shard-num
         self._logged_errors: set[tuple] = set()
         self._http = requests.Session()
         adapter = requests.adapters.HTTPAdapter(pool_connections=64, pool_maxsize=64)
@@ -593,6 +601,16 @@ class Transfer:
         self.last_poll = time.time()
         plan = self.next_plan()
         if plan is None:
+            self.waiting_for = []
+            return None
+        n = len(self.shards)
+        self.waiting_for = sorted(i.name for i, (_, shards) in self._instance_versions().items()
+                                  if shards is not None and int(shards) != n)
+        if self.waiting_for:
+            self._log_once(("waiting", plan["version"], n, tuple(self.waiting_for)), logging.WARNING,
+                           "version %d%s waits: %s run with another --shard-num than the topology's %d "
+                           "(not restarted yet?)", plan["version"],
+                           f" ({plan['reason']})" if plan.get("reason") else "", ", ".join(self.waiting_for), n)
             return None
         return self.rollout(plan)
 
@@ -689,12 +707,8 @@ class Transfer:
             # a retry rebuilds from the inputs (a resumed *interrupted* rollout reuses the build)
             shutil.rmtree(self._build_root(plan) / self.dict_name / str(v), ignore_errors=True)
             with self.lock:
-                gave_up = attempts >= self.max_rollout_attempts
-                rl = self.state.get("relayout")
-                if gave_up and reason:
-                    if rl:
-                        rl.update(given_up=True, error=err)
-                elif gave_up and v not in self.state["given_up"]:
+                gave_up = attempts >= self.max_rollout_attempts and not reason  # re-layouts: never
+                if gave_up and v not in self.state["given_up"]:
                     self.state["given_up"].append(v)
                 backoff = min(300.0, self.rollout_backoff_s * 2 ** (attempts - 1))
                 self.state.setdefault("retry_after", {})[akey] = time.time() + backoff
@@ -1046,7 +1060,8 @@ class Transfer:
         one the served version was rolled out for (they differ until a re-layout is done);
         ``relayout``: None, or the pending re-layout ``{"from", "to", "target", "done",
         "links", "given_up", "error"}`` (shard counts, the version id it restores, links
-        finished / total)."""
+        finished / total); ``waiting_for``: instances whose server runs with another
+        ``--shard-num`` (the next rollout waits for them to restart)."""
         with self.lock:
             served = dict(self.state.get("served") or {})
             cur = self.state.get("current")
@@ -1065,7 +1080,7 @@ class Transfer:
                 "status": "rolling_out" if cur else ("serving" if served else "empty"),
                 "rollout": None if not cur else {k: cur.get(k) for k in ("version", "mode", "phase", "attempt",
                                                                         "started", "reason")},
-                "served_shard_num": served_shards, "relayout": relayout,
+                "served_shard_num": served_shards, "relayout": relayout, "waiting_for": list(self.waiting_for),
                 "last_rollout": None if not last else {k: last.get(k) for k in ("version", "status", "error",
                                                                                "reason")},
                 "last_poll": self.last_poll, "last_error": self.last_error}

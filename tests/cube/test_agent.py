@@ -237,3 +237,20 @@ def test_reload_after_abort_loads_again(tmp_path, client, server):
     assert client.post("/reload", json={"version": 8, "wait": 10}).status_code == 200
     assert server.bg_version == 8 and server.bg_state == "loaded" and len(server.loads) == 2
     assert client.post("/enable", json={"version": 8}).status_code == 200
+
+
+def test_same_version_with_another_md5_is_loaded_and_enabled_again(tmp_path, client, server, agent):
+    """A re-layout sends the version already served, built anew (another md5): reload and
+    enable must load and switch the new files, not answer 200 from the finished steps."""
+    for i, payload in enumerate((b"2 shards", b"4 shards")):
+        tar = tmp_path / f"{i}" / "d_part0.tar"
+        tar.parent.mkdir()
+        md5 = make_tar(tar, {"data": payload})
+        assert client.post("/download", json={"url": str(tar), "md5": md5, "version": 7,
+                                               "wait": 10}).status_code == 200
+        assert client.post("/reload", json={"version": 7, "wait": 10}).status_code == 200
+        assert client.post("/enable", json={"version": 7}).status_code == 200
+        assert server.version == 7 and len(server.loads) == i + 1
+        assert (Path(server.loads[-1]) / "data").read_bytes() == payload
+    assert server.enables == [7, 7]  # switched twice: the second build was enabled too
+    assert client.get("/status").json["enabled"] == [7]

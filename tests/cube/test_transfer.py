@@ -440,28 +440,34 @@ def test_more_replicas_are_reconciled_without_relayout(cluster, root, tmp_path):
     assert all(s.lineage == [10, 11, 12] for s in cluster.servers)
 
 
-def test_relayout_waits_for_every_server_of_the_new_layout(cluster, root, tmp_path):
+def test_relayout_waits_for_servers_to_restart_and_retries_failures(cluster, root, tmp_path):
+    work = tmp_path / "work"
     add_version(root, 10, 10)
-    tr = make_transfer(cluster, root, tmp_path / "work")
+    tr = make_transfer(cluster, root, work)
     assert tr.poll_once()["status"] == "finished"
-    # shard 1 replica 0 has not restarted yet: it still serves 10 laid out for 2 shards,
-    # and its agent finished reload/enable of 10 (those must not answer 200 at once)
+    # shard 1 replica 0 has not restarted yet: it still serves 10 laid out for 2 shards
     cluster.resize(4, keep_running=((1, 0),))
     stale = cluster.inst[(1, 0)][0]
-    tr = make_transfer(cluster, root, tmp_path / "work", max_rollout_attempts=5)
+    tr = make_transfer(cluster, root, work, max_rollout_attempts=1)
     add_version(root, 11, 10, patch=True)  # held back until the re-layout is done
-    e = tr.poll_once()
-    assert e["status"] == "failed" and e["reason"] == "relayout 2->4 shards" and e["version"] == 10
-    assert "Reloading" in e["error"] and "shard1/replica0" in e["error"]
-    assert all(s.enables == [] for s in cluster.servers if s is not stale)  # nothing enabled
-    assert stale.version == 10 and stale.enables == [10]
-    assert tr.info()["relayout"]["done"] == 0 and tr.info()["version"] == 10
+    for _ in range(3):  # waits: no rollout, no attempt used
+        assert tr.poll_once() is None
+    assert tr.info()["waiting_for"] == ["shard1/replica0"] and tr.info()["relayout"]["done"] == 0
+    assert tr.history()[-1]["version"] == 10 and "reason" not in tr.history()[-1]
     assert tr.reconcile() == []  # does not fight the re-layout
+    assert all(s.enables == [] for s in cluster.servers if s is not stale)
     stale.restart(shard_num=4)  # the pod restarts with --shard-num 4
+    cluster.servers[0].fail_load.add(10)  # and one instance fails: beyond max_rollout_attempts
+    for _ in range(2):
+        e = tr.poll_once()
+        assert e["status"] == "failed" and e["reason"] == "relayout 2->4 shards" and not e["given_up"]
+        assert "Reloading" in e["error"] and "shard0/replica0" in e["error"]
+    assert all(s.enables == [] for s in cluster.servers)  # the barrier held
+    cluster.servers[0].fail_load.clear()
     entries = drain(tr)
     assert [(e["version"], e["status"], e.get("reason")) for e in entries] == [
         (10, "finished", "relayout 2->4 shards"), (11, "finished", None)]
-    assert cluster.versions() == [11] * 8
+    assert cluster.versions() == [11] * 8 and tr.info()["waiting_for"] == []
     assert all(s.enables == [10, 11] for s in cluster.servers)
 
 
