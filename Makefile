@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench-train bench-cube bench-serving bench render golden clean
+.PHONY: install demo test test-fast bench-train bench-cube bench-rollout bench-serving bench render golden clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,10 +38,13 @@ bench-cube: install
 	bash bench/ensure_redis.sh
 	$(BIN)/python bench/bench_cube.py
 
+bench-rollout: install
+	$(BIN)/python bench/bench_rollout.py
+
 bench-serving: install
 	$(BIN)/python bench/bench_serving.py
 
-bench: bench-train bench-cube bench-serving
+bench: bench-cube bench-rollout bench-serving bench-train
 
 render: install
 	$(BIN)/elastic-ctr render --stack dev --out rendered/dev
