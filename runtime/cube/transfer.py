@@ -174,35 +174,8 @@ def load_topology(source: str | os.PathLike | dict) -> tuple[str, list[list[Inst
 # --------------------------------------------------------------------------- donefile
 
 
-def parse_donefile(text: str, source: str = "donefile") -> tuple[list[dict], list[tuple[int, str, str]]]:
-    """Parses donefile text: one JSON object per line with integer ``id`` and ``key`` and a
-    string ``input``. Returns ``(records, errors)``: the valid records in file order (each
-    with ``_line``, its 1-based line number) and ``(line number, reason, line)`` for each
-    malformed line. Blank lines are ignored."""
-    records, errors = [], []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            if not isinstance(rec, dict):
-                raise ValueError("not a JSON object")
-            for k in ("id", "key", "input"):
-                if k not in rec:
-                    raise ValueError(f"missing field {k!r}")
-            for k in ("id", "key"):
-                v = rec[k]
-                if isinstance(v, bool) or not isinstance(v, (int, str)) or int(v) < 0:
-                    raise ValueError(f"field {k!r} is not a non-negative integer: {v!r}")
-                rec[k] = int(v)
-            if not isinstance(rec["input"], str) or not rec["input"]:
-                raise ValueError("field 'input' is not a non-empty string")
-        except (ValueError, TypeError) as exc:
-            errors.append((n, str(exc), line[:200]))
-            continue
-        rec["_line"] = n
-        records.append(rec)
-    return records, errors
+# parse_donefile lives in runtime.storage (one parser for every donefile reader).
+parse_donefile = storage.parse_donefile
 
 
 # --------------------------------------------------------------------------- state
