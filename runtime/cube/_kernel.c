@@ -97,3 +97,153 @@ int64_t cube_lookup(const int32_t *index, int64_t cap, const uint64_t *keys,
     }
     return hits;
 }
+
+/* ---------------------------------------------------------------- inline table
+ *
+ * The in-memory form the server probes (built from keys.u64/values.f32 at load time; the
+ * on-disk index.i32 is not used for serving). One array of cap slots, each `stride` bytes:
+ *
+ *     uint64 key; float32 value[dim]; padding to stride = 8 * ceil((8 + 4 * dim) / 8)
+ *
+ * (48 bytes for dim 10: a random slot touches one page and at most two cache lines,
+ * instead of index slot + keys row + values row: three pages). An empty slot holds the table's
+ * `sentinel` key (a key not in the dict, chosen by the caller) and zero values, so a
+ * probe reads only the slot itself. Home slot of a key: ((uint128)fmix64(key) * cap) >> 64
+ * (multiply-shift range reduction, D. Lemire, "A fast alternative to the modulo reduction",
+ * 2016: cap need not be a power of two), then linear probing (slot + 1, wrapping to 0).
+ * cap > count always (load factor <= 0.7 by the caller, runtime/cube/table.py), so every probe ends on
+ * the key or on an empty slot. A query equal to the sentinel is a miss without probing. */
+
+static inline uint64_t home(uint64_t k, uint64_t cap) {
+    return (uint64_t)(((unsigned __int128)fmix64(k) * cap) >> 64);
+}
+
+/* Empties table[cap * stride]: every key = sentinel, every value = 0. */
+void cube_table_clear(uint8_t *table, int64_t cap, int64_t stride, uint64_t sentinel) {
+    memset(table, 0, (size_t)cap * stride);
+    for (int64_t s = 0; s < cap; s++) memcpy(table + (size_t)s * stride, &sentinel, 8);
+}
+
+/* Inserts keys[n] with rows values[n * dim] into table. upsert = 0: a key already present
+ * is an error; 1: its value is overwritten. Never stores the sentinel (caller's duty to
+ * pick one absent from keys). Returns the number of keys added (>= 0), or -(i+1) when
+ * keys[i] is a duplicate (upsert = 0) or equals the sentinel, or -(n+1) when the table
+ * would become full (count + added >= cap; `count`: keys already in the table). */
+int64_t cube_table_insert(uint8_t *table, int64_t cap, int64_t stride, uint64_t sentinel,
+                          int64_t count, const uint64_t *keys, const float *values, int64_t n,
+                          int64_t dim, int upsert) {
+    const size_t row_bytes = (size_t)dim * sizeof(float);
+    int64_t added = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const uint64_t k = keys[i];
+        if (k == sentinel) return -(i + 1);
+        uint64_t h = home(k, (uint64_t)cap);
+        uint8_t *slot;
+        uint64_t sk;
+        for (;;) {
+            slot = table + (size_t)h * stride;
+            memcpy(&sk, slot, 8);
+            if (sk == k || sk == sentinel) break;
+            if (++h == (uint64_t)cap) h = 0;
+        }
+        if (sk == k) {
+            if (!upsert) return -(i + 1);
+        } else {
+            if (count + added + 1 >= cap) return -(n + 1);
+            memcpy(slot, &k, 8);
+            added++;
+        }
+        memcpy(slot + 8, values + (size_t)i * dim, row_bytes);
+    }
+    return added;
+}
+
+/* Builds a table from unique keys[n] / values[n * dim]: clear, then insert (no upsert).
+ * Returns the number of keys (n) or the error of cube_table_insert. */
+int64_t cube_build_table(uint8_t *table, int64_t cap, int64_t stride, uint64_t sentinel,
+                         const uint64_t *keys, const float *values, int64_t n, int64_t dim) {
+    cube_table_clear(table, cap, stride, sentinel);
+    return cube_table_insert(table, cap, stride, sentinel, 0, keys, values, n, dim, 0);
+}
+
+/* Re-inserts every occupied slot of src (src_cap slots, src_sentinel) into dst (dst_cap
+ * slots, already cleared with dst_sentinel); same stride. Returns the number of keys
+ * moved, or -1 when dst is too small or one of them equals dst_sentinel. */
+int64_t cube_table_rehash(const uint8_t *src, int64_t src_cap, uint64_t src_sentinel,
+                          uint8_t *dst, int64_t dst_cap, uint64_t dst_sentinel, int64_t stride) {
+    int64_t moved = 0;
+    for (int64_t s = 0; s < src_cap; s++) {
+        const uint8_t *from = src + (size_t)s * stride;
+        uint64_t k;
+        memcpy(&k, from, 8);
+        if (k == src_sentinel) continue;
+        if (k == dst_sentinel || moved + 1 >= dst_cap) return -1;
+        uint64_t h = home(k, (uint64_t)dst_cap);
+        for (;;) {
+            uint64_t sk;
+            memcpy(&sk, dst + (size_t)h * stride, 8);
+            if (sk == dst_sentinel) break;
+            if (++h == (uint64_t)dst_cap) h = 0;
+        }
+        memcpy(dst + (size_t)h * stride, from, (size_t)stride);
+        moved++;
+    }
+    return moved;
+}
+
+#ifndef TCHUNK
+#define TCHUNK 32
+#endif
+
+/* Looks up q[qn] in the table. Writes found[qn] (1 hit, 0 miss) and, when out is not
+ * NULL, out[qn * dim] (the value, zeros for a miss). Returns the number of hits. In chunks
+ * of TCHUNK: hash every key of the chunk and prefetch the three cache lines from its
+ * home slot's start (the slot may straddle two, and a hit reads (1 + 1 / (1 - load)) / 2
+ * slots on average, Knuth: 1.75 at load 0.6), then probe + copy, so the
+ * cache and TLB misses of a chunk overlap. Measured here (1M keys x 10 float32, 1000 random
+ * hits, load 0.6): 2 lines 53-58 us, 3 lines 46-49 us, 4 lines 58-68 us. */
+int64_t cube_table_lookup(const uint8_t *table, int64_t cap, int64_t stride, uint64_t sentinel,
+                          int64_t dim, const uint64_t *q, int64_t qn, float *out, uint8_t *found) {
+    const size_t row_bytes = (size_t)dim * sizeof(float);
+    int64_t hits = 0;
+    uint64_t h[TCHUNK];
+    for (int64_t base = 0; base < qn; base += TCHUNK) {
+        const int64_t m = (qn - base) < TCHUNK ? (qn - base) : TCHUNK;
+        for (int64_t j = 0; j < m; j++) {
+            uint64_t k;
+            memcpy(&k, q + base + j, 8);
+            h[j] = home(k, (uint64_t)cap);
+            const uint8_t *p = table + (size_t)h[j] * stride;
+            __builtin_prefetch(p);
+            __builtin_prefetch(p + 64);
+            __builtin_prefetch(p + 128);
+        }
+        for (int64_t j = 0; j < m; j++) {
+            uint64_t k;
+            memcpy(&k, q + base + j, 8);
+            uint64_t s = h[j];
+            const uint8_t *slot = table + (size_t)s * stride;
+            uint64_t sk;
+            memcpy(&sk, slot, 8);
+            if (k != sentinel) {
+                while (sk != k && sk != sentinel) {
+                    if (++s == (uint64_t)cap) s = 0;
+                    slot = table + (size_t)s * stride;
+                    memcpy(&sk, slot, 8);
+                }
+            } else {
+                sk = ~k;  /* never a hit */
+            }
+            const int64_t o = base + j;
+            if (sk == k) {
+                if (out) memcpy(out + o * dim, slot + 8, row_bytes);
+                found[o] = 1;
+                hits++;
+            } else {
+                if (out) memset(out + o * dim, 0, row_bytes);
+                found[o] = 0;
+            }
+        }
+    }
+    return hits;
+}

@@ -90,6 +90,22 @@ class _CKernel:
         lib.cube_lookup.argtypes = [vp, i64, vp, vp, i64, vp, i64, vp, vp, vp]
         lib.cube_lookup.restype = i64
         self._build = lib.cube_build_index
+        u64 = ctypes.c_uint64
+        lib.cube_build_table.argtypes = [vp, i64, i64, u64, vp, vp, i64, i64]
+        lib.cube_build_table.restype = i64
+        lib.cube_table_clear.argtypes = [vp, i64, i64, u64]
+        lib.cube_table_clear.restype = None
+        lib.cube_table_insert.argtypes = [vp, i64, i64, u64, i64, vp, vp, i64, i64, ctypes.c_int]
+        lib.cube_table_insert.restype = i64
+        lib.cube_table_rehash.argtypes = [vp, i64, u64, vp, i64, u64, i64]
+        lib.cube_table_rehash.restype = i64
+        lib.cube_table_lookup.argtypes = [vp, i64, i64, u64, i64, vp, i64, vp, vp]
+        lib.cube_table_lookup.restype = i64
+        self._lib = lib
+        #: raw entry of the inline table's lookup: (table_addr, cap, stride_bytes, sentinel,
+        #: dim, q_addr, qn, out_addr or None, found_addr) -> hits; addresses are ints (no
+        #: checks: callers own the buffers' sizes). Used by the server's hot path.
+        self.table_lookup_raw = lib.cube_table_lookup
         #: raw entry: (index_addr, cap, keys_addr, values_addr, dim, q_addr, qn, out_addr,
         #: found_addr, rows_addr or None) -> hits; addresses are ints (no checks: callers
         #: own the buffers' sizes). Used by the server's hot path.
@@ -109,6 +125,45 @@ class _CKernel:
             values.shape[1], query.ctypes.data, query.shape[0], out.ctypes.data,
             found.ctypes.data, None if rows is None else rows.ctypes.data))
 
+    # inline table (tab: uint64[cap, w], tabf: the same memory as float32[cap, 2 * w])
+    def build_table(self, tab, tabf, sentinel, keys, values) -> None:
+        rc = self._lib.cube_build_table(tab.ctypes.data, tab.shape[0], tab.strides[0], sentinel,
+                                        keys.ctypes.data, values.ctypes.data, keys.shape[0],
+                                        values.shape[1])
+        _check_insert(rc, keys, sentinel)
+
+    def table_upsert(self, tab, tabf, sentinel, count, keys, values) -> int:
+        rc = self._lib.cube_table_insert(tab.ctypes.data, tab.shape[0], tab.strides[0], sentinel,
+                                         count, keys.ctypes.data, values.ctypes.data,
+                                         keys.shape[0], values.shape[1], 1)
+        _check_insert(rc, keys, sentinel)
+        return int(rc)
+
+    def table_rehash(self, src, src_sentinel, dst, dstf, dst_sentinel) -> int:
+        self._lib.cube_table_clear(dst.ctypes.data, dst.shape[0], dst.strides[0], dst_sentinel)
+        rc = self._lib.cube_table_rehash(src.ctypes.data, src.shape[0], src_sentinel, dst.ctypes.data,
+                                         dst.shape[0], dst_sentinel, dst.strides[0])
+        if rc < 0:
+            raise ValueError("table rehash failed: destination too small or holds the sentinel")
+        return int(rc)
+
+    def table_lookup(self, tab, tabf, sentinel, dim, query, out, found) -> int:
+        query = np.ascontiguousarray(query, dtype=np.uint64)
+        return int(self.table_lookup_raw(
+            tab.ctypes.data, tab.shape[0], tab.strides[0], sentinel, dim, query.ctypes.data,
+            query.shape[0], None if out is None else out.ctypes.data, found.ctypes.data))
+
+
+def _check_insert(rc: int, keys: np.ndarray, sentinel: int) -> None:
+    if rc >= 0:
+        return
+    i = -rc - 1
+    if i >= keys.shape[0]:
+        raise ValueError(f"inline table capacity too small for {keys.shape[0]} more keys")
+    if int(keys[i]) == sentinel:
+        raise ValueError(f"key {sentinel} at row {i} is the table's sentinel")
+    raise ValueError(f"duplicate key {int(keys[i])} at row {i}")
+
 
 def _check_build(rc: int, keys: np.ndarray) -> None:
     if rc == 0:
@@ -124,6 +179,7 @@ class _NumbaKernel:
 
     name = "numba"
     lookup_raw = None
+    table_lookup_raw = None
 
     def __init__(self) -> None:
         from runtime.cube import _numba_kernel as nk  # imports numba (heavy)
@@ -142,6 +198,27 @@ class _NumbaKernel:
             rows = np.empty(query.shape[0], dtype=np.int64)
         return int(self._nk.lookup(index, keys, values, query, out.reshape(query.shape[0], -1),
                                    found.view(np.uint8), rows))
+
+    def build_table(self, tab, tabf, sentinel, keys, values) -> None:
+        _check_insert(int(self._nk.build_table(tab, tabf, np.uint64(sentinel), keys, values)), keys, sentinel)
+
+    def table_upsert(self, tab, tabf, sentinel, count, keys, values) -> int:
+        rc = int(self._nk.table_insert(tab, tabf, np.uint64(sentinel), count, keys, values, True))
+        _check_insert(rc, keys, sentinel)
+        return rc
+
+    def table_rehash(self, src, src_sentinel, dst, dstf, dst_sentinel) -> int:
+        rc = int(self._nk.table_rehash(src, np.uint64(src_sentinel), dst, dstf, np.uint64(dst_sentinel)))
+        if rc < 0:
+            raise ValueError("table rehash failed: destination too small or holds the sentinel")
+        return rc
+
+    def table_lookup(self, tab, tabf, sentinel, dim, query, out, found) -> int:
+        query = np.ascontiguousarray(query, dtype=np.uint64)
+        if out is None:
+            out = np.empty((query.shape[0], dim), np.float32)
+        return int(self._nk.table_lookup(tab, tabf, np.uint64(sentinel), dim, query,
+                                         out.reshape(query.shape[0], dim), found.view(np.uint8)))
 
 
 def _load():

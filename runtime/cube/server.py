@@ -2,21 +2,25 @@
 
 Data plane (``--port``, default 8900): the protocol in ``runtime/cube/protocol.py``.
 Per request: ``recv_into`` a per-connection preallocated buffer, one C call
-(``_kernel.c``, GIL released) that probes the hash index and writes the found mask and
-the values straight into a preallocated reply buffer, one send. No per-key Python, no
+(``_kernel.c`` ``cube_table_lookup``, GIL released) that probes the version's inline table
+(``runtime/cube/table.py``: key and values in one slot, built at load time from the dict's
+keys/values, which are then dropped) and writes the found mask and the values straight
+into a preallocated reply buffer, one send. No per-key Python, no
 per-request allocation (buffers grow only for bigger batches).
 I/O mode (``--io-mode``): ``epoll`` (default) multiplexes every connection on one thread;
 ``threads`` runs a blocking loop per connection. Measured here (2 cores, 4 client
 processes on the same machine, 1000-key batches, 10k-key dict so the lookup is cheap):
 server CPU 61 us/request with epoll vs 95 us with threads (the threads pay for GIL
-hand-offs); with the 1M-key dict 139 vs 162 us. The lookup of 1000 random keys in 1M
-(~100 us, memory-latency bound: index slot, then key and value rows) is most of the rest.
+hand-offs); with the 1M-key dict 139 vs 162 us (both with the earlier index + keys + values layout,
+whose lookup of 1000 random keys in 1M took ~100-120 us: three random pages per key; the
+inline table reads one, ~50-70 us).
 
 Versions: ``current`` (served), ``prev`` (the version served before the last enable, still
 answered when a request names it, so a client can finish a batch on one version across
 shards while a switch propagates; dropped when the next load begins), and the
 background slot (``bg``) being loaded. ``enable`` swaps one reference (atomic for the
-readers); a patch is merged into a copy of the served dict (copy on write).
+readers); a patch is merged into a new table (``InlineTable.upsert``: a copy of the served
+one, or a larger rehash of it; copy on write), so the served table keeps answering.
 
 HTTP control (``--http-port``, default 8901), as docs/contracts.md:
 ``GET /status``, ``POST /bg_load_base {"dir", "version"}``, ``POST /bg_load_patch {"dir",
@@ -49,26 +53,26 @@ import numpy as np
 
 from runtime.cube import dictfile, protocol as P
 from runtime.cube._kernel import KERNEL
+from runtime.cube.table import InlineTable
 
 log = logging.getLogger(__name__)
 
 
 class _Slot:
-    """A loaded version, ready for the hot path. ``lineage``: the versions it is made of
-    (base first, then each patch applied). ``chain``: their dict directories."""
+    """A loaded version, ready for the hot path: its inline table (``runtime/cube/table.py``;
+    the dict's keys/values arrays are not kept). ``lineage``: the versions it is made of
+    (base first, then each patch applied). ``chain``: their dict directories. ``args``: the
+    table's leading arguments of ``KERNEL.table_lookup_raw``."""
 
-    __slots__ = ("d", "version", "dim", "args", "lineage", "chain", "_keep")
+    __slots__ = ("t", "version", "dim", "args", "lineage", "chain")
 
-    def __init__(self, d: dictfile.ShardDict, lineage: list[int], chain: list[dict]):
-        self.d = d
-        self.version = d.version
-        self.dim = d.dim
+    def __init__(self, t: InlineTable, version: int, lineage: list[int], chain: list[dict]):
+        self.t = t
+        self.version = version
+        self.dim = t.dim
         self.lineage = lineage
         self.chain = chain
-        vals = d.values if d.values.size else np.zeros((1, d.dim), np.float32)
-        keys = d.keys if d.keys.size else np.zeros(1, np.uint64)
-        self._keep = (vals, keys)
-        self.args = (d.index.ctypes.data, d.index.shape[0], keys.ctypes.data, vals.ctypes.data, d.dim)
+        self.args = (t.tab.ctypes.data, t.capacity, t.stride, t.sentinel, t.dim)
 
 
 class _ConnStats:
@@ -194,9 +198,8 @@ class CubeServer:
 
     def _warm(self) -> None:
         """Runs the kernel once so the first request pays no load/compile cost."""
-        d = dictfile.make_shard_dict(np.arange(4, dtype=np.uint64), np.zeros((4, 1), np.float32),
-                                     dict_name="warm", shard=0, shard_num=1, version=1)
-        d.lookup(np.arange(8, dtype=np.uint64))
+        InlineTable.build(np.arange(4, dtype=np.uint64), np.zeros((4, 1), np.float32)).upsert(
+            np.arange(2, 6, dtype=np.uint64), np.ones((4, 1), np.float32)).lookup(np.arange(8, dtype=np.uint64))
 
     # ------------------------------------------------------------------ data plane
     def _accept_loop(self) -> None:
@@ -298,7 +301,7 @@ class CubeServer:
     def _drain(self, c: "_Conn") -> bool:
         """Answers every complete request frame in ``c.rin``. False: close the connection."""
         unpack_req, pack_rep = P.REQ_HEADER.unpack_from, P.REP_FRAME.pack_into
-        lookup_raw = KERNEL.lookup_raw
+        lookup_raw = KERNEL.table_lookup_raw
         hdr = P.REQ_HEADER.size
         st = c.st
         while c.have >= 4:
@@ -366,8 +369,8 @@ class CubeServer:
         q = np.frombuffer(rin.b, np.uint64, count, P.REQ_PREFIX)
         found = np.frombuffer(rout.b, np.uint8, count, P.REP_PREFIX)
         out = np.frombuffer(rout.b, np.float32, count * slot.dim, P.REP_PREFIX + mask)
-        d = slot.d
-        return KERNEL.lookup(d.index, d.keys, d.values, q, out.reshape(count, slot.dim), found)
+        t = slot.t
+        return KERNEL.table_lookup(t.tab, t.tabf, t.sentinel, t.dim, q, out.reshape(count, slot.dim), found)
 
     def _error(self, c: "_Conn", status: int, rid: int, msg: str, close: bool = True) -> None:
         c.st.errors[status] = c.st.errors.get(status, 0) + 1
@@ -386,7 +389,7 @@ class CubeServer:
         return {"shard": self.shard, "shard_num": self.shard_num, "dict_name": self.dict_name,
                 "version": cur.version if cur else None, "prev_version": prev.version if prev else None,
                 "bg_version": self.bg_version, "bg_state": self.bg_state, "bg_error": self.bg_error,
-                "keys": len(cur.d) if cur else 0, "dim": cur.dim if cur else None,
+                "keys": len(cur.t) if cur else 0, "dim": cur.dim if cur else None,
                 "lineage": cur.lineage if cur else [], "kernel": KERNEL.name,
                 "connections": len(self._conns), **self.counters()}
 
@@ -435,7 +438,7 @@ class CubeServer:
             if base_version is None:
                 if m.mode != "base":
                     raise dictfile.DictFormatError(f"{directory}: a {m.mode} dict, bg_load_base needs a base")
-                slot = _Slot(d, [version], [entry])
+                slot = _Slot(InlineTable.build(d.keys, d.values), version, [version], [entry])
             else:
                 if m.mode != "delta":
                     raise dictfile.DictFormatError(f"{directory}: a {m.mode} dict, bg_load_patch needs a delta")
@@ -443,7 +446,11 @@ class CubeServer:
                     raise dictfile.DictFormatError(
                         f"{directory}: delta {version} is built on {m.base_version}, which is not part of the "
                         f"served version {base.version} (made of {base.lineage})")
-                slot = _Slot(dictfile.apply_patch(base.d, d), base.lineage + [version], base.chain + [entry])
+                if m.dim != base.dim:
+                    raise dictfile.DictFormatError(f"{directory}: dim {m.dim}, the served version has dim {base.dim}")
+                slot = _Slot(base.t.upsert(d.keys, d.values), version, base.lineage + [version],
+                             base.chain + [entry])
+            del d  # keys/values/index arrays: the table holds the data
         except Exception as exc:  # reported through /status; the served version is untouched
             with self._lock:
                 if gen == self._bg_gen:
@@ -456,7 +463,7 @@ class CubeServer:
                 return
             self.bg, self.bg_state = slot, "loaded"
             self.loads["ok"] += 1
-        log.info("loaded version %d (%d keys, dim %d) from %s in %.2f s", version, len(slot.d), slot.dim,
+        log.info("loaded version %d (%d keys, dim %d) from %s in %.2f s", version, len(slot.t), slot.dim,
                  directory, time.perf_counter() - t0)
 
     def enable(self, version: int) -> dict:
@@ -509,9 +516,13 @@ class CubeServer:
                         f"{e['dir']} holds dict {got[0]} shard {got[1]}/{got[2]}, this server is "
                         f"{want[0]} shard {want[1]}/{want[2]} (resized?)")
                 if slot is None:
-                    slot = _Slot(d, [e["version"]], [e])
+                    slot = _Slot(InlineTable.build(d.keys, d.values), e["version"], [e["version"]], [e])
                 else:
-                    slot = _Slot(dictfile.apply_patch(slot.d, d), slot.lineage + [e["version"]], slot.chain + [e])
+                    if d.meta.dim != slot.dim:
+                        raise dictfile.DictFormatError(f"{e['dir']}: dim {d.meta.dim}, the chain has dim {slot.dim}")
+                    slot = _Slot(slot.t.upsert(d.keys, d.values), e["version"], slot.lineage + [e["version"]],
+                                 slot.chain + [e])
+                del d
             if slot is not None:
                 self._served = (slot, None)
                 log.info("restored version %d from %s", slot.version, self.data_dir / "state.json")
