@@ -15,6 +15,9 @@ with no parsing. The index: ``capacity`` is a power of two >= 2 * count (load <=
 a key's home slot is ``fmix64(key) >> (64 - log2(capacity))`` (MurmurHash3's 64-bit
 finalizer; keys of one shard share ``key % shard_num``, so their low bits are not
 random), collisions by linear probing. Built and probed by ``runtime/cube/_kernel.c``.
+``ShardDict.lookup`` uses this index; the cube server does not: it builds its inline table
+(``runtime/cube/table.py``, key and value in one slot) from ``keys``/``values`` at load
+time and keeps only that.
 
 A delta (patch) has the same files holding only the changed and new keys, and names its
 base in ``base_version``; ``apply_patch`` merges it into a copy of the base (copy on
