@@ -15,6 +15,11 @@ Run with ``make bench-cube`` (installs redis-server first) or
 4. Reports QPS, mean and p99 latency (ms), the server's CPU per request (us, from
    utime+stime in /proc/<pid>/stat over the run) and its RSS (MiB, /proc/<pid>/status).
 
+``--lookup-only``: instead, times in-process (CPU time) the lookup of ``--batch`` random
+existing keys with the dict file's index layout (``ShardDict.lookup``: index slot, keys
+row, values row) and with the server's inline table (``runtime/cube/table.py``), and prints
+``lookup_us_per_batch index=<us> inline=<us>``.
+
 Ends with: ``cube_vs_redis qps_ratio_at_4=<x> cpu_ratio=<redis cpu/req / cube cpu/req>
 cube_cpu_us=<cube cpu/req at 4 clients> cube_rss_mib=<z>``. Every process it started is
 stopped by PID (runtime.proc.ProcessGroup), also on failure.
@@ -166,6 +171,36 @@ def drive(kind, port, pid, keys, dim, procs, args) -> dict:
             "cpu_us": (c1 - c0) * 1e6 / len(lats), "rss_mib": rss_mib(pid), "requests": len(lats)}
 
 
+def lookup_only(keys, values, args) -> int:
+    from runtime.cube import dictfile
+    from runtime.cube._kernel import KERNEL
+    from runtime.cube.table import InlineTable
+
+    d = dictfile.make_shard_dict(keys, values, dict_name="bench", shard=0, shard_num=1, version=1)
+    t = InlineTable.build(keys, values)
+    rng = np.random.default_rng(3)
+    qs = [keys[rng.integers(0, len(keys), args.batch)] for _ in range(256)]
+    out = np.empty((args.batch, args.dim), np.float32)
+    found = np.empty(args.batch, np.uint8)
+    runs = {
+        "index": lambda q: KERNEL.lookup(d.index, d.keys, d.values, q, out, found),
+        "inline": lambda q: KERNEL.table_lookup(t.tab, t.tabf, t.sentinel, t.dim, q, out, found),
+    }
+    best = {}
+    for _ in range(5):  # interleaved rounds, best of 5 (others may share the CPUs)
+        for name, fn in runs.items():
+            c0 = time.process_time()
+            for _ in range(8):
+                for q in qs:
+                    fn(q)
+            us = (time.process_time() - c0) * 1e6 / (8 * len(qs))
+            best[name] = min(best.get(name, us), us)
+    print(f"{args.keys} keys x {args.dim} float32, {args.batch} random existing keys per lookup, "
+          f"kernel {KERNEL.name}; inline table {t.capacity} slots x {t.stride} B = {t.nbytes / 2**20:.0f} MiB")
+    print(f"lookup_us_per_batch index={best['index']:.1f} inline={best['inline']:.1f}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--keys", type=int, default=1_000_000)
@@ -175,6 +210,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=4.0, help="per configuration (s)")
     ap.add_argument("--max-requests", type=int, default=50_000, help="per client process")
     ap.add_argument("--skip-redis", action="store_true")
+    ap.add_argument("--lookup-only", action="store_true", help="time the in-process lookup only")
     ap.add_argument("--io-mode", default="epoll", choices=("threads", "epoll"), help="cube server's --io-mode")
     args = ap.parse_args()
     procs_list = [int(x) for x in args.procs.split(",")]
@@ -184,6 +220,8 @@ def main() -> int:
     keys = rng.permutation(keys)[:args.keys]
     values = rng.random((args.keys, args.dim), dtype=np.float32)
     raw_mib = (keys.nbytes + values.nbytes) / 2**20
+    if args.lookup_only:
+        return lookup_only(keys, values, args)
     half = args.keys // 2
     src = work / "sparse"
     src.mkdir()
