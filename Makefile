@@ -6,18 +6,24 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench-train bench-cube bench-rollout bench-serving bench render golden clean
+.PHONY: install constraints demo test test-fast bench-train bench-cube bench-rollout bench-serving bench render golden clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
 # Re-installs only when a requirements file or pyproject.toml changed.
-$(STAMP): $(BIN)/python pyproject.toml requirements/runtime.txt requirements/infra.txt requirements/dev.txt
-	$(BIN)/pip install -q -e ".[infra,dev]"
+$(STAMP): $(BIN)/python pyproject.toml requirements/runtime.txt requirements/infra.txt requirements/dev.txt requirements/constraints.txt
+	$(BIN)/pip install -q -c requirements/constraints.txt -e ".[infra,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
+
+## Re-pins requirements/constraints.txt to what .venv holds (after changing a range).
+constraints: $(BIN)/python
+	$(BIN)/pip install -q -e ".[infra,dev]"
+	{ sed -n '1,/^# Refresh/p' requirements/constraints.txt; $(BIN)/pip freeze --exclude-editable | grep -viE '^(py-spy|elastic-ctr)=='; } > requirements/constraints.txt.new
+	mv requirements/constraints.txt.new requirements/constraints.txt
 
 ## The whole pipeline, locally, on generated data (see README).
 demo: install
