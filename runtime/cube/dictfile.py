@@ -20,12 +20,13 @@ random), collisions by linear probing. Built and probed by ``runtime/cube/_kerne
 time and keeps only that.
 
 A delta (patch) has the same files holding only the changed and new keys, and names its
-base in ``base_version``; ``apply_patch`` merges it into a copy of the base (copy on
-write: the base is never modified).
+base in ``base_version``; the server merges it into a copy of the served table
+(``InlineTable.upsert``: copy on write, the served version is never modified).
 
 Validation on load (``load_shard_dict``): every field present and typed, every file's
 size equal to what meta says, crc32 of each file (``verify=True``, the default), index
-entries within range and exactly ``count`` of them set. Any mismatch raises
+entries within range and exactly ``count`` of them set. The server loads with
+``index=False``: the index file's size is checked, but it is not read. Any mismatch raises
 ``DictFormatError`` naming the directory: a truncated or corrupt dict never gets served.
 """
 from __future__ import annotations
@@ -86,13 +87,13 @@ class ShardDict:
     """One loaded shard dict version.
 
     Attributes: ``meta`` (``DictMeta``), ``keys`` uint64[n], ``values`` float32[n, dim],
-    ``index`` int32[capacity]. Treat the arrays as read-only: a served dict is shared by
-    every connection, and patches copy (``apply_patch``)."""
+    ``index`` int32[capacity] (None when loaded with ``index=False``). Treat the arrays as
+    read-only."""
 
     meta: DictMeta
     keys: np.ndarray
     values: np.ndarray
-    index: np.ndarray
+    index: np.ndarray | None
 
     @property
     def version(self) -> int:
@@ -112,15 +113,6 @@ class ShardDict:
         found = np.empty(query.shape[0], np.uint8)
         KERNEL.lookup(self.index, self.keys, self.values, query, out, found)
         return out, found.view(bool)
-
-    def rows(self, query: np.ndarray) -> np.ndarray:
-        """``query: uint64[q]`` -> int64[q], the row of each key or -1."""
-        query = np.ascontiguousarray(query, dtype=np.uint64)
-        out = np.empty((query.shape[0], self.dim), np.float32)
-        found = np.empty(query.shape[0], np.uint8)
-        rows = np.empty(query.shape[0], np.int64)
-        KERNEL.lookup(self.index, self.keys, self.values, query, out, found, rows)
-        return rows
 
 
 def make_shard_dict(keys: np.ndarray, values: np.ndarray, *, dict_name: str, shard: int,
@@ -194,12 +186,15 @@ def read_meta(directory: str | os.PathLike) -> DictMeta:
     return DictMeta(**fields)
 
 
-def load_shard_dict(directory: str | os.PathLike, verify: bool = True, mmap: bool = False) -> ShardDict:
+def load_shard_dict(directory: str | os.PathLike, verify: bool = True, mmap: bool = False,
+                    index: bool = True) -> ShardDict:
     """Loads and validates a shard dict directory.
 
     ``verify``: also check each file's crc32 and the index's contents (about 0.1 s per
     1M keys x 10 floats). ``mmap``: map the files read-only instead of reading them into
-    private memory (the files must then stay in place while served).
+    private memory (the files must then stay in place while served). ``index=False``: check
+    the index file's size but do not read it (``ShardDict.index`` is None; the server builds
+    its own table from keys and values).
     Raises ``DictFormatError`` (naming the directory) for anything inconsistent."""
     directory = Path(directory)
     meta = read_meta(directory)
@@ -216,6 +211,8 @@ def load_shard_dict(directory: str | os.PathLike, verify: bool = True, mmap: boo
         if size != want:
             raise DictFormatError(f"{path}: {size} bytes, expected {want} (count {meta.count}, "
                                   f"dim {meta.dim}, capacity {meta.capacity}): truncated or corrupt")
+        if name == INDEX and not index:
+            continue
         if mmap and want:
             arr = np.memmap(path, dtype=dtype, mode="r", shape=shape)
         else:
@@ -226,43 +223,11 @@ def load_shard_dict(directory: str | os.PathLike, verify: bool = True, mmap: boo
             if rec.get("crc32") != crc:
                 raise DictFormatError(f"{path}: crc32 {crc} differs from meta's {rec.get('crc32')}: corrupt")
         arrays[name] = arr
-    index = arrays[INDEX]
-    if verify:
-        used = index >= 0
+    idx = arrays.get(INDEX)
+    if verify and idx is not None:
+        used = idx >= 0
         n_used = int(np.count_nonzero(used))
-        if n_used != meta.count or (n_used and int(index.max()) >= meta.count):
+        if n_used != meta.count or (n_used and int(idx.max()) >= meta.count):
             raise DictFormatError(f"{directory}: index holds {n_used} entries (max row "
-                                  f"{int(index.max()) if n_used else -1}) for {meta.count} keys: corrupt")
-    return ShardDict(meta, arrays[KEYS], arrays[VALUES], index)
-
-
-def apply_patch(base: ShardDict, delta: ShardDict) -> ShardDict:
-    """Copy-on-write merge: a new dict = ``base`` with ``delta``'s keys updated or added.
-
-    ``base`` is not modified (it keeps serving). The result has ``delta``'s version,
-    mode ``"delta"`` and ``base_version`` = the delta's base. Raises ``DictFormatError``
-    when dims, dict names or shards differ."""
-    bm, dm = base.meta, delta.meta
-    if (bm.dim, bm.dict_name, bm.shard, bm.shard_num) != (dm.dim, dm.dict_name, dm.shard, dm.shard_num):
-        raise DictFormatError(
-            f"patch {dm.version} (dict {dm.dict_name}, shard {dm.shard}/{dm.shard_num}, dim {dm.dim}) "
-            f"does not fit base {bm.version} (dict {bm.dict_name}, shard {bm.shard}/{bm.shard_num}, dim {bm.dim})")
-    rows = base.rows(delta.keys)
-    hit = rows >= 0
-    values = np.array(base.values, dtype=np.float32, copy=True)
-    values[rows[hit]] = delta.values[hit]
-    new = ~hit
-    if new.any():
-        keys = np.concatenate([base.keys, delta.keys[new]])
-        values = np.concatenate([values, delta.values[new]])
-        cap = capacity_for(keys.shape[0])
-        index = KERNEL.build_index(keys, cap)
-    else:
-        keys = base.keys  # unchanged set of keys: share the (read-only) keys and index
-        index = base.index
-        cap = bm.capacity
-    meta = DictMeta(dict_name=bm.dict_name, shard=bm.shard, shard_num=bm.shard_num,
-                    version=dm.version, mode="delta", base_version=dm.base_version,
-                    count=int(keys.shape[0]), dim=bm.dim, capacity=cap,
-                    bytes=keys.nbytes + values.nbytes + index.nbytes)
-    return ShardDict(meta, keys, values, index)
+                                  f"{int(idx.max()) if n_used else -1}) for {meta.count} keys: corrupt")
+    return ShardDict(meta, arrays[KEYS], arrays[VALUES], idx)

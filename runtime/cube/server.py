@@ -425,7 +425,7 @@ class CubeServer:
     def _load(self, gen: int, directory: str, version: int, base_version: int | None, base: _Slot | None):
         t0 = time.perf_counter()
         try:
-            d = dictfile.load_shard_dict(directory, verify=self.verify)
+            d = dictfile.load_shard_dict(directory, verify=self.verify, index=False)
             m = d.meta
             want = (self.dict_name, self.shard, self.shard_num, version)
             got = (m.dict_name, m.shard, m.shard_num, m.version)
@@ -450,7 +450,7 @@ class CubeServer:
                     raise dictfile.DictFormatError(f"{directory}: dim {m.dim}, the served version has dim {base.dim}")
                 slot = _Slot(base.t.upsert(d.keys, d.values), version, base.lineage + [version],
                              base.chain + [entry])
-            del d  # keys/values/index arrays: the table holds the data
+            del d  # keys/values arrays: the table holds the data
         except Exception as exc:  # reported through /status; the served version is untouched
             with self._lock:
                 if gen == self._bg_gen:
@@ -509,7 +509,7 @@ class CubeServer:
             slot = None
             want = (self.dict_name, self.shard, self.shard_num)
             for e in state["chain"]:
-                d = dictfile.load_shard_dict(e["dir"], verify=self.verify)
+                d = dictfile.load_shard_dict(e["dir"], verify=self.verify, index=False)
                 got = (d.meta.dict_name, d.meta.shard, d.meta.shard_num)
                 if got != want:
                     raise dictfile.DictFormatError(

@@ -1,4 +1,4 @@
-"""Shard dict format: round trip, validation of truncated/corrupt dicts, copy-on-write patches."""
+"""Shard dict format: round trip, validation of truncated/corrupt dicts, the server's load mode."""
 from __future__ import annotations
 
 import json
@@ -77,34 +77,27 @@ def test_duplicate_keys_rejected_by_index():
                                  dict_name="x", shard=0, shard_num=1, version=1)
 
 
-def test_apply_patch_is_copy_on_write(tmp_path):
-    keys, values = make_data(500, 3, seed=1)
-    base = dictfile.make_shard_dict(keys, values, dict_name="emb", shard=0, shard_num=1, version=1)
-    base_values = base.values.copy()
-    new_keys = make_data(550, 3, seed=2)[0]
-    new_keys = new_keys[~np.isin(new_keys, keys)][:20]
-    dkeys = np.concatenate([keys[:10], new_keys])
-    dvals = np.full((30, 3), 9.0, np.float32)
-    delta = dictfile.make_shard_dict(dkeys, dvals, dict_name="emb", shard=0, shard_num=1, version=2,
-                                     mode="delta", base_version=1)
-    merged = dictfile.apply_patch(base, delta)
-    assert merged.version == 2 and len(merged) == 520 and merged.meta.base_version == 1
-    out, found = merged.lookup(np.concatenate([keys, new_keys]))
-    assert found.all()
-    assert (out[:10] == 9).all() and (out[500:] == 9).all()
-    np.testing.assert_array_equal(out[10:500], values[10:])
-    np.testing.assert_array_equal(base.values, base_values)  # the served base is untouched
-    out_b, found_b = base.lookup(new_keys)
-    assert not found_b.any()
-
-
-def test_patch_of_other_shard_refused():
-    a = dictfile.make_shard_dict(np.array([2], np.uint64), np.zeros((1, 2), np.float32), dict_name="emb",
-                                 shard=0, shard_num=2, version=1)
-    b = dictfile.make_shard_dict(np.array([3], np.uint64), np.zeros((1, 2), np.float32), dict_name="emb",
-                                 shard=1, shard_num=2, version=2, mode="delta", base_version=1)
-    with pytest.raises(dictfile.DictFormatError, match="does not fit"):
-        dictfile.apply_patch(a, b)
+def test_server_load_skips_the_index_but_checks_its_size(tmp_path):
+    """``index=False`` (the server's load) reads keys and values only, yet still refuses a
+    truncated index file and corrupt values."""
+    path, keys, values = _write(tmp_path)
+    d = dictfile.load_shard_dict(path, index=False)
+    assert d.index is None
+    np.testing.assert_array_equal(d.keys, keys)
+    np.testing.assert_array_equal(d.values, values)
+    (path / "index.i32").write_bytes(b"\xff" * (d.meta.capacity * 4))  # wrong content, right size
+    dictfile.load_shard_dict(path, index=False)  # not read: no error
+    with pytest.raises(dictfile.DictFormatError, match="index.i32.*crc32"):
+        dictfile.load_shard_dict(path)
+    (path / "index.i32").write_bytes(b"\xff" * 8)
+    with pytest.raises(dictfile.DictFormatError, match="index.i32.*truncated"):
+        dictfile.load_shard_dict(path, index=False)
+    data = bytearray((path / "values.f32").read_bytes())
+    data[7] ^= 0x01
+    (path / "values.f32").write_bytes(bytes(data))
+    (path / "index.i32").write_bytes(b"\xff" * (d.meta.capacity * 4))
+    with pytest.raises(dictfile.DictFormatError, match="values.f32.*crc32"):
+        dictfile.load_shard_dict(path, index=False)
 
 
 def test_c_and_numba_kernels_agree():

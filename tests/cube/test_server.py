@@ -157,6 +157,10 @@ def test_control_conflicts_and_failed_load(server, data):
     # a dict of another version than claimed
     st = load(server, shard_dir(base, 0), 104)
     assert st["bg_state"] == "failed" and "version 100" in st["bg_error"]
+    # a dict of another shard layout (built for 2 shards; this server is shard 0 of 1)
+    two = build_version(tmp / "two", keys, values, version=105, shard_num=2)
+    st = load(server, shard_dir(two, 0), 105)
+    assert st["bg_state"] == "failed" and "shard 0/2" in st["bg_error"] and st["version"] == 100
     # bad bodies: 400; unload
     assert requests.post(http(server) + "/bg_load_base", json={"version": 1}).status_code == 400
     assert requests.post(http(server) + "/bg_load_base", data=b"[1]").status_code == 400
@@ -165,7 +169,7 @@ def test_control_conflicts_and_failed_load(server, data):
     assert Conn(server).seek(keys[:2])[1] == 100
     assert requests.get(http(server) + "/healthz").status_code == 200
     metrics = requests.get(http(server) + "/metrics").text
-    assert "cube_requests_total" in metrics and 'cube_loads_total{result="failed"} 3.0' in metrics
+    assert "cube_requests_total" in metrics and 'cube_loads_total{result="failed"} 4.0' in metrics
 
 
 @pytest.mark.parametrize("io_mode", ["epoll", "threads"])
