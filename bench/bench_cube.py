@@ -74,27 +74,17 @@ def recv_exact(s: socket.socket, buf: bytearray, n: int, have: int = 0) -> None:
 
 
 # ----------------------------------------------------------------- clients (one per process)
-def cube_client(port, batches, dim, seconds, max_requests, start_evt, q):
-    s = socket.create_connection(("127.0.0.1", port))
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    frames = [P.encode_request(b) for b in batches]
-    size = P.reply_size(len(batches[0]), dim)
-    buf = bytearray(size)
+def _timed_loop(s, exchange, n_frames, seconds, max_requests, start_evt, q):
+    """The measurement loop both clients share: ``exchange(i)`` sends frame ``i`` and
+    reads and checks its reply; latencies (s) go to ``q``; stops after ``seconds`` s or
+    ``max_requests`` requests."""
     lat = []
     start_evt.wait()
     t_end = time.perf_counter() + seconds
     i = 0
     while i < max_requests:
         t0 = time.perf_counter()
-        s.sendall(frames[i % len(frames)])
-        recv_exact(s, buf, 4)
-        n = P.LEN.unpack_from(buf, 0)[0] + 4
-        if n != size:
-            raise RuntimeError(f"unexpected reply of {n} bytes")
-        recv_exact(s, buf, n, 4)
-        _, _, _, found, values = P.decode_reply(buf)
-        if not found.all():
-            raise RuntimeError("a key was not found")
+        exchange(i % n_frames)
         t1 = time.perf_counter()
         lat.append(t1 - t0)
         i += 1
@@ -104,9 +94,34 @@ def cube_client(port, batches, dim, seconds, max_requests, start_evt, q):
     q.put(lat)
 
 
-def redis_client(port, batches, dim, seconds, max_requests, start_evt, q):
+def _connect(port):
     s = socket.create_connection(("127.0.0.1", port))
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def cube_client(port, batches, dim, seconds, max_requests, start_evt, q):
+    s = _connect(port)
+    frames = [P.encode_request(b) for b in batches]
+    size = P.reply_size(len(batches[0]), dim)
+    buf = bytearray(size)
+
+    def exchange(i):
+        s.sendall(frames[i])
+        recv_exact(s, buf, 4)
+        n = P.LEN.unpack_from(buf, 0)[0] + 4
+        if n != size:
+            raise RuntimeError(f"unexpected reply of {n} bytes")
+        recv_exact(s, buf, n, 4)
+        _, _, _, found, values = P.decode_reply(buf)
+        if not found.all():
+            raise RuntimeError("a key was not found")
+
+    _timed_loop(s, exchange, len(frames), seconds, max_requests, start_evt, q)
+
+
+def redis_client(port, batches, dim, seconds, max_requests, start_evt, q):
+    s = _connect(port)
     vbytes = 4 * dim
     frames = []
     for b in batches:
@@ -120,25 +135,16 @@ def redis_client(port, batches, dim, seconds, max_requests, start_evt, q):
     rec = len(item) + vbytes + 2
     size = len(head) + n * rec  # every key exists: fixed-size reply
     buf = bytearray(size)
-    lat = []
-    start_evt.wait()
-    t_end = time.perf_counter() + seconds
-    i = 0
-    while i < max_requests:
-        t0 = time.perf_counter()
-        s.sendall(frames[i % len(frames)])
+
+    def exchange(i):
+        s.sendall(frames[i])
         recv_exact(s, buf, size)
         if buf[:len(head)] != head:
             raise RuntimeError(f"unexpected redis reply {bytes(buf[:40])!r}")
         recs = np.frombuffer(buf, np.uint8, n * rec, len(head)).reshape(n, rec)
-        values = recs[:, len(item):len(item) + vbytes].copy().view(np.float32)  # noqa: F841
-        t1 = time.perf_counter()
-        lat.append(t1 - t0)
-        i += 1
-        if t1 >= t_end:
-            break
-    s.close()
-    q.put(lat)
+        recs[:, len(item):len(item) + vbytes].copy().view(np.float32)  # decode like the cube client
+
+    _timed_loop(s, exchange, len(frames), seconds, max_requests, start_evt, q)
 
 
 def drive(kind, port, pid, keys, dim, procs, args) -> dict:
