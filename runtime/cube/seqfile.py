@@ -33,7 +33,6 @@ lengths differ from the first record's, a truncated record or sync marker).
 """
 from __future__ import annotations
 
-import io
 import os
 import struct
 from dataclasses import dataclass
@@ -411,13 +410,3 @@ def read_sequence_file(location: str | os.PathLike) -> tuple[np.ndarray, np.ndar
         return np.empty(0, np.uint64), np.empty((0, dim), np.float32)
     return (np.concatenate([k for k, _ in batches]),
             np.concatenate([v for _, v in batches]).reshape(-1, dim))
-
-
-def sequence_file_from_bytes(data: bytes, name: str = "<bytes>") -> tuple[np.ndarray, np.ndarray]:
-    """``read_sequence_file`` over an in-memory SequenceFile (tests, small uploads)."""
-    with SequenceFileReader(io.BytesIO(data), name=name) as r:
-        batches = list(r.iter_batches())
-        dim = r.dim
-    if not batches:
-        return np.empty(0, np.uint64), np.empty((0, dim), np.float32)
-    return np.concatenate([k for k, _ in batches]), np.concatenate([v for _, v in batches])
