@@ -40,9 +40,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime.cube import protocol as P  # noqa: E402
+from runtime.cube import protocol  # noqa: E402
 from runtime.cube.builder import build  # noqa: E402
-from runtime.cube.seqfile import write_sequence_file  # noqa: E402
+from runtime.formats.seqfile import write_sequence_file  # noqa: E402
 from runtime.proc import ProcessGroup, free_port, wait_for_port  # noqa: E402
 
 CLK = os.sysconf("SC_CLK_TCK")
@@ -102,18 +102,18 @@ def _connect(port):
 
 def cube_client(port, batches, dim, seconds, max_requests, start_evt, q):
     s = _connect(port)
-    frames = [P.encode_request(b) for b in batches]
-    size = P.reply_size(len(batches[0]), dim)
+    frames = [protocol.encode_request(b) for b in batches]
+    size = protocol.reply_size(len(batches[0]), dim)
     buf = bytearray(size)
 
     def exchange(i):
         s.sendall(frames[i])
         recv_exact(s, buf, 4)
-        n = P.LEN.unpack_from(buf, 0)[0] + 4
+        n = protocol.LEN.unpack_from(buf, 0)[0] + 4
         if n != size:
             raise RuntimeError(f"unexpected reply of {n} bytes")
         recv_exact(s, buf, n, 4)
-        _, _, _, found, values = P.decode_reply(buf)
+        _, _, _, found, values = protocol.decode_reply(buf)
         if not found.all():
             raise RuntimeError("a key was not found")
 

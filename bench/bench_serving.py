@@ -1,7 +1,7 @@
 """Serving benchmark (``make bench-serving``): requests/s and p50/p99 latency of
 ``POST /v2/models/ctr/infer`` at batch 1 and 256, with 1 and 4 concurrent clients,
 against a local cube of 2 shards (file server + transfer + cube servers/agents as
-processes, ``runtime.cube._transfer_cluster.LocalCubeCluster``) and ``elastic-ctr serve``.
+processes, ``runtime.cube.cluster.LocalCubeCluster``) and ``elastic-ctr serve``.
 
 The version served is synthetic but shaped like the trainer's export: a dense model with
 the trainer's default widths (embedding 9, layers 128-64-32) and an embedding for every
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import multiprocessing as mp
 import os
 import subprocess
@@ -34,46 +33,16 @@ sys.path.insert(0, str(REPO))
 from runtime import proc, storage  # noqa: E402
 from runtime.serving.client import encode_batches, load_rows  # noqa: E402
 
-_MAKE_MODEL = r"""
-import os, sys
-import numpy as np, paddle
-paddle.enable_static()
-out, dim = sys.argv[1], int(sys.argv[2])
-paddle.seed(7)
-main, startup = paddle.static.Program(), paddle.static.Program()
-with paddle.static.program_guard(main, startup):
-    dense = paddle.static.data("dense_input", [-1, 13], "float32")
-    embs = [paddle.static.data(f"emb_{i}", [-1, dim], "float32") for i in range(1, 27)]
-    x = paddle.concat(embs + [dense], axis=1)
-    for h in (128, 64, 32):
-        x = paddle.static.nn.fc(x, h, activation="relu")
-    prob = paddle.nn.functional.sigmoid(paddle.static.nn.fc(x, 1))
-exe = paddle.static.Executor(paddle.CPUPlace())
-exe.run(startup)
-paddle.static.save_inference_model(os.path.join(out, "inference"), [dense] + embs, [prob], exe, program=main)
-"""
-
-
 def make_version(root: Path, vid: int, rows, dim: int = 9) -> None:
-    """Writes ROOT/versions/<vid>/{dense,sparse} like the trainer's export."""
-    from runtime.cube.seqfile import write_sequence_file
-    from runtime.trainer import features
-
-    dense = root / "versions" / str(vid) / "dense"
-    sparse = root / "versions" / str(vid) / "sparse"
-    dense.mkdir(parents=True)
-    sparse.mkdir(parents=True)
-    # Saved as a legacy ProgramDesc (inference.pdmodel), as the trainer's export does.
-    subprocess.run([sys.executable, "-c", _MAKE_MODEL, str(dense), str(dim)], check=True, capture_output=True,
-                   env=dict(os.environ, FLAGS_enable_pir_api="0"))
-    meta = {"version": vid, "embedding_dim": dim, "features": features.feature_spec("criteo"),
-            "normalization": features.NORMALIZATION,
-            "feeds": ["dense_input"] + [f"emb_{i}" for i in range(1, 27)], "fetches": ["prob"]}
-    (dense / "model_meta.json").write_text(json.dumps(meta))
+    """Publishes version ``vid`` under ``root`` with the trainer's export (a seeded head of
+    the default widths, an embedding for every feasign of ``rows`` but 1 in 7)."""
     keys = np.unique(rows.feasigns.ravel())
     keys = keys[np.arange(len(keys)) % 7 != 0]
     vals = np.random.default_rng(vid % 1000).normal(0, 0.1, (len(keys), dim)).astype(np.float32)
-    write_sequence_file(str(sparse / "part-00000"), keys, vals)
+    root.mkdir(parents=True, exist_ok=True)
+    np.savez(root / "table.npz", keys=keys, values=vals)
+    subprocess.run([sys.executable, "-m", "runtime.trainer.export", "--root", str(root), "--version", str(vid),
+                    "--table", str(root / "table.npz"), "--seed", "7"], check=True, capture_output=True, cwd=REPO)
 
 
 def _client(url: str, bodies: list[bytes], duration_s: float, q: mp.Queue) -> None:
@@ -153,7 +122,7 @@ def main() -> int:
     ap.add_argument("--batches", default="1,256", help="batch sizes to try (default 1,256)")
     args = ap.parse_args()
 
-    from runtime.cube._transfer_cluster import LocalCubeCluster
+    from runtime.cube.cluster import LocalCubeCluster
     from runtime.trainer import generator
 
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
@@ -164,7 +133,6 @@ def main() -> int:
         vid = int(time.time())
         make_version(root, vid, rows)
         with LocalCubeCluster(tmp / "cube", root, shards=2, replicas=1) as cube:
-            cube.publish_version(vid, vid, dim=9)
             t_roll = time.monotonic()
             cube.wait_version(vid, timeout_s=120)
             print(f"cube: 2 shards, version {vid} rolled out in {time.monotonic() - t_roll:.1f} s", flush=True)

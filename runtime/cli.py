@@ -16,8 +16,10 @@ import sys
 # Role modules that contribute subcommands, in the order they appear in --help.
 _ROLE_MODULES = (
     "runtime.trainer.cli",     # data, train
-    "runtime.serving.cli",     # fileserver, serve, client, local
+    "runtime.fileserver.cli",  # fileserver
     "runtime.cube.cli",        # cube build|server|agent|transfer
+    "runtime.serving.cli",     # serve, client
+    "runtime.local.cli",       # local
     "infra.cli",               # render
 )
 

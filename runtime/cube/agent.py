@@ -19,7 +19,7 @@ cube-agent's download / reload / enable / status (``../shared/notes/cube.md``):
 - ``GET /status``: every step's state (``idle|running|done|failed|aborted``), version,
   error and duration (s), plus the last step (``{"step", "state", "error"}`` at the top
   level) and the server's own status.
-- ``GET /healthz``: 200 while the process is up.
+- ``GET /healthz``, ``GET /readyz``: liveness and readiness (``runtime.webserver``).
 
 Download and reload run in a background thread (one step at a time): the command answers
 ``202`` while running, ``200`` when done, ``500`` with ``{"step", "error"}`` when failed.
@@ -33,8 +33,8 @@ version, so they load and switch the new files instead of answering ``200`` at o
 ``enable`` switches whenever the server's background slot holds the version loaded, even
 if the server already serves that version id (from another build).
 
-HTTP server: Flask behind waitress (one process, threads), because the agent's state
-lives in memory and control traffic is a few requests per rollout.
+HTTP: a Flask app served by ``runtime.webserver`` (one process, threads): the agent's
+state lives in memory and control traffic is a few requests per rollout.
 """
 from __future__ import annotations
 
@@ -199,6 +199,7 @@ class Agent:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._worker: threading.Thread | None = None
+        self._closing = False
         self._http = requests.Session()
         self._load_state()
 
@@ -308,6 +309,8 @@ class Agent:
                     return 409, {"step": step, "error": f"{step} now runs version {st.version}"}
                 if st.state != "running":
                     break
+                if self._closing:
+                    return 503, {"step": step, "error": "the agent is shutting down"}
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return 202, asdict(st) | {"step": step}
@@ -316,6 +319,13 @@ class Agent:
         if st.state == "done":
             return 200, body
         return 500, body
+
+    def shutdown(self) -> None:
+        """The process is stopping: commands waiting for a step's outcome answer 503 now
+        (the transfer retries), so no request is left hanging."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
 
     # ---------------------------------------------------------------- commands
 
@@ -582,10 +592,6 @@ def create_app(agent: Agent):
         except (TypeError, ValueError):
             return 0.0
 
-    @app.get("/healthz")
-    def healthz():
-        return jsonify(ok=True)
-
     @app.get("/status")
     def status():
         return jsonify(agent.status())
@@ -615,18 +621,12 @@ def create_app(agent: Agent):
     return app
 
 
-def serve_app(app, host: str, port: int, threads: int = 8, name: str = "") -> None:
-    """Serves a WSGI app with waitress (production WSGI server, one process, ``threads``
-    worker threads) until the process is stopped."""
-    import waitress
-
-    log.info("%s listening on http://%s:%d", name or "server", host, port)
-    waitress.serve(app, host=host, port=port, threads=threads, ident=name or "elastic-ctr",
-                   _quiet=True)
-
-
 def main(args) -> int:
-    """``elastic-ctr cube agent``: serves the agent until stopped."""
+    """``elastic-ctr cube agent``: serves the agent until SIGTERM; a step in progress is
+    abandoned (the transfer drives it again, on this agent after its restart or on the
+    rollout's retry)."""
+    from runtime.webserver import WebServer, serve_forever
+
     agent = Agent(args.server_http, args.work_dir, load_timeout_s=args.load_timeout)
-    serve_app(create_app(agent), args.host, args.port, name="cube-agent")
-    return 0
+    server = WebServer(create_app(agent), args.host, args.port, threads=8, name="cube-agent")
+    return serve_forever(server, on_stop=agent.shutdown)

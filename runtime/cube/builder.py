@@ -38,7 +38,7 @@ import numpy as np
 from runtime import storage
 from runtime.cube import dictfile
 from runtime.cube._kernel import KERNEL
-from runtime.cube.seqfile import iter_sequence_file
+from runtime.formats.seqfile import iter_sequence_file
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ def build(inputs: list[str], output_dir: str | os.PathLike, dict_name: str, shar
 
 def main(args) -> int:
     """``elastic-ctr cube build``: prints the BuildResult as JSON; exit 1 on bad input."""
-    from runtime.cube.seqfile import SequenceFileError
+    from runtime.formats.seqfile import SequenceFileError
 
     try:
         res = build(args.input, args.output, args.dict, args.shards, args.version,

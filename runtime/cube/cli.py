@@ -115,12 +115,15 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--reconcile-interval", type=float, default=30.0,
                    help="seconds between checks for instances lagging behind the served version, "
                         "which are then brought up to it (default 30; 0 = never)")
+    p.add_argument("--stop-timeout", type=float, default=20.0,
+                   help="on SIGTERM, seconds to wait for the step in progress before exiting (its rollout "
+                        "resumes at the next start)")
     p.add_argument("--once", action="store_true", help="roll out what the donefile holds, then exit")
 
     def handler(args: argparse.Namespace) -> int:
-        from runtime.cube import transfer
+        from runtime.cube.transfer import app
 
-        return transfer.main(args)
+        return app.main(args)
 
     p.set_defaults(handler=handler)
 

@@ -1,6 +1,6 @@
 """Sharded, replicated cube client: ``CubeClient.seek(keys) -> SeekResult``.
 
-- Topology: ``shards x replicas`` from the topology file (docs/contracts.md); shard of a
+- Topology: ``shards x replicas`` (``runtime.formats.topology``); shard of a
   key = ``key % shard_num`` (as the reference and the builder).
 - One ``seek`` splits the batch by shard, sends every shard's request first and then
   gathers the replies with ``poll`` (the shards work concurrently, no threads), over
@@ -28,8 +28,6 @@
 from __future__ import annotations
 
 import itertools
-import json
-import os
 import select
 import socket
 import threading
@@ -38,7 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime.cube import protocol as P
+from runtime.cube import protocol
+from runtime.formats.topology import Topology
 
 
 class CubeUnavailable(RuntimeError):
@@ -139,28 +138,12 @@ class CubeClient:
         self._rid = itertools.count(1)
 
     @classmethod
-    def from_topology(cls, path_or_dict, timeout_ms: float = 500.0, retries: int = 2,
+    def from_topology(cls, source, timeout_ms: float = 500.0, retries: int = 2,
                       backup_request_ms: float | None = None, **kw) -> "CubeClient":
-        """From a topology file path (JSON) or the parsed dict (docs/contracts.md).
-        Raises ``ValueError`` naming the file when shards are missing or out of order."""
-        topo = path_or_dict
-        src = "topology"
-        if not isinstance(topo, dict):
-            src = str(path_or_dict)
-            with open(os.fspath(path_or_dict)) as f:
-                topo = json.load(f)
-        shards = topo.get("shards")
-        if not isinstance(shards, list) or not shards:
-            raise ValueError(f"{src}: no 'shards' list")
-        addrs = []
-        for i, s in enumerate(shards):
-            if s.get("shard", i) != i:
-                raise ValueError(f"{src}: shards must be listed in order; entry {i} is shard {s.get('shard')}")
-            reps = [r["server"] if isinstance(r, dict) else str(r) for r in s.get("replicas", [])]
-            if not reps:
-                raise ValueError(f"{src}: shard {i} has no replicas")
-            addrs.append(reps)
-        return cls(addrs, topo.get("dict_name", ""), timeout_ms=timeout_ms, retries=retries,
+        """From a topology (``runtime.formats.topology``: a file path, a parsed document or a
+        ``Topology``). Raises ``TopologyError`` naming the file and field."""
+        topo = Topology.load(source)
+        return cls(topo.servers(), topo.dict_name, timeout_ms=timeout_ms, retries=retries,
                    backup_request_ms=backup_request_ms, **kw)
 
     @property
@@ -277,8 +260,8 @@ class CubeClient:
 
     def _gather(self, parts: dict[int, np.ndarray], version: int | None) -> dict[int, _Outcome]:
         dim = self._dim or 0
-        frames = {s: P.encode_request(k, version) for s, k in parts.items()}
-        expect = {s: P.reply_size(k.shape[0], dim) for s, k in parts.items()}
+        frames = {s: protocol.encode_request(k, version) for s, k in parts.items()}
+        expect = {s: protocol.reply_size(k.shape[0], dim) for s, k in parts.items()}
         avoid = {s: set() for s in parts}
         tried = {s: [] for s in parts}
         calls: dict[int, _Call] = {}
@@ -392,7 +375,7 @@ class CubeClient:
                     return ConnectionError(f"{c.replica.addr} closed the connection")
                 c.have += n
                 if not c.total and c.have >= 4:
-                    c.total = P.LEN.unpack_from(c.buf, 0)[0] + 4
+                    c.total = protocol.LEN.unpack_from(c.buf, 0)[0] + 4
                     if c.total > len(c.buf):
                         nb = bytearray(c.total)
                         nb[:c.have] = c.mv[:c.have]
@@ -404,9 +387,9 @@ class CubeClient:
         except OSError as exc:
             return exc
         try:
-            _, version, other, found, values = P.decode_reply(c.mv[:c.total])
-        except P.ReplyError as exc:
-            if exc.status in (P.VERSION_UNAVAILABLE, P.NOT_READY):
+            _, version, other, found, values = protocol.decode_reply(c.mv[:c.total])
+        except protocol.ReplyError as exc:
+            if exc.status in (protocol.VERSION_UNAVAILABLE, protocol.NOT_READY):
                 return _Outcome(False, exc.version, exc.other)
             return ConnectionError(f"{c.replica.addr}: {exc}")
         except ValueError as exc:

@@ -41,17 +41,14 @@ import json
 import logging
 import os
 import select
-import signal
 import socket
 import threading
 import time
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 
-from runtime.cube import dictfile, protocol as P
+from runtime.cube import dictfile, protocol
 from runtime.cube._kernel import KERNEL
 from runtime.cube.table import InlineTable
 
@@ -103,8 +100,8 @@ class _Conn:
 
     def __init__(self, sock, st, send):
         self.sock, self.st, self.send = sock, st, send
-        self.rin = _Buf(P.REQ_PREFIX + 8 * 1024)
-        self.rout = _Buf(P.reply_size(1024, 16))
+        self.rin = _Buf(protocol.REQ_PREFIX + 8 * 1024)
+        self.rout = _Buf(protocol.reply_size(1024, 16))
         self.have = 0
 
 
@@ -126,14 +123,14 @@ class CubeServer:
 
     def __init__(self, shard: int, shard_num: int, dict_name: str, host: str = "0.0.0.0",
                  port: int = 8900, http_port: int = 8901, data_dir: str | None = None,
-                 max_keys: int = P.DEFAULT_MAX_KEYS, verify: bool = True, io_mode: str = "epoll"):
+                 max_keys: int = protocol.DEFAULT_MAX_KEYS, verify: bool = True, io_mode: str = "epoll"):
         if not 0 <= shard < shard_num:
             raise ValueError(f"shard {shard} out of range for shard_num {shard_num}")
         self.shard, self.shard_num, self.dict_name = shard, shard_num, dict_name
         self.host, self.port, self.http_port = host, port, http_port
         self.data_dir = Path(data_dir) if data_dir else None
         self.max_keys = max_keys
-        self.max_frame = P.REQ_HEADER.size + 8 * max_keys
+        self.max_frame = protocol.REQ_HEADER.size + 8 * max_keys
         self.verify = verify
         if io_mode not in ("threads", "epoll"):
             raise ValueError(f"io_mode must be threads or epoll, got {io_mode!r}")
@@ -154,7 +151,7 @@ class CubeServer:
         self.enables = 0
         self._stop = threading.Event()
         self._sock: socket.socket | None = None
-        self._http: ThreadingHTTPServer | None = None
+        self._http = None  # runtime.webserver.WebServer of the control app
         self.started = time.time()
 
     # ------------------------------------------------------------------ lifecycle
@@ -165,13 +162,14 @@ class CubeServer:
         s.listen(1024)
         self._sock = s
         self.port = s.getsockname()[1]
-        self._http = ThreadingHTTPServer((self.host, self.http_port), _make_handler(self))
-        self._http.daemon_threads = True
-        self.http_port = self._http.server_address[1]
+        from runtime.webserver import WebServer
+
+        self._http = WebServer(create_control_app(self), self.host, self.http_port, threads=4, name="cube-server")
+        self.http_port = self._http.port
         threading.Thread(target=self._accept_loop, name="cube-accept", daemon=True).start()
         if self.io_mode == "epoll":
             threading.Thread(target=self._epoll_loop, name="cube-epoll", daemon=True).start()
-        threading.Thread(target=self._http.serve_forever, name="cube-http", daemon=True).start()
+        self._http.start()
         self._warm()
         self._restore()
         log.info("cube server %s shard %d/%d: data plane %s:%d, HTTP %s:%d, kernel %s",
@@ -187,8 +185,7 @@ class CubeServer:
                 pass
             self._sock.close()
         if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+            self._http.stop()
         with self._conn_lock:
             for c in list(self._conns):
                 try:
@@ -300,19 +297,19 @@ class CubeServer:
 
     def _drain(self, c: "_Conn") -> bool:
         """Answers every complete request frame in ``c.rin``. False: close the connection."""
-        unpack_req, pack_rep = P.REQ_HEADER.unpack_from, P.REP_FRAME.pack_into
+        unpack_req, pack_rep = protocol.REQ_HEADER.unpack_from, protocol.REP_FRAME.pack_into
         lookup_raw = KERNEL.table_lookup_raw
-        hdr = P.REQ_HEADER.size
+        hdr = protocol.REQ_HEADER.size
         st = c.st
         while c.have >= 4:
             rin = c.rin
-            (length,) = P.LEN.unpack_from(rin.b, 0)
+            (length,) = protocol.LEN.unpack_from(rin.b, 0)
             if length > self.max_frame:
-                self._error(c, P.TOO_LARGE, 0, f"frame of {length} bytes exceeds the limit of "
+                self._error(c, protocol.TOO_LARGE, 0, f"frame of {length} bytes exceeds the limit of "
                                                f"{self.max_frame} ({self.max_keys} keys)")
                 return False
             if length < hdr:
-                self._error(c, P.BAD_REQUEST, 0, f"frame of {length} bytes is shorter than the header")
+                self._error(c, protocol.BAD_REQUEST, 0, f"frame of {length} bytes is shorter than the header")
                 return False
             total = length + 4
             if total > len(rin.b):
@@ -323,36 +320,36 @@ class CubeServer:
             if c.have < total:
                 return True
             magic, op, flags, _, rid, count, _, want = unpack_req(rin.b, 4)
-            if magic != P.MAGIC or op != P.OP_SEEK or length != hdr + 8 * count:
-                self._error(c, P.BAD_REQUEST, rid,
+            if magic != protocol.MAGIC or op != protocol.OP_SEEK or length != hdr + 8 * count:
+                self._error(c, protocol.BAD_REQUEST, rid,
                             f"bad request (magic {magic:#x}, op {op}, length {length}, count {count})")
                 return False
             cur, prev = self._served
             slot = cur
             if cur is None:
                 slot = None
-                status = P.NOT_READY
+                status = protocol.NOT_READY
             elif flags & 1 and want != cur.version:
                 slot = prev if prev is not None and prev.version == want else None
-                status = P.VERSION_UNAVAILABLE
+                status = protocol.VERSION_UNAVAILABLE
             if slot is None:
                 self._error(c, status, rid,
-                            "no version loaded" if status == P.NOT_READY else
+                            "no version loaded" if status == protocol.NOT_READY else
                             f"version {want} not held (serving {cur.version}, previous "
                             f"{prev.version if prev else None})", close=False)
             else:
                 dim = slot.dim
                 mask = (count + 7) & ~7
-                size = P.REP_PREFIX + mask + 4 * count * dim
+                size = protocol.REP_PREFIX + mask + 4 * count * dim
                 rout = c.rout
                 if size > len(rout.b):
                     rout = c.rout = _Buf(size)
-                base = rout.addr + P.REP_PREFIX
+                base = rout.addr + protocol.REP_PREFIX
                 if lookup_raw is not None:
-                    hits = lookup_raw(*slot.args, rin.addr + P.REQ_PREFIX, count, base + mask, base, None)
+                    hits = lookup_raw(*slot.args, rin.addr + protocol.REQ_PREFIX, count, base + mask, base, None)
                 else:
                     hits = self._lookup_py(slot, rin, count, rout, mask)
-                pack_rep(rout.b, 0, size - 4, P.MAGIC, P.OK, 0, 0, rid, count, dim, slot.version,
+                pack_rep(rout.b, 0, size - 4, protocol.MAGIC, protocol.OK, 0, 0, rid, count, dim, slot.version,
                          (prev.version if slot is cur else cur.version) if prev is not None else 0)
                 c.send(rout.mv[:size])
                 st.requests += 1
@@ -366,18 +363,18 @@ class CubeServer:
 
     @staticmethod
     def _lookup_py(slot: _Slot, rin: _Buf, count: int, rout: _Buf, mask: int) -> int:
-        q = np.frombuffer(rin.b, np.uint64, count, P.REQ_PREFIX)
-        found = np.frombuffer(rout.b, np.uint8, count, P.REP_PREFIX)
-        out = np.frombuffer(rout.b, np.float32, count * slot.dim, P.REP_PREFIX + mask)
+        q = np.frombuffer(rin.b, np.uint64, count, protocol.REQ_PREFIX)
+        found = np.frombuffer(rout.b, np.uint8, count, protocol.REP_PREFIX)
+        out = np.frombuffer(rout.b, np.float32, count * slot.dim, protocol.REP_PREFIX + mask)
         t = slot.t
         return KERNEL.table_lookup(t.tab, t.tabf, t.sentinel, t.dim, q, out.reshape(count, slot.dim), found)
 
     def _error(self, c: "_Conn", status: int, rid: int, msg: str, close: bool = True) -> None:
         c.st.errors[status] = c.st.errors.get(status, 0) + 1
         cur, prev = self._served
-        frame = P.encode_error(status, rid, cur.version if cur else 0, prev.version if prev else 0, msg)
+        frame = protocol.encode_error(status, rid, cur.version if cur else 0, prev.version if prev else 0, msg)
         if close:
-            log.warning("data plane: %s: %s; closing the connection", P.STATUS_NAMES[status], msg)
+            log.warning("data plane: %s: %s; closing the connection", protocol.STATUS_NAMES[status], msg)
         try:
             c.send(frame)
         except OSError:
@@ -400,7 +397,7 @@ class CubeServer:
                    "hits": sum(s.hits for s in stats), "errors": {}}
             for s in stats:
                 for k, v in s.errors.items():
-                    name = P.STATUS_NAMES[k]
+                    name = protocol.STATUS_NAMES[k]
                     out["errors"][name] = out["errors"].get(name, 0) + v
         return out
 
@@ -534,10 +531,11 @@ class Conflict(Exception):
     """A control request that the current state refuses (HTTP 409)."""
 
 
-def _make_handler(server: CubeServer):
-    from prometheus_client import CollectorRegistry, generate_latest, CONTENT_TYPE_LATEST
+def create_control_app(server: CubeServer):
+    """The server's HTTP control app (Flask; routes in the module docstring)."""
+    from flask import Flask, Response, jsonify, request
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-    from prometheus_client import ProcessCollector
 
     class _Collector:
         def collect(self):
@@ -563,59 +561,60 @@ def _make_handler(server: CubeServer):
     registry = CollectorRegistry()
     registry.register(_Collector())
     ProcessCollector(registry=registry)
+    app = Flask("cube-server")
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def body() -> dict:
+        data = request.get_json(silent=True) if request.content_length else {}
+        if not isinstance(data, dict):
+            raise ValueError("body must be a JSON object")
+        return data
 
-        def log_message(self, fmt, *args):  # quiet: control calls are logged by the server
-            log.debug("http: " + fmt, *args)
+    @app.get("/status")
+    def status():
+        return jsonify(server.status())
 
-        def _send(self, code: int, body, ctype: str = "application/json") -> None:
-            data = body if isinstance(body, bytes) else json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    @app.get("/metrics")
+    def metrics():
+        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
 
-        def do_GET(self):
-            path = self.path.split("?")[0]
-            if path == "/healthz":
-                self._send(200, {"ok": True})
-            elif path == "/status":
-                self._send(200, server.status())
-            elif path == "/metrics":
-                self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-            else:
-                self._send(404, {"error": f"no such path {path}"})
+    @app.post("/bg_load_base")
+    def bg_load_base():
+        b = body()
+        server.bg_load(_req_str(b, "dir"), _req_int(b, "version"))
+        return jsonify(accepted=True, version=b["version"]), 202
 
-        def do_POST(self):
-            path = self.path.split("?")[0]
-            try:
-                n = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(n) or b"{}") if n else {}
-                if not isinstance(body, dict):
-                    raise ValueError("body must be a JSON object")
-                if path == "/bg_load_base":
-                    server.bg_load(_req_str(body, "dir"), _req_int(body, "version"))
-                    self._send(202, {"accepted": True, "version": body["version"]})
-                elif path == "/bg_load_patch":
-                    server.bg_load(_req_str(body, "dir"), _req_int(body, "version"),
-                                   _req_int(body, "base_version"))
-                    self._send(202, {"accepted": True, "version": body["version"]})
-                elif path == "/enable":
-                    self._send(200, server.enable(_req_int(body, "version")))
-                elif path == "/bg_unload":
-                    server.bg_unload()
-                    self._send(200, {"ok": True})
-                else:
-                    self._send(404, {"error": f"no such path {path}"})
-            except Conflict as exc:
-                self._send(409, {"error": str(exc)})
-            except (ValueError, KeyError, TypeError) as exc:
-                self._send(400, {"error": f"bad request to {path}: {exc}"})
+    @app.post("/bg_load_patch")
+    def bg_load_patch():
+        b = body()
+        server.bg_load(_req_str(b, "dir"), _req_int(b, "version"), _req_int(b, "base_version"))
+        return jsonify(accepted=True, version=b["version"]), 202
 
-    return Handler
+    @app.post("/enable")
+    def enable():
+        return jsonify(server.enable(_req_int(body(), "version")))
+
+    @app.post("/bg_unload")
+    def bg_unload():
+        server.bg_unload()
+        return jsonify(ok=True)
+
+    @app.errorhandler(Conflict)
+    def conflict(exc):
+        return jsonify(error=str(exc)), 409
+
+    @app.errorhandler(ValueError)
+    def bad_request(exc):
+        return jsonify(error=f"bad request to {request.path}: {exc}"), 400
+
+    @app.errorhandler(404)
+    def not_found(_exc):
+        return jsonify(error=f"no such path {request.path}"), 404
+
+    @app.errorhandler(405)
+    def not_allowed(_exc):
+        return jsonify(error=f"{request.method} {request.path}: method not allowed"), 405
+
+    return app
 
 
 def _req_int(body: dict, key: str) -> int:
@@ -637,11 +636,12 @@ def main(args) -> int:
     srv = CubeServer(args.shard, args.shard_num, args.dict_name, host=args.host, port=args.port,
                      http_port=args.http_port, data_dir=args.data_dir, max_keys=args.max_keys,
                      verify=not args.no_verify, io_mode=args.io_mode)
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    signal.signal(signal.SIGINT, lambda *_: done.set())
+    from runtime.webserver import StopSignal
+
+    stop = StopSignal()
     srv.start()
-    done.wait()
+    name = stop.wait()
+    log.info("cube server: %s received, stopping", name)
     srv.stop()
     log.info("cube server stopped")
     return 0

@@ -1,4 +1,4 @@
-"""Subcommands of the serving role: ``fileserver``, ``serve``, ``client``, ``local``.
+"""Subcommands of the serving role: ``serve`` and the demo ``client``.
 
 Heavy imports (Flask, Paddle, numpy) happen inside the handlers so ``--help`` is fast.
 """
@@ -16,25 +16,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
-    """Adds ``fileserver``, ``serve``, ``client`` and ``local`` to the top-level parser."""
-    # -- fileserver -------------------------------------------------------------------
-    p = sub.add_parser(
-        "fileserver",
-        help="serve a directory tree over HTTP (listing, Range, ETag) with token-authenticated PUT uploads",
-        description="File server: GET/HEAD files and listings (HTML, or JSON with ?format=json), "
-        "PUT uploads with 'Authorization: Bearer <token>' (token from --upload-token-file or "
-        "$ELASTIC_CTR_UPLOAD_TOKEN; without one, uploads are refused with 403).",
-    )
-    p.add_argument("--root", required=True, help="directory to serve (created if missing)")
-    p.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
-    p.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
-    p.add_argument("--upload-token-file", default=None,
-                   help="file holding the upload bearer token (default: $ELASTIC_CTR_UPLOAD_TOKEN)")
-    p.add_argument("--threads", type=int, default=8, help="worker threads (default 8)")
-    p.add_argument("--max-upload-bytes", type=int, default=None,
-                   help="refuse uploads larger than this many bytes (default: unlimited)")
-    p.set_defaults(handler=_fileserver)
-
+    """Adds ``serve`` and ``client`` to the top-level parser."""
     # -- serve --------------------------------------------------------------------------
     p = sub.add_parser(
         "serve",
@@ -52,14 +34,16 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
     p.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
     p.add_argument("--workers", type=int, default=_env_int("SERVING_WORKERS", 2),
-                   help="worker processes (default 2, or $SERVING_WORKERS): more than 1 runs gunicorn "
-                   "gthread workers (one predictor set and cube client each; Paddle holds the GIL while "
-                   "it runs, so processes, not threads, use several cores); 1 runs waitress in-process")
+                   help="gunicorn worker processes (default 2, or $SERVING_WORKERS); each loads the dense model "
+                   "and its own cube clients (Paddle holds the GIL while it runs, so processes, not threads, "
+                   "use several cores)")
     p.add_argument("--threads", type=int, default=2,
                    help="threads per worker (default 2); concurrent requests in a worker are combined "
                    "into one cube lookup and predictor run")
     p.add_argument("--max-batch", type=int, default=4096,
                    help="largest batch accepted, in samples (default 4096; larger -> 400)")
+    p.add_argument("--max-body-bytes", type=int, default=64 << 20,
+                   help="largest request body accepted, in bytes (default 64 MiB; larger -> 413)")
     p.add_argument("--poll-interval", type=float, default=0.5,
                    help="seconds between checks for a new version (default 0.5)")
     p.add_argument("--cube-timeout-ms", type=float, default=200.0,
@@ -100,41 +84,14 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="write 'row<TAB>label<TAB>probability<TAB>version' per scored row here")
     p.set_defaults(handler=_client)
 
-    # -- local --------------------------------------------------------------------------
-    from runtime.serving import local as _local_mod  # light module: argparse flags only
-
-    p = sub.add_parser(
-        "local",
-        help="run the whole pipeline locally as processes (what `make demo` runs)",
-        description=_local_mod.DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _local_mod.add_arguments(p)
-    p.set_defaults(handler=_local)
-
-
-def _fileserver(args) -> int:
-    from runtime import storage
-    from runtime.serving import fileserver
-
-    token = storage.read_token(args.upload_token_file)
-    return fileserver.run(args.root, args.host, args.port, token, threads=args.threads,
-                          max_upload_bytes=args.max_upload_bytes)
-
 
 def _serve(args) -> int:
-    from runtime.serving import server
+    from runtime.serving import launcher
 
-    return server.main(args)
+    return launcher.main(args)
 
 
 def _client(args) -> int:
     from runtime.serving import client
 
     return client.main(args)
-
-
-def _local(args) -> int:
-    from runtime.serving import local
-
-    return local.main(args)

@@ -1,7 +1,7 @@
 """Demo client (``elastic-ctr client``): sends test data to serving over the v2 API.
 
 Reads rows (Criteo TSV/CSV or the slot format; files, globs or URLs), parses them with
-``runtime.trainer.features``, pre-encodes one Open Inference Protocol v2 request per
+``runtime.formats.features``, pre-encodes one Open Inference Protocol v2 request per
 batch (``dense_features`` FP32 [n,13] with ``null`` for a missing value + ``feasigns``
 UINT64 [n,26], or raw ``lines`` BYTES [n]), and sends them with N worker processes, each
 over its own keep-alive HTTP/1.1 connection (``http.client``: ~10x less client CPU per
@@ -18,7 +18,6 @@ import http.client
 import json
 import logging
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -27,18 +26,11 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from runtime.evaluation import auc
 from runtime import storage
-from runtime.trainer import features
+from runtime.formats import features
 
 log = logging.getLogger(__name__)
-
-_SLOT_RE = re.compile(r"^\s*\d+\s+\d+\s+\d+:\d+")
-
-
-def detect_format(line: str) -> str:
-    """'slot' for ``show click feasign:slot ...`` rows, else 'criteo'."""
-    return "slot" if _SLOT_RE.match(line) else "criteo"
-
 
 @dataclass
 class Rows:
@@ -75,8 +67,8 @@ def load_rows(locations: list[str], fmt: str = "auto", slots=features.DEFAULT_SL
     if not lines:
         raise ValueError(f"no data rows in {locations}")
     if fmt == "auto":
-        fmt = detect_format(lines[0])
-    b = features.parse_slot_lines(lines, slots) if fmt == "slot" else features.parse_criteo_lines(lines)
+        fmt = features.detect_format(lines[0])
+    b = features.parse_lines(lines, fmt, slots)
     bad_idx = {i for i, _ in b.bad}
     good = [ln for i, ln in enumerate(lines) if i not in bad_idx]
     if b.bad:
@@ -251,7 +243,7 @@ def summarize(res: RunResult, labels: np.ndarray) -> dict:
     y = np.concatenate(ys) if ys else np.zeros(0)
     p = np.concatenate(ps) if ps else np.zeros(0)
     v = np.concatenate(vs) if vs else np.zeros(0)
-    auc_by_v = {str(k): features.auc(y[v == k], p[v == k]) for k in sorted(set(v.tolist()))}
+    auc_by_v = {str(k): auc(y[v == k], p[v == k]) for k in sorted(set(v.tolist()))}
     return {
         "requests": res.requests,
         "failed_requests": res.failed,
@@ -261,7 +253,7 @@ def summarize(res: RunResult, labels: np.ndarray) -> dict:
         "rows_per_s": round(y.size / res.seconds, 1) if res.seconds > 0 else 0.0,
         "p50_ms": round(float(np.percentile(lat, 50)), 3),
         "p99_ms": round(float(np.percentile(lat, 99)), 3),
-        "auc": features.auc(y, p) if y.size else float("nan"),
+        "auc": auc(y, p) if y.size else float("nan"),
         "auc_by_version": auc_by_v,
         "versions": {str(k): c for k, c in sorted(res.by_version.items())},
         "errors": res.errors[:5],

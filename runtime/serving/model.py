@@ -1,19 +1,15 @@
 """Dense models of served versions, and the watcher that follows the version cube serves.
 
-A *version* is the id of a base or patch (docs/contracts.md): its dense model lives at
-``ROOT/versions/<id>/dense`` (``inference.json`` or ``inference.pdmodel``,
-``inference.pdiparams``, ``model_meta.json``) and its embeddings in cube under the same
-id. Serving answers each request with exactly one ``DenseModel`` and pins the cube
-lookup to that model's version, so a dense model and embeddings of different versions
-are never mixed.
+A version is the id of a base or patch (``runtime.formats.donefile``): its dense model
+lives at ``ROOT/versions/<id>/dense`` (``runtime.formats.model_meta``) and its embeddings
+in cube under the same id. Serving answers each request with exactly one ``DenseModel``
+and pins the cube lookup to that model's version, so a dense model and embeddings of
+different versions are never mixed.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
-import queue
-import re
 import shutil
 import tempfile
 import threading
@@ -24,120 +20,53 @@ from typing import Callable
 import numpy as np
 
 from runtime import storage
+from runtime.formats import donefile
+from runtime.formats.model_meta import FILE as META_FILE
+from runtime.formats.model_meta import ModelMeta, ModelMetaError
 
 log = logging.getLogger(__name__)
-
-MODEL_FILES = ("model_meta.json", "inference.pdiparams", "inference.json", "inference.pdmodel")
 
 
 class ModelLoadError(RuntimeError):
     """A version's dense model could not be fetched or loaded; the message names it."""
 
 
-def _emb_index(name: str) -> int:
-    m = re.search(r"(\d+)$", name)
-    return int(m.group(1)) if m else 1 << 30
-
-
 class DenseModel:
-    """One version's dense inference program, as a pool of Paddle predictors.
-
-    ``version`` (int), ``meta`` (model_meta.json), ``dense_feed`` / ``emb_feeds`` (feed
-    names: the dense features float32[n,13] and one float32[n,dim] per slot, in slot
-    order), ``dim`` (embedding width), ``num_slots``. ``predict`` is thread-safe: each
-    call borrows one predictor (1 math thread each) from a pool of ``pool_size``.
-    """
+    """One version's dense model: ``version`` (int), ``meta`` (``ModelMeta``), and a pool of
+    ``pool_size`` predictors (``runtime.inference.DensePredictor``). ``predict`` is
+    thread-safe. ``combiner`` is set by serving (concurrent requests of this version are
+    combined into one run). Raises ``ModelLoadError``."""
 
     def __init__(self, version: int, model_dir: str | os.PathLike, pool_size: int = 4):
-        from paddle import inference
+        from runtime.inference import DensePredictor, PredictorError
 
         self.version = int(version)
         self.dir = Path(model_dir)
-        meta_path = self.dir / "model_meta.json"
         try:
-            self.meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-        except ValueError as exc:
-            raise ModelLoadError(f"{meta_path}: not JSON ({exc})") from exc
-        prog = None
-        for name in ("inference.json", "inference.pdmodel"):
-            if (self.dir / name).exists():
-                prog = self.dir / name
-                break
-        params = self.dir / "inference.pdiparams"
-        if prog is None or not params.exists():
-            raise ModelLoadError(f"{self.dir}: no inference.json/.pdmodel + inference.pdiparams")
-        config = inference.Config(str(prog), str(params))
-        config.disable_gpu()
-        config.set_cpu_math_library_num_threads(1)
-        config.disable_glog_info()
-        if prog.suffix == ".json":  # PIR program: needs the new IR and executor
-            config.enable_new_ir(True)
-            config.enable_new_executor(True)
-        else:  # legacy ProgramDesc: the old executor is the fastest for this small DNN
-            # (measured, batch 1, 1 thread, copies included: 225 us vs 300 us with the new
-            # executor and 400 us through the new IR)
-            config.enable_new_ir(False)
-            config.enable_new_executor(False)
-        config.switch_ir_optim(True)
-        try:
-            first = inference.create_predictor(config)
-        except Exception as exc:  # Paddle raises its own error types
-            raise ModelLoadError(f"{prog}: cannot load ({exc.__class__.__name__}: {exc})") from exc
-        names = list(first.get_input_names())
-        feeds = self.meta.get("feeds")
-        dense_name = None
-        emb_order = None
-        if isinstance(feeds, list) and feeds and all(isinstance(f, str) for f in feeds):
-            dense_name, emb_order = feeds[0], feeds[1:]  # the export's order: dense, then slots
-        elif isinstance(feeds, dict):
-            dense_name = feeds.get("dense") or feeds.get("dense_input")
-            if isinstance(dense_name, dict):
-                dense_name = dense_name.get("name")
-        if dense_name not in names:
-            dense_name = next((n for n in names if "dense" in n), None)
-        if dense_name is None:
-            raise ModelLoadError(f"{prog}: no dense feed among {names}")
-        self.dense_feed = dense_name
-        if emb_order and sorted(emb_order) == sorted(n for n in names if n != dense_name):
-            self.emb_feeds = list(emb_order)
-        else:
-            self.emb_feeds = sorted((n for n in names if n != dense_name), key=_emb_index)
-        self.num_slots = len(self.emb_feeds)
-        self.output_name = list(first.get_output_names())[0]
-        dim = self.meta.get("embedding_dim", self.meta.get("dim", self.meta.get("emb_dim")))
-        self.dim = int(dim) if dim is not None else None
-        self._pool: queue.SimpleQueue = queue.SimpleQueue()
-        preds = [first] + [first.clone() for _ in range(max(0, pool_size - 1))]
-        for p in preds:
-            handles = [p.get_input_handle(dense_name)] + [p.get_input_handle(n) for n in self.emb_feeds]
-            self._pool.put((p, handles, p.get_output_handle(self.output_name)))
+            self.meta = ModelMeta.read(self.dir)
+            if self.meta.version != self.version:
+                raise ModelLoadError(f"{self.dir / META_FILE}: version {self.meta.version}, expected {self.version}")
+            self.predictor = DensePredictor(self.dir, self.meta, pool_size)
+        except (ModelMetaError, PredictorError) as exc:
+            raise ModelLoadError(str(exc)) from exc
+        self.num_slots = self.meta.num_slots
+        self.dim = self.meta.embedding_dim
         self.loaded_at = time.time()
-        self.combiner = None  # set by serving: combines concurrent requests (server.Combiner)
+        self.combiner = None
 
     def predict(self, dense: np.ndarray, emb: np.ndarray) -> np.ndarray:
-        """``dense`` float32[n,13] normalized; ``emb`` float32[num_slots*n, dim] in
-        slot-major order (rows ``s*n .. s*n+n-1`` are slot ``s``'s embeddings).
-        Returns probabilities float32[n,1]."""
-        n = dense.shape[0]
-        p, handles, out = self._pool.get()
-        try:
-            handles[0].copy_from_cpu(dense)
-            for s, h in enumerate(handles[1:]):
-                h.copy_from_cpu(emb[s * n:(s + 1) * n])
-            p.run()
-            return out.copy_to_cpu()
-        finally:
-            self._pool.put((p, handles, out))
+        """``dense`` float32[n,13] normalized; ``emb`` float32[num_slots*n, dim] slot-major.
+        Returns the probabilities, float32[n,1]."""
+        return self.predictor.predict(dense, emb)
 
 
 def fetch_model(model_root: str, rel: str, version: int, work_dir: str | os.PathLike) -> Path:
     """Makes ``model_root/rel`` (a version's dense directory) available locally.
 
-    A local directory is used in place. From a URL the files are listed through the
-    file server's JSON listing (``?format=json``), falling back to the known names
-    (``MODEL_FILES``), and downloaded into ``work_dir/<version>/`` (temporary directory
-    renamed into place). Returns the local directory. Raises ``ModelLoadError``.
-    """
+    A local directory is used in place. From a URL, ``model_meta.json`` is downloaded first
+    and then the files its ``model_files`` names, into ``work_dir/<version>/`` (a temporary
+    directory renamed into place once complete). Returns the local directory.
+    Raises ``ModelLoadError``."""
     loc = storage.join(model_root, rel)
     if not storage.is_url(loc):
         if not os.path.isdir(loc):
@@ -147,32 +76,19 @@ def fetch_model(model_root: str, rel: str, version: int, work_dir: str | os.Path
     if (dest / ".complete").exists():
         return dest
     base = loc.rstrip("/") + "/"
-    names: list[str] = []
-    try:
-        r = storage.session().get(base, params={"format": "json"}, timeout=10)
-        if r.status_code == 200 and r.headers.get("Content-Type", "").startswith("application/json"):
-            names = [e["name"] for e in r.json().get("entries", []) if e.get("type") == "file"]
-    except Exception as exc:  # listing is an optimization: fall back to known names
-        log.debug("listing %s failed: %s", base, exc)
     Path(work_dir).mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=work_dir, prefix=f".{version}."))
     try:
-        got = []
-        for name in names or MODEL_FILES:
-            try:
-                storage.download(base + name, tmp / name)
-                got.append(name)
-            except storage.LocationError:
-                if names:
-                    raise
-        if "inference.pdiparams" not in got:
-            raise ModelLoadError(f"{base}: no inference.pdiparams")
+        storage.download(base + META_FILE, tmp / META_FILE)
+        meta = ModelMeta.read(tmp)
+        for name in meta.model_files:
+            storage.download(base + name, tmp / name)
         (tmp / ".complete").write_text("ok")
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)
         return dest
-    except storage.LocationError as exc:
+    except (storage.LocationError, ModelMetaError) as exc:
         raise ModelLoadError(f"{base}: {exc}") from exc
     finally:
         if tmp.exists():
@@ -209,11 +125,8 @@ class VersionWatcher:
         self._failed: dict[int, float] = {}  # version -> time of the last failed load
 
     # -- the target version ------------------------------------------------------------
-    def _donefile_records(self) -> list[dict]:
-        recs = []
-        for name in ("base.txt", "patch.txt"):
-            recs += storage.read_donefile(storage.join(self.model_root, "donefile", name))
-        return recs
+    def _records(self) -> list[donefile.DonefileRecord]:
+        return donefile.read(self.model_root, "base") + donefile.read(self.model_root, "patch")
 
     def target(self) -> int | None:
         """The version that should be served now (None if none is known yet)."""
@@ -222,14 +135,13 @@ class VersionWatcher:
             r.raise_for_status()
             v = r.json().get("version")
             return int(v) if v not in (None, "", 0, -1) else None
-        recs = self._donefile_records()
-        return max((r["id"] for r in recs), default=None)
+        return max((r.id for r in self._records()), default=None)
 
     def _model_rel(self, version: int) -> str:
-        for rec in self._donefile_records():
-            if rec["id"] == version and rec.get("model"):
-                return str(rec["model"])
-        return f"versions/{version}/dense"
+        for rec in self._records():
+            if rec.id == version and rec.model:
+                return rec.model
+        return donefile.dense_dir(version)
 
     # -- loading -----------------------------------------------------------------------
     def load(self, version: int) -> DenseModel:
@@ -237,8 +149,8 @@ class VersionWatcher:
         t0 = time.monotonic()
         local = fetch_model(self.model_root, self._model_rel(version), version, self.work_dir)
         model = DenseModel(version, local, self.pool_size)
-        dim = model.dim or 1
-        model.predict(np.zeros((1, 13), np.float32), np.zeros((model.num_slots, dim), np.float32))
+        model.predict(np.zeros((1, model.meta.features.num_dense), np.float32),
+                      np.zeros((model.num_slots, model.dim), np.float32))
         log.info("loaded dense model of version %d from %s in %.0f ms", version, local,
                  (time.monotonic() - t0) * 1e3)
         return model

@@ -106,19 +106,19 @@ def _generate(args) -> int:
 
 def _train(args) -> int:
     from runtime import proc, storage
-    from runtime.trainer import readers, roles, train
+    from runtime.trainer import config, readers, roles, set_paddle_flags, train
 
     _setup_logging(getattr(args, "log_level", "INFO"))
     try:
-        cfg = train.config_from_args(args)
+        cfg = config.config_from_args(args)
+        config.check_inputs(cfg)  # a bad flag or a missing file fails before anything starts
         if args.local_cluster:
             from runtime.trainer.cluster import run_local_cluster
 
             rec = run_local_cluster(cfg, args.pservers, args.trainers, args.log_dir, args.timeout_s)
-        elif args.single:
-            rec = train.run_single(cfg)
         else:
-            rec = train.run_role(cfg)
+            set_paddle_flags()  # this process trains: before Paddle is imported
+            rec = train.run_single(cfg) if args.single else train.run_role(cfg)
     except (ValueError, storage.LocationError, readers.TooManyBadLines, roles.RoleError) as exc:
         print(f"elastic-ctr train: error: {exc}", file=sys.stderr)
         return 2

@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 
 from runtime import proc
-from runtime.trainer.train import TrainConfig, check_inputs, train_argv
+from runtime.trainer import PADDLE_FLAGS
+from runtime.trainer.config import TrainConfig, check_inputs, train_argv
 
-log = logging.getLogger("elastic_ctr.cluster")
+log = logging.getLogger(__name__)
 
 
 def run_local_cluster(cfg: TrainConfig, pservers: int = 1, trainers: int = 2,
@@ -31,7 +32,7 @@ def run_local_cluster(cfg: TrainConfig, pservers: int = 1, trainers: int = 2,
     logs = Path(log_dir or tempfile.mkdtemp(prefix="elastic-ctr-cluster-"))
     ports = proc.free_ports(pservers)
     endpoints = [f"127.0.0.1:{p}" for p in ports]
-    common = {"PADDLE_PSERVERS_IP_PORT_LIST": ",".join(endpoints), "PADDLE_TRAINERS_NUM": str(trainers),
+    common = {**PADDLE_FLAGS, "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(endpoints), "PADDLE_TRAINERS_NUM": str(trainers),
               "POD_IP": "127.0.0.1", "OMP_NUM_THREADS": "1", "CPU_NUM": "1"}
     argv = proc.self_command() + ["train"] + train_argv(cfg)
     log.info("local cluster: %d pserver(s) %s, %d trainer(s); logs in %s", pservers, endpoints, trainers, logs)

@@ -1,5 +1,5 @@
 """Export of one version: dense inference model, model_meta.json, sparse SequenceFiles,
-donefile line (layout: docs/contracts.md "A version on the file server").
+donefile line (layout and formats: ``runtime.formats``).
 
 Order: every file of ``versions/<id>/`` is written (to a local staging directory, then
 ``runtime.storage.upload_tree`` to the root: a directory or the file server's URL), and
@@ -11,24 +11,26 @@ the Adam rule): ``dir/000/part-<pserver>-<shard>.gz``, lines ``<uint64 key> <flo
 columns: slot, unseen_days, delta_score, show, click, embed_w, 4 optimizer-state values,
 embedx_w (dim-1 values), optimizer state. The embedding is ``[embed_w] + embedx_w``
 (columns 5 and 10..10+dim-2); a row with only 10 columns has embedx = 0 (what the
-parameter-server pull returns for it). Source: measured, ../shared/notes/paddle-ps.md,
-and checked by tests/trainer (exported predictions == trained program's predictions).
+parameter-server pull returns for it). Measured on Paddle 3.0.0 and checked by
+tests/trainer (exported predictions == trained program's predictions).
 """
 from __future__ import annotations
 
 import glob
 import gzip
-import json
 import logging
 import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
 from runtime import storage
-from runtime.trainer import features as F
+from runtime.formats import donefile, features, model_meta
+from runtime.formats.donefile import DonefileRecord
+from runtime.formats.model_meta import ModelMeta
 
 log = logging.getLogger(__name__)
 
@@ -84,90 +86,69 @@ def read_saved_table(table_dir: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
     return keys, values
 
 
-def previous_id(root: str) -> int:
-    """The largest version id in ``root``'s donefiles (0 if none)."""
-    ids = [r["id"] for name in ("base.txt", "patch.txt")
-           for r in storage.read_donefile(storage.join(root, "donefile", name))]
-    return max(ids, default=0)
+def write_dense(stage: Path, slots: Sequence[int], dim: int, layers: Sequence[int],
+                source_scope=None, seed: int = 0) -> dict:
+    """Builds the dense inference program (``runtime.trainer.model.build_infer``), takes the
+    head's parameters by name from ``source_scope`` (the trained scope; ``None``: the
+    program's own initialization, seeded by ``seed``) and saves
+    ``stage/inference.{pdmodel,pdiparams}``. Returns ``{"files": [program, params],
+    "feeds": [dense feed, slot feeds...], "fetch": name}`` (what ``model_meta.json`` records).
 
-
-def new_version_id(root: str) -> int:
-    """``max(unix seconds, previous id + 1)``."""
-    return max(int(time.time()), previous_id(root) + 1)
-
-
-def write_dense(stage: Path, slots, dim: int, layers, exe, check_rows: int = 64) -> dict:
-    """Builds the dense inference program, copies the trained head's parameters into it by
-    name (from the global scope), saves ``stage/inference.{json|pdmodel,pdiparams}`` and
-    checks that ``paddle.inference`` loads it and predicts like the program (random
-    inputs, max abs diff <= 1e-5). Returns ``{"files": [...], "check_max_abs_diff": x}``.
-    Raises ``ExportError`` if the check fails."""
+    Raises ``ExportError`` if a parameter is missing from ``source_scope``."""
     import paddle
 
-    from runtime.trainer import model as M
+    from runtime.trainer import model
 
-    net = M.build_infer(len(slots), dim, tuple(layers))
-    src = paddle.static.global_scope()
+    paddle.enable_static()
+    paddle.seed(seed)
+    net = model.build_infer(len(slots), dim, tuple(layers))
     scope = paddle.static.Scope()
     place = paddle.CPUPlace()
     with paddle.static.scope_guard(scope):
-        exe2 = paddle.static.Executor(place)
-        exe2.run(net.startup)
-        for name in M.dense_param_names(tuple(layers)):
-            var = src.find_var(name)
-            if var is None:
-                raise ExportError(f"dense parameter {name} not found in the trained scope")
-            scope.var(name).get_tensor().set(np.array(var.get_tensor()), place)
-        prefix = str(stage / "inference")
-        feed_vars = [net.dense] + net.embs
-        paddle.static.save_inference_model(prefix, feed_vars, [net.prob], exe2, program=net.main)
-        rng = np.random.default_rng(0)
-        feed = {"dense_input": rng.random((check_rows, F.NUM_DENSE), dtype=np.float32)}
-        for i in range(len(slots)):
-            feed[f"emb_{i + 1}"] = (rng.standard_normal((check_rows, dim)) * 0.05).astype(np.float32)
-        (want,) = exe2.run(net.main, feed=feed, fetch_list=[net.prob])
-    files = sorted(p.name for p in stage.iterdir() if p.name.startswith("inference."))
-    got = predict_dense(stage, feed)
+        exe = paddle.static.Executor(place)
+        exe.run(net.startup)
+        if source_scope is not None:
+            for name in model.dense_param_names(tuple(layers)):
+                var = source_scope.find_var(name)
+                if var is None:
+                    raise ExportError(f"dense parameter {name} not found in the trained scope")
+                scope.var(name).get_tensor().set(np.array(var.get_tensor()), place)
+        paddle.static.save_inference_model(str(stage / "inference"), [net.dense] + net.embs, [net.prob], exe,
+                                           program=net.main)
+    return {"files": [f"inference{model_meta.PROGRAM_SUFFIX}", f"inference{model_meta.PARAMS_SUFFIX}"],
+            "feeds": list(net.feeds), "fetch": net.prob.name}
+
+
+def check_dense(stage: Path, meta: ModelMeta, rows: int = 64) -> float:
+    """Runs the saved program twice on random inputs, with the static executor and with
+    ``paddle.inference`` (``runtime.inference.DensePredictor``, what serving runs), and
+    returns the max abs difference of the predictions. Raises ``ExportError`` above 1e-5."""
+    import paddle
+
+    from runtime.inference import DensePredictor
+
+    rng = np.random.default_rng(0)
+    dense = rng.random((rows, features.NUM_DENSE), dtype=np.float32)
+    emb = (rng.standard_normal((meta.num_slots * rows, meta.embedding_dim)) * 0.05).astype(np.float32)
+    scope = paddle.static.Scope()
+    with paddle.static.scope_guard(scope):
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        prog, feed_names, fetch = paddle.static.load_inference_model(str(stage / "inference"), exe)
+        feed = {meta.dense_feed: dense}
+        feed.update({name: emb[s * rows:(s + 1) * rows] for s, name in enumerate(meta.emb_feeds)})
+        (want,) = exe.run(prog, feed={k: feed[k] for k in feed_names}, fetch_list=fetch)
+    got = DensePredictor(stage, meta).predict(dense, emb)
     diff = float(np.max(np.abs(np.asarray(want).ravel() - got.ravel())))
     if not diff <= 1e-5:
         raise ExportError(f"dense model check: paddle.inference predictions differ by {diff}")
-    return {"files": files, "check_max_abs_diff": diff}
-
-
-def model_files(model_dir: str | os.PathLike) -> tuple[str, str]:
-    """(program file, params file) of a dense model directory (``inference.json`` or
-    ``inference.pdmodel``, ``inference.pdiparams``)."""
-    d = Path(model_dir)
-    for prog in ("inference.json", "inference.pdmodel"):
-        if (d / prog).exists():
-            return str(d / prog), str(d / "inference.pdiparams")
-    raise ExportError(f"{model_dir}: no inference.json or inference.pdmodel")
-
-
-def predict_dense(model_dir: str | os.PathLike, feed: dict) -> np.ndarray:
-    """Runs the exported dense model with ``paddle.inference`` on ``feed`` (name -> array);
-    returns ``prob`` float32[n,1]."""
-    import paddle.inference as pi
-
-    prog, params = model_files(model_dir)
-    config = pi.Config(prog, params)
-    config.disable_gpu()
-    config.disable_glog_info()
-    config.set_cpu_math_library_num_threads(1)
-    pred = pi.create_predictor(config)
-    for name in pred.get_input_names():
-        h = pred.get_input_handle(name)
-        h.copy_from_cpu(np.ascontiguousarray(feed[name], dtype=np.float32))
-    pred.run()
-    out = pred.get_output_handle(pred.get_output_names()[0])
-    return out.copy_to_cpu()
+    return diff
 
 
 def write_sparse(stage: Path, keys: np.ndarray, values: np.ndarray) -> list[dict]:
     """Writes ``stage/part-NNNNN`` SequenceFiles (raw style: key uint64 LE, value
-    float32[dim] LE; ``runtime.cube.seqfile``), ``PART_ROWS`` rows each, keys sorted.
+    float32[dim] LE; ``runtime.formats.seqfile``), ``PART_ROWS`` rows each, keys sorted.
     Returns ``[{"file", "count", "bytes"}]``."""
-    from runtime.cube.seqfile import write_sequence_file
+    from runtime.formats.seqfile import write_sequence_file
 
     order = np.argsort(keys, kind="stable")
     keys, values = keys[order], values[order]
@@ -183,53 +164,78 @@ def write_sparse(stage: Path, keys: np.ndarray, values: np.ndarray) -> list[dict
     return out
 
 
-def export_version(cfg, slots, keys: np.ndarray, values: np.ndarray, metrics: dict, exe=None,
-                   version_id: int | None = None) -> dict:
-    """Writes and publishes one base version under ``cfg.output`` (dir or URL).
+def export_version(root: str, *, slots: Sequence[int], fmt: str, dim: int, layers: Sequence[int],
+                   keys: np.ndarray, values: np.ndarray, metrics: dict, training: dict,
+                   source_scope=None, token: str | None = None, version_id: int | None = None,
+                   seed: int = 0) -> DonefileRecord:
+    """Writes and publishes one base version under ``root`` (a directory or the file
+    server's URL): ``versions/<id>/dense/`` (program, parameters, ``model_meta.json``),
+    ``versions/<id>/sparse/part-*``, then the line in ``donefile/base.txt``.
 
-    ``keys``: uint64[n] feasigns, ``values``: float32[n,dim] embeddings. Returns the
-    donefile record (``id``, ``key``, ``input``, ``model``, ``dim``, ``count``).
-    Raises ``ExportError`` / ``storage.LocationError``.
+    Args:
+        slots: the slot ids (int[S]); fmt: the input format (criteo | slot).
+        dim, layers: the embedding width and the head's hidden widths.
+        keys: uint64[n] feasigns; values: float32[n, dim] their embeddings.
+        metrics, training: free-form records stored in ``model_meta.json``.
+        source_scope: the trained Paddle scope holding the head's parameters (``None``:
+            the program's seeded initialization; used by tests and benchmarks).
+        token: the file server's upload token; version_id: default a new id
+            (``runtime.formats.donefile.new_version_id``).
+
+    Returns the donefile record. Raises ``ExportError`` / ``storage.LocationError``; the
+    donefile line is appended only once every file of the version is in place.
     """
-    root = cfg.output
-    token = storage.read_token(cfg.upload_token_file)
-    dim = int(cfg.embedding_dim)
     if values.shape != (len(keys), dim):
         raise ExportError(f"sparse values shape {values.shape}, expected ({len(keys)}, {dim})")
-    vid = int(version_id) if version_id is not None else new_version_id(root)
+    vid = int(version_id) if version_id is not None else donefile.new_version_id(root)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="elastic-ctr-export-") as tmp:
         stage = Path(tmp)
         (stage / "dense").mkdir()
         (stage / "sparse").mkdir()
-        dense_info = write_dense(stage / "dense", slots, dim, cfg.layers, exe)
         parts = write_sparse(stage / "sparse", keys, values)
-        feeds = ["dense_input"] + [f"emb_{i + 1}" for i in range(len(slots))]
-        meta = {
-            "version": vid,
-            "created": int(time.time()),
-            "features": F.feature_spec(cfg.format, slots),
-            "embedding_dim": dim,
-            "normalization": F.NORMALIZATION,
-            "feeds": feeds,
-            "feed_shapes": {"dense_input": [-1, F.NUM_DENSE], **{f: [-1, dim] for f in feeds[1:]}},
-            "slot_feeds": {str(s): f"emb_{i + 1}" for i, s in enumerate(slots)},
-            "fetches": ["prob"],
-            "model_files": dense_info["files"],
-            "layers": list(cfg.layers),
-            "sparse": {"parts": parts, "count": int(len(keys)), "value": f"float32[{dim}] little-endian",
-                       "key": "uint64 little-endian feasign", "style": "raw"},
-            "training": {"epochs": cfg.epochs, "batch_size": cfg.batch_size, "lr": cfg.lr,
-                         "sparse_shards": cfg.sparse_shards, "data_train": list(cfg.data_train)},
-            "metrics": metrics,
-            "export_check_max_abs_diff": dense_info["check_max_abs_diff"],
-        }
-        (stage / "dense" / "model_meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        vroot = storage.join(root, "versions", str(vid))
-        storage.upload_tree(stage, vroot, token)
-    rec = {"id": vid, "key": vid, "input": f"versions/{vid}/sparse", "model": f"versions/{vid}/dense",
-           "dim": dim, "count": int(len(keys))}
-    storage.append_line(storage.join(root, "donefile", "base.txt"), json.dumps(rec), token)
+        dense = write_dense(stage / "dense", slots, dim, layers, source_scope, seed)
+        meta = ModelMeta(
+            version=vid, created=int(time.time()), features=features.feature_spec(fmt, slots),
+            embedding_dim=dim, normalization=features.NORMALIZATION,
+            feeds=dense["feeds"], fetches=[dense["fetch"]], model_files=tuple(dense["files"]),
+            layers=list(layers),
+            sparse={"parts": parts, "count": int(len(keys)), "value": f"float32[{dim}] little-endian",
+                    "key": "uint64 little-endian feasign", "style": "raw"},
+            training=training, metrics=metrics, export_check_max_abs_diff=0.0)
+        meta = meta.model_copy(update={"export_check_max_abs_diff": check_dense(stage / "dense", meta)})
+        meta.write(stage / "dense")
+        storage.upload_tree(stage, storage.join(root, "versions", str(vid)), token)
+    rec = donefile.base_record(vid, dim, int(len(keys)))
+    donefile.append(root, "base", rec, token)
     log.info("exported version %d to %s: %d keys, dim %d, in %.1f s", vid, root, len(keys), dim,
              time.monotonic() - t0)
     return rec
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """``python -m runtime.trainer.export``: publishes a version from given embeddings (an
+    ``.npz`` with ``keys`` uint64[n] and ``values`` float32[n, dim]) and a seeded, untrained
+    head: the same files and donefile line as a training run. For tests and benchmarks."""
+    import argparse
+
+    from runtime.trainer import set_paddle_flags
+
+    ap = argparse.ArgumentParser(prog="python -m runtime.trainer.export", description=_main.__doc__,
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--root", required=True, help="version root (directory or file-server URL)")
+    ap.add_argument("--version", type=int, required=True, help="version id")
+    ap.add_argument("--table", required=True, help=".npz with keys and values")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the head's initialization")
+    ap.add_argument("--layers", default="128,64,32", help="hidden layer widths")
+    args = ap.parse_args(argv)
+    set_paddle_flags()
+    table = np.load(args.table)
+    export_version(args.root, slots=features.DEFAULT_SLOTS, fmt="criteo", dim=int(table["values"].shape[1]),
+                   layers=[int(x) for x in args.layers.split(",")], keys=table["keys"], values=table["values"],
+                   metrics={}, training={}, version_id=args.version, seed=args.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

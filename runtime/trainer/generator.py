@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.trainer import features as F
+from runtime.evaluation import auc
+from runtime.formats import features
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class _Model:
     """The sampled parameters of the generative model (see module docstring)."""
 
     def __init__(self, rng: np.random.Generator):
-        S = F.NUM_SLOTS
+        S = features.NUM_SLOTS
         self.vocab = [VOCAB_SIZES[s % len(VOCAB_SIZES)] for s in range(S)]
         self.values, self.probs, self.weights = [], [], []
         self.miss = rng.uniform(0.0, 0.3, size=S)
@@ -54,8 +55,8 @@ class _Model:
             self.values.append(np.array([f"{int(x):08x}" for x in vals]))
             self.probs.append(p / p.sum())
             self.weights.append(rng.normal(0.0, self.sigma[s], size=v))
-        self.mu = rng.uniform(0.0, 4.0, size=F.NUM_DENSE)
-        self.beta = rng.normal(0.0, 1.0, size=F.NUM_DENSE)
+        self.mu = rng.uniform(0.0, 4.0, size=features.NUM_DENSE)
+        self.beta = rng.normal(0.0, 1.0, size=features.NUM_DENSE)
         self.inter = rng.normal(0.0, 0.6, size=(8, 8))
         self.gamma = 1.0
         self.bias = 0.0
@@ -63,7 +64,7 @@ class _Model:
     def sample(self, rng: np.random.Generator, n: int):
         """Draws ``n`` rows -> (labels int64[n], logit float64[n], dense float64[n,13] with
         NaN for missing, cat str[n,26] with "" for missing)."""
-        S = F.NUM_SLOTS
+        S = features.NUM_SLOTS
         logit = np.full(n, self.bias)
         ks = np.empty((n, S), dtype=np.int64)
         cat = np.empty((n, S), dtype="<U8")
@@ -73,10 +74,10 @@ class _Model:
             ks[:, s] = np.where(miss, -1, k)
             logit += np.where(miss, 0.0, self.weights[s][k])
             cat[:, s] = np.where(miss, "", self.values[s][k])
-        dense = np.floor(np.exp(rng.normal(self.mu, 1.2, size=(n, F.NUM_DENSE))))
+        dense = np.floor(np.exp(rng.normal(self.mu, 1.2, size=(n, features.NUM_DENSE))))
         dense[:, 1] -= rng.random(n) < 0.05  # Criteo's I2 can be -1
-        dense[rng.random((n, F.NUM_DENSE)) < 0.1] = np.nan
-        z = F.normalize_dense(dense).astype(np.float64)
+        dense[rng.random((n, features.NUM_DENSE)) < 0.1] = np.nan
+        z = features.normalize_dense(dense).astype(np.float64)
         logit += z @ self.beta
         k3, k4, k5 = ks[:, 2], ks[:, 3], ks[:, 4]
         both = (k3 >= 0) & (k4 >= 0)
@@ -88,10 +89,10 @@ class _Model:
 def _lines(labels, dense, cat) -> list[str]:
     n = labels.shape[0]
     cols = [labels.astype(str).tolist()]
-    for i in range(F.NUM_DENSE):
+    for i in range(features.NUM_DENSE):
         d = dense[:, i]
         cols.append(["" if x != x else str(int(x)) for x in d.tolist()])
-    for s in range(F.NUM_SLOTS):
+    for s in range(features.NUM_SLOTS):
         cols.append(cat[:, s].tolist())
     return ["\t".join(r) for r in zip(*cols)] if n else []
 
@@ -151,7 +152,7 @@ def generate(out_dir: str | os.PathLike, rows: int, test_rows: int, seed: int = 
         os.replace(tmp, path)
         stats[name] = pos / n
         if name == "test":
-            stats["auc"] = F.auc(np.concatenate(labels_all), np.concatenate(logits))
+            stats["auc"] = auc(np.concatenate(labels_all), np.concatenate(logits))
     rec = {
         "seed": seed,
         "rows": rows,

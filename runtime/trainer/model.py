@@ -15,14 +15,12 @@ float32[n,1]); its parameters have the same names as the training program's head
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-os.environ["FLAGS_enable_pir_api"] = "0"  # legacy IR: sparse_embedding needs it (notes)
+import paddle
 
-import paddle  # noqa: E402
-
-from runtime.trainer import features as F  # noqa: E402
+from runtime.formats import features
+from runtime.trainer import check_paddle_flags
 
 TABLE_NAME = "SparseFeatFactors"
 INIT_RANGE = 0.01  # uniform initializer range of the embedding table (single process)
@@ -65,9 +63,10 @@ def build_train(num_slots: int, dim: int, layers: tuple[int, ...], ps: bool,
     """Builds the training program (module docstring) in fresh programs; ``ps`` picks the
     parameter-server sparse table or a local embedding of ``vocab_size`` rows (row 0 = the
     zero vector of unseen feasigns)."""
+    check_paddle_flags()
     main, startup = paddle.static.Program(), paddle.static.Program()
     with paddle.static.program_guard(main, startup):
-        dense = paddle.static.data("dense_input", [-1, F.NUM_DENSE], "float32")
+        dense = paddle.static.data("dense_input", [-1, features.NUM_DENSE], "float32")
         ids = [paddle.static.data(f"C{i + 1}", [-1, 1], "int64") for i in range(num_slots)]
         label = paddle.static.data("label", [-1, 1], "int64")
         attr = paddle.ParamAttr(name=TABLE_NAME,
@@ -91,9 +90,10 @@ def build_train(num_slots: int, dim: int, layers: tuple[int, ...], ps: bool,
 def build_infer(num_slots: int, dim: int, layers: tuple[int, ...]) -> Net:
     """Builds the dense inference program: feeds ``dense_input``, ``emb_1``..``emb_<S>``,
     fetch ``prob`` (a variable named exactly so)."""
+    check_paddle_flags()
     main, startup = paddle.static.Program(), paddle.static.Program()
     with paddle.static.program_guard(main, startup):
-        dense = paddle.static.data("dense_input", [-1, F.NUM_DENSE], "float32")
+        dense = paddle.static.data("dense_input", [-1, features.NUM_DENSE], "float32")
         embs = [paddle.static.data(f"emb_{i + 1}", [-1, dim], "float32") for i in range(num_slots)]
         logit = _head(embs, dense, layers)
         p = paddle.nn.functional.sigmoid(logit)

@@ -2,7 +2,7 @@
 
 Lines are streamed through ``runtime.storage.iter_lines`` (a URL is never loaded whole;
 ``.gz`` is decompressed), parsed in chunks by the vectorized parsers of
-``runtime.trainer.features``, and cut into batches. Malformed lines are counted and
+``runtime.formats.features``, and cut into batches. Malformed lines are counted and
 skipped with a warning naming the file and line number, within an error budget
 (``BadLineBudget``); past it ``TooManyBadLines`` is raised.
 
@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from runtime import storage
-from runtime.trainer import features as F
+from runtime.formats import features
 
 log = logging.getLogger(__name__)
 
@@ -103,19 +103,11 @@ def resolve(locations: Sequence[str]) -> list[str]:
     return files
 
 
-def _parser(fmt: str, slots: Sequence[int]):
-    if fmt == "criteo":
-        return F.parse_criteo_lines
-    if fmt == "slot":
-        return lambda lines: F.parse_slot_lines(lines, slots)
-    raise ValueError(f"unknown data format {fmt!r} (expected criteo or slot)")
-
-
 def iter_batches(
     files: Sequence[str],
     fmt: str = "criteo",
     batch_size: int = 512,
-    slots: Sequence[int] = F.DEFAULT_SLOTS,
+    slots: Sequence[int] = features.DEFAULT_SLOTS,
     shard: tuple[int, int] = (0, 1),
     budget: BadLineBudget | None = None,
     chunk_lines: int = 8192,
@@ -134,7 +126,8 @@ def iter_batches(
     if not (count >= 1 and 0 <= idx < count):
         raise ValueError(f"bad shard {shard}: need 0 <= index < count")
     budget = budget if budget is not None else BadLineBudget()
-    parse = _parser(fmt, slots)
+    if fmt not in features.FORMATS:
+        raise ValueError(f"unknown data format {fmt!r} (expected one of {', '.join(features.FORMATS)})")
     pend: list[Batch] = []
     pend_n = 0
     running = 0  # data-line counter over all files, for sharding
@@ -162,15 +155,15 @@ def iter_batches(
         lineno = 0
 
         def take(chunk: list[str], linenos: list[int]) -> Batch:
-            parsed = parse(chunk)
+            parsed = features.parse_lines(chunk, fmt, slots)
             for j, reason in parsed.bad:
                 budget.record(loc, linenos[j], reason)
-            dense = F.normalize_dense(parsed.dense) if normalize else parsed.dense
+            dense = features.normalize_dense(parsed.dense) if normalize else parsed.dense
             return Batch(parsed.labels, dense, parsed.feasigns)
 
         for line in storage.iter_lines(loc):
             lineno += 1
-            if not line or (fmt == "criteo" and F.is_header(line)):
+            if not line or (fmt == "criteo" and features.is_header(line)):
                 continue
             if running % count == idx:
                 chunk.append(line)
@@ -192,7 +185,7 @@ def iter_batches(
     budget.finish()
 
 
-def read_all(files: Sequence[str], fmt: str = "criteo", slots: Sequence[int] = F.DEFAULT_SLOTS,
+def read_all(files: Sequence[str], fmt: str = "criteo", slots: Sequence[int] = features.DEFAULT_SLOTS,
              budget: BadLineBudget | None = None, limit: int | None = None,
              normalize: bool = True) -> Batch:
     """Reads whole inputs into one ``Batch`` (test sets); at most ``limit`` rows."""

@@ -25,103 +25,18 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import shutil
 import tempfile
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
 import numpy as np
 
-from runtime.trainer import features as F
-from runtime.trainer import readers as R
-from runtime.trainer import roles as roles_mod
+from runtime.evaluation import auc
+from runtime.trainer import readers, roles
+from runtime.trainer.config import TABLE_DIR_PREFIX, TrainConfig, check_inputs, check_table_dir
 
-log = logging.getLogger("elastic_ctr.train")
-
-# Legacy static graph: under the new IR sparse_embedding fails (../shared/notes/paddle-ps.md).
-# Must be set before paddle is imported anywhere in the process.
-os.environ["FLAGS_enable_pir_api"] = "0"
-
-
-@dataclass
-class TrainConfig:
-    """Everything ``train`` needs (flags or ``--config`` YAML keys with ``_`` for ``-``)."""
-
-    data_train: list = field(default_factory=list)
-    data_test: list = field(default_factory=list)
-    format: str = "criteo"
-    slot_file: str | None = None
-    epochs: int = 2
-    batch_size: int = 512
-    lr: float = 0.002
-    embedding_dim: int = 9
-    layers: tuple = (128, 64, 32)
-    sparse_shards: int = 8
-    output: str | None = None
-    upload_token_file: str | None = None
-    max_bad_lines: int | None = 100
-    max_bad_fraction: float | None = None
-    log_every_s: float = 5.0
-    test_limit: int | None = None
-    single_vocab_size: int = 1 << 20
-    dump_predictions: str | None = None
-    seed: int = 1
-    wait_pserver_s: float = 120.0
-    table_dir: str | None = None
-
-    def slots(self) -> tuple[int, ...]:
-        """The slot list (from ``slot_file`` for the slot format, else 1..26)."""
-        if self.format == "slot" and self.slot_file:
-            from runtime import storage
-
-            return F.load_slots(storage.read_bytes(self.slot_file).decode())
-        return F.DEFAULT_SLOTS
-
-
-def check_inputs(cfg: TrainConfig) -> tuple[list[str], list[str]]:
-    """Resolves train and test locations; raises ``storage.LocationError`` naming a missing
-    file or unreachable URL, ``ValueError`` for bad settings. Call before starting anything."""
-    if not cfg.data_train:
-        raise ValueError("--data-train: no training data given")
-    if cfg.format not in ("criteo", "slot"):
-        raise ValueError(f"--format {cfg.format!r}: expected criteo or slot")
-    for name in ("epochs", "batch_size", "embedding_dim", "sparse_shards"):
-        if int(getattr(cfg, name)) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(cfg, name)})")
-    if cfg.lr <= 0:
-        raise ValueError(f"--lr must be > 0 (got {cfg.lr})")
-    if not cfg.layers or any(int(x) < 1 for x in cfg.layers):
-        raise ValueError(f"--layers: positive widths expected (got {cfg.layers})")
-    train = R.resolve(cfg.data_train)
-    test = R.resolve(cfg.data_test) if cfg.data_test else []
-    if cfg.slot_file:
-        from runtime import storage
-
-        storage.check_readable(cfg.slot_file)
-    if cfg.table_dir:
-        check_table_dir(cfg.table_dir)
-    return train, test
-
-
-TABLE_DIR_PREFIX = "elastic-ctr-table-"
-
-
-def check_table_dir(base: str) -> None:
-    """Creates ``base`` (the ``--table-dir``) if missing and checks that a subdirectory can
-    be made in it, so a bad value fails before training rather than at the export.
-
-    Raises ``ValueError`` naming the flag for a URL or a directory that cannot be created
-    or written."""
-    if "://" in str(base):
-        raise ValueError(f"--table-dir {base}: expected a local directory (in Kubernetes a volume "
-                         "shared by the pserver and trainer pods), not a URL")
-    try:
-        os.makedirs(base, exist_ok=True)
-        os.rmdir(tempfile.mkdtemp(prefix=TABLE_DIR_PREFIX + "check-", dir=base))
-    except OSError as exc:
-        raise ValueError(f"--table-dir {base}: cannot create a directory in it ({exc})") from None
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -147,7 +62,7 @@ def table_save_dir(base: str | None) -> Iterator[str]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _feed(batch: R.Batch, with_label: bool = True) -> dict:
+def _feed(batch: readers.Batch, with_label: bool = True) -> dict:
     ids = batch.feasigns.view(np.int64)
     feed = {"dense_input": batch.dense}
     for i in range(ids.shape[1]):
@@ -183,19 +98,19 @@ class Progress:
     def emit(self, epoch: int, now: float | None = None) -> None:
         now = now or time.monotonic()
         rate = (self.examples - self.n_last) / max(1e-9, now - self.t_last)
-        a = F.auc(np.concatenate(self.labels), np.concatenate(self.probs)) if self.labels else float("nan")
+        a = auc(np.concatenate(self.labels), np.concatenate(self.probs)) if self.labels else float("nan")
         log.info("%s pass %d/%d batch %d examples %d | %.0f ex/s | loss %.4f | running auc %.4f",
                  self.who, epoch + 1, self.epochs, self.batches, self.examples, rate,
                  float(np.mean(self.losses)) if self.losses else float("nan"), a)
         self.t_last, self.n_last = now, self.examples
 
 
-def _predict(exe, program, prob, batch: R.Batch, map_ids=None, bs: int = 4096) -> np.ndarray:
+def _predict(exe, program, prob, batch: readers.Batch, map_ids=None, bs: int = 4096) -> np.ndarray:
     out = []
     for s in range(0, len(batch), bs):
-        b = R.Batch(batch.labels[s:s + bs], batch.dense[s:s + bs], batch.feasigns[s:s + bs])
+        b = readers.Batch(batch.labels[s:s + bs], batch.dense[s:s + bs], batch.feasigns[s:s + bs])
         if map_ids is not None:
-            b = R.Batch(b.labels, b.dense, map_ids(b.feasigns, grow=False))
+            b = readers.Batch(b.labels, b.dense, map_ids(b.feasigns, grow=False))
         (p,) = exe.run(program, feed=_feed(b), fetch_list=[prob])
         out.append(np.asarray(p).ravel())
     return np.concatenate(out) if out else np.zeros(0, np.float32)
@@ -233,11 +148,11 @@ class Vocab:
         return keys, rows
 
 
-def _load_test(cfg: TrainConfig, test_files: list[str], slots) -> R.Batch | None:
+def _load_test(cfg: TrainConfig, test_files: list[str], slots) -> readers.Batch | None:
     if not test_files:
         return None
-    budget = R.BadLineBudget(cfg.max_bad_lines, cfg.max_bad_fraction)
-    return R.read_all(test_files, cfg.format, slots, budget=budget, limit=cfg.test_limit)
+    budget = readers.BadLineBudget(cfg.max_bad_lines, cfg.max_bad_fraction)
+    return readers.read_all(test_files, cfg.format, slots, budget=budget, limit=cfg.test_limit)
 
 
 def _result_line(record: dict) -> None:
@@ -251,13 +166,12 @@ def run_single(cfg: TrainConfig) -> dict:
     train_files, test_files = check_inputs(cfg)
     import paddle
 
-    from runtime.trainer import export as E
-    from runtime.trainer import model as M
+    from runtime.trainer import model
 
     paddle.enable_static()
     paddle.seed(cfg.seed)
     slots = cfg.slots()
-    net = M.build_train(len(slots), cfg.embedding_dim, tuple(cfg.layers), ps=False,
+    net = model.build_train(len(slots), cfg.embedding_dim, tuple(cfg.layers), ps=False,
                         vocab_size=cfg.single_vocab_size)
     test_prog = net.main.clone(for_test=True)
     with paddle.static.program_guard(net.main, net.startup):
@@ -267,19 +181,19 @@ def run_single(cfg: TrainConfig) -> dict:
     vocab = Vocab(cfg.single_vocab_size)
     test = _load_test(cfg, test_files, slots)
     prog = Progress("single", cfg.epochs, cfg.log_every_s)
-    budget = R.BadLineBudget(cfg.max_bad_lines, cfg.max_bad_fraction)
+    budget = readers.BadLineBudget(cfg.max_bad_lines, cfg.max_bad_fraction)
     aucs, t_train = [], 0.0
     for epoch in range(cfg.epochs):
         t0 = time.monotonic()
-        for b in R.iter_batches(train_files, cfg.format, cfg.batch_size, slots, budget=budget):
-            mb = R.Batch(b.labels, b.dense, vocab(b.feasigns))
+        for b in readers.iter_batches(train_files, cfg.format, cfg.batch_size, slots, budget=budget):
+            mb = readers.Batch(b.labels, b.dense, vocab(b.feasigns))
             loss, p = exe.run(net.main, feed=_feed(mb), fetch_list=[net.loss, net.prob])
             prog.update(epoch, b.labels, p, float(np.asarray(loss)))
         t_train += time.monotonic() - t0
         prog.emit(epoch)
         if test is not None:
             p = _predict(exe, test_prog, net.prob, test, map_ids=vocab)
-            aucs.append(F.auc(test.labels, p))
+            aucs.append(auc(test.labels, p))
             log.info("single pass %d/%d: test auc %.5f (%d rows)", epoch + 1, cfg.epochs, aucs[-1], len(test))
     rec = {"mode": "single", "trainers": 1, "pservers": 0, "epochs": cfg.epochs, "test_auc": aucs,
            "examples": prog.examples, "train_seconds": round(t_train, 3),
@@ -288,32 +202,44 @@ def run_single(cfg: TrainConfig) -> dict:
         np.save(cfg.dump_predictions, _predict(exe, test_prog, net.prob, test, map_ids=vocab))
     if cfg.output:
         keys, rows = vocab.keys_rows()
-        table = np.array(paddle.static.global_scope().find_var(M.TABLE_NAME).get_tensor())
+        table = np.array(paddle.static.global_scope().find_var(model.TABLE_NAME).get_tensor())
         t0 = time.monotonic()
-        ver = E.export_version(cfg, slots, keys=keys, values=table[rows].astype(np.float32),
-                               metrics=_metrics(rec), exe=exe)
-        rec.update(version=ver["id"], export_seconds=round(time.monotonic() - t0, 3))
+        ver = _export(cfg, slots, keys, table[rows].astype(np.float32), rec)
+        rec.update(version=ver.id, export_seconds=round(time.monotonic() - t0, 3))
     _result_line(rec)
     return rec
 
 
-def _metrics(rec: dict) -> dict:
-    return {"test_auc": rec["test_auc"][-1] if rec.get("test_auc") else None,
-            "test_auc_per_pass": rec.get("test_auc", []), "mode": rec.get("mode"),
-            "trainers": rec.get("trainers"), "pservers": rec.get("pservers"),
-            "epochs": rec.get("epochs"), "examples_per_s": rec.get("examples_per_s")}
+def _export(cfg: TrainConfig, slots, keys: np.ndarray, values: np.ndarray, rec: dict):
+    """Exports the trained model (head from the global scope) as a new version of
+    ``cfg.output``; returns its donefile record."""
+    import paddle
+
+    from runtime import storage
+    from runtime.trainer import export
+
+    metrics = {"test_auc": rec["test_auc"][-1] if rec.get("test_auc") else None,
+               "test_auc_per_pass": rec.get("test_auc", []), "mode": rec.get("mode"),
+               "trainers": rec.get("trainers"), "pservers": rec.get("pservers"),
+               "epochs": rec.get("epochs"), "examples_per_s": rec.get("examples_per_s")}
+    training = {"epochs": cfg.epochs, "batch_size": cfg.batch_size, "lr": cfg.lr,
+                "sparse_shards": cfg.sparse_shards, "data_train": list(cfg.data_train)}
+    return export.export_version(
+        cfg.output, slots=slots, fmt=cfg.format, dim=int(cfg.embedding_dim), layers=cfg.layers,
+        keys=keys, values=values, metrics=metrics, training=training,
+        source_scope=paddle.static.global_scope(), token=storage.read_token(cfg.upload_token_file))
 
 
 def _strategy(cfg: TrainConfig):
     from paddle.distributed import fleet
 
-    from runtime.trainer import model as M
+    from runtime.trainer import model
 
     strategy = fleet.DistributedStrategy()
     strategy.a_sync = True
     # Keys are full proto paths (DistributedStrategy.sparse_table_configs setter, Paddle 3.0.0).
     strategy.sparse_table_configs = {
-        M.TABLE_NAME: {f"table_parameters.{M.TABLE_NAME}.shard_num": int(cfg.sparse_shards)}}
+        model.TABLE_NAME: {f"table_parameters.{model.TABLE_NAME}.shard_num": int(cfg.sparse_shards)}}
     return strategy
 
 
@@ -343,20 +269,20 @@ def _dense_puller(fleet):
 
 def run_role(cfg: TrainConfig) -> dict | None:
     """Runs this process's parameter-server role (from the environment)."""
-    role = roles_mod.from_env()
-    roles_mod.apply(role)
+    role = roles.from_env()
+    roles.apply(role)
     train_files, test_files = check_inputs(cfg)
     import paddle
     from paddle.distributed import fleet
 
     from runtime import proc
-    from runtime.trainer import model as M
+    from runtime.trainer import model
 
     paddle.enable_static()
     paddle.seed(cfg.seed)
     slots = cfg.slots()
     fleet.init(is_collective=False)
-    net = M.build_train(len(slots), cfg.embedding_dim, tuple(cfg.layers), ps=True)
+    net = model.build_train(len(slots), cfg.embedding_dim, tuple(cfg.layers), ps=True)
     test_origin = net.main.clone(for_test=True)
     with paddle.static.program_guard(net.main, net.startup):
         opt = fleet.distributed_optimizer(paddle.optimizer.Adam(cfg.lr), _strategy(cfg))
@@ -386,11 +312,11 @@ def run_role(cfg: TrainConfig) -> dict | None:
     first = role.trainer_id == 0
     test = _load_test(cfg, test_files, slots) if first else None
     prog = Progress(who, cfg.epochs, cfg.log_every_s)
-    budget = R.BadLineBudget(cfg.max_bad_lines, cfg.max_bad_fraction)
+    budget = readers.BadLineBudget(cfg.max_bad_lines, cfg.max_bad_fraction)
     aucs, t_train = [], 0.0
     for epoch in range(cfg.epochs):
         t0 = time.monotonic()
-        for b in R.iter_batches(train_files, cfg.format, cfg.batch_size, slots,
+        for b in readers.iter_batches(train_files, cfg.format, cfg.batch_size, slots,
                                 shard=(role.trainer_id, role.trainers), budget=budget):
             loss, p = exe.run(net.main, feed=_feed(b), fetch_list=[net.loss, net.prob])
             pull_dense()
@@ -399,7 +325,7 @@ def run_role(cfg: TrainConfig) -> dict | None:
         prog.emit(epoch)
         # The last pass is evaluated after the save (pulling an unseen id creates it).
         if first and test is not None and epoch < cfg.epochs - 1:
-            aucs.append(F.auc(test.labels, _predict(exe, test_prog, net.prob, test)))
+            aucs.append(auc(test.labels, _predict(exe, test_prog, net.prob, test)))
             log.info("%s pass %d/%d: test auc %.5f (%d rows)", who, epoch + 1, cfg.epochs, aucs[-1], len(test))
     rec = {"mode": "ps", "trainers": role.trainers, "pservers": len(role.pservers), "trainer_id": role.trainer_id,
            "epochs": cfg.epochs, "examples": prog.examples, "train_seconds": round(t_train, 3),
@@ -414,82 +340,18 @@ def run_role(cfg: TrainConfig) -> dict | None:
             log.info("%s: sparse table saved under %s in %.1f s", who, table_dir, time.monotonic() - t_save)
             if test is not None:
                 p = _predict(exe, test_prog, net.prob, test)
-                aucs.append(F.auc(test.labels, p))
+                aucs.append(auc(test.labels, p))
                 log.info("%s pass %d/%d: test auc %.5f (%d rows)", who, cfg.epochs, cfg.epochs, aucs[-1], len(test))
                 if cfg.dump_predictions:
                     np.save(cfg.dump_predictions, p)
             rec["test_auc"] = aucs
             if cfg.output:
-                from runtime.trainer import export as E
+                from runtime.trainer import export
 
                 t0 = time.monotonic()
-                keys, values = E.read_saved_table(table_dir, cfg.embedding_dim)
-                ver = E.export_version(cfg, slots, keys=keys, values=values, metrics=_metrics(rec), exe=exe)
-                rec.update(version=ver["id"], export_seconds=round(time.monotonic() - t0 + (t0 - t_save), 3))
+                keys, values = export.read_saved_table(table_dir, cfg.embedding_dim)
+                ver = _export(cfg, slots, keys, values, rec)
+                rec.update(version=ver.id, export_seconds=round(time.monotonic() - t0 + (t0 - t_save), 3))
     fleet.stop_worker()
     _result_line(rec)
     return rec
-
-
-def config_from_args(args) -> TrainConfig:
-    """Merges ``--config FILE`` (YAML mapping; keys like the flags, ``-`` or ``_``) with
-    flags given on the command line (flags win). Raises ``ValueError`` on unknown keys."""
-    cfg = TrainConfig()
-    if getattr(args, "config", None):
-        import yaml
-
-        from runtime import storage
-
-        data = yaml.safe_load(storage.read_bytes(args.config)) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"--config {args.config}: expected a YAML mapping")
-        known = set(asdict(cfg))
-        for k, v in data.items():
-            key = str(k).replace("-", "_")
-            if key not in known:
-                raise ValueError(f"--config {args.config}: unknown key {k!r} (known: {sorted(known)})")
-            setattr(cfg, key, v)
-    for k in asdict(cfg):
-        v = getattr(args, k, None)
-        if v is not None:
-            setattr(cfg, k, v)
-    if isinstance(cfg.layers, str):
-        cfg.layers = parse_layers(cfg.layers)
-    cfg.layers = tuple(int(x) for x in cfg.layers)
-    for k in ("data_train", "data_test"):
-        v = getattr(cfg, k)
-        if isinstance(v, str):
-            setattr(cfg, k, [v])
-    return cfg
-
-
-def parse_layers(text: str) -> tuple[int, ...]:
-    """``"128,64,32"`` -> (128, 64, 32); raises ``ValueError`` naming the bad value."""
-    try:
-        out = tuple(int(x) for x in str(text).split(",") if x.strip())
-    except ValueError:
-        raise ValueError(f"--layers {text!r}: expected comma-separated integers") from None
-    if not out or any(x < 1 for x in out):
-        raise ValueError(f"--layers {text!r}: expected positive widths")
-    return out
-
-
-def train_argv(cfg: TrainConfig) -> list[str]:
-    """Flags reproducing ``cfg`` for a child ``elastic-ctr train`` process."""
-    argv = ["--data-train", *cfg.data_train]
-    if cfg.data_test:
-        argv += ["--data-test", *cfg.data_test]
-    argv += ["--format", cfg.format, "--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size),
-             "--lr", repr(float(cfg.lr)), "--embedding-dim", str(cfg.embedding_dim),
-             "--layers", ",".join(str(x) for x in cfg.layers), "--sparse-shards", str(cfg.sparse_shards),
-             "--log-every-s", str(cfg.log_every_s), "--seed", str(cfg.seed)]
-    if cfg.max_bad_lines is not None:
-        argv += ["--max-bad-lines", str(cfg.max_bad_lines)]
-    if cfg.max_bad_fraction is not None:
-        argv += ["--max-bad-fraction", str(cfg.max_bad_fraction)]
-    for flag, v in (("--slot-file", cfg.slot_file), ("--output", cfg.output),
-                    ("--upload-token-file", cfg.upload_token_file), ("--test-limit", cfg.test_limit),
-                    ("--dump-predictions", cfg.dump_predictions), ("--table-dir", cfg.table_dir)):
-        if v is not None:
-            argv += [flag, str(v)]
-    return argv

@@ -6,7 +6,7 @@ one, must name this server's ``shard``/``shard_num`` and the version, as the rea
 checks a dict's meta), ``enable`` switches versions (200 for the version already served
 when the background slot does not hold it, as the real server). ``restart(shard_num)``
 is a server restarted empty, possibly with a new ``--shard-num``. ``ThreadedApp`` serves any
-WSGI app on 127.0.0.1 in a thread (werkzeug), stopped by ``close()``.
+WSGI app on 127.0.0.1 in a thread (``runtime.webserver``, as the roles do), stopped by ``close()``.
 """
 from __future__ import annotations
 
@@ -16,22 +16,20 @@ import time
 from pathlib import Path
 
 from flask import Flask, jsonify, request
-from werkzeug.serving import make_server
+
+from runtime.webserver import WebServer
 
 
 class ThreadedApp:
     """Serves ``app`` on ``127.0.0.1:<free port>`` in a daemon thread; ``url`` is its base."""
 
     def __init__(self, app):
-        self.server = make_server("127.0.0.1", 0, app, threaded=True)
-        self.port = self.server.server_port
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
+        self.server = WebServer(app, threads=8, name="test").start()
+        self.port = self.server.port
+        self.url = self.server.url
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.thread.join(5)
+        self.server.stop()
 
 
 class FakeServer:
@@ -124,10 +122,6 @@ class FakeServer:
             with self.lock:
                 self.bg_version, self.bg_state, self.bg_error = None, "empty", None
                 self.unloads += 1
-            return jsonify(ok=True)
-
-        @app.get("/healthz")
-        def healthz():
             return jsonify(ok=True)
 
         return app

@@ -9,7 +9,7 @@ import numpy as np
 import requests
 
 from runtime.cube.builder import build, part_name
-from runtime.cube.seqfile import write_sequence_file
+from runtime.formats.seqfile import write_sequence_file
 from runtime.cube.server import CubeServer
 
 DICT = "emb"

@@ -43,10 +43,6 @@ def client(agent):
     return create_app(agent).test_client()
 
 
-def test_healthz(client):
-    assert client.get("/healthz").status_code == 200
-
-
 def test_download_reload_enable(tmp_path, client, server, agent):
     tar = tmp_path / "d_part0.tar"
     md5 = make_tar(tar, {"data": b"x" * 1000, "index": b"y" * 10})

@@ -11,7 +11,7 @@ import pytest
 from runtime import cli
 from runtime.cube import dictfile
 from runtime.cube.builder import BuildError, build
-from runtime.cube.seqfile import SequenceFileError, write_sequence_file
+from runtime.formats.seqfile import SequenceFileError, write_sequence_file
 from tests.cube.dataplane_helpers import DICT, build_version, make_data
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from runtime.cube.client import CubeClient, CubeUnavailable, CubeVersionUnavailable
+from runtime.formats.topology import Topology
 from tests.cube.dataplane_helpers import build_version, load_and_enable, make_data, shard_dir, start_server
 
 
@@ -53,17 +54,15 @@ def cluster(tmp_path):
             srv.stop()
 
 
-def _topology(servers):
-    return {"dict_name": "emb", "shards": [
-        {"shard": s, "replicas": [{"server": f"127.0.0.1:{r.port}", "http": f"http://127.0.0.1:{r.http_port}"}
-                                  for r in reps]} for s, reps in enumerate(servers)]}
+def _topology(servers) -> Topology:
+    """The topology of in-thread servers (no agents run here: their URLs are never called)."""
+    return Topology.build("emb", [[(f"127.0.0.1:{r.port}", f"http://127.0.0.1:{r.http_port}", "http://127.0.0.1:9")
+                                   for r in reps] for reps in servers])
 
 
 def test_seek_splits_by_shard(cluster, tmp_path):
     servers, keys, values, _ = cluster
-    path = tmp_path / "topology.json"
-    import json
-    path.write_text(json.dumps(_topology(servers)))
+    path = _topology(servers).write(tmp_path / "topology.json")
     with CubeClient.from_topology(str(path), timeout_ms=2000) as c:
         assert c.dim == 3
         q = np.concatenate([keys[:1000], keys[:7] ^ np.uint64(1 << 63)])
@@ -180,10 +179,3 @@ def test_thread_safe(cluster):
     c.close()
 
 
-def test_topology_errors():
-    with pytest.raises(ValueError, match="no 'shards'"):
-        CubeClient.from_topology({"dict_name": "x"})
-    with pytest.raises(ValueError, match="order"):
-        CubeClient.from_topology({"shards": [{"shard": 1, "replicas": [{"server": "h:1"}]}]})
-    with pytest.raises(ValueError, match="no replicas"):
-        CubeClient.from_topology({"shards": [{"shard": 0, "replicas": []}]})

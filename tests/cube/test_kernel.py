@@ -46,7 +46,7 @@ def test_duplicate_and_full_table_errors(kernels):
 
 
 # ---------------------------------------------------------------- inline table (runtime/cube/table.py)
-from runtime.cube import table as T  # noqa: E402
+from runtime.cube import table  # noqa: E402
 
 M64 = 2**64 - 1
 
@@ -63,12 +63,12 @@ def both(kernels, monkeypatch, fn):
     """fn() run with the C kernel, then with numba, as runtime.cube.table's kernel."""
     out = []
     for k in kernels:
-        monkeypatch.setattr(T, "KERNEL", k)
+        monkeypatch.setattr(table, "KERNEL", k)
         out.append(fn())
     return out
 
 
-def check_table(t: T.InlineTable, keys, values):
+def check_table(t: table.InlineTable, keys, values):
     """t holds exactly keys -> values; misses are zeros; the sentinel is not a key."""
     assert len(t) == keys.shape[0] and t.count < t.capacity
     assert t.sentinel not in set(int(k) for k in keys)
@@ -86,7 +86,7 @@ def check_table(t: T.InlineTable, keys, values):
 
 def test_table_home_slot_is_multiply_shift_of_fmix64(kernels, monkeypatch):
     key = 0x1234_5678_9ABC_DEF1
-    for t in both(kernels, monkeypatch, lambda: T.InlineTable.build(np.array([key], np.uint64),
+    for t in both(kernels, monkeypatch, lambda: table.InlineTable.build(np.array([key], np.uint64),
                                                                      np.ones((1, 3), np.float32))):
         cap = t.capacity
         home = (fmix64(key) * cap) >> 64
@@ -102,11 +102,11 @@ def test_table_c_and_numba_agree(kernels, monkeypatch):
     query = np.concatenate([rng.choice(keys, 5000), rng.integers(0, 2**64 - 1, 2000, dtype=np.uint64)])
 
     def run():
-        t = T.InlineTable.build(keys, values)
+        t = table.InlineTable.build(keys, values)
         return t, t.lookup(query)
 
     (tc, (oc, fc)), (tn, (on, fn)) = both(kernels, monkeypatch, run)
-    assert tc.stride == 48 and tc.capacity == T.table_capacity(keys.shape[0]) > keys.shape[0] / 0.61
+    assert tc.stride == 48 and tc.capacity == table.table_capacity(keys.shape[0]) > keys.shape[0] / 0.61
     np.testing.assert_array_equal(tc.tab, tn.tab)  # same slots, byte for byte
     np.testing.assert_array_equal(fc, fn)
     np.testing.assert_array_equal(oc, on)
@@ -130,7 +130,7 @@ def test_table_sentinel_is_never_a_key(kernels, monkeypatch, extreme):
     keys = np.unique(np.concatenate([np.array(extreme, np.uint64),
                                      rng.integers(4, 2**63, 500, dtype=np.uint64)]))
     values = rng.random((keys.shape[0], 4), dtype=np.float32)
-    tc, tn = both(kernels, monkeypatch, lambda: T.InlineTable.build(keys, values))
+    tc, tn = both(kernels, monkeypatch, lambda: table.InlineTable.build(keys, values))
     assert tc.sentinel == tn.sentinel
     np.testing.assert_array_equal(tc.tab, tn.tab)
     for t in (tc, tn):
@@ -155,7 +155,7 @@ def test_table_upsert_is_copy_on_write_and_grows(kernels, monkeypatch):
     rv = np.array(list(ref.values()), np.float32)
 
     def run():
-        base = T.InlineTable.build(keys, values)
+        base = table.InlineTable.build(keys, values)
         before = base.tab.copy()
         merged = base.upsert(pk, pv)
         np.testing.assert_array_equal(base.tab, before)  # the served table is untouched
@@ -164,7 +164,7 @@ def test_table_upsert_is_copy_on_write_and_grows(kernels, monkeypatch):
         return base, merged, only_updates
 
     (bc, mc, uc), (bn, mn, un) = both(kernels, monkeypatch, run)
-    assert mc.capacity > bc.capacity and mc.count == rk.shape[0] <= T.MAX_LOAD * mc.capacity
+    assert mc.capacity > bc.capacity and mc.count == rk.shape[0] <= table.MAX_LOAD * mc.capacity
     np.testing.assert_array_equal(mc.tab, mn.tab)
     check_table(mc, rk, rv)
     assert uc.capacity == mc.capacity and uc.sentinel == mc.sentinel
@@ -179,7 +179,7 @@ def test_table_upsert_of_the_sentinel_picks_another(kernels, monkeypatch):
     values = np.ones((100, 2), np.float32)
 
     def run():
-        base = T.InlineTable.build(keys, values)
+        base = table.InlineTable.build(keys, values)
         assert base.sentinel == M64
         merged = base.upsert(np.array([M64, 0, 5], np.uint64), np.full((3, 2), 7, np.float32))
         return base, merged
@@ -196,10 +196,10 @@ def test_table_upsert_of_the_sentinel_picks_another(kernels, monkeypatch):
 
 def test_table_errors(kernels, monkeypatch):
     for k in kernels:
-        monkeypatch.setattr(T, "KERNEL", k)
+        monkeypatch.setattr(table, "KERNEL", k)
         with pytest.raises(ValueError, match="duplicate key 5 at row 2"):
-            T.InlineTable.build(np.array([1, 5, 5], np.uint64), np.zeros((3, 2), np.float32))
-        t = T.InlineTable.build(np.array([1, 5], np.uint64), np.zeros((2, 2), np.float32))
+            table.InlineTable.build(np.array([1, 5, 5], np.uint64), np.zeros((3, 2), np.float32))
+        t = table.InlineTable.build(np.array([1, 5], np.uint64), np.zeros((2, 2), np.float32))
         with pytest.raises(ValueError, match="repeat"):
             t.upsert(np.array([7, 7], np.uint64), np.zeros((2, 2), np.float32))
         with pytest.raises(ValueError, match="float32"):

@@ -1,5 +1,5 @@
 """End to end: transfer + 2 shards x 2 replicas (cube server + agent each) + file server,
-as processes on 127.0.0.1 (``runtime.cube._transfer_cluster.LocalCubeCluster``).
+as processes on 127.0.0.1 (``runtime.cube.cluster.LocalCubeCluster``).
 
 The transfer reads ROOT through the file server (JSON listing, token PUT of the shard
 tars); agents download the tars over HTTP. Rolls out a base, then a patch, and checks
@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from runtime.cube.seqfile import read_sequence_file, write_sequence_file
+from runtime.formats.seqfile import read_sequence_file, write_sequence_file
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def table_from_files(files) -> dict[int, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from runtime.cube._transfer_cluster import LocalCubeCluster
+    from runtime.cube.cluster import LocalCubeCluster
 
     base = tmp_path_factory.mktemp("cube_e2e")
     with LocalCubeCluster(base / "run", base / "root", shards=2, replicas=2, poll_interval_s=0.1) as c:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import requests
 
-from runtime.cube import protocol as P
+from runtime.cube import protocol
 from runtime.proc import ProcessGroup, free_ports, wait_for_port
 from tests.cube.dataplane_helpers import (DICT, build_version, enable, http, load, load_and_enable,
                                           make_data, shard_dir, start_server)
@@ -24,7 +24,7 @@ class Conn:
 
     def recv_frame(self) -> bytes:
         head = self._exact(4)
-        return head + self._exact(P.LEN.unpack(head)[0])
+        return head + self._exact(protocol.LEN.unpack(head)[0])
 
     def _exact(self, n: int) -> bytes:
         buf = b""
@@ -36,8 +36,8 @@ class Conn:
         return buf
 
     def seek(self, keys, version=None, rid=1):
-        self.s.sendall(P.encode_request(np.asarray(keys, np.uint64), version, rid))
-        return P.decode_reply(self.recv_frame())
+        self.s.sendall(protocol.encode_request(np.asarray(keys, np.uint64), version, rid))
+        return protocol.decode_reply(self.recv_frame())
 
     def closed(self) -> bool:
         try:
@@ -74,9 +74,9 @@ def test_not_ready_then_load_enable_seek(any_server, data):
     server = any_server
     tmp, keys, values, base = data
     c = Conn(server)
-    with pytest.raises(P.ReplyError) as err:
+    with pytest.raises(protocol.ReplyError) as err:
         c.seek(keys[:3])
-    assert err.value.status == P.NOT_READY
+    assert err.value.status == protocol.NOT_READY
     st = load(server, shard_dir(base, 0), 100)
     assert st["bg_state"] == "loaded" and st["bg_version"] == 100 and st["version"] is None
     assert enable(server, 100).status_code == 200
@@ -87,9 +87,9 @@ def test_not_ready_then_load_enable_seek(any_server, data):
     np.testing.assert_array_equal(vals[:500], values[:500])
     assert (vals[500:] == 0).all()
     # keep-alive and pipelining: two requests sent back to back on one connection
-    c.s.sendall(P.encode_request(keys[:2], None, 7) + P.encode_request(keys[2:5], None, 8))
-    assert P.decode_reply(c.recv_frame())[0] == 7
-    r2 = P.decode_reply(c.recv_frame())
+    c.s.sendall(protocol.encode_request(keys[:2], None, 7) + protocol.encode_request(keys[2:5], None, 8))
+    assert protocol.decode_reply(c.recv_frame())[0] == 7
+    r2 = protocol.decode_reply(c.recv_frame())
     assert r2[0] == 8 and r2[3].all() and len(r2[3]) == 3
     st = requests.get(http(server) + "/status").json()
     assert st["version"] == 100 and st["keys"] == 3000 and st["dim"] == 4 and st["requests"] >= 3
@@ -118,14 +118,14 @@ def test_switch_keeps_previous_version_and_patch_cow(server, data):
     np.testing.assert_array_equal(vals[:10], values[:10])
     assert not found[10:].any()
     # a version the server does not hold
-    with pytest.raises(P.ReplyError) as err:
+    with pytest.raises(protocol.ReplyError) as err:
         c.seek(keys[:3], version=55)
-    assert err.value.status == P.VERSION_UNAVAILABLE and err.value.version == 101 and err.value.other == 100
+    assert err.value.status == protocol.VERSION_UNAVAILABLE and err.value.version == 101 and err.value.other == 100
     assert c.seek(keys[:3])[1] == 101  # the connection is still usable after that reply
     # the next load drops the previous version
     base2 = build_version(tmp, keys, values + 1, version=102)
     load(server, shard_dir(base2, 0), 102)
-    with pytest.raises(P.ReplyError):
+    with pytest.raises(protocol.ReplyError):
         c.seek(keys[:3], version=100)
     assert enable(server, 102).status_code == 200
     np.testing.assert_array_equal(c.seek(keys[:3])[4], values[:3] + 1)
@@ -174,11 +174,11 @@ def test_control_conflicts_and_failed_load(server, data):
 
 @pytest.mark.parametrize("io_mode", ["epoll", "threads"])
 @pytest.mark.parametrize("frame,status", [
-    (struct.pack("<I", 28) + b"XXXX" + bytes(24), P.BAD_REQUEST),               # bad magic
-    (struct.pack("<I", 28 + 24) + P.encode_request(np.arange(4, dtype=np.uint64))[4:-8],
-     P.BAD_REQUEST),                                                            # count/length disagree
-    (struct.pack("<I", 2), P.BAD_REQUEST),                                      # shorter than a header
-    (struct.pack("<I", 64 * 8 + 28 + 8), P.TOO_LARGE),                          # over the limit
+    (struct.pack("<I", 28) + b"XXXX" + bytes(24), protocol.BAD_REQUEST),               # bad magic
+    (struct.pack("<I", 28 + 24) + protocol.encode_request(np.arange(4, dtype=np.uint64))[4:-8],
+     protocol.BAD_REQUEST),                                                            # count/length disagree
+    (struct.pack("<I", 2), protocol.BAD_REQUEST),                                      # shorter than a header
+    (struct.pack("<I", 64 * 8 + 28 + 8), protocol.TOO_LARGE),                          # over the limit
 ])
 def test_bad_frames_get_error_and_close(data, frame, status, io_mode):
     tmp, keys, values, base = data
@@ -189,8 +189,8 @@ def test_bad_frames_get_error_and_close(data, frame, status, io_mode):
         assert good.seek(keys[:10])[3].all()
         bad = Conn(server)
         bad.s.sendall(frame)
-        with pytest.raises(P.ReplyError) as err:
-            P.decode_reply(bad.recv_frame())
+        with pytest.raises(protocol.ReplyError) as err:
+            protocol.decode_reply(bad.recv_frame())
         assert err.value.status == status
         assert bad.closed()
         assert good.seek(keys[:64])[3].all()  # the other connection keeps being served
@@ -267,11 +267,11 @@ def test_cli_server_process(tmp_path, data, kernel):
             time.sleep(0.05)
         assert requests.post(url + "/enable", json={"version": 100}).status_code == 200
         s = socket.create_connection(("127.0.0.1", port), timeout=5)
-        s.sendall(P.encode_request(keys[:100]))
+        s.sendall(protocol.encode_request(keys[:100]))
         buf = b""
-        while len(buf) < P.reply_size(100, 4):
+        while len(buf) < protocol.reply_size(100, 4):
             buf += s.recv(65536)
-        _, version, _, found, vals = P.decode_reply(buf)
+        _, version, _, found, vals = protocol.decode_reply(buf)
         assert version == 100 and found.all()
         np.testing.assert_array_equal(vals, values[:100])
         s.close()

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.trainer import features
+from runtime.formats import features
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,7 +51,7 @@ def _no_process_left(run_dir: Path) -> None:
 
 
 def _offline(dense_dir: Path, sparse_dir: Path, dense_raw: np.ndarray, fs: np.ndarray) -> np.ndarray:
-    from runtime.cube.seqfile import read_sequence_file
+    from runtime.formats.seqfile import read_sequence_file
     from tests.serving.helpers import offline_predict
 
     table = {}

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 from werkzeug.test import Client
 
-from runtime import storage
+from runtime.evaluation import auc
+from runtime.formats import donefile, features
+from runtime.serving.dataplane import Combiner, DataPlane
 from runtime.serving.model import VersionWatcher
-from runtime.serving.server import Service, create_app, create_wsgi
-from runtime.trainer import features
-from tests.serving.helpers import FakeCube, make_models, make_table, offline_predict, write_meta
+from runtime.serving.rest import create_app
+from tests.serving.helpers import FakeCube, export_version, make_table, offline_predict
 
 V1, V2 = 1_700_000_001, 1_700_000_002
 
@@ -34,26 +35,21 @@ def _rows(n: int, seed: int = 0) -> list[str]:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("root")
-    d1, d2 = root / "versions" / str(V1) / "dense", root / "versions" / str(V2) / "dense"
-    make_models([d1, d2], seeds=[1, 2])
-    write_meta(d1, V1)
-    write_meta(d2, V2)
     lines = _rows(64)
     b = features.parse_criteo_lines(lines)
     tables = {V1: make_table(b.feasigns, 1), V2: make_table(b.feasigns, 2)}
-    return {"root": root, "lines": lines, "batch": b, "tables": tables, "dirs": {V1: d1, V2: d2}}
+    dirs = {v: export_version(root, v, tables[v], seed=i) for i, v in enumerate((V1, V2), 1)}
+    return {"root": root, "lines": lines, "batch": b, "tables": tables, "dirs": dirs}
 
 
 def _publish(root, v):
-    storage.append_line(str(root / "donefile" / "base.txt"),
-                        json.dumps({"id": v, "key": v, "input": f"versions/{v}/sparse", "model": f"versions/{v}/dense"}))
+    donefile.append(str(root), "base", donefile.base_record(v, dim=4, count=1))
 
 
-@pytest.fixture(params=["wsgi", "flask"])
-def served(env, tmp_path, request):
-    """A service at version V1 (only V1 in the donefile) over a FakeCube holding V1 and V2,
-    behind the production WSGI stack (``create_wsgi``: the infer fast path in front of
-    Flask) and behind the Flask app alone (the same routes, answered by Flask)."""
+@pytest.fixture
+def served(env, tmp_path):
+    """A data plane at version V1 (only V1 in the donefile) over a FakeCube holding V1 and
+    V2, behind the REST app."""
     root = tmp_path / "root"
     root.mkdir()
     (root / "versions").symlink_to(env["root"] / "versions")
@@ -61,13 +57,9 @@ def served(env, tmp_path, request):
     cube = FakeCube(dict(env["tables"]))
     watcher = VersionWatcher(str(root), None, tmp_path / "work", pool_size=4,
                              probe=lambda v: cube.seek(np.zeros(1, np.uint64), version=v))
-    service = Service(watcher, lambda: cube, max_batch=32)
+    plane = DataPlane(watcher, lambda: cube, max_batch=32)
     assert watcher.poll_once()
-    if request.param == "flask":
-        client = create_app(service).test_client()
-    else:
-        client = Client(create_wsgi(service))
-    return {"root": root, "cube": cube, "watcher": watcher, "service": service, "client": client}
+    return {"root": root, "cube": cube, "watcher": watcher, "plane": plane, "client": Client(create_app(plane))}
 
 
 def v2_request(b, rows=slice(0, 3), flat=True, rid="r-1"):
@@ -251,8 +243,7 @@ def test_cube_down_is_503_and_not_ready(served, env):
 def test_no_version_yet_is_503(env, tmp_path):
     cube = FakeCube(env["tables"])
     watcher = VersionWatcher(str(tmp_path / "empty"), None, tmp_path / "work")
-    service = Service(watcher, lambda: cube)
-    c = create_app(service).test_client()
+    c = Client(create_app(DataPlane(watcher, lambda: cube)))
     assert not watcher.poll_once()
     r = c.post("/v2/models/ctr/infer", json=v2_request(env["batch"]))
     assert r.status_code == 503 and "no model version" in r.json["error"]
@@ -332,8 +323,6 @@ def test_switch_waits_for_cube(served, env):
 def test_combiner_merges_concurrent_requests_and_splits_results():
     """Concurrent requests are combined into fewer batches; each gets its own rows back,
     and an error reaches every request of its batch."""
-    from runtime.serving.server import Combiner
-
     calls = []
 
     def process(dense, fs):
@@ -371,23 +360,21 @@ def test_demo_client_over_http(served, env, tmp_path):
     """The demo client against the real WSGI stack over HTTP: every row scored once, the
     AUC equals the offline AUC of the rows' served predictions, nothing failed; a
     malformed request body would count as failed (checked by summarize on errors)."""
-    if served["client"].__class__.__name__ != "Client":
-        pytest.skip("the HTTP path is the production WSGI stack only")
     from runtime.serving.client import encode_batches, load_rows, run_load, summarize
-    from runtime.serving.fileserver import ServerThread
+    from runtime.webserver import WebServer
 
     data = tmp_path / "test.txt"
     data.write_text("\n".join(env["lines"]) + "\n")
     rows = load_rows([str(data)])
     assert rows.fmt == "criteo" and len(rows.labels) == 64
-    with ServerThread(served["client"].application, threads=4) as st:
+    with WebServer(served["client"].application, threads=4) as st:
         for mode in ("features", "lines"):
             res = run_load(st.url, encode_batches(rows, 5, mode), rows.labels, concurrency=3)
             rep = summarize(res, rows.labels)
             assert rep["requests"] == 13 and rep["failed_requests"] == 0 and rep["rows_scored"] == 64, rep
             assert rep["versions"] == {str(V1): 13}
             probs = np.concatenate([np.asarray(p) for _, _, _, p in sorted(res.scored, key=lambda x: x[0])])
-            assert rep["auc"] == pytest.approx(features.auc(rows.labels, probs))
+            assert rep["auc"] == pytest.approx(auc(rows.labels, probs))
         served["cube"].down = True
         res = run_load(st.url, encode_batches(rows, 16), rows.labels, concurrency=2)
         rep = summarize(res, rows.labels)

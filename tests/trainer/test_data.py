@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from runtime import storage
-from runtime.trainer import features as F
+from runtime.formats import features
 from runtime.trainer import generator, readers
 
 
@@ -29,7 +29,7 @@ def test_generator_deterministic_and_learnable(gen, tmp_path):
     sig = json.loads((d / "signal.json").read_text())
     assert 0.8 < sig["true_logit_auc_test"] < 1.0
     assert 0.1 < sig["ctr_test"] < 0.4
-    b = F.parse_criteo_lines((d / "test.txt").read_text().splitlines())
+    b = features.parse_criteo_lines((d / "test.txt").read_text().splitlines())
     assert len(b) == 4000 and not b.bad
     assert other["true_logit_auc_test"] != rec["true_logit_auc_test"]
 

@@ -10,9 +10,10 @@ import sys
 import numpy as np
 import pytest
 
-from runtime import storage
-from runtime.cube.seqfile import read_sequence_file
-from runtime.trainer import export as E
+from runtime.formats import donefile
+from runtime.formats.model_meta import ModelMeta
+from runtime.formats.seqfile import read_sequence_file
+from runtime.inference import DensePredictor
 from runtime.trainer import generator, readers
 
 
@@ -38,30 +39,24 @@ def _summary(r):
 
 
 def _check_version(root, data_dir, preds_path):
-    done = storage.read_donefile(str(root / "donefile" / "base.txt"))
-    assert len(done) == 1
-    rec = done[0]
-    vdir = root / rec["input"].rsplit("/", 1)[0]
-    meta = json.loads((root / rec["model"] / "model_meta.json").read_text())
-    dim = meta["embedding_dim"]
-    assert rec["dim"] == dim and meta["version"] == rec["id"]
-    assert meta["feeds"][0] == "dense_input" and meta["feeds"][1:] == [f"emb_{i}" for i in range(1, 27)]
-    assert meta["fetches"] == ["prob"] and meta["features"]["feasign_function"] == "criteo_hex32_v1"
+    (rec,) = donefile.read(str(root), "base")
+    meta = ModelMeta.read(root / rec.model)
+    dim = meta.embedding_dim
+    assert rec.dim == dim and meta.version == rec.id and rec.input == f"versions/{rec.id}/sparse"
+    assert meta.feeds[0] == "dense_input" and meta.feeds[1:] == [f"emb_{i}" for i in range(1, 27)]
+    assert meta.fetches == ["prob"] and meta.features.feasign_function == "criteo_hex32_v1"
     keys, vals = [], []
-    for part in sorted((vdir / "sparse").iterdir()):
+    for part in sorted((root / rec.input).iterdir()):
         k, v = read_sequence_file(str(part))
         keys.append(k)
         vals.append(v)
     keys, vals = np.concatenate(keys), np.concatenate(vals)
-    assert len(keys) == rec["count"] and vals.shape[1] == dim
+    assert len(keys) == rec.count and vals.shape[1] == dim
     table = dict(zip(keys.tolist(), range(len(keys))))
     test = readers.read_all([str(data_dir / "test.txt")])
-    feed = {"dense_input": test.dense}
-    for s in range(26):
-        rows = np.array([table.get(int(k), -1) for k in test.feasigns[:, s]])
-        emb = np.where((rows >= 0)[:, None], vals[np.maximum(rows, 0)], 0.0).astype(np.float32)
-        feed[f"emb_{s + 1}"] = emb
-    got = E.predict_dense(root / rec["model"], feed).ravel()
+    rows = np.array([table.get(int(k), -1) for k in test.feasigns.T.ravel()])  # slot-major
+    emb = np.where((rows >= 0)[:, None], vals[np.maximum(rows, 0)], 0.0).astype(np.float32)
+    got = DensePredictor(root / rec.model).predict(test.dense, emb).ravel()
     want = np.load(preds_path).ravel()
     diff = float(np.max(np.abs(got - want)))
     print(f"max abs diff exported vs trained predictions: {diff:.3g} over {len(want)} rows")
@@ -76,7 +71,7 @@ def test_single_process_train_and_export(data, tmp_path):
     s = _summary(r)
     assert s["test_auc"][-1] > 0.6
     meta, _ = _check_version(root, data, tmp_path / "p.npy")
-    assert meta["metrics"]["mode"] == "single"
+    assert meta.metrics["mode"] == "single"
 
 
 @pytest.mark.slow
@@ -94,9 +89,9 @@ def test_ps_cluster_train_and_export(data, tmp_path):
     assert tables.is_dir() and list(tables.iterdir()) == []  # every save dir removed
     assert s["test_auc"][-1] > 0.6
     meta, _ = _check_version(root, data, tmp_path / "p.npy")
-    assert meta["metrics"]["trainers"] == 2
+    assert meta.metrics["trainers"] == 2
     # a second export gets a larger version id
-    assert E.new_version_id(str(root)) > meta["version"]
+    assert donefile.new_version_id(str(root)) > meta.version
 
 
 @pytest.mark.slow

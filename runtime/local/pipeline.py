@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 DESCRIPTION = __doc__
+DICT_NAME = "ctr_embedding"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -97,8 +98,7 @@ def _split_user_data(files: list[str], out: Path, fmt: str) -> tuple[Path, Path,
     """Copies user rows into train (first 80 %) and test (last 20 %) files, header dropped.
     Returns (train, test, rows, format)."""
     from runtime import storage
-    from runtime.serving.client import detect_format
-    from runtime.trainer import features
+    from runtime.formats import features
 
     lines: list[str] = []
     for loc in files:
@@ -110,7 +110,7 @@ def _split_user_data(files: list[str], out: Path, fmt: str) -> tuple[Path, Path,
     if len(lines) < 2:
         raise ValueError(f"--data: {len(lines)} data rows in {files}; need at least 2")
     if fmt == "auto":
-        fmt = detect_format(lines[0])
+        fmt = features.detect_format(lines[0])
     cut = max(1, int(len(lines) * 0.8))
     out.mkdir(parents=True, exist_ok=True)
     train, test = out / "train.txt", out / "test.txt"
@@ -152,6 +152,7 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
     import requests
 
     from runtime import proc
+    from runtime.formats.topology import Topology
 
     cli = proc.self_command()
     deadline = time.monotonic() + args.timeout
@@ -202,7 +203,7 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
     root_url = f"http://127.0.0.1:{fs_port}"
     fs = group.start("fileserver", cli + ["fileserver", "--root", str(fs_root), "--host", "127.0.0.1",
                                           "--port", str(fs_port), "--upload-token-file", str(tok)])
-    topo = {"dict_name": "ctr_embedding", "shards": []}
+    addresses = []
     waits = [(fs, fs_port)]
     k = 0
     for s in range(args.shards):
@@ -212,16 +213,14 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
             k += 1
             srv = group.start(f"cube-server-{s}-{r}", cli + [
                 "cube", "server", "--shard", str(s), "--shard-num", str(args.shards), "--dict-name",
-                topo["dict_name"], "--host", "127.0.0.1", "--port", str(dport), "--http-port", str(hport)])
+                DICT_NAME, "--host", "127.0.0.1", "--port", str(dport), "--http-port", str(hport)])
             ag = group.start(f"cube-agent-{s}-{r}", cli + [
                 "cube", "agent", "--host", "127.0.0.1", "--port", str(aport), "--server-http",
                 f"http://127.0.0.1:{hport}", "--work-dir", str(run_dir / "cube" / f"agent-{s}-{r}")])
             waits += [(srv, dport), (srv, hport), (ag, aport)]
-            reps.append({"server": f"127.0.0.1:{dport}", "http": f"http://127.0.0.1:{hport}",
-                         "agent": f"http://127.0.0.1:{aport}"})
-        topo["shards"].append({"shard": s, "replicas": reps})
-    topo_path = run_dir / "topology.json"
-    topo_path.write_text(json.dumps(topo, indent=1))
+            reps.append((f"127.0.0.1:{dport}", f"http://127.0.0.1:{hport}", f"http://127.0.0.1:{aport}"))
+        addresses.append(reps)
+    topo_path = Topology.build(DICT_NAME, addresses).write(run_dir / "topology.json")
     for role, port in waits:
         proc.wait_for_port("127.0.0.1", port, 120, role.proc, role.name, role.log_path)
     transfer = group.start("cube-transfer", cli + [
@@ -318,7 +317,7 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
                             args.rollout_concurrency, 1, wait=False)
         epochs2 = args.epochs_round2
         if epochs2 is None and len(train_round2) > 1:
-            from runtime.trainer.train import TrainConfig
+            from runtime.trainer.config import TrainConfig
 
             epochs2 = max(1, (args.epochs or TrainConfig().epochs) // 2)
         t2 = train_round(2, epochs2 or args.epochs, 2, train_round2)

@@ -5,13 +5,14 @@ the pods, is supervised by ``runtime.proc.ProcessGroup`` and stopped by PID on e
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import requests
 
-from runtime import proc, storage
+from runtime import proc
+from runtime.formats import donefile
+from runtime.formats.topology import Topology
 
 
 class LocalCubeCluster:
@@ -26,7 +27,7 @@ class LocalCubeCluster:
         root_mode: ``"url"``: the transfer reads ROOT through the file server (listing,
             token PUT uploads); ``"dir"``: it reads the directory and agents download
             through the file server (``--publish-url``).
-    Attributes after ``start()``: ``topology`` (dict), ``topology_path``, ``root_url``,
+    Attributes after ``start()``: ``topology`` (``Topology``), ``topology_path``, ``root_url``,
     ``transfer_url``, ``group`` (the ProcessGroup).
     """
 
@@ -40,7 +41,7 @@ class LocalCubeCluster:
         self.start_timeout_s = start_timeout_s
         self.extra_transfer_args = list(extra_transfer_args)
         self.group = proc.ProcessGroup(self.base / "logs", grace_s=5.0)
-        self.topology: dict = {}
+        self.topology: Topology | None = None
         self.servers: dict[tuple[int, int], proc.Role] = {}
         self.agents: dict[tuple[int, int], proc.Role] = {}
         self.transfer: proc.Role | None = None
@@ -71,7 +72,7 @@ class LocalCubeCluster:
         fs = self.group.start("fileserver", cli + ["fileserver", "--root", str(self.root), "--host", "127.0.0.1",
                                                    "--port", str(fs_port), "--upload-token-file", str(tok)])
         self.root_url = f"http://127.0.0.1:{fs_port}"
-        topo = {"dict_name": self.dict_name, "shards": []}
+        addresses = []
         k = 0
         started = []
         for s in range(self.shards):
@@ -87,12 +88,10 @@ class LocalCubeCluster:
                     f"http://127.0.0.1:{hport}", "--work-dir", str(self.base / f"agent{s}_{r}")])
                 self.servers[(s, r)], self.agents[(s, r)] = srv, ag
                 started += [(srv, dport), (srv, hport), (ag, aport)]
-                reps.append({"server": f"127.0.0.1:{dport}", "http": f"http://127.0.0.1:{hport}",
-                             "agent": f"http://127.0.0.1:{aport}"})
-            topo["shards"].append({"shard": s, "replicas": reps})
-        self.topology = topo
-        self.topology_path = self.base / "topology.json"
-        self.topology_path.write_text(json.dumps(topo, indent=1))
+                reps.append((f"127.0.0.1:{dport}", f"http://127.0.0.1:{hport}", f"http://127.0.0.1:{aport}"))
+            addresses.append(reps)
+        self.topology = Topology.build(self.dict_name, addresses)
+        self.topology_path = self.topology.write(self.base / "topology.json")
         self._wait(fs, fs_port)
         for role, port in started:
             self._wait(role, port)
@@ -137,14 +136,11 @@ class LocalCubeCluster:
         raise TimeoutError(f"version {version} not served after {timeout_s:.0f} s; transfer says {info}; "
                            f"transfer log:\n{proc.tail(self.transfer.log_path if self.transfer else None)}")
 
-    def publish_version(self, vid: int, key: int, parts: list[Path] | None = None, patch: bool = False,
-                        dim: int | None = None, count: int | None = None) -> None:
-        """Appends the donefile line of version ``vid`` (its files must already be under
-        ``root/versions/<vid>/sparse``), as the trainer's export does: last."""
-        line = {"id": vid, "key": key, "input": f"versions/{vid}/sparse", "model": f"versions/{vid}/dense"}
-        if dim is not None:
-            line["dim"] = dim
-        if count is not None:
-            line["count"] = count
-        storage.append_line(str(self.root / "donefile" / ("patch.txt" if patch else "base.txt")),
-                            json.dumps(line))
+    def publish_version(self, vid: int, key: int, patch: bool = False, dim: int | None = None,
+                        count: int | None = None) -> None:
+        """Appends the donefile line of version ``vid`` in the standard layout (its files
+        must already be under ``root/versions/<vid>/sparse``), as the trainer's export does:
+        last."""
+        rec = donefile.DonefileRecord(id=vid, key=key, input=donefile.sparse_dir(vid), model=donefile.dense_dir(vid),
+                                      dim=dim, count=count)
+        donefile.append(str(self.root), "patch" if patch else "base", rec)

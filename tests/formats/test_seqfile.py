@@ -6,8 +6,8 @@ import struct
 import numpy as np
 import pytest
 
-from runtime.cube import seqfile
-from runtime.cube.seqfile import SequenceFileError, read_sequence_file, write_sequence_file
+from runtime.formats import seqfile
+from runtime.formats.seqfile import SequenceFileError, read_sequence_file, write_sequence_file
 
 
 def _data(n=1000, dim=9, seed=0):

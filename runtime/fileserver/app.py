@@ -1,13 +1,10 @@
-"""The file server (``elastic-ctr fileserver``): a directory tree over HTTP, with uploads.
-
-The trainer's export (dense model, SequenceFile parts, donefile lines) and the cube
-transfer (shard tars) upload to it through ``runtime.storage.upload``; the cube agents
-and serving download from it. Flask app served by waitress (a production WSGI server
-that runs in-process, so tests and the local pipeline start it without forking).
+"""The file server's app: a directory tree over HTTP, with uploads (the storage role of
+the pipeline: the trainer's export and the cube transfer upload to it through
+``runtime.storage.upload``; the cube agents and serving download from it). Served by
+``runtime.webserver`` (``/healthz`` and ``/readyz`` come from there).
 
 HTTP interface (every path is relative to ``--root``):
 
-- ``GET /healthz`` -> 200 ``{"status": "ok"}``.
 - ``GET|HEAD /<file>``: the file's bytes, with ``ETag``, ``Last-Modified``,
   ``Accept-Ranges: bytes``; honours ``Range`` (206 / 416), ``If-None-Match`` and
   ``If-Modified-Since`` (304), ``If-Range``. (Werkzeug's ``send_file`` conditional
@@ -48,8 +45,6 @@ import logging
 import os
 import re
 import tempfile
-import time
-from pathlib import Path
 from urllib.parse import quote
 
 from flask import Flask, Response, jsonify, request, send_file
@@ -209,10 +204,6 @@ def create_app(root: str | os.PathLike, token: str | None = None,
             resp.headers.update(headers)
         return resp
 
-    @app.get("/healthz")
-    def healthz():
-        return jsonify({"status": "ok"})
-
     @app.route("/", defaults={"rel": ""}, methods=["GET", "HEAD", "PUT"])
     @app.route("/<path:rel>", methods=["GET", "HEAD", "PUT"])
     def handle(rel: str):
@@ -331,79 +322,3 @@ def create_app(root: str | os.PathLike, token: str | None = None,
 
 class _TooLarge(Exception):
     pass
-
-
-def make_server(app, host: str = "127.0.0.1", port: int = 8080, threads: int = 8,
-                loop_timeout_s: float = 1.0):
-    """A waitress server for ``app`` bound to ``host:port`` (``port=0``: any free port;
-    the bound port is ``server.effective_port``). Call ``run()`` to serve; see
-    ``shutdown_server`` to stop it from another thread."""
-    from waitress import create_server
-
-    return create_server(app, host=host, port=port, threads=threads, channel_timeout=120,
-                         ident="elastic-ctr", clear_untrusted_proxy_headers=True,
-                         asyncore_loop_timeout=loop_timeout_s)
-
-
-class ServerThread:
-    """Runs a WSGI app under waitress in a daemon thread (tests, the benchmark).
-
-    ``url`` is ``http://host:port``; ``stop()`` ends the loop (within 0.1 s), then closes
-    the listening socket, every connection and the worker threads.
-    """
-
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, threads: int = 8):
-        import threading
-
-        self.server = make_server(app, host, port, threads)
-        self.port = self.server.effective_port
-        self.url = f"http://{host}:{self.port}"
-        self._stopping = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True, name="waitress")
-        self.thread.start()
-
-    def _loop(self) -> None:
-        from waitress import wasyncore
-
-        try:
-            while not self._stopping.is_set():
-                wasyncore.loop(timeout=0.1, map=self.server._map, count=1)
-        finally:
-            wasyncore.close_all(self.server._map)
-            self.server.task_dispatcher.shutdown(timeout=2)
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self.thread.join(timeout=5)
-
-    def __enter__(self) -> "ServerThread":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def run(root: str, host: str, port: int, token: str | None, threads: int = 8,
-        max_upload_bytes: int | None = None) -> int:
-    """Serves ``root`` on ``host:port`` until SIGTERM/SIGINT. Returns an exit code."""
-    import signal
-
-    app = create_app(root, token, max_upload_bytes)
-    server = make_server(app, host, port, threads)
-    log.info("file server: root %s on http://%s:%d (uploads %s)", os.path.realpath(root), host,
-             server.effective_port, "enabled" if token else "disabled: no token")
-
-    def _stop(*_):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _stop)
-    try:
-        server.run()
-    except (KeyboardInterrupt, OSError):
-        pass
-    finally:
-        try:
-            server.close()
-        except Exception:
-            pass
-    return 0

@@ -1,4 +1,5 @@
-"""Features of the CTR model, defined once for training and serving.
+"""Features of the CTR model: the one owner of row parsing, the feasign function and the
+dense normalization, used by the trainer's readers, serving and the demo client.
 
 Input row formats
 -----------------
@@ -36,10 +37,13 @@ Dense normalization (``NORMALIZATION``)
 ``model_meta.json`` (``normalization``) so serving applies the same transform.
 
 Everything here is vectorized over a batch of lines: ``parse_criteo_lines`` /
-``parse_slot_lines`` return numpy arrays and the indices of malformed lines.
+``parse_slot_lines`` return numpy arrays and the indices of malformed lines;
+``parse_lines`` picks the parser by format. Serving accepts Criteo rows without the
+label (39 fields): ``parse_criteo_lines(lines, label_optional=True)``.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -143,15 +147,17 @@ def feasigns_from_hex(values: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray
     return out.astype(np.uint64), ok
 
 
-def normalize_dense(dense: np.ndarray) -> np.ndarray:
+def normalize_dense(dense: np.ndarray, clip_max: Sequence[float] | np.ndarray = CLIP_MAX) -> np.ndarray:
     """The dense normalization (module docstring): float[n,13] raw (NaN = missing) ->
-    float32[n,13] in [0, 1]."""
+    float32[n,13] in [0, 1]. ``clip_max``: float[13] upper bounds (a model's
+    ``model_meta.json`` records the ones it was trained with)."""
     x = np.asarray(dense, dtype=np.float64)
     if x.ndim != 2 or x.shape[1] != NUM_DENSE:
         raise ValueError(f"dense features: expected shape [n,{NUM_DENSE}], got {x.shape}")
+    hi = np.asarray(clip_max, dtype=np.float64)
     x = np.nan_to_num(x, nan=0.0, posinf=np.inf, neginf=0.0)
-    x = np.clip(x, 0.0, CLIP_MAX[None, :])
-    return (np.log1p(x) / np.log1p(CLIP_MAX)[None, :]).astype(np.float32)
+    x = np.clip(x, 0.0, hi[None, :])
+    return (np.log1p(x) / np.log1p(hi)[None, :]).astype(np.float32)
 
 
 def _split(line: str) -> list[str]:
@@ -195,18 +201,33 @@ def _criteo_one(fields: list[str]) -> tuple[int, list[float], list[str]]:
     return int(fields[0]), dense, cats
 
 
-def parse_criteo_lines(lines: Sequence[str]) -> ParsedBatch:
-    """A batch of Criteo rows (TSV or CSV; a CSV header line and blank lines count as bad
-    only if they are not a header/blank: headers and blank lines are dropped silently).
+def _prepend_label(line: str) -> str:
+    """A Criteo row without its label (39 fields) gets label ``0``; other rows pass as they are."""
+    sep = "\t" if "\t" in line else ","
+    return "0" + sep + line if line.count(sep) == CRITEO_FIELDS - 2 else line
 
-    Returns a ``ParsedBatch`` (labels int64[n], dense float32[n,13] raw, feasigns
-    uint64[n,26], bad [(line index, reason)]). Fast path: split + numpy conversion of the
-    whole batch; if anything fails, lines are checked one by one to name the bad ones.
+
+def parse_criteo_lines(lines: Sequence[str], label_optional: bool = False,
+                       strict: bool = False) -> ParsedBatch:
+    """A batch of Criteo rows (TSV or CSV) -> ``ParsedBatch`` (labels int64[n], dense
+    float32[n,13] raw, feasigns uint64[n,26], bad [(line index, reason)]).
+
+    ``label_optional``: a row of 39 fields (no label) is read with label 0 (serving's
+    inputs). ``strict``: blank and header lines are reported in ``bad`` (every line must be
+    a sample); otherwise they are dropped silently (a CSV file's header, trailing blanks).
+    Fast path: split + numpy conversion of the whole batch; if anything fails, lines are
+    checked one by one to name the bad ones.
     """
+    if label_optional:
+        lines = [_prepend_label(ln) for ln in lines]
     idx = [i for i, ln in enumerate(lines) if ln and not ln.isspace() and not is_header(ln)]
     keep = [lines[i] for i in idx] if len(idx) != len(lines) else list(lines)
     n = len(keep)
     bad: list = []
+    if strict and len(idx) != len(lines):
+        kept = set(idx)
+        bad = [(i, "a header line is not a sample" if ln and is_header(ln) else "empty line")
+               for i, ln in enumerate(lines) if i not in kept]
     try:
         if n == 0:
             raise ValueError
@@ -232,7 +253,7 @@ def parse_criteo_lines(lines: Sequence[str]) -> ParsedBatch:
         if not ok.all():
             raise ValueError
         return ParsedBatch((lab == b"1").astype(np.int64), dense.astype(np.float32),
-                           fs.reshape(n, NUM_SLOTS), [])
+                           fs.reshape(n, NUM_SLOTS), bad)
     except ValueError:
         pass
     rows = [_split(lines[i]) for i in idx]
@@ -256,7 +277,8 @@ def parse_criteo_lines(lines: Sequence[str]) -> ParsedBatch:
     else:
         fs = np.zeros((0, NUM_SLOTS), dtype=np.uint64)
     return ParsedBatch(np.array(labels, dtype=np.int64),
-                       np.array(dense_l, dtype=np.float32).reshape(m, NUM_DENSE), fs, bad)
+                       np.array(dense_l, dtype=np.float32).reshape(m, NUM_DENSE), fs,
+                       sorted(bad))
 
 
 def load_slots(text: str) -> tuple[int, ...]:
@@ -287,15 +309,19 @@ def parse_slot_line(line: str, slots: Sequence[int] = DEFAULT_SLOTS) -> tuple[in
     return int(b.labels[0]), b.dense[0], b.feasigns[0]
 
 
-def parse_slot_lines(lines: Sequence[str], slots: Sequence[int] = DEFAULT_SLOTS) -> ParsedBatch:
+def parse_slot_lines(lines: Sequence[str], slots: Sequence[int] = DEFAULT_SLOTS,
+                     strict: bool = False) -> ParsedBatch:
     """A batch of slot-format rows -> ``ParsedBatch`` (feasigns uint64[n,len(slots)],
-    dense all NaN). Blank lines are dropped; malformed ones reported in ``bad``."""
+    dense all NaN). Blank lines are dropped (``strict``: reported in ``bad``); malformed
+    ones reported in ``bad``."""
     pos = {int(s): j for j, s in enumerate(slots)}
     ns = len(slots)
     miss = missing_feasign(np.asarray(slots, dtype=np.int64))
     labels, fs_rows, bad = [], [], []
     for i, ln in enumerate(lines):
         if not ln or ln.isspace():
+            if strict:
+                bad.append((i, "empty line"))
             continue
         parts = ln.split()
         try:
@@ -333,6 +359,27 @@ def parse_slot_lines(lines: Sequence[str], slots: Sequence[int] = DEFAULT_SLOTS)
     return ParsedBatch(np.array(labels, dtype=np.int64), dense, fs, bad)
 
 
+_SLOT_ROW = re.compile(r"^\s*\d+\s+\d+\s+\d+:\d+")
+FORMATS = ("criteo", "slot")
+
+
+def detect_format(line: str) -> str:
+    """``"slot"`` for a ``show click feasign:slot ...`` row, else ``"criteo"``."""
+    return "slot" if _SLOT_ROW.match(line) else "criteo"
+
+
+def parse_lines(lines: Sequence[str], fmt: str = "criteo", slots: Sequence[int] = DEFAULT_SLOTS,
+                label_optional: bool = False, strict: bool = False) -> ParsedBatch:
+    """Rows of format ``fmt`` (``criteo`` | ``slot``) -> ``ParsedBatch``; the flags are those of
+    ``parse_criteo_lines`` (slot rows always carry their label). Raises ``ValueError`` for
+    an unknown format."""
+    if fmt == "criteo":
+        return parse_criteo_lines(lines, label_optional=label_optional, strict=strict)
+    if fmt == "slot":
+        return parse_slot_lines(lines, slots, strict=strict)
+    raise ValueError(f"unknown data format {fmt!r} (expected one of {', '.join(FORMATS)})")
+
+
 def feature_spec(fmt: str = "criteo", slots: Iterable[int] = DEFAULT_SLOTS) -> dict:
     """The feature description written to ``model_meta.json`` (``features``)."""
     slots = [int(s) for s in slots]
@@ -347,24 +394,5 @@ def feature_spec(fmt: str = "criteo", slots: Iterable[int] = DEFAULT_SLOTS) -> d
                        "slot format: feasign as given, missing slot as above",
         "missing_feasign": "(slot << 33) | (1 << 32)",
         "unseen_feasign": "zero embedding",
-        "module": "runtime.trainer.features",
+        "module": "runtime.formats.features",
     }
-
-
-def auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """ROC AUC (Mann-Whitney U with average ranks for ties). ``labels`` 0/1[n],
-    ``scores`` float[n]. Returns NaN if only one class is present."""
-    y = np.asarray(labels).astype(bool).ravel()
-    s = np.asarray(scores, dtype=np.float64).ravel()
-    npos = int(y.sum())
-    nneg = y.size - npos
-    if npos == 0 or nneg == 0:
-        return float("nan")
-    order = np.argsort(s, kind="mergesort")
-    ss = s[order]
-    ranks = np.empty(s.size, dtype=np.float64)
-    # average ranks over ties
-    bounds = np.r_[0, np.flatnonzero(np.diff(ss)) + 1, s.size]
-    avg = (bounds[:-1] + bounds[1:] + 1) / 2.0
-    ranks[order] = np.repeat(avg, np.diff(bounds))
-    return float((ranks[y].sum() - npos * (npos + 1) / 2.0) / (npos * nneg))

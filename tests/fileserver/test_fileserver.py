@@ -1,7 +1,7 @@
 """File server: listing (JSON/HTML), HEAD, Range, ETag/304, PUT auth, digests, path escapes.
 
-Runs the app under waitress in a thread (the same WSGI server as the CLI), and sends raw
-HTTP for the path-escape cases so no client normalizes the path first.
+Runs the app under ``runtime.webserver`` in a thread (the same server as the CLI), and
+sends raw HTTP for the path-escape cases so no client normalizes the path first.
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import pytest
 import requests
 
 from runtime import storage
-from runtime.serving.fileserver import ServerThread, create_app, expected_digests
+from runtime.fileserver.app import create_app, expected_digests
+from runtime.webserver import WebServer
 
 TOKEN = "s3cret-token"
 
@@ -40,7 +41,7 @@ def tree(tmp_path):
 
 @pytest.fixture
 def server(tree):
-    with ServerThread(create_app(tree, token=TOKEN)) as s:
+    with WebServer(create_app(tree, token=TOKEN)) as s:
         yield s
 
 
@@ -126,7 +127,7 @@ def test_put_requires_token(server, tree):
 
 
 def test_put_disabled_without_token(tree):
-    with ServerThread(create_app(tree, token=None)) as s:
+    with WebServer(create_app(tree, token=None)) as s:
         r = requests.put(s.url + "/up/a.bin", data=b"x", headers={"Authorization": f"Bearer {TOKEN}"})
         assert r.status_code == 403
     assert not (tree / "up").exists()

@@ -1,0 +1,178 @@
+"""The transfer's side of the agent protocol (``runtime.cube.agent``): drive one instance
+through a step with retries, a phase as a barrier over many instances, the abort, and the
+instances' status.
+
+Every step is a ``POST <agent>/<step>`` (download, reload, enable); download and reload
+ask the agent to wait for the outcome (``"wait": s``) within the phase's deadline. A
+connection error or a 409/5xx answer is retried (``tenacity``, exponential backoff 0.2-2 s)
+up to ``retries`` attempts; a 400 is not (no retry fixes a bad request).
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import time
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+import requests
+import tenacity
+
+from runtime.cube.transfer.state import Phase, Plan
+from runtime.formats.topology import Instance
+
+log = logging.getLogger(__name__)
+
+STEPS = {Phase.DOWNLOADING: "download", Phase.RELOADING: "reload", Phase.ENABLING: "enable"}
+MAX_WAIT_S = 600.0  # the longest "wait" an agent accepts
+
+
+class RolloutError(RuntimeError):
+    """A rollout phase failed; ``phase`` names it, the message names the instances."""
+
+    def __init__(self, phase: Phase | str, message: str):
+        phase = Phase(phase)
+        super().__init__(f"{phase.value}: {message}")
+        self.phase = phase
+
+
+class PartialEnable(RolloutError):
+    """Enabling failed after some instances switched; ``enabled`` holds them."""
+
+    def __init__(self, message: str, enabled: set[Instance]):
+        super().__init__(Phase.ENABLING, message)
+        self.enabled = enabled
+
+
+class _Retry(RuntimeError):
+    """A retryable failure of one instance's step."""
+
+
+class _Fatal(RuntimeError):
+    """A failure no retry can fix (a bad request)."""
+
+
+@dataclass(frozen=True)
+class Shipment:
+    """What agents download for one rollout: per shard, the tar's URL (or path) and md5."""
+
+    urls: list[str]
+    md5s: list[str]
+
+
+class AgentClient:
+    """Talks to the agents. ``retries``: attempts per instance and step;
+    ``http_timeout_s``: for status calls and the abort."""
+
+    def __init__(self, dict_name: str, retries: int = 3, http_timeout_s: float = 10.0):
+        self.dict_name = dict_name
+        self.retries = max(1, retries)
+        self.http_timeout_s = http_timeout_s
+        self.http = requests.Session()
+        adapter = requests.adapters.HTTPAdapter(pool_connections=64, pool_maxsize=64)
+        self.http.mount("http://", adapter)
+        self.http.mount("https://", adapter)
+
+    def drive(self, inst: Instance, step: str, plan: Plan, ship: Shipment, deadline: float) -> None:
+        """One instance through ``step`` (download | reload | enable) of ``plan``, within
+        ``deadline`` (monotonic s). Raises the last error."""
+        v = plan.version
+        if step == "download":
+            body = {"url": ship.urls[inst.shard], "md5": ship.md5s[inst.shard], "version": v, "mode": plan.mode,
+                    "base_version": plan.base_version, "dict_name": self.dict_name}
+        else:
+            body = {"version": v}
+
+        def attempt() -> None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{step} not done within the phase timeout")
+            if step != "enable":
+                body["wait"] = max(0.0, min(left, MAX_WAIT_S))
+            try:
+                r = self.http.post(f"{inst.agent}/{step}", json=body, timeout=left + 5)
+            except requests.RequestException as exc:
+                raise _Retry(f"agent unreachable: {exc}") from exc
+            if r.status_code == 200:
+                return
+            try:
+                out = r.json()
+            except ValueError:
+                out = {"error": r.text[:300]}
+            err = out.get("error") or out.get("state") or r.text[:300]
+            if r.status_code == 202:
+                raise TimeoutError(f"{step} still running at the phase timeout")
+            if r.status_code == 400:
+                raise _Fatal(f"HTTP 400: {err}")
+            raise _Retry(f"HTTP {r.status_code}: {err}")
+
+        tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self.retries),
+            wait=tenacity.wait_exponential(multiplier=0.2, max=2.0),
+            retry=tenacity.retry_if_exception_type(_Retry),
+            reraise=True,
+            before_sleep=lambda rs: log.warning("%s %s of version %d: attempt %d failed (%s); retrying", inst.name,
+                                                step, v, rs.attempt_number, rs.outcome.exception()),
+        )(attempt)
+
+    def barrier(self, phase: Phase, todo: list[Instance], plan: Plan, ship: Shipment, timeout_s: float,
+                enabled: Optional[set[Instance]] = None) -> None:
+        """Runs ``phase``'s step on every instance of ``todo`` concurrently; returns when all
+        succeeded, raises ``RolloutError`` (naming the instances) when any failed.
+        ``enabled`` collects the instances that succeeded (Enabling)."""
+        step = STEPS[phase]
+        v = plan.version
+        if not todo:
+            return
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+        log.info("%s version=%d: 0/%d instances", phase.value, v, len(todo))
+        failures: list[str] = []
+        done = 0
+        with cf.ThreadPoolExecutor(max_workers=min(32, len(todo)), thread_name_prefix=step) as ex:
+            futs = {ex.submit(self.drive, inst, step, plan, ship, deadline): inst for inst in todo}
+            for fut in cf.as_completed(futs):
+                inst = futs[fut]
+                try:
+                    fut.result()
+                    done += 1
+                    if enabled is not None:
+                        enabled.add(inst)
+                except Exception as exc:  # noqa: BLE001 - reported with the instance
+                    failures.append(f"{inst.name} ({inst.agent}) {step}: {exc}")
+        log.info("%s version=%d: %d/%d instances, %d failed, %.2f s", phase.value, v, done, len(todo),
+                 len(failures), time.monotonic() - t0)
+        if failures:
+            raise RolloutError(phase, "; ".join(failures))
+
+    def abort(self, instances: Iterable[Instance], version: int) -> None:
+        """Tells every agent ``bg_unload`` (best effort, concurrently)."""
+        def unload(inst: Instance) -> None:
+            try:
+                r = self.http.post(f"{inst.agent}/bg_unload", json={"version": version}, timeout=self.http_timeout_s)
+                if r.status_code != 200:
+                    log.warning("%s bg_unload: HTTP %d %s", inst.name, r.status_code, r.text[:200])
+            except requests.RequestException as exc:
+                log.warning("%s bg_unload: %s", inst.name, exc)
+
+        instances = list(instances)
+        with cf.ThreadPoolExecutor(max_workers=min(32, len(instances))) as ex:
+            list(ex.map(unload, instances))
+
+    def status(self, inst: Instance, timeout_s: Optional[float] = None) -> dict:
+        """The agent's ``GET /status``. Raises ``requests.RequestException`` or ``ValueError``."""
+        r = self.http.get(f"{inst.agent}/status", timeout=timeout_s or self.http_timeout_s)
+        r.raise_for_status()
+        return r.json()
+
+    def served(self, instances: list[Instance]) -> dict[Instance, tuple[Optional[int], Optional[int]]]:
+        """Each instance's ``(served version, server shard_num)`` (None where unknown)."""
+        def one(inst: Instance):
+            try:
+                srv = self.status(inst).get("server") or {}
+                return srv.get("version"), srv.get("shard_num")
+            except (requests.RequestException, ValueError, AttributeError):
+                return None, None
+
+        with cf.ThreadPoolExecutor(max_workers=min(32, len(instances))) as ex:
+            return dict(zip(instances, ex.map(one, instances)))

@@ -1,0 +1,428 @@
+"""The transfer's loop: poll the donefiles, roll each new version out to every shard x
+replica through the phases (each a barrier), bring lagging instances back, report.
+
+A rollout of version V (one at a time): Building (the builder, ``build.py``), Deploying
+(the shard tars published), Downloading, Reloading, Enabling (every agent driven through
+the step, ``agents.py``; nothing is enabled until every instance has loaded), Finished
+(V is the served version). A failure before Enabling aborts: every agent unloads, the
+previous version keeps serving, V is retried after its backoff and given up after
+``max_rollout_attempts`` (``planner.failed``). A failure during Enabling (some instances
+switched) cannot be undone: the rollout stays current and is driven again at every poll
+until every instance serves V (those already serving it are skipped). No rollout starts
+while a reachable server runs with another ``--shard-num`` than the topology's (its pod
+has not restarted yet after a resize; ``/dict/info`` ``waiting_for``).
+
+Reconciling: every ``reconcile_interval_s`` an instance serving something other than the
+served version (a server restarted empty) is driven alone through the links of the
+served chain it lacks, from the tars already published.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import requests
+
+from runtime import storage
+from runtime.cube.transfer import planner
+from runtime.cube.transfer.agents import AgentClient, PartialEnable, RolloutError, Shipment
+from runtime.cube.transfer.build import Builder, BuildFn, default_build
+from runtime.cube.transfer.planner import Event
+from runtime.cube.transfer.state import STATE_FILE, Phase, Plan, TransferState
+from runtime.formats import donefile
+from runtime.formats.topology import Instance, Topology
+
+log = logging.getLogger(__name__)
+
+
+class Metrics:
+    """The transfer's Prometheus metrics, in their own registry."""
+
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.version = Gauge("cube_transfer_served_version", "version id served by every instance", registry=r)
+        self.rollouts = Counter("cube_transfer_rollouts", "rollouts by outcome", ["status"], registry=r)
+        self.phase = Gauge("cube_transfer_phase_seconds", "duration of the last rollout's phases (s)", ["phase"],
+                           registry=r)
+        self.rollout_s = Gauge("cube_transfer_last_rollout_seconds",
+                               "donefile line seen -> every instance enabled, last rollout (s)", registry=r)
+        self.malformed = Counter("cube_transfer_donefile_malformed_lines",
+                                 "malformed donefile lines skipped (each counted once)", registry=r)
+        self.polls = Counter("cube_transfer_polls", "donefile polls", registry=r)
+
+
+class Transfer:
+    """The transfer's state machine; ``poll_once`` does one donefile check and at most one
+    rollout, ``run`` loops until ``stop`` is set.
+
+    Args:
+        topology: a ``runtime.formats.topology`` source (path, document or ``Topology``).
+        root: version root (directory or URL); donefiles under ``ROOT/donefile/``.
+        work_dir: builds, downloaded inputs and ``transfer_state.json``.
+        publish_url: base from which agents download ``cube/<dict>/<V>/...`` (default root).
+        token: upload token for a URL root.
+        poll_interval_s, phase_timeout_s, rollout_backoff_s, reconcile_interval_s: seconds
+            (backoff doubled per attempt, at most 300; reconcile 0 = never).
+        retries: attempts per instance and phase; max_rollout_attempts: rollouts per version.
+        dict_name: default the topology's. build_fn: the builder (``build.default_build``).
+
+    Raises ``state.StateError`` for an unreadable state file, ``TopologyError``.
+    """
+
+    def __init__(self, topology, root: str, work_dir: str | os.PathLike, publish_url: Optional[str] = None,
+                 token: Optional[str] = None, poll_interval_s: float = 2.0, phase_timeout_s: float = 300.0,
+                 retries: int = 3, max_rollout_attempts: int = 3, rollout_backoff_s: float = 10.0,
+                 reconcile_interval_s: float = 30.0, dict_name: Optional[str] = None,
+                 build_fn: Optional[BuildFn] = None, http_timeout_s: float = 10.0):
+        self.topology = Topology.load(topology)
+        self.dict_name = dict_name or self.topology.dict_name
+        self.instances = list(self.topology.instances())
+        self.shard_num = self.topology.shard_num
+        self.root = str(root)
+        self.work_dir = Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.poll_interval_s = poll_interval_s
+        self.phase_timeout_s = phase_timeout_s
+        self.max_rollout_attempts = max(1, max_rollout_attempts)
+        self.rollout_backoff_s = max(0.0, rollout_backoff_s)
+        self.reconcile_interval_s = reconcile_interval_s
+        self.builder = Builder(self.root, self.work_dir, self.dict_name, self.shard_num, publish_url or self.root,
+                               token, build_fn or default_build)
+        self.agents = AgentClient(self.dict_name, retries, http_timeout_s)
+        self.state_path = self.work_dir / STATE_FILE
+        self.lock = threading.RLock()
+        self.state = TransferState.load(self.state_path)
+        self.stop = threading.Event()
+        self.last_poll: Optional[float] = None
+        self.last_error: Optional[str] = None
+        self.waiting_for: list[str] = []  # instances whose server runs with another --shard-num
+        self._logged: set[tuple] = set()
+        self.after_phase: Optional[Callable[[Phase, Plan], None]] = None  # test hook
+        self.metrics = Metrics()
+        if self.state.served is not None:
+            self.metrics.version.set(self.state.served.version)
+
+    # ---------------------------------------------------------------- plumbing
+
+    @property
+    def build_fn(self) -> BuildFn:
+        return self.builder.build_fn
+
+    @build_fn.setter
+    def build_fn(self, fn: BuildFn) -> None:
+        self.builder.build_fn = fn
+
+    def _commit(self, state: TransferState) -> None:
+        """Makes ``state`` current and persists it."""
+        with self.lock:
+            self.state = state
+            state.save(self.state_path)
+
+    def _emit(self, events: list[Event]) -> None:
+        for e in events:
+            if e.key is not None:
+                if e.key in self._logged:
+                    continue
+                self._logged.add(e.key)
+            log.log(e.level, "%s", e.message)
+            if e.counter:
+                self.metrics.rollouts.labels(e.counter).inc()
+
+    def _log_once(self, key: tuple, level: int, msg: str, *args) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.log(level, msg, *args)
+
+    def _donefile(self, kind: str) -> list[donefile.DonefileRecord]:
+        loc = donefile.location(self.root, kind)
+        try:
+            text = storage.read_bytes(loc).decode("utf-8", "replace")
+        except storage.LocationError as exc:
+            if storage.is_url(loc) and "HTTP 404" not in str(exc):
+                self._log_once(("read", loc, str(exc)), logging.WARNING, "donefile %s: %s", loc, exc)
+            return []
+        records, errors = donefile.parse(text)
+        for n, why, line in errors:
+            key = ("malformed", loc, n, line)
+            if key not in self._logged:
+                self.metrics.malformed.inc()
+            self._log_once(key, logging.WARNING, "donefile %s line %d skipped: %s: %r", loc, n, why, line)
+        return records
+
+    # ---------------------------------------------------------------- the loop
+
+    def next_plan(self) -> Optional[Plan]:
+        """The next rollout to do (or resume), or None; applies what planning decided
+        (refused patches, a re-layout started or dropped)."""
+        with self.lock:
+            state = self.state
+        bases, patches = self._donefile("base"), self._donefile("patch")
+        d = planner.next_rollout(state, bases, patches, self.shard_num, self.max_rollout_attempts, time.time())
+        if d.changed:
+            self._commit(d.state)
+        self._emit(d.events)
+        return d.plan
+
+    def poll_once(self) -> Optional[dict]:
+        """One donefile check and at most one rollout. Returns the history entry of the
+        rollout done (None if there was nothing to do). Never raises for a failed rollout."""
+        self.metrics.polls.inc()
+        self.last_poll = time.time()
+        plan = self.next_plan()
+        if plan is None:
+            self.waiting_for = []
+            return None
+        n = self.shard_num
+        self.waiting_for = sorted(i.name for i, (_, shards) in self.agents.served(self.instances).items()
+                                  if shards is not None and int(shards) != n)
+        if self.waiting_for:
+            self._log_once(("waiting", plan.version, n, tuple(self.waiting_for)), logging.WARNING,
+                           "version %d%s waits: %s run with another --shard-num than the topology's %d "
+                           "(not restarted yet?)", plan.version, f" ({plan.reason})" if plan.reason else "",
+                           ", ".join(self.waiting_for), n)
+            return None
+        return self.rollout(plan)
+
+    def run(self) -> None:
+        """Polls until ``stop`` is set; an unexpected error is logged and the loop goes on."""
+        log.info("transfer: dict %s, %d shards x %s replicas, root %s, poll every %.1f s", self.dict_name,
+                 self.shard_num, "/".join(str(len(s.replicas)) for s in self.topology.shards), self.root,
+                 self.poll_interval_s)
+        next_reconcile = time.monotonic() + self.reconcile_interval_s
+        while not self.stop.is_set():
+            try:
+                while self.poll_once() is not None and not self.stop.is_set():
+                    pass  # a rollout happened: look again at once (patches queued behind it)
+                if self.reconcile_interval_s > 0 and time.monotonic() >= next_reconcile:
+                    self.reconcile()
+                    next_reconcile = time.monotonic() + self.reconcile_interval_s
+                self.last_error = None
+            except Exception as exc:  # noqa: BLE001 - the watcher must survive anything
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("transfer poll failed")
+            self.stop.wait(self.poll_interval_s)
+
+    # ---------------------------------------------------------------- a rollout
+
+    def _phase(self, plan: Plan, phase: Phase) -> None:
+        with self.lock:
+            self._commit(planner.at_phase(self.state, plan, phase))
+        if self.after_phase:
+            self.after_phase(phase, plan)
+
+    def rollout(self, plan: Plan) -> dict:
+        """Drives one rollout through every phase (module docstring). Returns its history
+        entry (``status`` finished | failed | partial) as JSON."""
+        n = self.shard_num
+        resumed = plan.phase != Phase.TRIGGING
+        with self.lock:
+            state, plan = planner.begin(self.state, plan, time.time())
+            self._commit(state)
+        v = plan.version
+        rl = plan.relayout
+        log.info("Trigging version=%d mode=%s key=%d base_version=%s attempt=%d%s%s", v, plan.mode, plan.key,
+                 plan.base_version, plan.attempt, " (resuming an interrupted rollout)" if resumed else "",
+                 f" ({plan.reason}, link {rl.link}/{rl.links})" if rl else "")
+        t_start = time.monotonic()
+        phases: dict[str, float] = {}
+        enabled: set[Instance] = set()
+        skip: set[Instance] = set()
+        try:
+            # instances that already serve v on this layout (an interrupted Enabling) are done
+            skip = {i for i, (have, shards) in self.agents.served(self.instances).items() if have == v and shards == n}
+            t = time.monotonic()
+            self._phase(plan, Phase.BUILDING)
+            build = self.builder.build(plan)
+            phases[Phase.BUILDING.value] = time.monotonic() - t
+            log.info("Building version=%d finished: %s keys, %d shards, dim %s in %.2f s", v, build.count,
+                     len(build.tars), build.dim, phases[Phase.BUILDING.value])
+            t = time.monotonic()
+            self._phase(plan, Phase.DEPLOYING)
+            ship = self.builder.publish(build, plan)
+            phases[Phase.DEPLOYING.value] = time.monotonic() - t
+            log.info("Deploying version=%d finished: %d shard tars published in %.2f s", v, len(ship.urls),
+                     phases[Phase.DEPLOYING.value])
+            todo = [i for i in self.instances if i not in skip]
+            for phase in (Phase.DOWNLOADING, Phase.RELOADING, Phase.ENABLING):
+                t = time.monotonic()
+                self._phase(plan, phase)
+                try:
+                    self.agents.barrier(phase, todo, plan, ship, self.phase_timeout_s,
+                                        enabled if phase == Phase.ENABLING else None)
+                except RolloutError as exc:
+                    if phase == Phase.ENABLING and (enabled or skip):
+                        raise PartialEnable(str(exc), enabled | skip) from exc
+                    raise
+                phases[phase.value] = time.monotonic() - t
+        except PartialEnable as part:
+            return self._partial(plan, part, phases, resumed)
+        except Exception as exc:  # noqa: BLE001 - any failure aborts; the old version keeps serving
+            return self._failed(plan, exc, phases, resumed)
+        total = time.monotonic() - t_start
+        now = time.time()
+        with self.lock:
+            state, entry, events = planner.finished(
+                self.state, plan, shard_num=n, dim=build.dim, count=build.count, urls=ship.urls, md5s=ship.md5s,
+                phases=phases, skipped=(i.name for i in skip), resumed=resumed, now=now, seconds=total)
+            self._commit(state)
+            self.metrics.rollouts.labels("finished").inc()
+            self.metrics.version.set(v)
+            self.metrics.rollout_s.set(total)
+            for k, s in phases.items():
+                self.metrics.phase.labels(k).set(s)
+        log.info("Finished version=%d mode=%s%s: %d instances serve it, %.2f s (%s)", v, plan.mode,
+                 f" ({plan.reason})" if plan.reason else "", len(self.instances), total,
+                 ", ".join(f"{k} {s:.2f} s" for k, s in phases.items()))
+        self._emit(events)
+        self.builder.cleanup(keep_relayout=self.state.relayout is not None)
+        return entry.to_json()
+
+    def _partial(self, plan: Plan, part: PartialEnable, phases: dict, resumed: bool) -> dict:
+        with self.lock:
+            state, entry = planner.partial(self.state, plan, error=str(part), shard_num=self.shard_num,
+                                           phases=phases, enabled=(i.name for i in part.enabled),
+                                           resumed=resumed, now=time.time())
+            self._commit(state)
+            self.metrics.rollouts.labels("partial").inc()
+        log.error("Enabling version=%d incomplete (%d/%d instances switched): %s; driven again at the next poll",
+                  plan.version, len(part.enabled), len(self.instances), part)
+        return entry.to_json()
+
+    def _failed(self, plan: Plan, exc: Exception, phases: dict, resumed: bool) -> dict:
+        err = str(exc) if isinstance(exc, RolloutError) else f"{plan.phase.value}: {type(exc).__name__}: {exc}"
+        self.agents.abort(self.instances, plan.version)
+        self.builder.discard(plan)  # a retry rebuilds from the inputs
+        with self.lock:
+            state, entry = planner.failed(self.state, plan, error=err, shard_num=self.shard_num, phases=phases,
+                                          resumed=resumed, max_rollout_attempts=self.max_rollout_attempts,
+                                          backoff_s=self.rollout_backoff_s, now=time.time())
+            self._commit(state)
+            self.metrics.rollouts.labels("failed").inc()
+            served = state.served.version if state.served else None
+        log.error("Aborted version=%d%s attempt=%d/%d: %s; version %s keeps serving%s", plan.version,
+                  f" ({plan.reason})" if plan.reason else "", plan.attempt, self.max_rollout_attempts, err, served,
+                  " (given up)" if entry.given_up else "")
+        return entry.to_json()
+
+    # ---------------------------------------------------------------- reconcile
+
+    def reconcile(self) -> list[str]:
+        """Brings lagging instances (e.g. a server restarted empty) to the served version:
+        each is driven alone through download -> reload -> enable of every link of the
+        served chain it lacks, from the tars already published. Unreachable instances are
+        left alone (retried next time). Does nothing while a rollout is current or while
+        the served chain is laid out for another shard count (a re-layout replaces it); an
+        instance whose server runs with another ``--shard-num`` is skipped with a warning.
+        Returns the instances brought up to date. Errors are logged, never raised."""
+        n = self.shard_num
+        with self.lock:
+            st = self.state
+            chain = list(st.served_chain)
+            if st.current is not None or st.served is None or not chain or st.served.version != chain[-1].version:
+                return []
+            if st.served_shard_num() not in (None, n):
+                return []
+            target = st.served.version
+        links = [c.version for c in chain]
+        fixed = []
+        for inst in self.instances:
+            try:
+                srv = self.agents.status(inst).get("server") or {}
+                have, shards = srv.get("version"), srv.get("shard_num")
+            except (requests.RequestException, ValueError, AttributeError):
+                continue
+            if shards is not None and int(shards) != n:
+                self._log_once(("shard_num", inst.name, shards, n), logging.WARNING,
+                               "%s: its server runs with --shard-num %s, the topology has %d shards; not "
+                               "reconciled until it restarts with --shard-num %d", inst.name, shards, n, n)
+                continue
+            if have == target:
+                continue
+            start = links.index(have) + 1 if have in links else 0
+            t0 = time.monotonic()
+            log.warning("Reconciling %s: serves %s, not %d; driving it through %s", inst.name, have, target,
+                        links[start:])
+            try:
+                for c in chain[start:]:
+                    plan = Plan(version=c.version, key=c.key if c.key is not None else c.version, mode=c.mode,
+                                base_version=c.base_version, input=c.input or "", model=c.model, seen=time.time())
+                    ship = Shipment(urls=c.urls, md5s=c.md5s)
+                    deadline = time.monotonic() + self.phase_timeout_s
+                    for step in ("download", "reload", "enable"):
+                        self.agents.drive(inst, step, plan, ship, deadline)
+            except Exception as exc:  # noqa: BLE001 - retried at the next reconcile
+                log.error("Reconciling %s failed: %s (retried later)", inst.name, exc)
+                continue
+            log.info("Reconciled %s to version %d in %.2f s", inst.name, target, time.monotonic() - t0)
+            fixed.append(inst.name)
+        return fixed
+
+    # ---------------------------------------------------------------- HTTP views
+
+    def info(self) -> dict:
+        """``GET /dict/info``: ``version`` is the id every instance serves (None before the
+        first rollout; serving follows it); ``shard_num`` the topology's shard count,
+        ``served_shard_num`` the one the served version was rolled out for (they differ
+        until a re-layout is done); ``relayout``: None or ``{"from", "to", "target", "done",
+        "links", "given_up", "error"}``; ``waiting_for``: instances whose server runs with
+        another ``--shard-num``."""
+        with self.lock:
+            st = self.state
+            served = st.served
+            cur = st.current
+            last = st.history[-1] if st.history else None
+            rl = st.relayout
+            return {
+                "dict_name": self.dict_name, "version": served.version if served else None,
+                "base_id": served.base_id if served else None, "patch_id": served.patch_id if served else None,
+                "shard_num": self.shard_num, "replica_num": min(len(s.replicas) for s in self.topology.shards),
+                "replicas": [len(s.replicas) for s in self.topology.shards],
+                "dim": served.dim if served else None, "count": served.count if served else None,
+                "model": served.model if served else None, "enabled_at": served.enabled_at if served else None,
+                "status": "rolling_out" if cur else ("serving" if served else "empty"),
+                "rollout": None if cur is None else {
+                    "version": cur.version, "mode": cur.mode, "phase": cur.phase.value, "attempt": cur.attempt,
+                    "started": cur.started, "reason": cur.reason},
+                "served_shard_num": st.served_shard_num(),
+                "relayout": None if rl is None else {
+                    "from": rl.from_, "to": rl.to, "target": rl.target, "done": rl.next, "links": len(rl.links),
+                    "given_up": rl.given_up, "error": rl.error},
+                "waiting_for": list(self.waiting_for),
+                "last_rollout": None if last is None else {
+                    "version": last.version, "status": last.status, "error": last.error, "reason": last.reason},
+                "last_poll": self.last_poll, "last_error": self.last_error}
+
+    def instance_status(self) -> dict:
+        """``GET /instance/status``: every instance's agent status (queried now, 2 s timeout)."""
+        import concurrent.futures as cf
+
+        def one(inst: Instance) -> dict:
+            out = {"shard": inst.shard, "replica": inst.replica, "agent": inst.agent, "server": inst.server}
+            try:
+                st = self.agents.status(inst, timeout_s=2.0)
+                srv = st.get("server") or {}
+                out.update(reachable=True, version=srv.get("version"), bg_version=srv.get("bg_version"),
+                           bg_state=srv.get("bg_state"), step=st.get("step"), state=st.get("state"),
+                           error=st.get("error") or srv.get("error"))
+            except (requests.RequestException, ValueError) as exc:
+                out.update(reachable=False, error=str(exc))
+            return out
+
+        with cf.ThreadPoolExecutor(max_workers=min(32, len(self.instances))) as ex:
+            rows = list(ex.map(one, self.instances))
+        with self.lock:
+            served = self.state.served.version if self.state.served else None
+        return {"dict_name": self.dict_name, "version": served, "instances": rows,
+                "consistent": all(r.get("version") == served for r in rows)}
+
+    def history(self) -> list[dict]:
+        """``GET /dict/deploy/history``: the last rollouts and refusals, oldest first."""
+        with self.lock:
+            return [h.to_json() for h in self.state.history]

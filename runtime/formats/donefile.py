@@ -1,0 +1,141 @@
+"""Donefile lines and the version layout under a root: the contract between the trainer's
+export (writer), the cube transfer and serving (readers). docs/contracts.md, "A version on
+the file server".
+
+Layout under a root ``R`` (a directory or the file server's URL)::
+
+    R/donefile/base.txt        one line per base version; the last valid line is the newest
+    R/donefile/patch.txt       one line per patch version; its key is the base it applies to
+    R/versions/<id>/dense/     the dense model and model_meta.json (runtime.formats.model_meta)
+    R/versions/<id>/sparse/    the embeddings as SequenceFile parts (runtime.formats.seqfile)
+
+A line is a JSON object: ``id`` (the version), ``key`` (a base: its own id; a patch: its
+base's id) and ``input`` (the SequenceFiles, relative to ``R`` or absolute), the fields of
+Paddle Serving's cube-transfer donefiles; this project adds ``model`` (the dense model
+directory), ``dim`` and ``count``. Ids are integers (numeric strings are accepted, as
+Paddle Serving's own tools write them). Every file of a version is written before its
+line is appended, so a reader never sees a half-written version.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+
+from runtime import storage
+from runtime.formats._validation import NonNegInt, PosInt, describe
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["base", "patch"]
+KINDS: tuple[str, str] = ("base", "patch")
+
+
+class DonefileRecord(BaseModel):
+    """One donefile line. ``id``/``key``: version ids (int); ``input``/``model``: locations
+    relative to the root (str); ``dim``: floats per embedding; ``count``: keys in the
+    version's SequenceFiles. ``line`` is the 1-based line number it was read from (0 when
+    built in memory); it is not written."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: NonNegInt
+    key: NonNegInt
+    input: str = Field(min_length=1)
+    model: Optional[str] = Field(default=None, min_length=1)
+    dim: Optional[PosInt] = None
+    count: Optional[NonNegInt] = None
+    _line: int = PrivateAttr(default=0)
+
+    @property
+    def line(self) -> int:
+        return self._line
+
+    def to_line(self) -> str:
+        """The JSON line (no newline), fields in contract order, unset ones left out."""
+        return json.dumps(self.model_dump(exclude_none=True))
+
+
+def sparse_dir(version: int) -> str:
+    """``versions/<id>/sparse``: where a version's SequenceFiles live, relative to the root."""
+    return f"versions/{int(version)}/sparse"
+
+
+def dense_dir(version: int) -> str:
+    """``versions/<id>/dense``: where a version's dense model lives, relative to the root."""
+    return f"versions/{int(version)}/dense"
+
+
+def base_record(version: int, dim: int, count: int) -> DonefileRecord:
+    """The base line of ``version`` in the standard layout (key = its own id)."""
+    return DonefileRecord(id=version, key=version, input=sparse_dir(version), model=dense_dir(version),
+                          dim=dim, count=count)
+
+
+def patch_record(version: int, base: int, dim: int, count: int) -> DonefileRecord:
+    """The patch line of ``version``, applying to base ``base``, in the standard layout."""
+    return DonefileRecord(id=version, key=base, input=sparse_dir(version), model=dense_dir(version),
+                          dim=dim, count=count)
+
+
+def location(root: str, kind: Kind) -> str:
+    """``<root>/donefile/<kind>.txt`` (path or URL)."""
+    if kind not in KINDS:
+        raise ValueError(f"donefile kind {kind!r}: expected base or patch")
+    return storage.join(root, "donefile", f"{kind}.txt")
+
+
+def parse(text: str) -> tuple[list[DonefileRecord], list[tuple[int, str, str]]]:
+    """Donefile text -> ``(records, errors)``: the valid records in file order, and
+    ``(line number, reason, the line's first 200 characters)`` for each malformed line.
+    Blank lines are ignored."""
+    records, errors = [], []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            if not isinstance(obj, dict):
+                raise ValueError("not a JSON object")
+            rec = DonefileRecord.model_validate(obj)
+            rec._line = n
+            records.append(rec)
+        except ValidationError as exc:
+            errors.append((n, describe(exc), line[:200]))
+        except ValueError as exc:
+            errors.append((n, str(exc), line[:200]))
+    return records, errors
+
+
+def read(root: str, kind: Kind) -> list[DonefileRecord]:
+    """The valid records of ``root``'s ``kind`` donefile (a missing or unreadable donefile
+    is empty). Malformed lines are logged with their line number and skipped."""
+    loc = location(root, kind)
+    try:
+        text = storage.read_bytes(loc).decode("utf-8", "replace")
+    except storage.LocationError:
+        return []
+    records, errors = parse(text)
+    for n, why, line in errors:
+        log.warning("donefile %s line %d skipped: %s: %r", loc, n, why, line)
+    return records
+
+
+def append(root: str, kind: Kind, record: DonefileRecord, token: str | None = None) -> None:
+    """Appends ``record`` to ``root``'s ``kind`` donefile (last step of a version's export).
+    Raises ``storage.LocationError``."""
+    storage.append_line(location(root, kind), record.to_line(), token)
+
+
+def newest_id(root: str) -> int:
+    """The largest version id in ``root``'s donefiles (0 if none)."""
+    return max((r.id for kind in KINDS for r in read(root, kind)), default=0)
+
+
+def new_version_id(root: str, now_s: float | None = None) -> int:
+    """A new version id for ``root``: ``max(unix seconds, newest id + 1)``, so ids increase
+    even when two versions are exported within one second."""
+    return max(int(time.time() if now_s is None else now_s), newest_id(root) + 1)

@@ -1,0 +1,167 @@
+"""``model_meta.json``: what serving needs to know about a version's dense model. Written by
+the trainer's export beside the program and parameters (``versions/<id>/dense/``), read by
+serving and the export check. docs/contracts.md, "A version on the file server".
+
+The dense program takes the looked-up embeddings instead of feasign ids: feeds
+``feeds[0]`` (the normalized dense features, float32[n,13]) then one float32[n,dim] feed
+per slot in slot order (``feeds[1:]``), fetch ``fetches[0]`` (the click probability,
+float32[n,1]). ``model_files`` names the program (``inference.pdmodel``, Paddle's legacy
+static-graph format: the trainer runs with ``FLAGS_enable_pir_api=0``) and its
+parameters (``inference.pdiparams``); readers open exactly those files.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from runtime.formats._validation import NonNegInt, PosInt, describe
+
+FILE = "model_meta.json"
+PROGRAM_SUFFIX, PARAMS_SUFFIX = ".pdmodel", ".pdiparams"
+
+
+class ModelMetaError(ValueError):
+    """A ``model_meta.json`` is unreadable or invalid; the message names the file and field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FeatureSpec(_Strict):
+    """The input rows' features (``runtime.formats.features.feature_spec`` writes it):
+    ``format`` criteo|slot, the dense names, the slot ids and names, the feasign function."""
+
+    format: Literal["criteo", "slot"]
+    num_dense: PosInt
+    dense_names: list[str]
+    slots: list[NonNegInt] = Field(min_length=1)
+    sparse_names: list[str]
+    feasign_function: str
+    feasign_doc: str
+    missing_feasign: str
+    unseen_feasign: str
+    module: str
+
+
+class Normalization(_Strict):
+    """The dense transform (``runtime.formats.features.NORMALIZATION``)."""
+
+    type: Literal["log1p_clip_scale"]
+    formula: str
+    clip_min: float
+    clip_max: list[float]
+    missing: float
+
+
+class SparsePart(_Strict):
+    """One SequenceFile part of the version's embeddings: file name, rows, bytes."""
+
+    file: str
+    count: NonNegInt
+    bytes: NonNegInt
+
+
+class SparseSummary(_Strict):
+    """The version's SequenceFiles (``versions/<id>/sparse/``)."""
+
+    parts: list[SparsePart]
+    count: NonNegInt
+    key: str
+    value: str
+    style: Literal["raw", "bytes_writable", "long_writable"]
+
+
+class ModelMeta(_Strict):
+    """The document (module docstring). ``training``: the training settings (free-form
+    record); ``metrics``: test AUC and throughput (free-form record)."""
+
+    FILE: ClassVar[str] = FILE
+
+    version: NonNegInt
+    created: NonNegInt
+    features: FeatureSpec
+    embedding_dim: PosInt
+    normalization: Normalization
+    feeds: list[str] = Field(min_length=2)
+    fetches: list[str] = Field(min_length=1, max_length=1)
+    model_files: tuple[str, str]
+    layers: list[PosInt] = Field(min_length=1)
+    sparse: SparseSummary
+    training: dict[str, Any]
+    metrics: dict[str, Any]
+    export_check_max_abs_diff: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ModelMeta":
+        if len(self.feeds) != 1 + len(self.features.slots):
+            raise ValueError(f"feeds: {len(self.feeds)} names for 1 dense feed + {len(self.features.slots)} slots")
+        if len(set(self.feeds)) != len(self.feeds):
+            raise ValueError("feeds: a name repeats")
+        prog, params = self.model_files
+        if not prog.endswith(PROGRAM_SUFFIX) or not params.endswith(PARAMS_SUFFIX):
+            raise ValueError(f"model_files: expected [<name>{PROGRAM_SUFFIX}, <name>{PARAMS_SUFFIX}], "
+                             f"got {list(self.model_files)}")
+        if any("/" in f or f.startswith(".") for f in self.model_files):
+            raise ValueError(f"model_files: plain file names expected, got {list(self.model_files)}")
+        if len(self.normalization.clip_max) != self.features.num_dense:
+            raise ValueError(f"normalization.clip_max: {len(self.normalization.clip_max)} bounds for "
+                             f"{self.features.num_dense} dense features")
+        return self
+
+    @property
+    def dense_feed(self) -> str:
+        """Feed name of the normalized dense features."""
+        return self.feeds[0]
+
+    @property
+    def emb_feeds(self) -> list[str]:
+        """Feed names of the slots' embeddings, in slot order."""
+        return list(self.feeds[1:])
+
+    @property
+    def fetch(self) -> str:
+        """Fetch name of the click probability."""
+        return self.fetches[0]
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.features.slots)
+
+    def files_in(self, model_dir: str | os.PathLike) -> tuple[Path, Path]:
+        """``(program path, params path)`` under ``model_dir``; raises ``ModelMetaError`` if
+        either is missing."""
+        d = Path(model_dir)
+        paths = (d / self.model_files[0], d / self.model_files[1])
+        for p in paths:
+            if not p.is_file():
+                raise ModelMetaError(f"{d / FILE}: model_files names {p.name}, which is not in {d}")
+        return paths
+
+    def write(self, model_dir: str | os.PathLike) -> Path:
+        """Writes ``<model_dir>/model_meta.json``; returns its path."""
+        path = Path(model_dir) / FILE
+        path.write_text(json.dumps(self.model_dump(mode="json"), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def parse(cls, doc: object, source: str = FILE) -> "ModelMeta":
+        """Validates a parsed document; raises ``ModelMetaError`` naming ``source``."""
+        try:
+            return cls.model_validate(doc)
+        except ValidationError as exc:
+            raise ModelMetaError(f"{source}: invalid model metadata: {describe(exc)}") from None
+
+    @classmethod
+    def read(cls, model_dir: str | os.PathLike) -> "ModelMeta":
+        """Reads ``<model_dir>/model_meta.json`` (a local directory). Raises ``ModelMetaError``."""
+        path = Path(model_dir) / FILE
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ModelMetaError(f"{path}: cannot read model metadata: {exc}") from None
+        return cls.parse(doc, str(path))

@@ -1,0 +1,158 @@
+"""The cube topology: which servers hold which shard. One document written by the Pulumi
+``CubeCluster`` (a ConfigMap), the local cube cluster and the local pipeline; read by the
+cube transfer, serving and the cube client. docs/contracts.md, "Cube".
+
+``topology.json``::
+
+    {"dict_name": "ctr_embedding",
+     "shards": [
+       {"shard": 0, "replicas": [{"server": "host:8900", "http": "http://host:8901",
+                                  "agent": "http://host:8902"}, ...]},
+       {"shard": 1, "replicas": [...]}]}
+
+Shards are listed in shard order (a key lives on shard ``key % len(shards)``); every
+replica names its server's binary data plane (``host:port``), the server's HTTP control
+URL and its agent's URL. Every field is required: the writers always write all three.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from runtime.formats._validation import NonNegInt, describe
+
+FILE = "topology.json"
+
+
+class TopologyError(ValueError):
+    """A topology document is unreadable or invalid; the message names its source and field."""
+
+
+class Replica(BaseModel):
+    """One shard replica: ``server`` (data plane ``host:port``), ``http`` (server control
+    URL), ``agent`` (agent URL). URLs carry no trailing slash."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    server: str
+    http: str
+    agent: str
+
+    @field_validator("server")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{v!r} is not host:port")
+        return v
+
+    @field_validator("http", "agent")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"{v!r} is not an http(s) URL")
+        return v.rstrip("/")
+
+
+class Shard(BaseModel):
+    """One shard: its index and its replicas (at least one)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    shard: NonNegInt
+    replicas: list[Replica] = Field(min_length=1)
+
+
+class Instance(BaseModel):
+    """One shard x replica, as the transfer drives it (``name``: ``shard<i>/replica<j>``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    shard: int
+    replica: int
+    server: str
+    http: str
+    agent: str
+
+    @property
+    def name(self) -> str:
+        return f"shard{self.shard}/replica{self.replica}"
+
+
+class Topology(BaseModel):
+    """The whole document (module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dict_name: str = Field(min_length=1)
+    shards: list[Shard] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _in_order(self) -> "Topology":
+        for i, sh in enumerate(self.shards):
+            if sh.shard != i:
+                raise ValueError(f"shards must be listed in shard order: entry {i} is shard {sh.shard}")
+        return self
+
+    @classmethod
+    def build(cls, dict_name: str, replicas: Sequence[Sequence[tuple[str, str, str]]]) -> "Topology":
+        """From ``replicas[shard][replica] = (server host:port, http URL, agent URL)``.
+        Raises ``TopologyError``."""
+        doc = {"dict_name": dict_name,
+               "shards": [{"shard": i, "replicas": [{"server": s, "http": h, "agent": a} for s, h, a in reps]}
+                          for i, reps in enumerate(replicas)]}
+        return cls.parse(doc, "topology")
+
+    @classmethod
+    def parse(cls, doc: object, source: str = "topology") -> "Topology":
+        """Validates a parsed JSON document; raises ``TopologyError`` naming ``source``."""
+        try:
+            return cls.model_validate(doc)
+        except ValidationError as exc:
+            raise TopologyError(f"{source}: invalid topology: {describe(exc)}") from None
+
+    @classmethod
+    def load(cls, source: "str | os.PathLike | dict | Topology") -> "Topology":
+        """From a file path, a parsed document or a ``Topology``. Raises ``TopologyError``."""
+        if isinstance(source, Topology):
+            return source
+        if isinstance(source, dict):
+            return cls.parse(source)
+        try:
+            doc = json.loads(Path(source).read_text())
+        except (OSError, ValueError) as exc:
+            raise TopologyError(f"{source}: cannot read the topology: {exc}") from None
+        return cls.parse(doc, str(source))
+
+    @property
+    def shard_num(self) -> int:
+        return len(self.shards)
+
+    def servers(self) -> list[list[str]]:
+        """Per shard, its replicas' data-plane ``host:port`` (what the cube client needs)."""
+        return [[r.server for r in sh.replicas] for sh in self.shards]
+
+    def instances(self) -> Iterator[Instance]:
+        """Every shard x replica, shard by shard."""
+        for sh in self.shards:
+            for j, r in enumerate(sh.replicas):
+                yield Instance(shard=sh.shard, replica=j, server=r.server, http=r.http, agent=r.agent)
+
+    def to_json(self) -> str:
+        """Canonical text (2-space indent, trailing newline): stable, so is its checksum."""
+        return json.dumps(self.model_dump(), indent=2) + "\n"
+
+    def checksum(self) -> str:
+        """sha256 hex of ``to_json()`` (pod-template annotations roll pods on a change)."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    def write(self, path: str | os.PathLike) -> Path:
+        """Writes ``to_json()`` to ``path``; returns it."""
+        path = Path(path)
+        path.write_text(self.to_json())
+        return path

@@ -1,0 +1,60 @@
+"""Serving's Prometheus metrics, aggregated over gunicorn's worker processes when
+``PROMETHEUS_MULTIPROC_DIR`` is set (the launcher sets it)."""
+from __future__ import annotations
+
+import os
+
+
+class Metrics:
+    """Counters and gauges of one serving process: requests by endpoint and HTTP status,
+    latency (s), errors by kind, samples, predictor runs, the version served, readiness."""
+
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.multiproc = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("elastic_ctr_serving_requests_total", "HTTP requests answered",
+                                ["endpoint", "code"], registry=r)
+        self.latency = Histogram("elastic_ctr_serving_request_seconds", "request latency, seconds",
+                                 ["endpoint"], registry=r,
+                                 buckets=(.0005, .001, .002, .003, .005, .0075, .01, .02, .05, .1, .25, .5, 1, 2.5))
+        self.samples = Counter("elastic_ctr_serving_samples_total", "samples scored", registry=r)
+        self.errors = Counter("elastic_ctr_serving_errors_total", "requests answered with an error",
+                              ["kind"], registry=r)
+        kw = {"multiprocess_mode": "max"} if self.multiproc else {}
+        self.version = Gauge("elastic_ctr_serving_model_version", "version (base/patch id) being served",
+                             registry=r, **kw)
+        self.ready = Gauge("elastic_ctr_serving_ready", "1 when a version is loaded and cube answers",
+                           registry=r, **({"multiprocess_mode": "min"} if self.multiproc else {}))
+        self.runs = Counter("elastic_ctr_serving_predictor_runs_total",
+                            "dense-model runs (one per combined batch of requests)", registry=r)
+        self.switches = Counter("elastic_ctr_serving_version_switches_total", "version switches", registry=r)
+        self._bound: dict = {}  # (endpoint, code) -> bound children: no label lookup per request
+
+    def observe(self, endpoint: str, code: int, seconds: float) -> None:
+        """One answered request."""
+        key = (endpoint, code)
+        b = self._bound.get(key)
+        if b is None:
+            b = self._bound[key] = (self.requests.labels(endpoint, str(code)), self.latency.labels(endpoint))
+        b[0].inc()
+        b[1].observe(seconds)
+
+    def error(self, status: int) -> None:
+        """Counts an error answer by kind (bad_request, not_found, unavailable, internal)."""
+        kind = {400: "bad_request", 404: "not_found", 503: "unavailable"}.get(status, "internal")
+        self.errors.labels(kind).inc()
+
+    def exposition(self) -> tuple[bytes, str]:
+        """``(text, content type)`` of the Prometheus exposition."""
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+        if self.multiproc:
+            from prometheus_client import multiprocess
+
+            reg = CollectorRegistry()
+            multiprocess.MultiProcessCollector(reg)
+            return generate_latest(reg), CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

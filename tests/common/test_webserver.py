@@ -1,0 +1,55 @@
+"""The HTTP roles' server: health and readiness, a graceful stop that lets requests in
+flight finish, and a role process that exits 0 on SIGTERM."""
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+
+import pytest
+import requests
+
+from runtime.webserver import WebServer
+
+
+def _app(environ, start_response):
+    if environ["PATH_INFO"] == "/slow":
+        time.sleep(1.0)
+    start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "2")])
+    return [b"ok"]
+
+
+def test_health_readiness_and_routes():
+    with WebServer(_app, name="t") as w:
+        assert requests.get(w.url + "/healthz").json() == {"status": "ok"}
+        assert requests.get(w.url + "/readyz").status_code == 200
+        assert requests.get(w.url + "/anything").text == "ok"
+        w.ready, w.reason = False, "terminating"
+        r = requests.get(w.url + "/readyz")
+        assert r.status_code == 503 and r.json() == {"ready": False, "reason": "terminating"}
+        assert requests.get(w.url + "/healthz").status_code == 200  # still live
+
+
+def test_stop_lets_requests_in_flight_finish():
+    w = WebServer(_app, threads=4).start()
+    out: dict[int, object] = {}
+
+    def call(i: int) -> None:
+        c = http.client.HTTPConnection("127.0.0.1", w.port, timeout=10)
+        try:
+            c.request("GET", "/slow")
+            r = c.getresponse()
+            out[i] = (r.status, r.read())
+        except OSError as exc:
+            out[i] = exc
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)  # all three are being answered
+    w.stop()
+    for t in threads:
+        t.join()
+    assert out == {i: (200, b"ok") for i in range(3)}
+    with pytest.raises(requests.ConnectionError):
+        requests.get(w.url + "/healthz", timeout=2)  # no new connections after the stop
