@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install constraints demo test test-fast bench-train bench-cube bench-rollout bench-serving bench render golden clean
+.PHONY: install constraints demo test test-fast bench-train bench-cube bench-rollout bench-serving bench render golden pulumi-yaml clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,10 @@ render: install
 
 golden: install
 	$(BIN)/elastic-ctr render --stack dev --out tests/golden/dev
+
+## Regenerates Pulumi.yaml's config block from infra/config.py (the keys' one definition).
+pulumi-yaml: install
+	$(BIN)/python -m infra.config > Pulumi.yaml.new && mv Pulumi.yaml.new Pulumi.yaml
 
 clean:
 	rm -rf $(VENV) runs rendered .pytest_cache

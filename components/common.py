@@ -11,6 +11,8 @@ from typing import Optional, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
+from runtime.formats import topology
+
 PART_OF = "elastic-ctr"
 #: UID/GID of the non-root ``app`` user the Dockerfiles create.
 APP_UID = 10001
@@ -23,32 +25,34 @@ class DeployContext:
     """Where and as what the components deploy; shared by all of them.
 
     Attributes:
-        namespace: Kubernetes namespace name (a DNS-1123 label); used in DNS names.
+        namespace: the Kubernetes namespace (a DNS-1123 label), an Input: pass the
+            Namespace resource's ``metadata.name`` so every object depends on it.
         instance: value of ``app.kubernetes.io/instance`` (``<project>-<stack>``).
-        namespace_resource: the Namespace resource every namespaced object depends on
-            (``None`` where the namespace exists outside this program, e.g. in tests).
         image_pull_secrets: names of ``kubernetes.io/dockerconfigjson`` Secrets for pods.
         image_pull_policy: ``IfNotPresent`` | ``Always`` | ``Never``.
     """
 
-    namespace: str
+    namespace: pulumi.Input[str]
     instance: str
-    namespace_resource: Optional[pulumi.Resource] = None
     image_pull_secrets: Sequence[pulumi.Input[str]] = field(default_factory=tuple)
-    image_pull_policy: str = "IfNotPresent"
+    image_pull_policy: pulumi.Input[str] = "IfNotPresent"
 
-    def svc_host(self, service: str) -> str:
+    def svc_host(self, service: pulumi.Input[str]) -> pulumi.Output[str]:
         """Cluster DNS name of ``service`` in this namespace (``<svc>.<ns>.svc.cluster.local``)."""
-        return f"{service}.{self.namespace}.svc.cluster.local"
+        return pulumi.Output.concat(service, ".", self.namespace, ".svc.cluster.local")
 
-    def child_opts(self, parent: pulumi.Resource, **kwargs) -> pulumi.ResourceOptions:
-        """Options for a component's child: parented to it, ordered after the Namespace."""
-        depends = [self.namespace_resource] if self.namespace_resource is not None else []
-        return pulumi.ResourceOptions(parent=parent, depends_on=depends, **kwargs)
+    def svc_url(self, service: pulumi.Input[str], port: int) -> pulumi.Output[str]:
+        """``http://<svc>.<ns>.svc.cluster.local:<port>``."""
+        return pulumi.Output.concat("http://", self.svc_host(service), ":", str(port))
 
     def pull_secrets(self) -> list[k8s.core.v1.LocalObjectReferenceArgs]:
         """``imagePullSecrets`` entries for a pod spec."""
         return [k8s.core.v1.LocalObjectReferenceArgs(name=n) for n in self.image_pull_secrets]
+
+
+def child(parent: pulumi.Resource, **kwargs) -> pulumi.ResourceOptions:
+    """Options of a component's child: parented to it (dependencies flow through Inputs)."""
+    return pulumi.ResourceOptions(parent=parent, **kwargs)
 
 
 def labels(dep: DeployContext, name: str, component: str, **extra: str) -> dict[str, str]:
@@ -79,7 +83,7 @@ def selector(all_labels: dict[str, str]) -> dict[str, str]:
     }
 
 
-def metadata(dep: DeployContext, name: str, lbls: dict[str, str],
+def metadata(dep: DeployContext, name: pulumi.Input[str], lbls: dict[str, str],
              annotations: Optional[dict[str, str]] = None) -> k8s.meta.v1.ObjectMetaArgs:
     """ObjectMeta with an explicit name (stable DNS) in the deployment's namespace."""
     return k8s.meta.v1.ObjectMetaArgs(
@@ -132,12 +136,10 @@ def tcp_probe(port: str, period_s: int = 10, failures: int = 3) -> k8s.core.v1.P
 
 
 def base_env(log_level: str = "INFO") -> list[k8s.core.v1.EnvVarArgs]:
-    """Environment every container gets: log level, HOME and caches on the writable /tmp."""
+    """Environment every container gets: log level, HOME on the writable /tmp."""
     return [
         k8s.core.v1.EnvVarArgs(name="ELASTIC_CTR_LOG_LEVEL", value=log_level),
         k8s.core.v1.EnvVarArgs(name="HOME", value=TMP_DIR),
-        # numba caches compiled kernels beside the module by default: not writable here.
-        k8s.core.v1.EnvVarArgs(name="NUMBA_CACHE_DIR", value=f"{TMP_DIR}/numba"),
     ]
 
 
@@ -160,7 +162,8 @@ def tmp_volume(size: str = "1Gi") -> tuple[k8s.core.v1.VolumeArgs, k8s.core.v1.V
 
 def topology_volume(configmap_name: pulumi.Input[str]) -> tuple[k8s.core.v1.VolumeArgs,
                                                                   k8s.core.v1.VolumeMountArgs]:
-    """The cube topology ConfigMap mounted read-only at /etc/elastic-ctr (``topology.json``)."""
+    """The cube topology ConfigMap mounted read-only at /etc/elastic-ctr (``topology.json``,
+    ``runtime.formats.topology``)."""
     return (
         k8s.core.v1.VolumeArgs(
             name="topology",
@@ -170,4 +173,4 @@ def topology_volume(configmap_name: pulumi.Input[str]) -> tuple[k8s.core.v1.Volu
 
 
 TOPOLOGY_DIR = "/etc/elastic-ctr"
-TOPOLOGY_FILE = f"{TOPOLOGY_DIR}/topology.json"
+TOPOLOGY_FILE = f"{TOPOLOGY_DIR}/{topology.FILE}"

@@ -1,15 +1,13 @@
 """CubeCluster: the sharded, replicated sparse-parameter service.
 
-Per shard ``i`` (0 <= i < shards): a StatefulSet ``cube-shard-<i>`` (replicas = the
+Per shard ``i`` (0 <= i < shards): a StatefulSet ``<name>-shard-<i>`` (replicas = the
 replica count; a ``cube-server`` and a ``cube-agent`` container sharing an emptyDir at
 ``/data``), its headless Service (stable pod DNS) and a PodDisruptionBudget allowing one
-replica down at a time. Plus the ``cube-topology`` ConfigMap (``topology.json``, format in
-docs/contracts.md) that the transfer and serving mount.
+replica down at a time. Plus the ``<name>-topology`` ConfigMap (``topology.json``,
+``runtime.formats.topology``) that the transfer and serving mount.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 
 import pulumi
@@ -17,51 +15,27 @@ import pulumi_kubernetes as k8s
 
 from components import common
 from components.common import DeployContext
+from runtime.formats.topology import Topology
 
 SERVER_PORT = 8900
 SERVER_HTTP_PORT = 8901
 AGENT_PORT = 8902
 DICT_NAME = "ctr_embedding"
-TOPOLOGY_CONFIGMAP = "cube-topology"
 DATA_DIR = "/data"
 
 
-def shard_name(shard: int) -> str:
-    """Name of shard ``shard``'s StatefulSet, headless Service and PDB."""
-    return f"cube-shard-{shard}"
-
-
-def topology(namespace: str, shards: int, replicas: int, dict_name: str = DICT_NAME) -> dict:
-    """The topology document for ``shards`` x ``replicas`` StatefulSet pods, in shard order.
+def topology(namespace: str, shard_names: list[str], replicas: int, dict_name: str = DICT_NAME) -> Topology:
+    """The topology of ``shard_names`` StatefulSets (shard order) of ``replicas`` pods each.
 
     Addresses are StatefulSet pod DNS names,
     ``<sts>-<ordinal>.<headless svc>.<namespace>.svc.cluster.local``, so they are known
-    before any pod exists and stay stable across restarts.
-    """
-    out = []
-    for s in range(shards):
-        name = shard_name(s)
-        reps = []
-        for r in range(replicas):
-            host = f"{name}-{r}.{name}.{namespace}.svc.cluster.local"
-            reps.append({
-                "server": f"{host}:{SERVER_PORT}",
-                "http": f"http://{host}:{SERVER_HTTP_PORT}",
-                "agent": f"http://{host}:{AGENT_PORT}",
-            })
-        out.append({"shard": s, "replicas": reps})
-    return {"dict_name": dict_name, "shards": out}
-
-
-def topology_json(doc: dict) -> str:
-    """Canonical JSON text of a topology (key order as in docs/contracts.md; stable, so its
-    checksum is too)."""
-    return json.dumps(doc, indent=2) + "\n"
-
-
-def checksum(text: str) -> str:
-    """sha256 hex of ``text``; put in pod-template annotations to roll pods on change."""
-    return hashlib.sha256(text.encode()).hexdigest()
+    before any pod exists and stay stable across restarts."""
+    rows = []
+    for name in shard_names:
+        hosts = [f"{name}-{r}.{name}.{namespace}.svc.cluster.local" for r in range(replicas)]
+        rows.append([(f"{h}:{SERVER_PORT}", f"http://{h}:{SERVER_HTTP_PORT}", f"http://{h}:{AGENT_PORT}")
+                     for h in hosts])
+    return Topology.build(dict_name, rows)
 
 
 @dataclass(frozen=True)
@@ -71,8 +45,9 @@ class CubeClusterArgs:
     Attributes:
         deployment: namespace, labels instance, pull secrets.
         image: cube image reference.
-        shards: shard count (>= 1); keys go to shard ``key % shards``.
-        replicas: replicas per shard (>= 1).
+        shards: shard count (>= 1); keys go to shard ``key % shards``. A plain int: it is
+            the number of StatefulSets declared.
+        replicas: replicas per shard (>= 1). A plain int: it shapes the topology.
         server_cpu / server_memory: cube-server requests = limits (Kubernetes quantities).
         agent_cpu / agent_memory: cube-agent requests = limits.
         data_size: size limit of the shared emptyDir holding downloaded and loaded dicts.
@@ -82,50 +57,47 @@ class CubeClusterArgs:
     image: pulumi.Input[str]
     shards: int
     replicas: int
-    server_cpu: str
-    server_memory: str
-    agent_cpu: str
-    agent_memory: str
-    data_size: str
+    server_cpu: pulumi.Input[str]
+    server_memory: pulumi.Input[str]
+    agent_cpu: pulumi.Input[str]
+    agent_memory: pulumi.Input[str]
+    data_size: pulumi.Input[str]
 
 
 class CubeCluster(pulumi.ComponentResource):
     """Cube servers and agents, shards x replicas, and the topology ConfigMap.
 
-    Outputs: ``topology`` (dict), ``topology_configmap`` (ConfigMap name),
-    ``topology_checksum`` (sha256 of ``topology.json``).
-    """
+    Outputs: ``topology`` (the document, a dict), ``topology_configmap`` (ConfigMap name),
+    ``topology_checksum`` (sha256 of ``topology.json``)."""
 
-    def __init__(self, name: str, args: CubeClusterArgs,
-                 opts: pulumi.ResourceOptions | None = None) -> None:
+    topology: pulumi.Output[dict]
+    topology_configmap: pulumi.Output[str]
+    topology_checksum: pulumi.Output[str]
+
+    def __init__(self, name: str, args: CubeClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("elastic-ctr:index:CubeCluster", name, None, opts)
         dep = args.deployment
-        self.topology = topology(dep.namespace, args.shards, args.replicas)
-        text = topology_json(self.topology)
-        self.topology_checksum = checksum(text)
-
-        cm_labels = common.labels(dep, "cube-topology", "cube")
+        self.shard_names = [f"{name}-shard-{i}" for i in range(args.shards)]
+        topo = pulumi.Output.from_input(dep.namespace).apply(
+            lambda ns: topology(ns, self.shard_names, args.replicas))
+        self.topology = topo.apply(lambda t: t.model_dump())
+        self.topology_checksum = topo.apply(lambda t: t.checksum())
+        cm_name = f"{name}-topology"
         self.configmap = k8s.core.v1.ConfigMap(
-            TOPOLOGY_CONFIGMAP,
-            metadata=common.metadata(dep, TOPOLOGY_CONFIGMAP, cm_labels),
-            data={"topology.json": text},
-            opts=dep.child_opts(self),
+            cm_name,
+            metadata=common.metadata(dep, cm_name, common.labels(dep, cm_name, "cube")),
+            data={"topology.json": topo.apply(lambda t: t.to_json())},
+            opts=common.child(self),
         )
-        self.statefulsets: list[k8s.apps.v1.StatefulSet] = []
-        for shard in range(args.shards):
-            self._shard(shard, args)
-
         self.topology_configmap = self.configmap.metadata.apply(lambda m: m.name)
-        self.register_outputs({
-            "topology": self.topology,
-            "topology_configmap": self.topology_configmap,
-            "topology_checksum": self.topology_checksum,
-        })
+        self.statefulsets = [self._shard(i, shard_name, args) for i, shard_name in enumerate(self.shard_names)]
+        self.register_outputs({"topology": self.topology, "topology_configmap": self.topology_configmap,
+                               "topology_checksum": self.topology_checksum})
 
-    def _shard(self, shard: int, args: CubeClusterArgs) -> None:
+    def _shard(self, shard: int, name: str, args: CubeClusterArgs) -> k8s.apps.v1.StatefulSet:
         dep = args.deployment
-        name = shard_name(shard)
-        lbls = common.labels(dep, "cube-server", "cube", **{"elastic-ctr.io/shard": str(shard)})
+        # the shard label names the StatefulSet: selectors stay unique with two clusters in a stack
+        lbls = common.labels(dep, "cube-server", "cube", **{"elastic-ctr.io/shard": name})
         sel = common.selector(lbls)
 
         k8s.core.v1.Service(
@@ -141,7 +113,7 @@ class CubeCluster(pulumi.ComponentResource):
                     k8s.core.v1.ServicePortArgs(name="agent", port=AGENT_PORT, target_port="agent"),
                 ],
             ),
-            opts=dep.child_opts(self),
+            opts=common.child(self),
         )
 
         tmp_vol, tmp_mount = common.tmp_volume()
@@ -160,7 +132,7 @@ class CubeCluster(pulumi.ComponentResource):
             ],
             env=common.base_env(),
             resources=common.resources(args.server_cpu, args.server_memory),
-            readiness_probe=common.http_probe("/healthz", "http", period_s=5),
+            readiness_probe=common.http_probe("/readyz", "http", period_s=5),
             liveness_probe=common.http_probe("/healthz", "http", period_s=10, failures=6),
             security_context=common.container_security(),
             volume_mounts=[data_mount, tmp_mount],
@@ -175,7 +147,7 @@ class CubeCluster(pulumi.ComponentResource):
             ports=[k8s.core.v1.ContainerPortArgs(name="agent", container_port=AGENT_PORT)],
             env=common.base_env(),
             resources=common.resources(args.agent_cpu, args.agent_memory),
-            readiness_probe=common.http_probe("/healthz", "agent", period_s=5),
+            readiness_probe=common.http_probe("/readyz", "agent", period_s=5),
             liveness_probe=common.http_probe("/healthz", "agent", period_s=10, failures=6),
             security_context=common.container_security(),
             volume_mounts=[data_mount, tmp_mount],
@@ -201,8 +173,7 @@ class CubeCluster(pulumi.ComponentResource):
                                         weight=100,
                                         pod_affinity_term=k8s.core.v1.PodAffinityTermArgs(
                                             topology_key="kubernetes.io/hostname",
-                                            label_selector=k8s.meta.v1.LabelSelectorArgs(
-                                                match_labels=sel),
+                                            label_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=sel),
                                         ),
                                     )
                                 ]
@@ -212,17 +183,14 @@ class CubeCluster(pulumi.ComponentResource):
                         volumes=[
                             k8s.core.v1.VolumeArgs(
                                 name="cube-data",
-                                empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(
-                                    size_limit=args.data_size)),
+                                empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(size_limit=args.data_size)),
                             tmp_vol,
                         ],
                     ),
                 ),
             ),
-            opts=dep.child_opts(self),
+            opts=common.child(self),
         )
-        self.statefulsets.append(sts)
-
         k8s.policy.v1.PodDisruptionBudget(
             name,
             metadata=common.metadata(dep, name, lbls),
@@ -230,5 +198,6 @@ class CubeCluster(pulumi.ComponentResource):
                 max_unavailable=1,
                 selector=k8s.meta.v1.LabelSelectorArgs(match_labels=sel),
             ),
-            opts=dep.child_opts(self),
+            opts=common.child(self),
         )
+        return sts

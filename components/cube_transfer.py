@@ -1,6 +1,6 @@
 """CubeTransfer: watches the donefile and rolls each new version out to every cube instance.
 
-A single-replica Deployment (``Recreate``: never two transfers driving the agents), a
+Named after the component (``<name>``): a single-replica Deployment (``Recreate``: never two transfers driving the agents), a
 Service on 8910 (``/dict/info``, ``/instance/status``, ``/dict/deploy/history``,
 ``/healthz``, ``/metrics``) and a PersistentVolumeClaim for its state, so a restarted pod
 neither loses nor repeats a rollout. It mounts the topology ConfigMap; the pod template
@@ -18,7 +18,6 @@ from components import common
 from components.common import DeployContext
 
 PORT = 8910
-NAME = "cube-transfer"
 STATE_DIR = "/var/lib/cube-transfer"
 
 
@@ -41,42 +40,45 @@ class CubeTransferArgs:
     deployment: DeployContext
     image: pulumi.Input[str]
     topology_configmap: pulumi.Input[str]
-    topology_checksum: str
-    root: str
+    topology_checksum: pulumi.Input[str]
+    root: pulumi.Input[str]
     upload_token_secret: pulumi.Input[str]
-    upload_token_key: str
-    cpu: str
-    memory: str
-    state_size: str
-    storage_class: Optional[str] = None
+    upload_token_key: pulumi.Input[str]
+    cpu: pulumi.Input[str]
+    memory: pulumi.Input[str]
+    state_size: pulumi.Input[str]
+    storage_class: Optional[pulumi.Input[str]] = None
     poll_interval_s: int = 10
 
 
 class CubeTransfer(pulumi.ComponentResource):
     """Outputs: ``url`` (in-cluster base URL), ``status_url`` (``/dict/info``)."""
 
+    url: pulumi.Output[str]
+    status_url: pulumi.Output[str]
+
     def __init__(self, name: str, args: CubeTransferArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("elastic-ctr:index:CubeTransfer", name, None, opts)
         dep = args.deployment
-        lbls = common.labels(dep, NAME, "cube")
+        lbls = common.labels(dep, name, "cube")
         sel = common.selector(lbls)
 
         pvc = k8s.core.v1.PersistentVolumeClaim(
-            NAME,
-            metadata=common.metadata(dep, NAME, lbls),
+            name,
+            metadata=common.metadata(dep, name, lbls),
             spec=k8s.core.v1.PersistentVolumeClaimSpecArgs(
                 access_modes=["ReadWriteOnce"],
                 storage_class_name=args.storage_class or None,
                 resources=k8s.core.v1.VolumeResourceRequirementsArgs(
                     requests={"storage": args.state_size}),
             ),
-            opts=dep.child_opts(self),
+            opts=common.child(self),
         )
         topo_vol, topo_mount = common.topology_volume(args.topology_configmap)
         tmp_vol, tmp_mount = common.tmp_volume()
         container = k8s.core.v1.ContainerArgs(
-            name=NAME,
+            name=name,
             image=args.image,
             image_pull_policy=dep.image_pull_policy,
             args=["cube", "transfer", "--topology", common.TOPOLOGY_FILE, "--root", args.root,
@@ -86,15 +88,15 @@ class CubeTransfer(pulumi.ComponentResource):
             env=[*common.base_env(),
                  common.token_env(args.upload_token_secret, args.upload_token_key)],
             resources=common.resources(args.cpu, args.memory),
-            readiness_probe=common.http_probe("/healthz", "http", period_s=5),
+            readiness_probe=common.http_probe("/readyz", "http", period_s=5),
             liveness_probe=common.http_probe("/healthz", "http", failures=6),
             security_context=common.container_security(),
             volume_mounts=[k8s.core.v1.VolumeMountArgs(name="state", mount_path=STATE_DIR),
                            topo_mount, tmp_mount],
         )
         k8s.apps.v1.Deployment(
-            NAME,
-            metadata=common.metadata(dep, NAME, lbls),
+            name,
+            metadata=common.metadata(dep, name, lbls),
             spec=k8s.apps.v1.DeploymentSpecArgs(
                 replicas=1,
                 strategy=k8s.apps.v1.DeploymentStrategyArgs(type="Recreate"),
@@ -117,17 +119,17 @@ class CubeTransfer(pulumi.ComponentResource):
                     ),
                 ),
             ),
-            opts=dep.child_opts(self),
+            opts=common.child(self),
         )
-        k8s.core.v1.Service(
-            NAME,
-            metadata=common.metadata(dep, NAME, lbls),
+        service = k8s.core.v1.Service(
+            name,
+            metadata=common.metadata(dep, name, lbls),
             spec=k8s.core.v1.ServiceSpecArgs(
                 selector=sel,
                 ports=[k8s.core.v1.ServicePortArgs(name="http", port=PORT, target_port="http")],
             ),
-            opts=dep.child_opts(self),
+            opts=common.child(self),
         )
-        self.url = f"http://{dep.svc_host(NAME)}:{PORT}"
-        self.status_url = f"{self.url}/dict/info"
+        self.url = dep.svc_url(service.metadata.apply(lambda m: m.name), PORT)
+        self.status_url = pulumi.Output.concat(self.url, "/dict/info")
         self.register_outputs({"url": self.url, "status_url": self.status_url})

@@ -1,9 +1,10 @@
 """FileServer: the HTTP file server holding versions, donefiles and cube shard tars.
 
-A PersistentVolumeClaim (storage class and size from config), a single-replica
+Named after the component (``<name>``): a PersistentVolumeClaim (storage class and size from config), a single-replica
 Deployment (``Recreate``: the volume is ReadWriteOnce), a Service (``LoadBalancer`` only
 when asked to expose it, otherwise ``ClusterIP``) and the Secret holding the upload
-bearer token, which reaches pods only as ``ELASTIC_CTR_UPLOAD_TOKEN`` via secretKeyRef.
+bearer token (``<name>-upload-token``), which reaches pods only as
+``ELASTIC_CTR_UPLOAD_TOKEN`` via secretKeyRef.
 """
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ from components import common
 from components.common import DeployContext
 
 PORT = 8080
-NAME = "fileserver"
-TOKEN_SECRET = "upload-token"
 TOKEN_KEY = "token"
 ROOT = "/srv/elastic-ctr"
 
@@ -30,20 +29,21 @@ class FileServerArgs:
     Attributes:
         deployment: namespace, instance, pull secrets.
         image: serving image reference (the file server is a serving-package role).
-        upload_token: the bearer token (a Pulumi secret Output).
+        upload_token: the bearer token (a secret Output: it stays one).
         cpu / memory: requests = limits.
         storage_size: PVC size (quantity, e.g. ``20Gi``).
         storage_class: StorageClass name; ``None`` = the cluster default.
-        expose: ``True`` = Service type LoadBalancer, else ClusterIP.
+        expose: ``True`` = Service type LoadBalancer, else ClusterIP (a plain bool: it
+            decides whether ``external_url`` waits for an ingress).
     """
 
     deployment: DeployContext
     image: pulumi.Input[str]
     upload_token: pulumi.Input[str]
-    cpu: str
-    memory: str
-    storage_size: str
-    storage_class: Optional[str] = None
+    cpu: pulumi.Input[str]
+    memory: pulumi.Input[str]
+    storage_size: pulumi.Input[str]
+    storage_class: Optional[pulumi.Input[str]] = None
     expose: bool = False
 
 
@@ -51,51 +51,57 @@ class FileServer(pulumi.ComponentResource):
     """Outputs: ``url`` (in-cluster), ``external_url`` (LoadBalancer ingress, or the in-cluster
     URL when not exposed or not yet assigned), ``token_secret`` / ``token_key``."""
 
+    url: pulumi.Output[str]
+    external_url: pulumi.Output[str]
+    token_secret: pulumi.Output[str]
+    token_key: str
+
     def __init__(self, name: str, args: FileServerArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("elastic-ctr:index:FileServer", name, None, opts)
         dep = args.deployment
-        lbls = common.labels(dep, NAME, "storage")
+        lbls = common.labels(dep, name, "storage")
         sel = common.selector(lbls)
+        secret_name = f"{name}-upload-token"
 
         self.secret = k8s.core.v1.Secret(
-            TOKEN_SECRET,
-            metadata=common.metadata(dep, TOKEN_SECRET, lbls),
+            secret_name,
+            metadata=common.metadata(dep, secret_name, lbls),
             type="Opaque",
             string_data={TOKEN_KEY: pulumi.Output.secret(args.upload_token)},
-            opts=dep.child_opts(self),
+            opts=common.child(self),
         )
         self.token_secret = self.secret.metadata.apply(lambda m: m.name)
         self.token_key = TOKEN_KEY
 
         pvc = k8s.core.v1.PersistentVolumeClaim(
-            NAME,
-            metadata=common.metadata(dep, NAME, lbls),
+            name,
+            metadata=common.metadata(dep, name, lbls),
             spec=k8s.core.v1.PersistentVolumeClaimSpecArgs(
                 access_modes=["ReadWriteOnce"],
                 storage_class_name=args.storage_class or None,
                 resources=k8s.core.v1.VolumeResourceRequirementsArgs(
                     requests={"storage": args.storage_size}),
             ),
-            opts=dep.child_opts(self),
+            opts=common.child(self),
         )
         tmp_vol, tmp_mount = common.tmp_volume()
         container = k8s.core.v1.ContainerArgs(
-            name=NAME,
+            name="fileserver",
             image=args.image,
             image_pull_policy=dep.image_pull_policy,
             args=["fileserver", "--root", ROOT, "--host", "0.0.0.0", "--port", str(PORT)],
             ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT)],
             env=[*common.base_env(), common.token_env(self.token_secret, TOKEN_KEY)],
             resources=common.resources(args.cpu, args.memory),
-            readiness_probe=common.http_probe("/healthz", "http", period_s=5),
+            readiness_probe=common.http_probe("/readyz", "http", period_s=5),
             liveness_probe=common.http_probe("/healthz", "http", failures=6),
             security_context=common.container_security(),
             volume_mounts=[k8s.core.v1.VolumeMountArgs(name="files", mount_path=ROOT), tmp_mount],
         )
         k8s.apps.v1.Deployment(
-            NAME,
-            metadata=common.metadata(dep, NAME, lbls),
+            name,
+            metadata=common.metadata(dep, name, lbls),
             spec=k8s.apps.v1.DeploymentSpecArgs(
                 replicas=1,
                 strategy=k8s.apps.v1.DeploymentStrategyArgs(type="Recreate"),
@@ -116,24 +122,24 @@ class FileServer(pulumi.ComponentResource):
                     ),
                 ),
             ),
-            opts=dep.child_opts(self),
+            opts=common.child(self),
         )
         self.service = k8s.core.v1.Service(
-            NAME,
-            metadata=common.metadata(dep, NAME, lbls),
+            name,
+            metadata=common.metadata(dep, name, lbls),
             spec=k8s.core.v1.ServiceSpecArgs(
                 type="LoadBalancer" if args.expose else "ClusterIP",
                 selector=sel,
                 ports=[k8s.core.v1.ServicePortArgs(name="http", port=PORT, target_port="http")],
             ),
-            opts=dep.child_opts(self),
+            opts=common.child(self),
         )
-        self.url = f"http://{dep.svc_host(NAME)}:{PORT}"
+        self.url = dep.svc_url(self.service.metadata.apply(lambda m: m.name), PORT)
         if args.expose:
-            self.external_url = self.service.status.apply(
-                lambda st: _ingress_url(st, PORT) or self.url)
+            self.external_url = pulumi.Output.all(self.service.status, self.url).apply(
+                lambda a: _ingress_url(a[0], PORT) or a[1])
         else:
-            self.external_url = pulumi.Output.from_input(self.url)
+            self.external_url = self.url
         self.register_outputs({"url": self.url, "external_url": self.external_url,
                                "token_secret": self.token_secret})
 

@@ -23,7 +23,8 @@ class ImagesArgs:
 
     Attributes:
         repo_root: build context (the repository root; see ``.dockerignore``).
-        registry: registry and optional path prefix, e.g. ``ghcr.io/acme``; ``""`` = no push.
+        registry: registry and optional path prefix, e.g. ``ghcr.io/acme``; ``""`` = no push
+            (a plain string: it decides whether the images are pushed).
         tag: image tag.
         username / password: registry credentials (``password`` a Pulumi secret), or None
             to use the Docker client's existing login.
@@ -32,10 +33,10 @@ class ImagesArgs:
 
     repo_root: Path
     registry: str
-    tag: str
-    username: Optional[str] = None
+    tag: pulumi.Input[str]
+    username: Optional[pulumi.Input[str]] = None
     password: Optional[pulumi.Input[str]] = None
-    platform: str = "linux/amd64"
+    platform: pulumi.Input[str] = "linux/amd64"
 
 
 def image_name(registry: str, role: str, tag: str) -> str:
@@ -48,8 +49,13 @@ class Images(pulumi.ComponentResource):
     """Outputs ``trainer``, ``cube``, ``serving``: the references pods should run.
 
     When pushed, the reference is the registry digest (``repo@sha256:...``), so every
-    rebuild rolls the pods; when not pushed, the local ``name:tag``.
+    rebuild rolls the pods; when not pushed, the local ``name:tag``. Children are named
+    ``<name>-<role>``.
     """
+
+    trainer: pulumi.Output[str]
+    cube: pulumi.Output[str]
+    serving: pulumi.Output[str]
 
     def __init__(self, name: str, args: ImagesArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
@@ -63,8 +69,8 @@ class Images(pulumi.ComponentResource):
         self.refs: dict[str, pulumi.Output[str]] = {}
         for role in ROLES:
             image = docker.Image(
-                role,
-                image_name=image_name(args.registry, role, args.tag),
+                f"{name}-{role}",
+                image_name=pulumi.Output.from_input(args.tag).apply(lambda tag, r=role: image_name(args.registry, r, tag)),
                 build=docker.DockerBuildArgs(
                     context=str(args.repo_root),
                     dockerfile=str(args.repo_root / "runtime" / role / "Dockerfile"),

@@ -1,6 +1,6 @@
 """Serving: the Open Inference Protocol (v2) prediction server.
 
-A Deployment (``servingReplicas`` pods, rolling updates without dropping capacity), a
+Named after the component (``<name>``): a Deployment (``servingReplicas`` pods, rolling updates without dropping capacity), a
 ClusterIP Service on 8000 and, when ``max_replicas`` > ``replicas``, a
 HorizontalPodAutoscaler (autoscaling/v2, CPU utilization). Probes use the v2 health
 endpoints. The pod template carries the topology checksum, so a resized cube rolls it.
@@ -17,7 +17,6 @@ from components import common
 from components.common import DeployContext
 
 PORT = 8000
-NAME = "serving"
 
 
 @dataclass(frozen=True)
@@ -31,7 +30,8 @@ class ServingArgs:
         model_root: ROOT of versions (the file server's URL).
         transfer_url: base URL of the cube transfer.
         replicas: pod count (the HPA's minimum when autoscaling).
-        max_replicas: HPA maximum; ``0`` (or <= ``replicas``) = no HPA.
+        max_replicas: HPA maximum; ``0`` (or <= ``replicas``) = no HPA. ``replicas`` and
+            ``max_replicas`` are plain ints: they decide whether an HPA is declared.
         target_cpu_utilization: HPA target, percent of the CPU request.
         workers: WSGI worker processes per pod.
         data_format / slot_file: raw-line format ``/predict`` accepts (as in training).
@@ -41,37 +41,40 @@ class ServingArgs:
     deployment: DeployContext
     image: pulumi.Input[str]
     topology_configmap: pulumi.Input[str]
-    topology_checksum: str
-    model_root: str
-    transfer_url: str
+    topology_checksum: pulumi.Input[str]
+    model_root: pulumi.Input[str]
+    transfer_url: pulumi.Input[str]
     replicas: int
-    cpu: str
-    memory: str
-    data_format: str = "criteo"
-    slot_file: Optional[str] = None
+    cpu: pulumi.Input[str]
+    memory: pulumi.Input[str]
+    data_format: pulumi.Input[str] = "criteo"
+    slot_file: Optional[pulumi.Input[str]] = None
     max_replicas: int = 0
-    target_cpu_utilization: int = 70
-    workers: int = 2
+    target_cpu_utilization: pulumi.Input[int] = 70
+    workers: pulumi.Input[int] = 2
 
 
 class Serving(pulumi.ComponentResource):
     """Outputs: ``url`` (in-cluster base URL), ``autoscaled`` (bool)."""
 
+    url: pulumi.Output[str]
+    autoscaled: pulumi.Output[bool]
+
     def __init__(self, name: str, args: ServingArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("elastic-ctr:index:Serving", name, None, opts)
         dep = args.deployment
-        lbls = common.labels(dep, NAME, "inference")
+        lbls = common.labels(dep, name, "inference")
         sel = common.selector(lbls)
         topo_vol, topo_mount = common.topology_volume(args.topology_configmap)
         tmp_vol, tmp_mount = common.tmp_volume()
         container = k8s.core.v1.ContainerArgs(
-            name=NAME,
+            name="serving",
             image=args.image,
             image_pull_policy=dep.image_pull_policy,
             args=["serve", "--topology", common.TOPOLOGY_FILE, "--model-root", args.model_root,
                   "--transfer-url", args.transfer_url, "--host", "0.0.0.0",
-                  "--port", str(PORT), "--workers", str(args.workers),
+                  "--port", str(PORT), "--workers", pulumi.Output.from_input(args.workers).apply(str),
                   "--work-dir", f"{common.TMP_DIR}/models", "--format", args.data_format,
                   *(["--slot-file", args.slot_file] if args.slot_file else [])],
             ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT)],
@@ -82,10 +85,10 @@ class Serving(pulumi.ComponentResource):
             security_context=common.container_security(),
             volume_mounts=[topo_mount, tmp_mount],
         )
-        self.autoscaled = args.max_replicas > args.replicas
+        autoscaled = args.max_replicas > args.replicas
         deployment = k8s.apps.v1.Deployment(
-            NAME,
-            metadata=common.metadata(dep, NAME, lbls),
+            name,
+            metadata=common.metadata(dep, name, lbls),
             spec=k8s.apps.v1.DeploymentSpecArgs(
                 replicas=args.replicas,
                 strategy=k8s.apps.v1.DeploymentStrategyArgs(
@@ -106,22 +109,21 @@ class Serving(pulumi.ComponentResource):
                 ),
             ),
             # with an HPA, later `pulumi up`s must not reset the autoscaler's count
-            opts=dep.child_opts(
-                self, ignore_changes=["spec.replicas"] if self.autoscaled else None),
+            opts=common.child(self, ignore_changes=["spec.replicas"] if autoscaled else None),
         )
-        k8s.core.v1.Service(
-            NAME,
-            metadata=common.metadata(dep, NAME, lbls),
+        service = k8s.core.v1.Service(
+            name,
+            metadata=common.metadata(dep, name, lbls),
             spec=k8s.core.v1.ServiceSpecArgs(
                 selector=sel,
                 ports=[k8s.core.v1.ServicePortArgs(name="http", port=PORT, target_port="http")],
             ),
-            opts=dep.child_opts(self),
+            opts=common.child(self),
         )
-        if self.autoscaled:
+        if autoscaled:
             k8s.autoscaling.v2.HorizontalPodAutoscaler(
-                NAME,
-                metadata=common.metadata(dep, NAME, lbls),
+                name,
+                metadata=common.metadata(dep, name, lbls),
                 spec=k8s.autoscaling.v2.HorizontalPodAutoscalerSpecArgs(
                     scale_target_ref=k8s.autoscaling.v2.CrossVersionObjectReferenceArgs(
                         api_version="apps/v1", kind="Deployment",
@@ -137,7 +139,8 @@ class Serving(pulumi.ComponentResource):
                                 average_utilization=args.target_cpu_utilization)),
                     )],
                 ),
-                opts=dep.child_opts(self),
+                opts=common.child(self),
             )
-        self.url = f"http://{dep.svc_host(NAME)}:{PORT}"
+        self.url = dep.svc_url(service.metadata.apply(lambda m: m.name), PORT)
+        self.autoscaled = pulumi.Output.from_input(autoscaled)
         self.register_outputs({"url": self.url, "autoscaled": self.autoscaled})

@@ -7,9 +7,10 @@ stable hostname and sets ``VC_PSERVER_HOSTS``; the ``env`` plugin sets ``VC_TASK
 pod-listing RBAC is needed. A pod evicted or failed restarts the whole job (PS training
 cannot lose a member); the trainer task completing completes the job.
 
-At export the PSERVERS write the sparse table into a directory trainer 0 names, on their
-own file system, and trainer 0 reads it back: so both tasks mount one ReadWriteMany
-PersistentVolumeClaim (``training-shared``) at ``/shared`` and ``train`` gets
+Named after the component: the Job is ``<name>``. At export the PSERVERS write the
+sparse table into a directory trainer 0 names, on their own file system, and trainer 0
+reads it back: so both tasks mount one ReadWriteMany PersistentVolumeClaim
+(``<name>-shared``) at ``/shared`` and ``train`` gets
 ``--table-dir /shared/table`` (each save uses a fresh subdirectory, removed after the
 export). The claim needs an RWX-capable StorageClass (NFS, CephFS, EFS, Filestore; on a
 single-node dev cluster the default hostPath provisioner works).
@@ -26,11 +27,9 @@ from components import common
 from components.common import DeployContext
 
 PADDLE_PORT = 8200
-JOB_NAME = "ctr-train"
 GENERATED = "generated"
 DATA_DIR = "/data"
-#: the ReadWriteMany claim both tasks mount at SHARED_DIR (the sparse-table save)
-SHARED_PVC = "training-shared"
+#: where both tasks mount the ReadWriteMany claim ``<name>-shared`` (the sparse-table save)
 SHARED_DIR = "/shared"
 #: ``train --table-dir``: the pservers save the table here, trainer 0 reads it back
 TABLE_DIR = f"{SHARED_DIR}/table"
@@ -44,7 +43,9 @@ class TrainingJobArgs:
         deployment: namespace, instance, pull secrets.
         image: trainer image reference.
         queue: Volcano queue name.
-        pservers / trainers: task replica counts (>= 1).
+        pservers / trainers: task replica counts (>= 1); plain ints: ``minAvailable`` is
+            their sum. The training flags and data locations are plain values too: they
+            are the pods' command line.
         pserver_cpu / pserver_memory / trainer_cpu / trainer_memory: requests = limits.
         epochs, batch_size, learning_rate, embedding_dim, sparse_shards: training flags.
         data_train / data_test: data locations (paths, globs, URLs), or ``("generated",)``
@@ -61,28 +62,28 @@ class TrainingJobArgs:
 
     deployment: DeployContext
     image: pulumi.Input[str]
-    queue: str
+    queue: pulumi.Input[str]
     pservers: int
     trainers: int
-    pserver_cpu: str
-    pserver_memory: str
-    trainer_cpu: str
-    trainer_memory: str
+    pserver_cpu: pulumi.Input[str]
+    pserver_memory: pulumi.Input[str]
+    trainer_cpu: pulumi.Input[str]
+    trainer_memory: pulumi.Input[str]
     epochs: int
     batch_size: int
-    learning_rate: str
+    learning_rate: float
     embedding_dim: int
     sparse_shards: int
     data_train: Sequence[str]
     data_test: Sequence[str]
     data_format: str
-    output: str
+    output: pulumi.Input[str]
     upload_token_secret: pulumi.Input[str]
-    upload_token_key: str
+    upload_token_key: pulumi.Input[str]
     slot_file: Optional[str] = None
-    shared_storage_class: Optional[str] = None
-    shared_size: str = "5Gi"
-    scratch_size: str = "10Gi"
+    shared_storage_class: Optional[pulumi.Input[str]] = None
+    shared_size: pulumi.Input[str] = "5Gi"
+    scratch_size: pulumi.Input[str] = "10Gi"
 
 
 class TrainingJob(pulumi.ComponentResource):
@@ -90,28 +91,33 @@ class TrainingJob(pulumi.ComponentResource):
 
     Outputs: ``job_name``, ``min_available``, ``shared_claim`` (the claim's name)."""
 
+    job_name: pulumi.Output[str]
+    min_available: pulumi.Output[int]
+    shared_claim: pulumi.Output[str]
+
     def __init__(self, name: str, args: TrainingJobArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("elastic-ctr:index:TrainingJob", name, None, opts)
         dep = args.deployment
         lbls = common.labels(dep, "trainer", "training")
-        self.min_available = args.pservers + args.trainers
+        claim = f"{name}-shared"
         # Not part of the Job's spec, so a new run (other scale) keeps the claim.
         self.shared_pvc = k8s.core.v1.PersistentVolumeClaim(
-            SHARED_PVC,
-            metadata=common.metadata(dep, SHARED_PVC, common.labels(dep, SHARED_PVC, "training")),
+            claim,
+            metadata=common.metadata(dep, claim, common.labels(dep, claim, "training")),
             spec=k8s.core.v1.PersistentVolumeClaimSpecArgs(
                 access_modes=["ReadWriteMany"],
                 storage_class_name=args.shared_storage_class or None,
                 resources=k8s.core.v1.VolumeResourceRequirementsArgs(
                     requests={"storage": args.shared_size}),
             ),
-            opts=dep.child_opts(self),
+            opts=common.child(self),
         )
+        self.shared_claim = self.shared_pvc.metadata.apply(lambda m: m.name)
         spec = {
             "schedulerName": "volcano",
             "queue": args.queue,
-            "minAvailable": self.min_available,
+            "minAvailable": args.pservers + args.trainers,
             "maxRetry": 3,
             "policies": [
                 {"event": "PodEvicted", "action": "RestartJob"},
@@ -122,35 +128,32 @@ class TrainingJob(pulumi.ComponentResource):
                 {
                     "name": "pserver",
                     "replicas": args.pservers,
-                    "template": self._template(args, "pserver", lbls),
+                    "template": self._template(args, "pserver", lbls, self.shared_claim),
                 },
                 {
                     "name": "trainer",
                     "replicas": args.trainers,
                     "policies": [{"event": "TaskCompleted", "action": "CompleteJob"}],
-                    "template": self._template(args, "trainer", lbls),
+                    "template": self._template(args, "trainer", lbls, self.shared_claim),
                 },
             ],
         }
         self.job = k8s.apiextensions.CustomResource(
-            JOB_NAME,
+            name,
             api_version="batch.volcano.sh/v1alpha1",
             kind="Job",
-            metadata=common.metadata(dep, JOB_NAME, lbls),
+            metadata=common.metadata(dep, name, lbls),
             spec=spec,
             # A Volcano Job's spec is mostly immutable: a changed scale is a new run.
-            # The claim is named literally in the pod templates: depend on it explicitly.
-            opts=pulumi.ResourceOptions.merge(
-                dep.child_opts(self, replace_on_changes=["spec"], delete_before_replace=True),
-                pulumi.ResourceOptions(depends_on=[self.shared_pvc])),
+            opts=common.child(self, replace_on_changes=["spec"], delete_before_replace=True),
         )
-        self.job_name = JOB_NAME
-        self.shared_claim = SHARED_PVC
+        self.job_name = self.job.metadata.apply(lambda m: m["name"] if isinstance(m, dict) else m.name)
+        self.min_available = pulumi.Output.from_input(args.pservers + args.trainers)
         self.register_outputs({"job_name": self.job_name, "min_available": self.min_available,
                                "shared_claim": self.shared_claim})
 
     @staticmethod
-    def _template(args: TrainingJobArgs, task: str, lbls: dict) -> dict:
+    def _template(args: TrainingJobArgs, task: str, lbls: dict, claim: pulumi.Input[str]) -> dict:
         """Pod template of ``task`` (``pserver`` | ``trainer``) as a plain manifest dict."""
         dep = args.deployment
         is_trainer = task == "trainer"
@@ -162,7 +165,7 @@ class TrainingJob(pulumi.ComponentResource):
         if args.slot_file:
             cmd += ["--slot-file", args.slot_file]
         cmd += ["--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-                "--lr", args.learning_rate, "--embedding-dim", str(args.embedding_dim),
+                "--lr", repr(float(args.learning_rate)), "--embedding-dim", str(args.embedding_dim),
                 "--sparse-shards", str(args.sparse_shards), "--output", args.output,
                 "--table-dir", TABLE_DIR]
 
@@ -215,7 +218,7 @@ class TrainingJob(pulumi.ComponentResource):
             "volumes": [
                 {"name": "data", "emptyDir": {"sizeLimit": args.scratch_size}},
                 {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
-                {"name": "shared", "persistentVolumeClaim": {"claimName": SHARED_PVC}},
+                {"name": "shared", "persistentVolumeClaim": {"claimName": claim}},
             ],
         }
         if is_trainer and generated:

@@ -1,24 +1,32 @@
-"""Stack configuration: read once into a typed, frozen :class:`StackConfig`, validated first.
+"""Stack configuration: every key, its type, default, allowed range and description, in one
+typed model (``StackConfig``, pydantic); ``Pulumi.yaml``'s ``config:`` block is generated
+from it (``make pulumi-yaml``; a test keeps the file in step). Training defaults come from
+the trainer's own (``runtime.trainer.config.TrainConfig``).
 
-The set of keys, their types and defaults are declared once, in ``Pulumi.yaml``; this
-module adds the allowed ranges and cross-key rules. :func:`parse` checks every key and
-raises one :class:`ConfigError` listing every problem, each naming the key, the value
-and what is allowed, before the program declares a single resource.
+``load()`` reads the running stack's config through ``pulumi.Config`` and validates every
+key before the program declares anything: one ``ConfigError`` lists every problem, each
+naming the key (``elastic-ctr:<key>``), the value and what is allowed. Secrets
+(``uploadToken``, ``registryPassword``) never enter ``StackConfig``: they must be stored as
+secrets, their length is checked, and the program takes them as secret Outputs
+(``pulumi.Config.require_secret``) end to end.
 """
 from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, fields
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Annotated, Any, Mapping, Optional
 
-import yaml
+import pulumi
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from runtime.trainer.config import TrainConfig
 
 PROJECT = "elastic-ctr"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROJECT_FILE = REPO_ROOT / "Pulumi.yaml"
+_TRAIN = TrainConfig()
 
 
 class ConfigError(ValueError):
@@ -29,334 +37,369 @@ class ConfigError(ValueError):
         super().__init__("invalid stack configuration:\n" + "\n".join(f"  - {e}" for e in errors))
 
 
-class SecretStr:
-    """A secret config value: never shown by ``repr``/``str``; :meth:`reveal` returns it."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        """The plain value (wrap it in ``pulumi.Output.secret`` before use)."""
-        return self._value
-
-    def __bool__(self) -> bool:
-        return bool(self._value)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, SecretStr) and other._value == self._value
-
-    def __hash__(self) -> int:
-        return hash(self._value)
-
-    def __repr__(self) -> str:
-        return "SecretStr('[secret]')"
-
-    __str__ = __repr__
-
-
-@dataclass(frozen=True)
-class StackConfig:
-    """Every key of ``Pulumi.yaml``'s ``config:`` block (camelCase there, snake_case here).
-
-    Quantities (``*_cpu``, ``*_memory``, ``*_size``) are Kubernetes quantity strings,
-    e.g. ``500m`` CPU, ``512Mi`` memory. Data locations are tuples of strings.
-    """
-
-    namespace: str
-    image_registry: str
-    image_tag: str
-    image_pull_policy: str
-    build_platform: str
-    registry_username: str
-    registry_password: SecretStr
-    upload_token: SecretStr
-    volcano_queue: str
-    storage_class: str
-    file_server_storage_size: str
-    transfer_storage_size: str
-    training_shared_storage_class: str
-    training_shared_size: str
-    expose_file_server: bool
-    pservers: int
-    trainers: int
-    epochs: int
-    batch_size: int
-    learning_rate: str
-    embedding_dim: int
-    sparse_shards: int
-    data_source: tuple[str, ...]
-    data_test_source: tuple[str, ...]
-    data_format: str
-    slot_file: str
-    cube_shards: int
-    cube_replicas: int
-    cube_data_size: str
-    serving_replicas: int
-    serving_max_replicas: int
-    serving_target_cpu_utilization: int
-    serving_workers: int
-    pserver_cpu: str
-    pserver_memory: str
-    trainer_cpu: str
-    trainer_memory: str
-    cube_server_cpu: str
-    cube_server_memory: str
-    cube_agent_cpu: str
-    cube_agent_memory: str
-    transfer_cpu: str
-    transfer_memory: str
-    file_server_cpu: str
-    file_server_memory: str
-    serving_cpu: str
-    serving_memory: str
-
-
-def snake(key: str) -> str:
-    """``cubeShards`` -> ``cube_shards``."""
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
-
-
-def camel(field_name: str) -> str:
-    """``cube_shards`` -> ``cubeShards``."""
-    head, *rest = field_name.split("_")
-    return head + "".join(p.capitalize() for p in rest)
-
-
-@lru_cache(maxsize=None)
-def _schema_cached(path: str) -> dict[str, dict[str, Any]]:
-    doc = yaml.safe_load(Path(path).read_text())
-    return dict(doc.get("config") or {})
-
-
-def project_schema(path: Path = PROJECT_FILE) -> dict[str, dict[str, Any]]:
-    """The ``config:`` block of ``Pulumi.yaml``: key -> {type, default?, description, secret?}."""
-    return _schema_cached(str(path))
-
-
-# ---------------------------------------------------------------- value checks
-_CPU = re.compile(r"^(?:(\d+)m|(\d+(?:\.\d+)?))$")
-_BYTES = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+# ---------------------------------------------------------------- value types
 _UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-_REGISTRY = re.compile(r"^[a-z0-9.-]+(:\d+)?(/[a-z0-9._-]+)*$")
-_STORAGE_CLASS = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
 def cpu_cores(q: str) -> Optional[float]:
     """Cores of a CPU quantity (``"500m"`` -> 0.5, ``"2"`` -> 2.0), or None if malformed."""
-    m = _CPU.match(q)
+    m = re.fullmatch(r"(?:(\d+)m|(\d+(?:\.\d+)?))", q)
     if not m:
         return None
     return int(m.group(1)) / 1000 if m.group(1) is not None else float(m.group(2))
 
 
 def byte_size(q: str) -> Optional[int]:
-    """Bytes of a memory/storage quantity (``"1Gi"`` -> 1073741824), or None if malformed."""
-    m = _BYTES.match(q)
-    if not m:
-        return None
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
+    """Bytes of a memory or storage quantity (``"1Gi"`` -> 1073741824), or None if malformed."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?", q)
+    return int(float(m.group(1)) * _UNITS[m.group(2)]) if m else None
 
 
-_GI = 2**30
-# key -> (min, max) for integers
-INT_RANGES: dict[str, tuple[int, int]] = {
-    "pservers": (1, 32), "trainers": (1, 128), "epochs": (1, 1000), "batchSize": (1, 65536),
-    "embeddingDim": (1, 512), "sparseShards": (1, 256), "cubeShards": (1, 64),
-    "cubeReplicas": (1, 16), "servingReplicas": (1, 100), "servingMaxReplicas": (0, 200),
-    "servingTargetCpuUtilization": (10, 100), "servingWorkers": (1, 64),
-}
-CPU_KEYS = ("pserverCpu", "trainerCpu", "cubeServerCpu", "cubeAgentCpu", "transferCpu",
-            "fileServerCpu", "servingCpu")
-CPU_RANGE = (0.01, 64.0)  # cores
-MEMORY_KEYS = ("pserverMemory", "trainerMemory", "cubeServerMemory", "cubeAgentMemory",
-               "transferMemory", "fileServerMemory", "servingMemory")
-MEMORY_RANGE = (64 * 2**20, 512 * _GI)  # 64Mi .. 512Gi
-STORAGE_KEYS = ("fileServerStorageSize", "transferStorageSize", "cubeDataSize", "trainingSharedSize")
-STORAGE_RANGE = (2**20, 64 * 2**40)  # 1Mi .. 64Ti
-CHOICES: dict[str, tuple[str, ...]] = {
-    "dataFormat": ("criteo", "slot"),
-    "imagePullPolicy": ("IfNotPresent", "Always", "Never"),
-    "buildPlatform": ("linux/amd64", "linux/arm64"),
-}
-SECRET_KEYS = ("uploadToken", "registryPassword")
-LOCATION_KEYS = ("dataSource", "dataTestSource")  # comma-separated lists
-MIN_TOKEN_LEN = 16
+def _check(ok, allowed: str):
+    """An after-validator: ``ok(value)`` or a ValueError carrying ``allowed``."""
+    def check(v):
+        if not ok(v):
+            raise ValueError(allowed)
+        return v
+    return AfterValidator(check)
+
+
+def _int(lo: int, hi: int):
+    return Annotated[int, _check(lambda v: lo <= v <= hi, f"an integer in [{lo}, {hi}]")]
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+Cpu = Annotated[str, _check(lambda v: (c := cpu_cores(v)) is not None and 0.01 <= c <= 64,
+                            "a CPU quantity from 10m to 64 (e.g. 500m, 2)")]
+Memory = Annotated[str, _check(lambda v: (b := byte_size(v)) is not None and 64 * 2**20 <= b <= 512 * 2**30,
+                               "a memory quantity from 64Mi to 512Gi (e.g. 512Mi, 4Gi)")]
+Storage = Annotated[str, _check(lambda v: (b := byte_size(v)) is not None and 2**20 <= b <= 64 * 2**40,
+                                "a storage quantity from 1Mi to 64Ti (e.g. 20Gi)")]
+DnsLabel = Annotated[str, _check(lambda v: len(v) <= 63 and bool(_DNS_LABEL.fullmatch(v)),
+                                 "a DNS-1123 label: lowercase letters, digits and '-', at most 63 characters")]
+StorageClass = Annotated[str, _check(
+    lambda v: v == "" or (len(v) <= 253 and bool(re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", v))),
+    "empty or a StorageClass name (lowercase DNS subdomain)")]
+Locations = Annotated[str, _check(lambda v: bool(v.strip(" ,")), '"generated" or comma-separated locations')]
+
+
+def _choices(*values: str):
+    return Annotated[str, _check(lambda v: v in values, " | ".join(values))]
+
+
+def _pulumi_bool(v):
+    """Pulumi's config booleans: ``true``/``false`` (pydantic alone would take yes/on/1 too)."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("true", "false"):
+        return v.strip().lower() == "true"
+    raise ValueError("true or false")
+
+
+Flag = Annotated[bool, BeforeValidator(_pulumi_bool)]
+PullPolicy = _choices("IfNotPresent", "Always", "Never")
+Platform = _choices("linux/amd64", "linux/arm64")
+DataFormat = _choices("criteo", "slot")
+
+
+class StackConfig(BaseModel):
+    """Every key of the stack (camelCase in Pulumi, snake_case here). Quantities are
+    Kubernetes quantity strings (``500m`` CPU, ``512Mi`` memory, ``20Gi`` storage); data
+    locations are comma-separated (``data_train()``/``data_test()`` split them). Each
+    field's ``description`` is the one ``Pulumi.yaml`` shows; ``json_schema_extra`` carries
+    its group there."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+    # --- where and what
+    namespace: DnsLabel = Field("elastic-ctr", description="Kubernetes namespace created for the stack (DNS-1123 label, at most 63 characters).")
+    image_registry: Annotated[str, _check(lambda v: v == "" or bool(re.fullmatch(r"[a-z0-9.-]+(:\d+)?(/[a-z0-9._-]+)*", v)),
+                                          "empty or host[:port][/path], lowercase, e.g. ghcr.io/acme")] = Field(
+        "", description="Registry (and optional path) the images are pushed to, e.g. ghcr.io/acme; empty = build locally, do not push.")
+    image_tag: Annotated[str, _check(lambda v: bool(re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", v)),
+                                     "a Docker tag: [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")] = Field(
+        "0.1.0", description="Tag of the trainer, cube and serving images.")
+    image_pull_policy: PullPolicy = Field(
+        "IfNotPresent", description="imagePullPolicy of every container (IfNotPresent, Always or Never).")
+    build_platform: Platform = Field(
+        "linux/amd64", description="Platform the images are built for (Paddle's CPU wheels are x86-64).")
+    registry_username: str = Field(
+        "", description="Registry user for pushing and pulling; empty = use the Docker client's login and the nodes' pull access.")
+    volcano_queue: Annotated[str, _check(lambda v: len(v) <= 63 and bool(_DNS_LABEL.fullmatch(v)),
+                                         "a Volcano queue name (DNS-1123 label)")] = Field(
+        "default", description="Volcano queue the training job is submitted to (must exist).")
+    storage_class: StorageClass = Field(
+        "", description="StorageClass of the file server's and the transfer's volumes; empty = the cluster default.")
+    file_server_storage_size: Storage = Field(
+        "20Gi", description="Size of the file server's volume (models, SequenceFiles, shard tars).")
+    transfer_storage_size: Storage = Field("1Gi", description="Size of the cube transfer's state volume.")
+    training_shared_storage_class: StorageClass = Field(
+        "", description="StorageClass of the training job's shared volume (ReadWriteMany, mounted at /shared by every "
+                        "pserver and trainer pod; the pservers save the sparse table there for trainer 0 to export). "
+                        "Must support RWX (NFS, CephFS, EFS, Filestore; hostPath on a single-node dev cluster); empty = "
+                        "the cluster default.")
+    training_shared_size: Storage = Field(
+        "5Gi", description="Size of the training job's shared volume (holds one sparse-table save, gzip text, at a time).")
+    expose_file_server: Flag = Field(
+        False, description="Expose the file server outside the cluster with a LoadBalancer Service (else ClusterIP only).")
+    # --- training
+    pservers: _int(1, 32) = Field(1, description="Parameter-server pods in the training job (1-32).",
+                                  json_schema_extra={"group": "training"})
+    trainers: _int(1, 128) = Field(2, description="Trainer pods in the training job (1-128).")
+    epochs: _int(1, 1000) = Field(_TRAIN.epochs, description="Passes over the training data (1-1000).")
+    batch_size: _int(1, 65536) = Field(_TRAIN.batch_size, description="Examples per trainer batch (1-65536).")
+    learning_rate: Annotated[float, _check(lambda v: 0 < v <= 1, "a decimal number in (0, 1]")] = Field(
+        _TRAIN.lr, description="Adam learning rate, a decimal number in (0, 1].")
+    embedding_dim: _int(1, 512) = Field(_TRAIN.embedding_dim, description="Embedding dimension of each sparse slot (1-512).")
+    sparse_shards: _int(1, 256) = Field(
+        _TRAIN.sparse_shards, description="Shards of the parameter servers' sparse table (1-256; its shard_num): "
+                                          "the save writes one part file per shard. Independent of cubeShards.")
+    data_source: Locations = Field(
+        "generated", description='Training data, comma-separated locations (paths, globs, HTTP(S) URLs); "generated" '
+                                 "= the seeded Criteo-format generator run in each trainer pod.")
+    data_test_source: str = Field(
+        "", description='Test data, comma-separated locations; required unless dataSource is "generated".')
+    data_format: DataFormat = Field(_TRAIN.format, description="Input format, criteo or slot.")
+    slot_file: str = Field("", description="Slot list location; required when dataFormat is slot.")
+    # --- cube
+    cube_shards: _int(1, 64) = Field(
+        2, description="Cube shards (1-64); key k lives on shard k % cubeShards. One StatefulSet per shard.",
+        json_schema_extra={"group": "cube"})
+    cube_replicas: _int(1, 16) = Field(2, description="Replicas per cube shard (1-16).")
+    cube_data_size: Storage = Field(
+        "10Gi", description="Size limit of each cube pod's data volume (downloaded tars and loaded dicts).")
+    # --- serving
+    serving_replicas: _int(1, 100) = Field(
+        2, description="Serving pods (1-100); the autoscaler's minimum when servingMaxReplicas is set.",
+        json_schema_extra={"group": "serving"})
+    serving_max_replicas: _int(0, 200) = Field(
+        0, description="Autoscaler maximum; 0 = no HorizontalPodAutoscaler. Otherwise greater than servingReplicas, "
+                       "at most 200.")
+    serving_target_cpu_utilization: _int(10, 100) = Field(
+        70, description="Autoscaler target CPU utilization, percent of the request (10-100).")
+    serving_workers: _int(1, 64) = Field(2, description="Worker processes per serving pod (1-64).")
+    # --- resources: requests = limits
+    pserver_cpu: Cpu = Field("1", description="CPU per parameter-server pod (e.g. 500m, 2); at most 64 cores.",
+                             json_schema_extra={"group": "resources: requests = limits, Kubernetes quantities"})
+    pserver_memory: Memory = Field("2Gi", description="Memory per parameter-server pod (e.g. 512Mi, 4Gi); at most 512Gi.")
+    trainer_cpu: Cpu = Field("2", description="CPU per trainer pod.")
+    trainer_memory: Memory = Field("4Gi", description="Memory per trainer pod.")
+    cube_server_cpu: Cpu = Field("1", description="CPU per cube-server container.")
+    cube_server_memory: Memory = Field(
+        "2Gi", description="Memory per cube-server container (holds two versions of its shard while switching).")
+    cube_agent_cpu: Cpu = Field("250m", description="CPU per cube-agent container.")
+    cube_agent_memory: Memory = Field("512Mi", description="Memory per cube-agent container.")
+    transfer_cpu: Cpu = Field("1", description="CPU of the cube transfer (runs the builder).")
+    transfer_memory: Memory = Field("2Gi", description="Memory of the cube transfer.")
+    file_server_cpu: Cpu = Field("500m", description="CPU of the file server.")
+    file_server_memory: Memory = Field("512Mi", description="Memory of the file server.")
+    serving_cpu: Cpu = Field("1", description="CPU per serving pod.")
+    serving_memory: Memory = Field("2Gi", description="Memory per serving pod.")
+
+    @model_validator(mode="after")
+    def _cross_keys(self) -> "StackConfig":
+        errors = []
+        if self.serving_max_replicas and self.serving_max_replicas <= self.serving_replicas:
+            errors.append(("servingMaxReplicas", self.serving_max_replicas,
+                           f"0 (no autoscaler) or more than servingReplicas ({self.serving_replicas}), at most 200"))
+        if self.data_format == "slot" and not self.slot_file:
+            errors.append(("slotFile", "", "a slot-list location (required when dataFormat is slot)"))
+        if not self.generated and not self.data_test():
+            errors.append(("dataTestSource", "", 'comma-separated locations (required unless dataSource is "generated")'))
+        if self.generated and self.data_format == "slot":
+            errors.append(("dataFormat", "slot", 'criteo with dataSource "generated" (the generator writes Criteo TSV)'))
+        if errors:
+            raise ValueError(_CrossKey(errors))
+        return self
+
+    @property
+    def generated(self) -> bool:
+        """True when the training data is generated in the trainer pods."""
+        return self.data_train() == ("generated",)
+
+    def data_train(self) -> tuple[str, ...]:
+        return _locations(self.data_source)
+
+    def data_test(self) -> tuple[str, ...]:
+        return _locations(self.data_test_source)
+
+
+class _CrossKey(str):
+    """The cross-key problems of one validation, carried through pydantic as its message."""
+
+    def __new__(cls, problems: list[tuple[str, Any, str]]):
+        obj = super().__new__(cls, "; ".join(p[0] for p in problems))
+        obj.problems = problems
+        return obj
 
 
 def _locations(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in text.split(",") if p.strip())
 
 
-def parse(raw: Mapping[str, Any], secret_keys: frozenset[str] | set[str] = frozenset(),
-          schema: Optional[Mapping[str, Mapping[str, Any]]] = None) -> StackConfig:
-    """Builds and validates a :class:`StackConfig`.
+#: secret keys: never in StackConfig; (description, minimum length or 0). ``uploadToken`` is
+#: required (declared ``secret: true`` in Pulumi.yaml, so it has no default there);
+#: ``registryPassword`` is optional (declared with an empty default) but, when set, must be
+#: stored as a secret.
+SECRETS: dict[str, tuple[str, int]] = {
+    "uploadToken": ("Bearer token for uploads to the file server (required; pulumi config set --secret uploadToken "
+                    "\"$(openssl rand -hex 32)\"). Reaches pods only via the file server's upload-token Secret.", 16),
+    "registryPassword": ("Registry password or token (pulumi config set --secret registryPassword ...); it reaches "
+                         "pods only as an imagePullSecret.", 0),
+}
+REQUIRED_SECRETS = ("uploadToken",)
+FIELDS = {f.alias: (name, f) for name, f in StackConfig.model_fields.items()}
+KEYS = list(FIELDS) + list(SECRETS)
 
-    Args:
-        raw: camelCase key (no ``elastic-ctr:`` prefix) -> value as Pulumi passes it (a
-            string; ``int``/``bool`` are accepted too). Missing keys take the defaults of
-            ``Pulumi.yaml``.
-        secret_keys: the keys whose values were stored as Pulumi secrets.
-        schema: the ``config:`` block (default: ``Pulumi.yaml``'s).
 
-    Raises:
-        ConfigError: listing every invalid, missing or unknown key, each with its value and
-            the allowed range.
-    """
-    schema = project_schema() if schema is None else schema
-    errors: list[str] = []
-    unknown = sorted(set(raw) - set(schema))
-    for key in unknown:
-        close = difflib.get_close_matches(key, list(schema), n=1)
-        hint = f" (did you mean {PROJECT}:{close[0]}?)" if close else ""
-        errors.append(f"{PROJECT}:{key}: unknown key{hint}")
+def unknown_keys(keys) -> list[str]:
+    """One error per key this program does not know, with the closest known key."""
+    out = []
+    for key in sorted(set(keys) - set(KEYS)):
+        close = difflib.get_close_matches(key, KEYS, n=1)
+        out.append(f"{PROJECT}:{key}: unknown key" + (f" (did you mean {PROJECT}:{close[0]}?)" if close else ""))
+    return out
 
-    values: dict[str, Any] = {}
-    for key, decl in schema.items():
-        if key in raw and raw[key] is not None:
-            value = raw[key]
-        elif "default" in decl:
-            value = decl["default"]
-        else:
-            errors.append(f"{PROJECT}:{key}: required, not set ({decl.get('description', '')})")
+
+def _allowed(key: str) -> str:
+    """What a key allows, from its validators (for messages about wrong types)."""
+    _, f = FIELDS[key]
+    return {int: "an integer", bool: "a boolean", float: "a decimal number"}.get(f.annotation, "a string")
+
+
+def parse(raw: Mapping[str, Any], secret_keys: frozenset[str] | set[str] = frozenset()) -> StackConfig:
+    """Validates ``raw`` (camelCase key without the ``elastic-ctr:`` prefix -> value as Pulumi
+    passes it, a string; ``int``/``bool`` accepted too; secret keys with their values) and
+    returns the ``StackConfig`` (without the secrets). ``secret_keys``: the keys stored as
+    Pulumi secrets. Missing keys take their defaults.
+
+    Raises ``ConfigError`` listing every invalid, missing or unknown key, each with its
+    value (secrets hidden) and what is allowed."""
+    errors = unknown_keys(raw)
+    for key, (_, min_len) in SECRETS.items():
+        value = raw.get(key)
+        if not value:
+            if key in REQUIRED_SECRETS:
+                errors.append(f"{PROJECT}:{key}: required, not set ({SECRETS[key][0]})")
             continue
-        typ = decl.get("type", "string")
-        try:
-            values[key] = _coerce(value, typ)
-        except ValueError:
-            errors.append(f"{PROJECT}:{key}: {value!r} is not a{'n' if typ == 'integer' else ''} "
-                          f"{typ}")
-
-    for key in LOCATION_KEYS:
-        if key in values:
-            values[key] = _locations(values[key])
-
-    def check(key: str, ok: Callable[[Any], bool], allowed: str) -> None:
-        if key in values and not ok(values[key]):
-            errors.append(f"{PROJECT}:{key}: {values[key]!r} is invalid; allowed: {allowed}")
-
-    for key, (lo, hi) in INT_RANGES.items():
-        check(key, lambda v, lo=lo, hi=hi: lo <= v <= hi, f"an integer in [{lo}, {hi}]")
-    for key in CPU_KEYS:
-        check(key, lambda v: (c := cpu_cores(v)) is not None and CPU_RANGE[0] <= c <= CPU_RANGE[1],
-              "a CPU quantity from 10m to 64 (e.g. 500m, 2)")
-    for key in MEMORY_KEYS:
-        check(key, lambda v: (b := byte_size(v)) is not None
-              and MEMORY_RANGE[0] <= b <= MEMORY_RANGE[1],
-              "a memory quantity from 64Mi to 512Gi (e.g. 512Mi, 4Gi)")
-    for key in STORAGE_KEYS:
-        check(key, lambda v: (b := byte_size(v)) is not None
-              and STORAGE_RANGE[0] <= b <= STORAGE_RANGE[1],
-              "a storage quantity from 1Mi to 64Ti (e.g. 20Gi)")
-    for key, choices in CHOICES.items():
-        check(key, lambda v, c=choices: v in c, " | ".join(choices))
-    check("namespace", lambda v: len(v) <= 63 and bool(_DNS_LABEL.match(v)),
-          "a DNS-1123 label: lowercase letters, digits and '-', at most 63 characters")
-    check("volcanoQueue", lambda v: len(v) <= 63 and bool(_DNS_LABEL.match(v)),
-          "a Volcano queue name (DNS-1123 label)")
-    for key in ("storageClass", "trainingSharedStorageClass"):
-        check(key, lambda v: v == "" or (len(v) <= 253 and bool(_STORAGE_CLASS.match(v))),
-              "empty or a StorageClass name (lowercase DNS subdomain)")
-    check("imageTag", lambda v: bool(_TAG.match(v)),
-          "a Docker tag: [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-    check("imageRegistry", lambda v: v == "" or bool(_REGISTRY.match(v)),
-          "empty or host[:port][/path], lowercase, e.g. ghcr.io/acme")
-    check("learningRate", lambda v: _float_in(v, 0.0, 1.0), "a decimal number in (0, 1]")
-    check("dataSource", lambda v: len(v) > 0, '"generated" or comma-separated locations')
-
-    # cross-key rules
-    if values.get("servingMaxReplicas", 0) and "servingReplicas" in values:
-        if values["servingMaxReplicas"] <= values["servingReplicas"]:
-            errors.append(
-                f"{PROJECT}:servingMaxReplicas: {values['servingMaxReplicas']} is invalid; "
-                f"allowed: 0 (no autoscaler) or more than servingReplicas "
-                f"({values['servingReplicas']}), at most {INT_RANGES['servingMaxReplicas'][1]}")
-    if values.get("dataFormat") == "slot" and not values.get("slotFile"):
-        errors.append(f"{PROJECT}:slotFile: '' is invalid; allowed: a slot-list location "
-                      "(required when dataFormat is slot)")
-    generated = values.get("dataSource") == ("generated",)
-    if "dataSource" in values and not generated and not values.get("dataTestSource"):
-        errors.append(f"{PROJECT}:dataTestSource: '' is invalid; allowed: comma-separated "
-                      "locations (required unless dataSource is \"generated\")")
-    if generated and values.get("dataFormat") == "slot":
-        errors.append(f"{PROJECT}:dataFormat: 'slot' is invalid with dataSource \"generated\"; "
-                      "allowed: criteo (the generator writes Criteo TSV)")
-
-    token = values.get("uploadToken")
-    if token is not None:
-        if len(token) < MIN_TOKEN_LEN:
-            errors.append(f"{PROJECT}:uploadToken: [secret, {len(token)} characters] is invalid; "
-                          f"allowed: at least {MIN_TOKEN_LEN} characters")
-    password = values.get("registryPassword", "")
-    if password:
-        if not values.get("imageRegistry") or not values.get("registryUsername"):
-            errors.append(f"{PROJECT}:registryPassword: [secret] is set without imageRegistry and "
-                          "registryUsername; allowed: empty, or set together with both")
-    for key in SECRET_KEYS:
-        if values.get(key) and key not in secret_keys:
-            errors.append(f"{PROJECT}:{key}: [value hidden] is stored in plain text; allowed: a "
-                          f"secret (pulumi config set --secret {key} ...)")
-
+        if key not in secret_keys:
+            errors.append(f"{PROJECT}:{key}: [value hidden] is stored in plain text; allowed: a secret "
+                          f"(pulumi config set --secret {key} ...)")
+        if len(value) < min_len:
+            errors.append(f"{PROJECT}:{key}: [secret, {len(value)} characters] is invalid; allowed: at least "
+                          f"{min_len} characters")
+    if raw.get("registryPassword") and not (raw.get("imageRegistry") and raw.get("registryUsername")):
+        errors.append(f"{PROJECT}:registryPassword: [secret] is set without imageRegistry and registryUsername; "
+                      "allowed: empty, or set together with both")
+    values = {k: v for k, v in raw.items() if k in FIELDS and v is not None}
+    cfg = None
+    try:
+        cfg = StackConfig.model_validate(values)
+    except ValidationError as exc:
+        for err in exc.errors():
+            if not err["loc"]:  # the cross-key check
+                for key, value, allowed in err["ctx"]["error"].args[0].problems:
+                    errors.append(f"{PROJECT}:{key}: {value!r} is invalid; allowed: {allowed}")
+                continue
+            key = str(err["loc"][0])
+            value = err.get("input")
+            if err["type"] == "value_error":
+                if FIELDS[key][1].annotation in (int, float) and isinstance(value, str):
+                    value = _coerced(value)
+                errors.append(f"{PROJECT}:{key}: {value!r} is invalid; allowed: {err['ctx']['error']}")
+            else:
+                errors.append(f"{PROJECT}:{key}: {value!r} is not {_allowed(key)}")
     if errors:
         raise ConfigError(errors)
-    kwargs = {snake(k): v for k, v in values.items()}
-    for key in SECRET_KEYS:
-        kwargs[snake(key)] = SecretStr(kwargs[snake(key)])
-    names = {f.name for f in fields(StackConfig)}
-    missing = names - set(kwargs)
-    if missing:  # Pulumi.yaml and StackConfig out of step: a programming error
-        raise AssertionError(f"Pulumi.yaml lacks keys for StackConfig fields {sorted(missing)}")
-    return StackConfig(**{k: v for k, v in kwargs.items() if k in names})
+    return cfg
 
 
-def _coerce(value: Any, typ: str) -> Any:
-    """Pulumi passes every config value as a string; convert by the declared type."""
-    if typ == "integer":
-        if isinstance(value, bool):
-            raise ValueError(value)
-        if isinstance(value, int):
-            return value
-        text = str(value).strip()
-        if not re.fullmatch(r"[+-]?\d+", text):
-            raise ValueError(value)
-        return int(text)
-    if typ == "boolean":
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text not in ("true", "false"):
-            raise ValueError(value)
-        return text == "true"
-    text = "" if value is None else str(value)
-    if typ == "string" and text != text.strip():
-        raise ValueError(value)
-    return text
-
-
-def _float_in(text: str, lo: float, hi: float) -> bool:
+def _coerced(text: str):
+    """How a numeric string reads (``"0"`` -> 0), for messages."""
     try:
-        x = float(text)
+        return int(text)
     except ValueError:
-        return False
-    return lo < x <= hi
+        try:
+            return float(text)
+        except ValueError:
+            return text
 
 
-def load() -> StackConfig:
-    """Reads the running stack's config (``elastic-ctr:*``) and validates it.
+class Secrets:
+    """The stack's secrets as secret Outputs: ``upload_token`` (``Output[str]``) and
+    ``registry_password`` (``Output[str]`` or None when not set)."""
 
-    Must run inside a Pulumi program (real or mocked). Raises :class:`ConfigError`.
-    """
-    from pulumi.runtime import config as rc
+    def __init__(self, config: pulumi.Config):
+        self.upload_token = config.require_secret("uploadToken")
+        self.registry_password = config.get_secret("registryPassword") or None
 
+
+def load() -> tuple[StackConfig, Secrets]:
+    """Reads the running stack's config (``elastic-ctr:*``) through ``pulumi.Config`` and
+    validates it. Must run inside a Pulumi program (real or mocked). Raises
+    ``ConfigError``."""
+    config = pulumi.Config(PROJECT)
+    raw: dict[str, Any] = {key: config.get(key) for key in FIELDS}
+    secret_keys = set()
+    for key in SECRETS:
+        full = f"{PROJECT}:{key}"
+        # read once, only to check it is stored as a secret and long enough; resources take
+        # the value as a secret Output (Secrets)
+        raw[key] = pulumi.runtime.get_config(full)
+        if pulumi.runtime.is_config_secret(full) or full in pulumi.runtime.get_config_secret_keys_env():
+            secret_keys.add(key)
     prefix = f"{PROJECT}:"
-    all_config = {**rc.get_config_env(), **rc.CONFIG.get()}
-    raw = {k[len(prefix):]: v for k, v in all_config.items() if k.startswith(prefix)}
-    # the language host passes secret key names in PULUMI_CONFIG_SECRET_KEYS; mocks via
-    # set_all_config(secret_keys=...)
-    env_secrets = set(rc.get_config_secret_keys_env())
-    secrets = {k for k in raw if rc.is_config_secret(prefix + k) or prefix + k in env_secrets}
-    return parse(raw, secrets)
+    for full in pulumi.runtime.get_config_env():  # keys the stack sets that the program does not know
+        if full.startswith(prefix) and full[len(prefix):] not in KEYS:
+            raw[full[len(prefix):]] = ""
+    return parse({k: v for k, v in raw.items() if v is not None}, secret_keys), Secrets(config)
+
+
+# ---------------------------------------------------------------- Pulumi.yaml
+_HEADER = """\
+# elastic-ctr: CTR training (Paddle PS on Volcano) -> cube sparse-parameter service -> serving.
+# Generated from infra/config.py (make pulumi-yaml); edit the model there, not this file.
+# Every key the program reads is declared here with its type, default and description.
+# Stack files set them as `elastic-ctr:<key>`; `pulumi config set <key> <value>` does that.
+# Ranges and cross-key rules are checked by infra/config.py before anything is declared.
+name: elastic-ctr
+description: CTR recommendation pipeline (Paddle parameter-server training, cube sparse-parameter service, serving) on Kubernetes
+runtime:
+  name: python
+  options:
+    toolchain: pip
+    virtualenv: .venv
+main: infra/
+config:
+"""
+
+
+def pulumi_yaml() -> str:
+    """The text of ``Pulumi.yaml``: the project and a ``config:`` entry per key (type,
+    default, description; secrets marked ``secret: true`` without a default)."""
+    import yaml
+
+    def entry(key: str, decl: dict) -> str:
+        text = yaml.safe_dump({key: decl}, sort_keys=False, width=10**6, allow_unicode=True)
+        return "".join(f"  {line}\n" for line in text.splitlines())
+
+    out = [_HEADER, "  # --- where and what ---\n"]
+    for alias, (_, f) in FIELDS.items():
+        group = (f.json_schema_extra or {}).get("group") if isinstance(f.json_schema_extra, dict) else None
+        if group:
+            out.append(f"  # --- {group} ---\n")
+        typ = {int: "integer", bool: "boolean"}.get(f.annotation, "string")
+        default = str(f.default) if f.annotation is float else f.default
+        out.append(entry(alias, {"type": typ, "default": default, "description": f.description}))
+        if alias == "registryUsername":  # the secrets, declared beside the registry user
+            for key, (description, _) in SECRETS.items():
+                decl = {"type": "string", "secret": True} if key in REQUIRED_SECRETS else {"type": "string", "default": ""}
+                out.append(entry(key, {**decl, "description": description}))
+    return "".join(out)
+
+
+if __name__ == "__main__":  # make pulumi-yaml
+    import sys
+
+    sys.stdout.write(pulumi_yaml())

@@ -1,81 +1,78 @@
 """The Pulumi program: validated stack config -> components -> stack outputs.
 
 ``build()`` declares everything and returns the stack outputs; ``infra/__main__.py``
-exports them under ``pulumi up``, and ``infra/render.py`` calls it under mocks.
+exports them under ``pulumi up``, and ``infra/render.py`` runs it under mocks. The
+components are named so that the dev stack's Kubernetes names read as the roles do
+(``fileserver``, ``cube-shard-<i>``, ``cube-transfer``, ``serving``, ``ctr-train``).
 """
 from __future__ import annotations
 
 import base64
 import json
-from typing import Any
+from typing import Any, Optional
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components import (CubeCluster, CubeClusterArgs, CubeTransfer, CubeTransferArgs,
-                        DeployContext, FileServer, FileServerArgs, Images, ImagesArgs, Serving,
-                        ServingArgs, TrainingJob, TrainingJobArgs, common)
-from components.training_job import JOB_NAME
-from infra.config import PROJECT, REPO_ROOT, StackConfig, load
+from components import (CubeCluster, CubeClusterArgs, CubeTransfer, CubeTransferArgs, DeployContext, FileServer,
+                        FileServerArgs, Images, ImagesArgs, Serving, ServingArgs, TrainingJob, TrainingJobArgs,
+                        common)
+from infra.config import PROJECT, REPO_ROOT, Secrets, StackConfig, load
 
 REGISTRY_SECRET = "registry-credentials"
 
 
-def build(cfg: StackConfig | None = None) -> dict[str, Any]:
+def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any]:
     """Declares every resource of the stack; returns the stack outputs (name -> Input).
 
     Args:
-        cfg: validated config; ``None`` = read and validate the running stack's config
-            (raises :class:`infra.config.ConfigError` before anything is declared).
+        config: validated config and secrets; ``None`` = read and validate the running
+            stack's (raises :class:`infra.config.ConfigError` before anything is declared).
     """
-    cfg = load() if cfg is None else cfg
+    cfg, secrets = load() if config is None else config
     instance = f"{PROJECT}-{pulumi.get_stack()}"
 
     images = Images("images", ImagesArgs(
         repo_root=REPO_ROOT, registry=cfg.image_registry, tag=cfg.image_tag,
-        username=cfg.registry_username or None,
-        password=cfg.registry_password.reveal() or None,
+        username=cfg.registry_username or None, password=secrets.registry_password,
         platform=cfg.build_platform))
 
-    bare = DeployContext(namespace=cfg.namespace, instance=instance)
     ns = k8s.core.v1.Namespace(
         cfg.namespace,
         metadata=k8s.meta.v1.ObjectMetaArgs(
-            name=cfg.namespace, labels=common.labels(bare, PROJECT, "namespace")))
-    pull_secrets: tuple[str, ...] = ()
-    if cfg.registry_password:
-        k8s.core.v1.Secret(
+            name=cfg.namespace,
+            labels=common.labels(DeployContext(namespace=cfg.namespace, instance=instance), PROJECT, "namespace")))
+    namespace = ns.metadata.apply(lambda m: m.name)
+    pull_secrets: tuple[pulumi.Input[str], ...] = ()
+    if secrets.registry_password is not None:
+        ctx = DeployContext(namespace=namespace, instance=instance)
+        sec = k8s.core.v1.Secret(
             REGISTRY_SECRET,
-            metadata=common.metadata(bare, REGISTRY_SECRET,
-                                     common.labels(bare, "registry-credentials", "images")),
+            metadata=common.metadata(ctx, REGISTRY_SECRET, common.labels(ctx, REGISTRY_SECRET, "images")),
             type="kubernetes.io/dockerconfigjson",
-            string_data={".dockerconfigjson": pulumi.Output.secret(
-                _dockerconfig(cfg.image_registry, cfg.registry_username,
-                              cfg.registry_password.reveal()))},
-            opts=pulumi.ResourceOptions(depends_on=[ns]),
-        )
-        pull_secrets = (REGISTRY_SECRET,)
-    dep = DeployContext(namespace=cfg.namespace, instance=instance, namespace_resource=ns,
-                     image_pull_secrets=pull_secrets, image_pull_policy=cfg.image_pull_policy)
+            string_data={".dockerconfigjson": secrets.registry_password.apply(
+                lambda pw: _dockerconfig(cfg.image_registry, cfg.registry_username, pw))})
+        pull_secrets = (sec.metadata.apply(lambda m: m.name),)
+    dep = DeployContext(namespace=namespace, instance=instance, image_pull_secrets=pull_secrets,
+                        image_pull_policy=cfg.image_pull_policy)
     storage_class = cfg.storage_class or None
 
     files = FileServer("fileserver", FileServerArgs(
-        deployment=dep, image=images.serving, upload_token=cfg.upload_token.reveal(),
+        deployment=dep, image=images.cube, upload_token=secrets.upload_token,
         cpu=cfg.file_server_cpu, memory=cfg.file_server_memory,
         storage_size=cfg.file_server_storage_size, storage_class=storage_class,
         expose=cfg.expose_file_server))
 
-    TrainingJob("training", TrainingJobArgs(
+    training = TrainingJob("ctr-train", TrainingJobArgs(
         deployment=dep, image=images.trainer, queue=cfg.volcano_queue,
         pservers=cfg.pservers, trainers=cfg.trainers,
         pserver_cpu=cfg.pserver_cpu, pserver_memory=cfg.pserver_memory,
         trainer_cpu=cfg.trainer_cpu, trainer_memory=cfg.trainer_memory,
         epochs=cfg.epochs, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
         embedding_dim=cfg.embedding_dim, sparse_shards=cfg.sparse_shards,
-        data_train=cfg.data_source, data_test=cfg.data_test_source,
+        data_train=cfg.data_train(), data_test=cfg.data_test(),
         data_format=cfg.data_format, slot_file=cfg.slot_file or None,
-        output=files.url, upload_token_secret=files.token_secret,
-        upload_token_key=files.token_key,
+        output=files.url, upload_token_secret=files.token_secret, upload_token_key=files.token_key,
         shared_storage_class=cfg.training_shared_storage_class or None,
         shared_size=cfg.training_shared_size))
 
@@ -102,13 +99,13 @@ def build(cfg: StackConfig | None = None) -> dict[str, Any]:
         slot_file=cfg.slot_file or None, cpu=cfg.serving_cpu, memory=cfg.serving_memory))
 
     return {
-        "namespace": cfg.namespace,
+        "namespace": namespace,
         "servingUrl": serving.url,
         "fileServerUrl": files.external_url,
         "fileServerClusterUrl": files.url,
         "transferStatusUrl": transfer.status_url,
         "cubeTopology": cube.topology,
-        "trainingJob": f"{cfg.namespace}/{JOB_NAME}",
+        "trainingJob": pulumi.Output.concat(namespace, "/", training.job_name),
         "images": images.refs,
     }
 
@@ -117,5 +114,4 @@ def _dockerconfig(registry: str, username: str, password: str) -> str:
     """``.dockerconfigjson`` text for one registry host."""
     host = registry.split("/")[0]
     auth = base64.b64encode(f"{username}:{password}".encode()).decode()
-    return json.dumps({"auths": {host: {"username": username, "password": password,
-                                        "auth": auth}}}, sort_keys=True)
+    return json.dumps({"auths": {host: {"username": username, "password": password, "auth": auth}}}, sort_keys=True)

@@ -13,17 +13,16 @@ are both stable: adding a cube shard adds files and never renames existing ones.
 """
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import yaml
 
-from infra.config import PROJECT, REPO_ROOT, project_schema
+from infra.config import PROJECT, REPO_ROOT, REQUIRED_SECRETS, ConfigError, unknown_keys
 
 REDACTED = "[redacted]"
 #: stands in for every secret during rendering (long enough to pass validation)
@@ -111,12 +110,13 @@ def stack_config(stack: str, overrides: Sequence[str] = (), project_dir: Path = 
         key = key.strip()
         key = key if key.startswith(prefix) else prefix + key
         config[key] = value
-    for key, decl in project_schema(project_dir / "Pulumi.yaml").items():
+    for key in REQUIRED_SECRETS:
         full = prefix + key
-        if decl.get("secret"):
-            secrets.add(full)
-            if full not in config:
-                config[full] = SECRET_PLACEHOLDER
+        if full not in config:
+            config[full], _ = SECRET_PLACEHOLDER, secrets.add(full)
+    errors = unknown_keys(k[len(prefix):] for k in config)
+    if errors:  # `pulumi up` passes them in the environment, where the program finds them
+        raise ConfigError(errors)
     return config, secrets
 
 
@@ -130,62 +130,57 @@ def _to_config_string(value: Any) -> str:
 
 
 # ----------------------------------------------------------------------------- mocks
-def _mocks_class():
-    import pulumi
+class _EchoMocks:
+    """Pulumi mocks that echo a resource's inputs back as its outputs (plus a stand-in
+    digest for a pushed image)."""
 
-    class EchoMocks(pulumi.runtime.Mocks):
-        """Echoes inputs back as outputs (plus a stand-in digest for pushed images)."""
+    def new_resource(self, args):
+        state = dict(args.inputs)
+        if args.typ == "docker:index/image:Image":
+            import hashlib
 
-        def new_resource(self, args: pulumi.runtime.MockResourceArgs):
-            state = dict(args.inputs)
-            if args.typ == "docker:index/image:Image":
-                import hashlib
-                name = state.get("imageName", "")
-                digest = hashlib.sha256(name.encode()).hexdigest()
-                state["repoDigest"] = f"{name.rsplit(':', 1)[0]}@sha256:{digest}"
-            return f"{args.name}-id", state
+            name = state.get("imageName", "")
+            state["repoDigest"] = f"{name.rsplit(':', 1)[0]}@sha256:{hashlib.sha256(name.encode()).hexdigest()}"
+        return f"{args.name}-id", state
 
-        def call(self, args: pulumi.runtime.MockCallArgs):
-            return {}
-
-    return EchoMocks
+    def call(self, args):
+        return {}
 
 
 def run_program(config: Mapping[str, str], secret_keys: set[str], stack: str,
-                ) -> tuple[list[dict], dict[str, Any]]:
-    """Runs :func:`infra.program.build` under fresh mocks in this process.
+                program: Optional[Callable[[], dict]] = None) -> tuple[list[dict], dict[str, Any]]:
+    """Runs ``program`` (default :func:`infra.program.build`) under fresh Pulumi mocks in
+    this process, through Pulumi's public testing API (``reset_options``, ``set_mocks``,
+    ``set_all_config``, ``pulumi.runtime.test``, ``MockMonitor.get_registered_resources``).
 
-    Returns (registrations in order, resolved stack outputs). Safe to call repeatedly:
-    the root stack resource, settings, config and event loop are reset each time.
+    Returns (registrations in order, resolved stack outputs). Safe to call repeatedly.
     Raises whatever the program raises (e.g. :class:`infra.config.ConfigError`).
     """
     import pulumi
-    from pulumi.runtime import settings as rs
-    from pulumi.runtime.stack import run_pulumi_func
-    from pulumi.runtime.sync_await import _sync_await
+    from pulumi.runtime.mocks import MockMonitor
 
-    from infra.program import build
+    if program is None:
+        from infra.program import build as program
 
-    monitor = pulumi.runtime.mocks.MockMonitor(_mocks_class()())
-    rs.ROOT.set(None)
-    pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False,
-                             monitor=monitor)
+    class Mocks(_EchoMocks, pulumi.runtime.Mocks):
+        pass
+
+    mocks = Mocks()
+    monitor = MockMonitor(mocks)
+    pulumi.runtime.reset_options(project=PROJECT, stack=stack, preview=False)
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(dict(config), sorted(secret_keys))
-    rs.SETTINGS.rpc_manager.clear()
-    rs.SETTINGS.outputs.clear()
-
     outputs: dict[str, Any] = {}
 
-    def program() -> None:
-        result = build()
-        pulumi.Output.from_input(result).apply(outputs.update)
+    @pulumi.runtime.test
+    def run():
+        return pulumi.Output.from_input(program()).apply(outputs.update)
 
     try:
-        _sync_await(run_pulumi_func(program))
+        run()
     finally:
-        rs.ROOT.set(None)
         pulumi.runtime.set_all_config({}, [])
-    return [_registration(r) for r in monitor.resources.values()], _plain(outputs)
+    return [_registration(r) for r in monitor.get_registered_resources().values()], _plain(outputs)
 
 
 def _registration(reg) -> dict:

@@ -1,4 +1,5 @@
-"""Fixtures for the Pulumi program's tests: cached offline renderings (mocks, in-process)."""
+"""Fixtures for the Pulumi program's tests: cached offline renderings (mocks, in-process),
+and helpers to read a rendered container's flags by name."""
 from __future__ import annotations
 
 from functools import lru_cache
@@ -23,3 +24,9 @@ def rendered():
     def get(stack: str = "dev", *overrides: str) -> Rendering:
         return _render(stack, tuple(overrides))
     return get
+
+
+def flag(args: list[str], name: str) -> str:
+    """The value after ``name`` in a container's ``args``; AssertionError if absent."""
+    assert name in args, f"{name} not in {args}"
+    return args[args.index(name) + 1]

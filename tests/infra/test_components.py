@@ -8,6 +8,7 @@ import pytest
 
 from components.cube_cluster import topology
 from infra.render import SECRET_PLACEHOLDER, dump, run_program, stack_config
+from tests.infra.conftest import flag
 
 CONFIGS = [
     ("dev",),
@@ -52,14 +53,16 @@ def test_scale_fields_follow_config(rendered, args):
         spec = s.body["spec"]
         assert spec["replicas"] == replicas and spec["serviceName"] == f"cube-shard-{i}"
         server = spec["template"]["spec"]["containers"][0]
-        assert server["args"][:6] == ["cube", "server", "--shard", str(i), "--shard-num", str(shards)]
+        assert server["args"][:2] == ["cube", "server"]
+        assert (flag(server["args"], "--shard"), flag(server["args"], "--shard-num")) == (str(i), str(shards))
         svc = r.get("Service", f"cube-shard-{i}")["spec"]
         assert svc["clusterIP"] == "None" and svc["selector"] == spec["selector"]["matchLabels"]
         assert r.get("PodDisruptionBudget", f"cube-shard-{i}")["spec"]["maxUnavailable"] == 1
 
     # the topology (ConfigMap and stack output) lists every shard x replica, in shard order
     doc = json.loads(r.get("ConfigMap", "cube-topology")["data"]["topology.json"])
-    assert doc == r.outputs["cubeTopology"] == topology(ns, shards, replicas)
+    assert doc == r.outputs["cubeTopology"] == topology(
+        ns, [f"cube-shard-{i}" for i in range(shards)], replicas).model_dump()
     assert [s["shard"] for s in doc["shards"]] == list(range(shards))
     for s in doc["shards"]:
         assert [x["server"] for x in s["replicas"]] == [
@@ -104,24 +107,24 @@ def test_training_shared_volume_is_rwx_and_mounted_in_both_tasks(rendered, args)
     at the same path in both tasks, passed as --table-dir."""
     r = rendered(*args)
     cfg = {k.split(":", 1)[1]: v for k, v in stack_config(args[0], args[1:])[0].items()}
-    pvc = r.get("PersistentVolumeClaim", "training-shared")
+    pvc = r.get("PersistentVolumeClaim", "ctr-train-shared")
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
     assert pvc["spec"]["resources"]["requests"]["storage"] == cfg.get("trainingSharedSize", "5Gi")
     assert pvc["spec"].get("storageClassName") == (cfg.get("trainingSharedStorageClass") or None)
     assert pvc["metadata"]["labels"]["app.kubernetes.io/component"] == "training"
-    assert pvc["metadata"]["labels"]["app.kubernetes.io/name"] == "training-shared"
+    assert pvc["metadata"]["labels"]["app.kubernetes.io/name"] == "ctr-train-shared"
     tasks = {t["name"]: t["template"]["spec"] for t in r.get("Job", "ctr-train")["spec"]["tasks"]}
     assert set(tasks) == {"pserver", "trainer"}
     for name, pod in tasks.items():
         vols = {v["name"]: v for v in pod["volumes"]}
         assert vols["shared"] == {"name": "shared",
-                                  "persistentVolumeClaim": {"claimName": "training-shared"}}, name
+                                  "persistentVolumeClaim": {"claimName": "ctr-train-shared"}}, name
         (c,) = pod["containers"]
         assert {"name": "shared", "mountPath": "/shared"} in c["volumeMounts"], name
-        assert c["args"][c["args"].index("--table-dir") + 1] == "/shared/table", name
+        assert flag(c["args"], "--table-dir") == "/shared/table", name
     # the claim is the training component's child (not in the Job spec: a new run keeps it)
     (res,) = [x for x in r.resources if x["type"] == "kubernetes:core/v1:PersistentVolumeClaim"
-              and x["name"] == "training-shared"]
+              and x["name"] == "ctr-train-shared"]
     assert res["parent_type"] == "elastic-ctr:index:TrainingJob"
 
 
@@ -167,19 +170,23 @@ def test_labels_probes_resources_and_security(rendered):
     assert serving["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     for name in ("fileserver", "cube-transfer"):
         c = r.get("Deployment", name)["spec"]["template"]["spec"]["containers"][0]
-        assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
+        assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
 def test_upload_token_reaches_pods_only_through_the_secret(rendered):
     r = rendered("dev")
     text = "".join(dump(m.body) for m in r.manifests)
     assert SECRET_PLACEHOLDER not in text
-    assert r.get("Secret", "upload-token")["stringData"] == {"token": "[redacted]"}
+    assert r.get("Secret", "fileserver-upload-token")["stringData"] == {"token": "[redacted]"}
     for name in ("fileserver", "cube-transfer"):
         env = r.get("Deployment", name)["spec"]["template"]["spec"]["containers"][0]["env"]
         tok = [e for e in env if e["name"] == "ELASTIC_CTR_UPLOAD_TOKEN"]
         assert tok == [{"name": "ELASTIC_CTR_UPLOAD_TOKEN", "valueFrom": {
-            "secretKeyRef": {"key": "token", "name": "upload-token"}}}]
+            "secretKeyRef": {"key": "token", "name": "fileserver-upload-token"}}}]
+    # the token stays a secret Output end to end: every input holding it is marked secret
+    (sec,) = [x for x in r.resources if x["type"] == "kubernetes:core/v1:Secret"]
+    assert sec["inputs"]["stringData"]["4dabf18193072939515e22adb298388d"] == "1b47061264138c4ac30d75fd1eb44270"
 
 
 def test_optional_parts(rendered):
@@ -194,7 +201,7 @@ def test_optional_parts(rendered):
 
 
 def test_images_pushed_only_with_a_registry(rendered):
-    local = {x["name"]: x["inputs"] for x in rendered("dev").resources
+    local = {x["name"].removeprefix("images-"): x["inputs"] for x in rendered("dev").resources
              if x["type"] == "docker:index/image:Image"}
     assert set(local) == {"trainer", "cube", "serving"}
     for role, img in local.items():
@@ -217,7 +224,7 @@ def test_registry_password_becomes_an_image_pull_secret():
     assert sec["type"] == "kubernetes.io/dockerconfigjson"
     pod = by[("kubernetes:apps/v1:Deployment", "serving")]["spec"]["template"]["spec"]
     assert pod["imagePullSecrets"] == [{"name": "registry-credentials"}]
-    img = by[("docker:index/image:Image", "serving")]
+    img = by[("docker:index/image:Image", "images-serving")]
     registry = img["registry"]["value"]  # the whole block is marked secret (the password)
     assert img["registry"]["4dabf18193072939515e22adb298388d"] == "1b47061264138c4ac30d75fd1eb44270"
     assert registry == {"server": "registry.example.com", "username": "ci-bot", "password": "pw-123"}

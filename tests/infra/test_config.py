@@ -1,13 +1,13 @@
-"""Stack config: Pulumi.yaml declares every key; parse() validates each and reports all."""
+"""Stack config: one typed model is the source of Pulumi.yaml; parse() validates each key and
+reports every problem at once, naming the key, the value and what is allowed."""
 from __future__ import annotations
 
-import dataclasses
-
+import pydantic
 import pytest
 import yaml
 
-from infra.config import (PROJECT_FILE, ConfigError, SecretStr, StackConfig, camel, parse,
-                          project_schema)
+from infra.config import FIELDS, PROJECT_FILE, SECRETS, ConfigError, StackConfig, parse, pulumi_yaml
+from runtime.trainer.config import TrainConfig
 
 TOKEN = "t" * 32
 OK = {"uploadToken": TOKEN}
@@ -20,39 +20,41 @@ def errors_of(raw: dict, secrets=SECRET) -> list[str]:
     return exc.value.errors
 
 
-def test_pulumi_yaml_declares_every_field_with_type_default_description():
+def test_pulumi_yaml_is_generated_from_the_model():
+    """Pulumi.yaml's config block is the model's (make pulumi-yaml rewrites it): a key or a
+    default changed on one side only fails here."""
+    assert PROJECT_FILE.read_text() == pulumi_yaml()
     doc = yaml.safe_load(PROJECT_FILE.read_text())
-    assert doc["name"] == "elastic-ctr" and doc["main"] == "infra/"
-    assert doc["runtime"]["name"] == "python"
-    assert doc["runtime"]["options"]["virtualenv"] == ".venv"
-    schema = project_schema()
-    fields = {camel(f.name) for f in dataclasses.fields(StackConfig)}
-    assert set(schema) == fields
-    for key, decl in schema.items():
-        assert decl["type"] in ("string", "integer", "boolean"), key
-        assert decl.get("description"), key
-        # Pulumi refuses a plain-text default for a secret key; secrets have none
+    assert doc["name"] == "elastic-ctr" and doc["main"] == "infra/" and doc["runtime"]["options"]["virtualenv"] == ".venv"
+    assert set(doc["config"]) == set(FIELDS) | set(SECRETS)
+    for key, decl in doc["config"].items():
+        assert decl["type"] in ("string", "integer", "boolean") and decl["description"], key
+        # Pulumi refuses a default for a secret key; the one required secret has none
         assert ("default" in decl) != bool(decl.get("secret")), key
-    assert schema["uploadToken"]["secret"] is True
+    assert doc["config"]["uploadToken"]["secret"] is True
 
 
-def test_defaults_parse_to_typed_frozen_config():
+def test_training_defaults_are_the_trainers():
+    train, cfg = TrainConfig(), StackConfig()
+    assert (cfg.epochs, cfg.batch_size, cfg.learning_rate, cfg.embedding_dim, cfg.sparse_shards, cfg.data_format) == (
+        train.epochs, train.batch_size, train.lr, train.embedding_dim, train.sparse_shards, train.format)
+
+
+def test_defaults_parse_to_a_typed_frozen_config_without_secrets():
     cfg = parse(OK, SECRET)
     assert (cfg.trainers, cfg.pservers, cfg.cube_shards, cfg.cube_replicas) == (2, 1, 2, 2)
-    assert cfg.expose_file_server is False
-    assert cfg.data_source == ("generated",)
+    assert cfg.expose_file_server is False and cfg.data_train() == ("generated",) and cfg.generated
     assert (cfg.training_shared_storage_class, cfg.training_shared_size) == ("", "5Gi")
-    assert isinstance(cfg.upload_token, SecretStr) and cfg.upload_token.reveal() == TOKEN
-    assert TOKEN not in repr(cfg)
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    assert TOKEN not in repr(cfg) and not hasattr(cfg, "upload_token")
+    with pytest.raises(pydantic.ValidationError):
         cfg.trainers = 3  # type: ignore[misc]
 
 
 def test_string_values_from_pulumi_are_coerced():
-    cfg = parse({**OK, "trainers": "5", "exposeFileServer": "true",
+    cfg = parse({**OK, "trainers": "5", "exposeFileServer": "true", "learningRate": "0.01",
                  "dataSource": "a.txt, b/*", "dataTestSource": "t.txt"}, SECRET)
-    assert cfg.trainers == 5 and cfg.expose_file_server is True
-    assert cfg.data_source == ("a.txt", "b/*") and cfg.data_test_source == ("t.txt",)
+    assert cfg.trainers == 5 and cfg.expose_file_server is True and cfg.learning_rate == 0.01
+    assert cfg.data_train() == ("a.txt", "b/*") and cfg.data_test() == ("t.txt",)
 
 
 @pytest.mark.parametrize("key,value,needle", [
@@ -69,7 +71,7 @@ def test_string_values_from_pulumi_are_coerced():
     ("servingTargetCpuUtilization", "5", "elastic-ctr:servingTargetCpuUtilization: 5 is invalid"),
     ("servingWorkers", "0", "elastic-ctr:servingWorkers: 0 is invalid"),
     ("trainers", "two", "elastic-ctr:trainers: 'two' is not an integer"),
-    ("exposeFileServer", "yes", "elastic-ctr:exposeFileServer: 'yes' is not a boolean"),
+    ("exposeFileServer", "yes", "elastic-ctr:exposeFileServer: 'yes' is invalid; allowed: true or false"),
     ("trainerCpu", "lots", "elastic-ctr:trainerCpu: 'lots' is invalid; allowed: a CPU quantity"),
     ("servingCpu", "100", "elastic-ctr:servingCpu: '100' is invalid; allowed: a CPU quantity from 10m to 64"),
     ("pserverMemory", "4GB", "elastic-ctr:pserverMemory: '4GB' is invalid; allowed: a memory quantity"),
@@ -88,9 +90,9 @@ def test_string_values_from_pulumi_are_coerced():
     ("trainingSharedSize", "0", "elastic-ctr:trainingSharedSize: '0' is invalid; allowed: a storage quantity from 1Mi"),
     ("imageTag", "v1:2", "elastic-ctr:imageTag: 'v1:2' is invalid; allowed: a Docker tag"),
     ("imageRegistry", "HTTP://reg", "elastic-ctr:imageRegistry: 'HTTP://reg' is invalid"),
-    ("learningRate", "0", "elastic-ctr:learningRate: '0' is invalid; allowed: a decimal number in (0, 1]"),
-    ("learningRate", "fast", "elastic-ctr:learningRate: 'fast' is invalid"),
-    ("dataSource", "", "elastic-ctr:dataSource: () is invalid"),
+    ("learningRate", "0", "elastic-ctr:learningRate: 0 is invalid; allowed: a decimal number in (0, 1]"),
+    ("learningRate", "fast", "elastic-ctr:learningRate: 'fast' is not a decimal number"),
+    ("dataSource", "", "elastic-ctr:dataSource: '' is invalid; allowed: \"generated\" or comma-separated locations"),
 ])
 def test_each_bad_value_names_key_value_and_range(key, value, needle):
     errors = errors_of({**OK, key: value})
@@ -105,7 +107,7 @@ def test_each_bad_value_names_key_value_and_range(key, value, needle):
      "elastic-ctr:slotFile: '' is invalid; allowed: a slot-list location"),
     ({"dataSource": "train.txt"}, "elastic-ctr:dataTestSource: '' is invalid"),
     ({"dataFormat": "slot", "slotFile": "slots.txt"},
-     "elastic-ctr:dataFormat: 'slot' is invalid with dataSource \"generated\""),
+     "elastic-ctr:dataFormat: 'slot' is invalid; allowed: criteo with dataSource \"generated\""),
     ({"uploadToken": "short"}, "elastic-ctr:uploadToken: [secret, 5 characters] is invalid; allowed: at least 16"),
     ({"registryPassword": "pw"}, "elastic-ctr:registryPassword: [secret] is set without imageRegistry"),
     ({"trainer": "3"}, "elastic-ctr:trainer: unknown key (did you mean elastic-ctr:trainers?)"),
@@ -129,8 +131,7 @@ def test_secrets_stored_in_plain_text_are_refused_without_echoing_them():
     assert any("elastic-ctr:registryPassword: [value hidden] is stored in plain text" in e
                for e in errors)
     assert not any(TOKEN in e or "hunter2" in e for e in errors)
-    cfg = parse(raw, {"uploadToken", "registryPassword"})
-    assert cfg.registry_password.reveal() == "hunter2-hunter2"
+    parse(raw, {"uploadToken", "registryPassword"})  # stored as secrets: accepted
 
 
 def test_all_errors_reported_together():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from tests.infra.conftest import flag
 
 def files(r) -> dict[str, dict]:
     return {m.filename: m.body for m in r.manifests}
@@ -46,8 +47,10 @@ def test_cube_shards_2_to_4_adds_exactly_the_new_shards(rendered):
     # existing shards: only the server's --shard-num (key % N changes which keys it owns)
     for i in (0, 1):
         name = f"05-statefulset-cube-shard-{i}.yaml"
-        assert paths(fa[name], fb[name]) == ["spec.template.spec.containers[0].args[5]"]
-        assert fb[name]["spec"]["template"]["spec"]["containers"][0]["args"][5] == "4"
+        server_args = fb[name]["spec"]["template"]["spec"]["containers"][0]["args"]
+        at = server_args.index("--shard-num") + 1
+        assert paths(fa[name], fb[name]) == [f"spec.template.spec.containers[0].args[{at}]"]
+        assert flag(server_args, "--shard-num") == "4"
     # transfer and serving: only the topology checksum, which rolls their pods
     for name in ("06-deployment-cube-transfer.yaml", "06-deployment-serving.yaml"):
         assert paths(fa[name], fb[name]) == [
@@ -63,7 +66,7 @@ def test_trainers_2_to_5_changes_only_the_job(rendered):
     before, after = rendered("dev", "trainers=2"), rendered("dev", "trainers=5")
     added, removed, changed = diff(before, after)
     assert (added, removed, changed) == (set(), set(), {"09-job-ctr-train.yaml"})
-    pvc = "03-persistentvolumeclaim-training-shared.yaml"  # the shared claim survives the new run
+    pvc = "03-persistentvolumeclaim-ctr-train-shared.yaml"  # the shared claim survives the new run
     assert pvc in files(before) and files(before)[pvc] == files(after)[pvc]
     name = "09-job-ctr-train.yaml"
     assert paths(files(before)[name], files(after)[name]) == [

@@ -1,8 +1,10 @@
 """Every rendered manifest passes kubernetes-validate (strict, pinned Kubernetes version);
-the Volcano Job passes the CRD's openAPIV3Schema with unknown fields refused."""
+the Volcano Job passes the CRD's openAPIV3Schema (vendored: tests/infra/schemas/) with
+unknown fields refused."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
@@ -10,6 +12,8 @@ import pytest
 import yaml
 
 from tests.infra.conftest import K8S_VERSION
+
+VOLCANO_JOB_CRD = Path(__file__).resolve().parent / "schemas" / "batch.volcano.sh_jobs.yaml"
 
 STACKS = [
     ("dev",),
@@ -50,11 +54,7 @@ def closed(schema):
 
 @pytest.fixture(scope="module")
 def volcano_job_schema():
-    from tests.conftest import SHARED
-    path = SHARED / "schemas" / "batch.volcano.sh_jobs.yaml"
-    if not path.is_file():
-        pytest.skip(f"{path} is absent (the Volcano CRDs live in ../shared/schemas)")
-    crd = yaml.safe_load(path.read_text())
+    crd = yaml.safe_load(VOLCANO_JOB_CRD.read_text())
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
     return closed(version["schema"]["openAPIV3Schema"])
 
@@ -77,12 +77,12 @@ def test_every_kubernetes_manifest_is_valid_strict(rendered, args):
 
 
 @pytest.mark.parametrize("args", STACKS, ids=lambda a: " ".join(a))
-def test_volcano_job_matches_crd_schema(rendered, args, volcano_job_schema, shared_dir):
+def test_volcano_job_matches_crd_schema(rendered, args, volcano_job_schema):
     job = rendered(*args).get("Job", "ctr-train")
     jsonschema.validate(job, volcano_job_schema)
 
 
-def test_validators_reject_what_they_should(rendered, volcano_job_schema, shared_dir):
+def test_validators_reject_what_they_should(rendered, volcano_job_schema):
     """The checks above can fail: an unknown field, a wrong type, a bad enum."""
     r = rendered("dev")
     sts = copy.deepcopy(r.get("StatefulSet", "cube-shard-0"))
