@@ -13,15 +13,15 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # Re-installs only when a requirements file or pyproject.toml changed.
-$(STAMP): $(BIN)/python pyproject.toml requirements/runtime.txt requirements/infra.txt requirements/dev.txt requirements/constraints.txt
-	$(BIN)/pip install -q -c requirements/constraints.txt -e ".[infra,dev]"
+$(STAMP): $(BIN)/python pyproject.toml $(wildcard requirements/*.txt) runtime/cube/kernel.c setup.py
+	$(BIN)/pip install -q -c requirements/constraints.txt -e ".[trainer,serving,cube,infra,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
 
 ## Re-pins requirements/constraints.txt to what .venv holds (after changing a range).
 constraints: $(BIN)/python
-	$(BIN)/pip install -q -e ".[infra,dev]"
+	$(BIN)/pip install -q -e ".[trainer,serving,cube,infra,dev]"
 	{ sed -n '1,/^# Refresh/p' requirements/constraints.txt; $(BIN)/pip freeze --exclude-editable | grep -viE '^(py-spy|elastic-ctr)=='; } > requirements/constraints.txt.new
 	mv requirements/constraints.txt.new requirements/constraints.txt
 

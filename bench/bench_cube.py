@@ -179,7 +179,7 @@ def drive(kind, port, pid, keys, dim, procs, args) -> dict:
 
 def lookup_only(keys, values, args) -> int:
     from runtime.cube import dictfile
-    from runtime.cube._kernel import KERNEL
+    from runtime.cube.kernel import KERNEL
     from runtime.cube.table import InlineTable
 
     d = dictfile.make_shard_dict(keys, values, dict_name="bench", shard=0, shard_num=1, version=1)

@@ -1,7 +1,7 @@
 """Images: the trainer, cube and serving container images, built with Docker by Pulumi.
 
-Each is a ``pulumi_docker.Image`` built from ``runtime/<role>/Dockerfile`` with the
-repository root as context, tagged ``<registry>/elastic-ctr-<role>:<tag>`` and pushed to
+Each is a ``pulumi_docker.Image`` built from the repository's ``Dockerfile`` (its target
+``<role>``) with the repository root as context, tagged ``<registry>/elastic-ctr-<role>:<tag>`` and pushed to
 the registry; with no registry configured the images are built locally and not pushed
 (for clusters that share the local Docker daemon, e.g. Docker Desktop or minikube's).
 """
@@ -73,7 +73,8 @@ class Images(pulumi.ComponentResource):
                 image_name=pulumi.Output.from_input(args.tag).apply(lambda tag, r=role: image_name(args.registry, r, tag)),
                 build=docker.DockerBuildArgs(
                     context=str(args.repo_root),
-                    dockerfile=str(args.repo_root / "runtime" / role / "Dockerfile"),
+                    dockerfile=str(args.repo_root / "Dockerfile"),
+                    target=role,
                     platform=args.platform,
                 ),
                 registry=registry,

@@ -37,7 +37,7 @@ import numpy as np
 
 from runtime import storage
 from runtime.cube import dictfile
-from runtime.cube._kernel import KERNEL
+from runtime.cube.kernel import KERNEL
 from runtime.formats.seqfile import iter_sequence_file
 
 log = logging.getLogger(__name__)

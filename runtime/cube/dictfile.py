@@ -14,7 +14,7 @@ Every file is a raw little-endian numpy array, so a load is one read (or an mmap
 with no parsing. The index: ``capacity`` is a power of two >= 2 * count (load <= 0.5);
 a key's home slot is ``fmix64(key) >> (64 - log2(capacity))`` (MurmurHash3's 64-bit
 finalizer; keys of one shard share ``key % shard_num``, so their low bits are not
-random), collisions by linear probing. Built and probed by ``runtime/cube/_kernel.c``.
+random), collisions by linear probing. Built and probed by ``runtime/cube/kernel.c``.
 ``ShardDict.lookup`` uses this index; the cube server does not: it builds its inline table
 (``runtime/cube/table.py``, key and value in one slot) from ``keys``/``values`` at load
 time and keeps only that.
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.cube._kernel import KERNEL
+from runtime.cube.kernel import KERNEL
 
 FORMAT = 1
 HASH = "fmix64-linear"

@@ -2,7 +2,7 @@
 
 Data plane (``--port``, default 8900): the protocol in ``runtime/cube/protocol.py``.
 Per request: ``recv_into`` a per-connection preallocated buffer, one C call
-(``_kernel.c`` ``cube_table_lookup``, GIL released) that probes the version's inline table
+(``kernel.c`` ``cube_table_lookup``, GIL released) that probes the version's inline table
 (``runtime/cube/table.py``: key and values in one slot, built at load time from the dict's
 keys/values, which are then dropped) and writes the found mask and the values straight
 into a preallocated reply buffer, one send. No per-key Python, no
@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from runtime.cube import dictfile, protocol
-from runtime.cube._kernel import KERNEL
+from runtime.cube.kernel import KERNEL
 from runtime.cube.table import InlineTable
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Built at load time from a shard dict's ``keys.u64`` / ``values.f32`` (the on-disk format,
 ``runtime/cube/dictfile.py``, is unchanged; its ``index.i32`` is validated on load but not
-used for serving). Layout (``_kernel.c``, "inline table"): ``cap`` slots of ``stride =
+used for serving). Layout (``kernel.c``, "inline table"): ``cap`` slots of ``stride =
 8 * ceil((8 + 4 * dim) / 8)`` bytes, each ``uint64 key`` then ``float32 value[dim]`` (then
 padding), held as ``uint64[cap, stride // 8]``. An empty slot holds the table's
 ``sentinel`` key (a key absent from the dict) and zero values. Home slot of a key:
@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-from runtime.cube._kernel import KERNEL
+from runtime.cube.kernel import KERNEL
 
 #: load factor of a freshly built table, and the most a patch may fill it before it grows
 LOAD, MAX_LOAD = 0.6, 0.7
@@ -78,7 +78,7 @@ class InlineTable:
 
     @classmethod
     def build(cls, keys: np.ndarray, values: np.ndarray) -> "InlineTable":
-        """From unique ``keys: uint64[n]`` and ``values: float32[n, dim]`` (C or numba kernel).
+        """From unique ``keys: uint64[n]`` and ``values: float32[n, dim]`` (the C kernel).
         Raises ``ValueError`` on duplicate keys or bad shapes."""
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
         values = np.ascontiguousarray(values, dtype=np.float32)

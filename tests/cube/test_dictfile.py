@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from runtime.cube import dictfile
-from runtime.cube._kernel import KERNEL, _NumbaKernel
 from tests.cube.dataplane_helpers import make_data
 
 
@@ -98,19 +97,3 @@ def test_server_load_skips_the_index_but_checks_its_size(tmp_path):
     (path / "index.i32").write_bytes(b"\xff" * (d.meta.capacity * 4))
     with pytest.raises(dictfile.DictFormatError, match="values.f32.*crc32"):
         dictfile.load_shard_dict(path, index=False)
-
-
-def test_c_and_numba_kernels_agree():
-    if KERNEL.name != "c":
-        pytest.skip("the C kernel is not available here")
-    keys, values = make_data(3000, 5, seed=3)
-    cap = dictfile.capacity_for(3000)
-    nk = _NumbaKernel()
-    idx = KERNEL.build_index(keys, cap)
-    np.testing.assert_array_equal(nk.build_index(keys, cap), idx)
-    q = np.concatenate([keys[::3], keys[:50] + np.uint64(1)])
-    o1, f1 = np.empty((len(q), 5), np.float32), np.empty(len(q), np.uint8)
-    o2, f2 = np.empty_like(o1), np.empty_like(f1)
-    assert KERNEL.lookup(idx, keys, values, q, o1, f1) == nk.lookup(idx, keys, values, q, o2, f2)
-    np.testing.assert_array_equal(o1, o2)
-    np.testing.assert_array_equal(f1, f2)

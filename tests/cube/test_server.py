@@ -243,22 +243,20 @@ def test_restart_with_another_shard_num_starts_empty(tmp_path, data):
         s2.stop()
 
 
-@pytest.mark.parametrize("kernel", ["c", "numba"])
-def test_cli_server_process(tmp_path, data, kernel):
-    """The server as a process, with the C kernel and with the numba fallback (used where
-    no C compiler exists): same answers through the data plane."""
+def test_cli_server_process(tmp_path, data):
+    """The server as a process: a version loaded over HTTP is answered through the data
+    plane; SIGTERM ends it with exit code 0."""
     tmp, keys, values, base = data
     port, hport = free_ports(2)
     with ProcessGroup(tmp_path / "logs", grace_s=5) as pg:
         role = pg.start("cube-server", [sys.executable, "-m", "runtime.cli", "cube", "server", "--shard", "0",
                                         "--shard-num", "1", "--dict-name", DICT, "--host", "127.0.0.1",
-                                        "--port", str(port), "--http-port", str(hport)],
-                        env={"ELASTIC_CTR_CUBE_KERNEL": kernel})
+                                        "--port", str(port), "--http-port", str(hport)])
         wait_for_port("127.0.0.1", hport, 60, role.proc, "cube-server", role.log_path)
         wait_for_port("127.0.0.1", port, 10, role.proc, "cube-server", role.log_path)
         url = f"http://127.0.0.1:{hport}"
         assert requests.get(url + "/healthz").status_code == 200
-        assert requests.get(url + "/status").json()["kernel"] == kernel
+        assert requests.get(url + "/status").json()["kernel"] == "c"
         assert requests.post(url + "/bg_load_base", json={"dir": shard_dir(base, 0), "version": 100}).status_code == 202
         for _ in range(200):
             if requests.get(url + "/status").json()["bg_state"] == "loaded":

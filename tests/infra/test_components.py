@@ -206,7 +206,7 @@ def test_images_pushed_only_with_a_registry(rendered):
     assert set(local) == {"trainer", "cube", "serving"}
     for role, img in local.items():
         assert img["skipPush"] is True and img["imageName"] == f"elastic-ctr-{role}:dev"
-        assert img["build"]["dockerfile"].endswith(f"runtime/{role}/Dockerfile")
+        assert img["build"]["dockerfile"].endswith("/Dockerfile") and img["build"]["target"] == role
         assert "registry" not in img
     pushed = rendered("prod")
     imgs = {x["name"]: x["inputs"] for x in pushed.resources if x["type"] == "docker:index/image:Image"}

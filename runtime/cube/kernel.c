@@ -6,8 +6,9 @@
  * public domain), then linear probing. Keys of one shard share key % shard_num, so the
  * low bits are not random: the mixer is what spreads them.
  *
- * Compiled on first use by runtime/cube/_kernel.py (cc -O3 -shared -fPIC) and called
- * through ctypes, which releases the GIL for the duration of each call.
+ * Built when the project is installed (the extension module runtime.cube._kernel of
+ * pyproject.toml; it defines no Python module, only these functions) and called through
+ * ctypes by runtime/cube/kernel.py, which releases the GIL for the duration of each call.
  */
 #include <stdint.h>
 #include <string.h>

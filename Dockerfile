@@ -1,0 +1,76 @@
+# elastic-ctr images, one target per role, built from the repository root (the context;
+# see .dockerignore), as the Pulumi Images component builds them:
+#   docker build --target trainer -t elastic-ctr-trainer .   # data generate, train (Paddle)
+#   docker build --target cube    -t elastic-ctr-cube .      # cube build|server|agent|transfer, fileserver
+#   docker build --target serving -t elastic-ctr-serving .   # serve, client (Paddle)
+# Each installs the project with its role's extra (pyproject.toml), at the exact versions
+# the tests ran with (requirements/constraints.txt); the entrypoint is the `elastic-ctr`
+# console script, run as the non-root user 10001.
+# PYTHON_IMAGE: an official Python slim image by default; `make images` passes a base built
+# from the machine's own Debian packages where no registry can be reached.
+ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
+
+# ---------------------------------------------------------------- build stages
+FROM ${PYTHON_IMAGE} AS builder
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# a C compiler for the cube kernel (runtime/cube/kernel.c, built with the project)
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY requirements/ requirements/
+
+FROM builder AS build-trainer
+# dependencies first, in their own layer: a code change does not reinstall Paddle
+RUN python -m venv /opt/venv \
+ && /opt/venv/bin/pip install -r requirements/base.txt -r requirements/paddle.txt -c requirements/constraints.txt
+COPY pyproject.toml setup.py README.md ./
+COPY runtime/ runtime/
+RUN /opt/venv/bin/pip install ".[trainer]" -c requirements/constraints.txt \
+ && /opt/venv/bin/python -m compileall -q /opt/venv/lib
+
+FROM builder AS build-cube
+RUN python -m venv /opt/venv \
+ && /opt/venv/bin/pip install -r requirements/base.txt -r requirements/cube.txt -c requirements/constraints.txt
+COPY pyproject.toml setup.py README.md ./
+COPY runtime/ runtime/
+RUN /opt/venv/bin/pip install ".[cube]" -c requirements/constraints.txt \
+ && /opt/venv/bin/python -m compileall -q /opt/venv/lib
+
+FROM builder AS build-serving
+RUN python -m venv /opt/venv \
+ && /opt/venv/bin/pip install -r requirements/base.txt -r requirements/paddle.txt -r requirements/serving.txt \
+      -c requirements/constraints.txt
+COPY pyproject.toml setup.py README.md ./
+COPY runtime/ runtime/
+RUN /opt/venv/bin/pip install ".[serving]" -c requirements/constraints.txt \
+ && /opt/venv/bin/python -m compileall -q /opt/venv/lib
+
+# ---------------------------------------------------------------- runtime stages
+FROM ${PYTHON_IMAGE} AS runtime
+RUN groupadd --system --gid 10001 app \
+ && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --no-create-home --shell /usr/sbin/nologin app \
+ && install -d -o 10001 -g 10001 /work
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp
+WORKDIR /work
+ENTRYPOINT ["elastic-ctr"]
+CMD ["--help"]
+
+FROM runtime AS paddle-runtime
+# Paddle's CPU wheel links against the GNU OpenMP runtime
+USER root
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libgomp1 \
+ && rm -rf /var/lib/apt/lists/*
+
+FROM runtime AS cube
+COPY --from=build-cube /opt/venv /opt/venv
+USER 10001:10001
+
+FROM paddle-runtime AS serving
+COPY --from=build-serving /opt/venv /opt/venv
+USER 10001:10001
+
+FROM paddle-runtime AS trainer
+COPY --from=build-trainer /opt/venv /opt/venv
+USER 10001:10001

@@ -1,0 +1,141 @@
+"""The cube data plane's hot loops, in C (``kernel.c``): hash index build and batch
+lookup of the dict files, and the server's inline table (build, upsert, rehash, lookup).
+
+``kernel.c`` is compiled when the project is installed (a setuptools extension module,
+``runtime.cube._kernel``; it exports plain C functions, no Python module) and called
+through ctypes, which releases the GIL for the duration of each call. C rather than a
+JIT: a process importing numba holds ~145 MiB more RSS before any data, which alone
+breaks the server's memory target (1.6 x raw bytes + 60 MiB); the C library adds < 1 MiB.
+
+Index layout and hash: see ``kernel.c`` and ``runtime/cube/dictfile.py``.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import logging
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+class KernelError(RuntimeError):
+    """The compiled kernel is missing or cannot be loaded (the project was not installed
+    with ``pip install``, which builds it)."""
+
+
+def library_path() -> str:
+    """Path of the compiled ``runtime.cube._kernel`` shared library. Raises ``KernelError``."""
+    spec = importlib.util.find_spec("runtime.cube._kernel")
+    if spec is None or not spec.origin or not spec.origin.endswith(".so"):
+        raise KernelError("runtime.cube._kernel is not built: install the project (pip install -e . or "
+                          "make install), which compiles runtime/cube/kernel.c with the system C compiler")
+    return spec.origin
+
+
+class CKernel:
+    """ctypes binding of ``kernel.c``: the array-level entries check shapes via numpy and
+    raise ``ValueError`` (duplicate key, table too small); the ``*_raw`` entries take
+    addresses and check nothing (the server's hot path). Raises ``KernelError`` when the
+    library cannot be loaded."""
+
+    name = "c"
+
+    def __init__(self) -> None:
+        try:
+            lib = ctypes.CDLL(library_path())
+        except OSError as exc:
+            raise KernelError(f"cannot load the cube kernel: {exc}") from exc
+        vp, i64 = ctypes.c_void_p, ctypes.c_int64
+        lib.cube_build_index.argtypes = [vp, i64, vp, i64]
+        lib.cube_build_index.restype = i64
+        lib.cube_lookup.argtypes = [vp, i64, vp, vp, i64, vp, i64, vp, vp, vp]
+        lib.cube_lookup.restype = i64
+        self._build = lib.cube_build_index
+        u64 = ctypes.c_uint64
+        lib.cube_build_table.argtypes = [vp, i64, i64, u64, vp, vp, i64, i64]
+        lib.cube_build_table.restype = i64
+        lib.cube_table_clear.argtypes = [vp, i64, i64, u64]
+        lib.cube_table_clear.restype = None
+        lib.cube_table_insert.argtypes = [vp, i64, i64, u64, i64, vp, vp, i64, i64, ctypes.c_int]
+        lib.cube_table_insert.restype = i64
+        lib.cube_table_rehash.argtypes = [vp, i64, u64, vp, i64, u64, i64]
+        lib.cube_table_rehash.restype = i64
+        lib.cube_table_lookup.argtypes = [vp, i64, i64, u64, i64, vp, i64, vp, vp]
+        lib.cube_table_lookup.restype = i64
+        self._lib = lib
+        #: raw entry of the inline table's lookup: (table_addr, cap, stride_bytes, sentinel,
+        #: dim, q_addr, qn, out_addr or None, found_addr) -> hits; addresses are ints (no
+        #: checks: callers own the buffers' sizes). Used by the server's hot path.
+        self.table_lookup_raw = lib.cube_table_lookup
+        #: raw entry: (index_addr, cap, keys_addr, values_addr, dim, q_addr, qn, out_addr,
+        #: found_addr, rows_addr or None) -> hits; addresses are ints (no checks: callers
+        #: own the buffers' sizes). Used by the server's hot path.
+        self.lookup_raw = lib.cube_lookup
+
+    def build_index(self, keys: np.ndarray, cap: int) -> np.ndarray:
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        index = np.empty(cap, dtype=np.int32)
+        rc = self._build(keys.ctypes.data, keys.shape[0], index.ctypes.data, cap)
+        _check_build(rc, keys)
+        return index
+
+    def lookup(self, index, keys, values, query, out, found, rows=None) -> int:
+        query = np.ascontiguousarray(query, dtype=np.uint64)
+        return int(self.lookup_raw(
+            index.ctypes.data, index.shape[0], keys.ctypes.data, values.ctypes.data,
+            values.shape[1], query.ctypes.data, query.shape[0], out.ctypes.data,
+            found.ctypes.data, None if rows is None else rows.ctypes.data))
+
+    # inline table (tab: uint64[cap, w], tabf: the same memory as float32[cap, 2 * w])
+    def build_table(self, tab, tabf, sentinel, keys, values) -> None:
+        rc = self._lib.cube_build_table(tab.ctypes.data, tab.shape[0], tab.strides[0], sentinel,
+                                        keys.ctypes.data, values.ctypes.data, keys.shape[0],
+                                        values.shape[1])
+        _check_insert(rc, keys, sentinel)
+
+    def table_upsert(self, tab, tabf, sentinel, count, keys, values) -> int:
+        rc = self._lib.cube_table_insert(tab.ctypes.data, tab.shape[0], tab.strides[0], sentinel,
+                                         count, keys.ctypes.data, values.ctypes.data,
+                                         keys.shape[0], values.shape[1], 1)
+        _check_insert(rc, keys, sentinel)
+        return int(rc)
+
+    def table_rehash(self, src, src_sentinel, dst, dstf, dst_sentinel) -> int:
+        self._lib.cube_table_clear(dst.ctypes.data, dst.shape[0], dst.strides[0], dst_sentinel)
+        rc = self._lib.cube_table_rehash(src.ctypes.data, src.shape[0], src_sentinel, dst.ctypes.data,
+                                         dst.shape[0], dst_sentinel, dst.strides[0])
+        if rc < 0:
+            raise ValueError("table rehash failed: destination too small or holds the sentinel")
+        return int(rc)
+
+    def table_lookup(self, tab, tabf, sentinel, dim, query, out, found) -> int:
+        query = np.ascontiguousarray(query, dtype=np.uint64)
+        return int(self.table_lookup_raw(
+            tab.ctypes.data, tab.shape[0], tab.strides[0], sentinel, dim, query.ctypes.data,
+            query.shape[0], None if out is None else out.ctypes.data, found.ctypes.data))
+
+
+def _check_insert(rc: int, keys: np.ndarray, sentinel: int) -> None:
+    if rc >= 0:
+        return
+    i = -rc - 1
+    if i >= keys.shape[0]:
+        raise ValueError(f"inline table capacity too small for {keys.shape[0]} more keys")
+    if int(keys[i]) == sentinel:
+        raise ValueError(f"key {sentinel} at row {i} is the table's sentinel")
+    raise ValueError(f"duplicate key {int(keys[i])} at row {i}")
+
+
+def _check_build(rc: int, keys: np.ndarray) -> None:
+    if rc == 0:
+        return
+    i = -rc - 1
+    if i >= keys.shape[0]:
+        raise ValueError(f"hash index capacity too small for {keys.shape[0]} keys")
+    raise ValueError(f"duplicate key {int(keys[i])} at row {i}")
+
+
+#: The process-wide kernel, loaded at import.
+KERNEL = CKernel()
