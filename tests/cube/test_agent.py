@@ -1,7 +1,7 @@
 """Cube agent: download (md5 verify, safe unpack), reload, enable, status, cleanup.
 
 Runs the agent's Flask app in-process against ``FakeServer`` (the cube server's HTTP
-control API held in memory, tests/cube/cube_fakes.py).
+control API held in memory, tests/helpers.py).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from runtime.cube.agent import Agent, AgentError, create_app, safe_extract
-from tests.cube.cube_fakes import FakeServer
+from tests.helpers import FakeServer
 
 
 def make_tar(path: Path, files: dict[str, bytes], top: str = "d_part0") -> str:
@@ -177,7 +177,7 @@ def test_bad_requests(client):
 
 def test_cleanup_keeps_current_and_previous(tmp_path, client, server, agent):
     for v in (1, 2, 3):
-        tar = tmp_path / f"d_part0.tar"
+        tar = tmp_path / "d_part0.tar"
         md5 = make_tar(tar, {"data": b"%d" % v})
         assert client.post("/download", json={"url": str(tar), "md5": md5, "version": v, "wait": 10}).status_code == 200
         assert client.post("/reload", json={"version": v, "wait": 10}).status_code == 200

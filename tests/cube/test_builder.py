@@ -12,7 +12,7 @@ from runtime import cli
 from runtime.cube import dictfile
 from runtime.cube.builder import BuildError, build
 from runtime.formats.seqfile import SequenceFileError, write_sequence_file
-from tests.cube.dataplane_helpers import DICT, build_version, make_data
+from tests.helpers import DICT, build_version, make_data
 
 
 def test_base_build_layout_and_values(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 
 from runtime.cube.client import CubeClient, CubeUnavailable, CubeVersionUnavailable
 from runtime.formats.topology import Topology
-from tests.cube.dataplane_helpers import build_version, load_and_enable, make_data, shard_dir, start_server
+from tests.helpers import build_version, load_and_enable, make_data, shard_dir, start_server
 
 
 class BlackHole:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from runtime.cube import dictfile
-from tests.cube.dataplane_helpers import make_data
+from tests.helpers import make_data
 
 
 def _write(tmp_path, n=1000, dim=4, version=7, mode="base", base_version=None, seed=0):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import requests
 
-from tests.cube.test_rollout_e2e import check_all, table_from_files, write_version
+from tests.helpers import check_all, table_from_files, write_version
 
 pytestmark = pytest.mark.slow
 

@@ -15,30 +15,13 @@ import time
 import numpy as np
 import pytest
 
-from runtime.formats.seqfile import read_sequence_file, write_sequence_file
+from tests.helpers import check_all, table_from_files, write_version
 
 pytestmark = pytest.mark.slow
 
 DIM = 4
 N = 20_000
 BASE1, PATCH1, BASE2 = 1001, 1002, 1003
-
-
-def write_version(root, vid, keys, values, parts=2):
-    """The trainer's export layout: ROOT/versions/<vid>/sparse/part-NNNNN SequenceFiles."""
-    sparse = root / "versions" / str(vid) / "sparse"
-    sparse.mkdir(parents=True, exist_ok=True)
-    for i, sl in enumerate(np.array_split(np.arange(len(keys)), parts)):
-        write_sequence_file(sparse / f"part-{i:05d}", keys[sl], values[sl])
-    return sorted(sparse.iterdir())
-
-
-def table_from_files(files) -> dict[int, np.ndarray]:
-    out = {}
-    for f in files:
-        k, v = read_sequence_file(str(f))
-        out.update(zip(k.tolist(), v))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -48,17 +31,6 @@ def cluster(tmp_path_factory):
     base = tmp_path_factory.mktemp("cube_e2e")
     with LocalCubeCluster(base / "run", base / "root", shards=2, replicas=2, poll_interval_s=0.1) as c:
         yield c
-
-
-def check_all(client, expected: dict[int, np.ndarray], version: int) -> None:
-    keys = np.fromiter(expected.keys(), np.uint64, len(expected))
-    want = np.stack([expected[k] for k in keys.tolist()])
-    res = client.seek(keys)
-    assert res.version == version
-    assert res.found.all(), f"{(~res.found).sum()} keys missing"
-    np.testing.assert_array_equal(res.values, want)
-    missing = client.seek(np.array([1, 3, 5], np.uint64) + np.uint64(1 << 62))
-    assert not missing.found.any() and not missing.values.any()
 
 
 def test_base_then_patch_every_key(cluster):

@@ -12,7 +12,7 @@ import requests
 
 from runtime.cube import protocol
 from runtime.proc import ProcessGroup, free_ports, wait_for_port
-from tests.cube.dataplane_helpers import (DICT, build_version, enable, http, load, load_and_enable,
+from tests.helpers import (DICT, build_version, enable, http, load, load_and_enable,
                                           make_data, shard_dir, start_server)
 
 

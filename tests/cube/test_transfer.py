@@ -1,7 +1,7 @@
 """Cube transfer: donefile parsing, rollout barriers, abort, refusal, persisted state.
 
 Runs in-process: 2 shards x 2 replicas of a real ``Agent`` (its Flask app served in a
-thread) in front of ``FakeServer`` (tests/cube/cube_fakes.py), and a stub builder that
+thread) in front of ``FakeServer`` (tests/helpers.py), and a stub builder that
 writes the builder's output layout (docs/contracts.md) so these tests do not depend on
 the data plane.
 """
@@ -18,7 +18,7 @@ import pytest
 from runtime.cube.agent import Agent, create_app as agent_app
 from runtime.cube.transfer import Transfer
 from runtime.cube.transfer.app import create_app
-from tests.cube.cube_fakes import FakeServer, ThreadedApp
+from tests.helpers import FakeServer, ThreadedApp
 
 DICT = "d"
 

@@ -52,7 +52,7 @@ def _no_process_left(run_dir: Path) -> None:
 
 def _offline(dense_dir: Path, sparse_dir: Path, dense_raw: np.ndarray, fs: np.ndarray) -> np.ndarray:
     from runtime.formats.seqfile import read_sequence_file
-    from tests.serving.helpers import offline_predict
+    from tests.helpers import offline_predict
 
     table = {}
     for part in sorted(sparse_dir.glob("part-*")):

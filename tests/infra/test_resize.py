@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from tests.infra.conftest import flag
+from tests.helpers import flag
 
 def files(r) -> dict[str, dict]:
     return {m.filename: m.body for m in r.manifests}

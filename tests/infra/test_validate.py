@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.infra.conftest import K8S_VERSION
+from tests.helpers import K8S_VERSION
 
 VOLCANO_JOB_CRD = Path(__file__).resolve().parent / "schemas" / "batch.volcano.sh_jobs.yaml"
 

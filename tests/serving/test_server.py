@@ -17,7 +17,7 @@ from runtime.formats import donefile, features
 from runtime.serving.dataplane import Combiner, DataPlane
 from runtime.serving.model import VersionWatcher
 from runtime.serving.rest import create_app
-from tests.serving.helpers import FakeCube, export_version, make_table, offline_predict
+from tests.helpers import FakeCube, export_version, make_table, offline_predict
 
 V1, V2 = 1_700_000_001, 1_700_000_002
 

@@ -1,0 +1,333 @@
+"""Helpers shared by the test packages (fixtures that start and stop things live in the
+conftest.py files): cube data and in-thread shard servers, in-process stand-ins for the
+cube control plane, versions written by the trainer's own export, a fake cube client, and
+lookups of rendered manifests."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import requests
+from flask import Flask, jsonify, request
+
+from runtime.cube.builder import build, part_name
+from runtime.cube.server import CubeServer
+from runtime.formats import features
+from runtime.formats.seqfile import read_sequence_file, write_sequence_file
+from runtime.webserver import WebServer
+
+# ----------------------------------------------------------------------------- cube data plane
+DICT = "emb"
+
+
+def make_data(n: int, dim: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` unique random uint64 keys (full 64-bit range) and float32[n, dim] values."""
+    rng = np.random.default_rng(seed)
+    keys = np.unique(rng.integers(0, 2**64 - 1, int(n * 1.1) + 16, dtype=np.uint64, endpoint=True))
+    keys = rng.permutation(keys)[:n]
+    return keys, rng.random((n, dim), dtype=np.float32)
+
+
+def build_version(tmp: Path, keys, values, version: int, shard_num: int = 1, mode: str = "base",
+                  base_version: int | None = None):
+    """Writes one SequenceFile of (keys, values) and builds it; returns the BuildResult."""
+    src = Path(tmp) / f"src-{version}"
+    src.mkdir(parents=True, exist_ok=True)
+    write_sequence_file(src / "part-00000", keys, values)
+    return build([str(src)], Path(tmp) / "out", DICT, shard_num, version, mode=mode,
+                 base_version=base_version)
+
+
+def shard_dir(result, shard: int) -> str:
+    return str(Path(result.output_dir) / part_name(DICT, shard))
+
+
+def start_server(shard: int = 0, shard_num: int = 1, **kw) -> CubeServer:
+    kw.setdefault("io_mode", os.environ.get("CUBE_TEST_IO_MODE", "epoll"))
+    s = CubeServer(shard, shard_num, DICT, host="127.0.0.1", port=0, http_port=0, **kw)
+    s.start()
+    return s
+
+
+def http(server: CubeServer) -> str:
+    return f"http://127.0.0.1:{server.http_port}"
+
+
+def wait_loaded(server: CubeServer, timeout_s: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        st = requests.get(http(server) + "/status", timeout=5).json()
+        if st["bg_state"] != "loading":
+            return st
+        time.sleep(0.02)
+    raise TimeoutError("background load did not finish")
+
+
+def load(server: CubeServer, directory: str, version: int, base_version: int | None = None) -> dict:
+    """Starts a background load via HTTP and waits for it; returns the final /status."""
+    if base_version is None:
+        r = requests.post(http(server) + "/bg_load_base", json={"dir": directory, "version": version}, timeout=5)
+    else:
+        r = requests.post(http(server) + "/bg_load_patch",
+                          json={"dir": directory, "version": version, "base_version": base_version}, timeout=5)
+    assert r.status_code == 202, r.text
+    return wait_loaded(server)
+
+
+def enable(server: CubeServer, version: int) -> requests.Response:
+    return requests.post(http(server) + "/enable", json={"version": version}, timeout=5)
+
+
+def load_and_enable(server: CubeServer, directory: str, version: int, base_version: int | None = None):
+    st = load(server, directory, version, base_version)
+    assert st["bg_state"] == "loaded", st
+    r = enable(server, version)
+    assert r.status_code == 200, r.text
+
+
+# ----------------------------------------------------------------------------- cube rollouts
+def write_version(root, vid, keys, values, parts=2):
+    """The trainer's export layout: ROOT/versions/<vid>/sparse/part-NNNNN SequenceFiles."""
+    sparse = root / "versions" / str(vid) / "sparse"
+    sparse.mkdir(parents=True, exist_ok=True)
+    for i, sl in enumerate(np.array_split(np.arange(len(keys)), parts)):
+        write_sequence_file(sparse / f"part-{i:05d}", keys[sl], values[sl])
+    return sorted(sparse.iterdir())
+
+
+def table_from_files(files) -> dict[int, np.ndarray]:
+    out = {}
+    for f in files:
+        k, v = read_sequence_file(str(f))
+        out.update(zip(k.tolist(), v))
+    return out
+
+
+def check_all(client, expected: dict[int, np.ndarray], version: int) -> None:
+    keys = np.fromiter(expected.keys(), np.uint64, len(expected))
+    want = np.stack([expected[k] for k in keys.tolist()])
+    res = client.seek(keys)
+    assert res.version == version
+    assert res.found.all(), f"{(~res.found).sum()} keys missing"
+    np.testing.assert_array_equal(res.values, want)
+    missing = client.seek(np.array([1, 3, 5], np.uint64) + np.uint64(1 << 62))
+    assert not missing.found.any() and not missing.values.any()
+
+
+# ----------------------------------------------------------------------------- cube control plane
+class ThreadedApp:
+    """Serves ``app`` on ``127.0.0.1:<free port>`` in a daemon thread; ``url`` is its base."""
+
+    def __init__(self, app):
+        self.server = WebServer(app, threads=8, name="test").start()
+        self.port = self.server.port
+        self.url = self.server.url
+
+    def close(self) -> None:
+        self.server.stop()
+
+
+class FakeServer:
+    """In-memory cube server control plane. ``fail_load``: versions whose load fails;
+    ``load_delay_s``: seconds a load takes. ``loads``: dirs loaded, in order."""
+
+    def __init__(self, shard: int = 0, load_delay_s: float = 0.0, shard_num: int = 2):
+        self.shard = shard
+        self.shard_num = shard_num
+        self.version = None
+        self.prev_version = None
+        self.bg_version = None
+        self.bg_state = "empty"
+        self.bg_error = None
+        self.keys = 0
+        self.lineage: list[int] = []
+        self.bg_lineage: list[int] = []
+        self.fail_load: set[int] = set()
+        self.load_delay_s = load_delay_s
+        self.loads: list[str] = []
+        self.enables: list[int] = []
+        self.unloads = 0
+        self.lock = threading.Lock()
+        self.app = self._make_app()
+        self.http = ThreadedApp(self.app)
+        self.url = self.http.url
+
+    def status(self) -> dict:
+        return {"shard": self.shard, "shard_num": self.shard_num, "dict_name": "d", "version": self.version,
+                "prev_version": self.prev_version, "bg_version": self.bg_version,
+                "bg_state": self.bg_state, "bg_error": self.bg_error, "keys": self.keys, "dim": 2,
+                "lineage": list(self.lineage)}
+
+    def _load(self, d: str, version: int) -> None:
+        time.sleep(self.load_delay_s)
+        with self.lock:
+            if self.bg_version != version:
+                return
+            if version in self.fail_load or not Path(d).is_dir():
+                self.bg_state, self.bg_error = "failed", f"cannot load {d}"
+                return
+            meta = Path(d) / "meta.json"
+            if meta.exists():
+                m = json.loads(meta.read_text())
+                if (m["shard"], m["shard_num"], m["version"]) != (self.shard, self.shard_num, version):
+                    self.bg_state, self.bg_error = "failed", (
+                        f"{d} holds shard {m['shard']}/{m['shard_num']} version {m['version']}, expected "
+                        f"{self.shard}/{self.shard_num} version {version}")
+                    return
+            self.loads.append(d)
+            self.bg_state = "loaded"
+
+    def _make_app(self) -> Flask:
+        app = Flask("fake-cube-server")
+
+        @app.get("/status")
+        def status():
+            with self.lock:
+                return jsonify(self.status())
+
+        @app.post("/bg_load_base")
+        @app.post("/bg_load_patch")
+        def bg_load():
+            b = request.get_json()
+            if request.path.endswith("patch") and b.get("base_version") != self.version:
+                return jsonify(error=f"base {b.get('base_version')} is not served ({self.version})"), 409
+            with self.lock:
+                self.bg_version, self.bg_state, self.bg_error = int(b["version"]), "loading", None
+                patch = request.path.endswith("patch")
+                self.bg_lineage = (self.lineage if patch else []) + [int(b["version"])]
+            threading.Thread(target=self._load, args=(b["dir"], int(b["version"])), daemon=True).start()
+            return jsonify(ok=True), 202
+
+        @app.post("/enable")
+        def enable():
+            v = int(request.get_json()["version"])
+            with self.lock:
+                if self.bg_version != v or self.bg_state != "loaded":
+                    if self.version == v:
+                        return jsonify(version=v, changed=False)
+                    return jsonify(error=f"version {v} is not loaded"), 409
+                self.prev_version, self.version = self.version, v
+                self.lineage = self.bg_lineage
+                self.bg_version, self.bg_state = None, "empty"
+                self.enables.append(v)
+            return jsonify(ok=True)
+
+        @app.post("/bg_unload")
+        def bg_unload():
+            with self.lock:
+                self.bg_version, self.bg_state, self.bg_error = None, "empty", None
+                self.unloads += 1
+            return jsonify(ok=True)
+
+        return app
+
+    def restart(self, shard_num: int | None = None) -> None:
+        """As if the server process restarted (empty), with ``--shard-num shard_num``."""
+        with self.lock:
+            if shard_num is not None:
+                self.shard_num = shard_num
+            self.version = self.prev_version = self.bg_version = self.bg_error = None
+            self.bg_state, self.keys, self.lineage, self.bg_lineage = "empty", 0, [], []
+            self.loads, self.enables = [], []
+
+    def close(self) -> None:
+        self.http.close()
+
+
+# ----------------------------------------------------------------------------- serving
+SERVING_DIM = 4
+LAYERS = (16,)
+
+
+def export_version(root: Path, version: int, table: dict, seed: int, layers=LAYERS) -> Path:
+    """Publishes ``version`` under ``root`` (its embeddings: ``table``, feasign ->
+    float32[dim]) with the trainer's export; returns its dense directory."""
+    keys = np.array(sorted(table), dtype=np.uint64)
+    values = np.stack([table[int(k)] for k in keys]).astype(np.float32)
+    npz = Path(root) / f".table-{version}.npz"
+    Path(root).mkdir(parents=True, exist_ok=True)
+    np.savez(npz, keys=keys, values=values)
+    r = subprocess.run([sys.executable, "-m", "runtime.trainer.export", "--root", str(root), "--version",
+                        str(version), "--seed", str(seed), "--table", str(npz), "--layers", ",".join(map(str, layers))],
+                       capture_output=True, text=True, timeout=180, env=dict(os.environ, GLOG_minloglevel="2"))
+    npz.unlink()
+    assert r.returncode == 0, r.stderr[-3000:]
+    return Path(root) / "versions" / str(version) / "dense"
+
+
+def make_table(rows_feasigns: np.ndarray, seed: int, dim: int = SERVING_DIM, drop_every: int = 7) -> dict:
+    """Random embeddings for the feasigns of some rows (every ``drop_every``-th key left
+    out, so lookups also meet missing keys)."""
+    rng = np.random.default_rng(seed)
+    keys = np.unique(rows_feasigns.ravel())
+    return {int(k): rng.normal(0, 0.5, dim).astype(np.float32) for i, k in enumerate(keys) if i % drop_every}
+
+
+class FakeCube:
+    """In-memory stand-in for ``runtime.cube.client.CubeClient``: tables per version.
+
+    ``seek(keys, version)`` -> object with ``values`` float32[m,dim] (zeros where
+    missing), ``found`` bool[m], ``version``. Raises ``ConnectionError`` when ``down``
+    or the version is not held. Records (version, number of keys) per call in ``calls``.
+    """
+
+    def __init__(self, tables: dict[int, dict], dim: int = SERVING_DIM):
+        self.tables = tables
+        self.dim = dim
+        self.down = False
+        self.calls: list[tuple[int, int]] = []
+        self.lock = threading.Lock()
+
+    def seek(self, keys: np.ndarray, version: int | None = None):
+        if self.down:
+            raise ConnectionError("no replica of shard 0 answers")
+        if version is None:
+            version = max(self.tables)
+        if version not in self.tables:
+            raise ConnectionError(f"version {version} not held")
+        t = self.tables[version]
+        vals = np.zeros((len(keys), self.dim), np.float32)
+        found = np.zeros(len(keys), bool)
+        for i, k in enumerate(keys.tolist()):
+            v = t.get(k)
+            if v is not None:
+                vals[i] = v
+                found[i] = True
+        with self.lock:
+            self.calls.append((version, len(keys)))
+
+        class R:
+            pass
+
+        r = R()
+        r.values, r.found, r.version = vals, found, version
+        return r
+
+
+def offline_predict(model_dir: Path, table: dict, dense_raw: np.ndarray, fs: np.ndarray) -> np.ndarray:
+    """Predictions of an exported dense model for rows, computed without serving:
+    embeddings from ``table`` (missing = 0), the model's predictor directly. float32[n]."""
+    from runtime.inference import DensePredictor
+
+    pred = DensePredictor(model_dir)
+    n, dim = fs.shape[0], pred.dim
+    emb = np.stack([table.get(int(k), np.zeros(dim, np.float32)) for k in fs.T.ravel()]).astype(np.float32)
+    return pred.predict(features.normalize_dense(dense_raw), emb.reshape(fs.shape[1] * n, dim)).ravel()
+
+
+# ----------------------------------------------------------------------------- rendered manifests
+#: the Kubernetes version manifests are validated against (kubernetes-validate 1.37.0
+#: ships schemas 1.25-1.37); the oldest release the stack supports.
+K8S_VERSION = "1.31.0"
+
+
+def flag(args: list[str], name: str) -> str:
+    """The value after ``name`` in a container's ``args``; AssertionError if absent."""
+    assert name in args, f"{name} not in {args}"
+    return args[args.index(name) + 1]
