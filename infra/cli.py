@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+
+from runtime.cli import HelpFormatter
 import sys
 from pathlib import Path
 
@@ -9,7 +11,7 @@ from pathlib import Path
 def register(sub: "argparse._SubParsersAction") -> None:
     """Adds the ``render`` subcommand to the top-level parser."""
     p = sub.add_parser(
-        "render",
+        "render", formatter_class=HelpFormatter,
         help="render a stack's Kubernetes manifests offline (Pulumi mocks; no cluster needed)",
         description="Runs the Pulumi program under mocks with Pulumi.yaml defaults, "
         "Pulumi.<stack>.yaml and --set overrides, and writes one YAML file per Kubernetes "

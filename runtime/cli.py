@@ -13,6 +13,21 @@ import logging
 import os
 import sys
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows each option's default (argparse's own), except where there is none
+    (None, False) or the help text already says what happens without the option."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default in (None, False) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """``HelpFormatter`` keeping the description's own line breaks."""
+
+
 # Role modules that contribute subcommands, in the order they appear in --help.
 _ROLE_MODULES = (
     "runtime.trainer.cli",     # data, train
@@ -27,14 +42,14 @@ _ROLE_MODULES = (
 def build_parser() -> argparse.ArgumentParser:
     """Builds the top-level parser with every role's subcommands registered."""
     parser = argparse.ArgumentParser(
-        prog="elastic-ctr",
+        prog="elastic-ctr", formatter_class=HelpFormatter,
         description="CTR pipeline: Paddle parameter-server training, the cube sparse-parameter "
         "service, serving, and the Pulumi program that deploys them.",
     )
     parser.add_argument(
         "--log-level",
         default=os.environ.get("ELASTIC_CTR_LOG_LEVEL", "INFO"),
-        help="logging level (default: INFO, or $ELASTIC_CTR_LOG_LEVEL)",
+        help="logging level (default: $ELASTIC_CTR_LOG_LEVEL, else INFO)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

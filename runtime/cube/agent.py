@@ -1,7 +1,7 @@
 """Cube agent: runs beside one cube server and carries out the transfer's commands.
 
-Commands (HTTP JSON; see docs/contracts.md, "Cube internals"), modelled on the reference
-cube-agent's download / reload / enable / status (``../shared/notes/cube.md``):
+Commands (HTTP JSON; see docs/contracts.md, "Cube internals"), modelled on Paddle Serving's
+cube-agent (download / reload / enable / status):
 
 - ``POST /download {"url", "md5", "version", "mode": "base"|"delta", "base_version",
   "dict_name"?, "wait"?}``: downloads the shard tar (a URL or a local path) through

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 
+from runtime.cli import HelpFormatter
+
 
 def register(sub: "argparse._SubParsersAction") -> None:
     """Adds ``cube`` and its subcommands to the top-level parser."""
-    cube = sub.add_parser("cube", help="the cube sparse-parameter service: build, server, agent, transfer")
+    cube = sub.add_parser("cube", formatter_class=HelpFormatter, help="the cube sparse-parameter service: build, server, agent, transfer")
     cube_sub = cube.add_subparsers(dest="cube_command", metavar="CUBE_COMMAND")
     cube_sub.required = True
     for fn in _REGISTRARS:
@@ -23,14 +25,14 @@ def register(sub: "argparse._SubParsersAction") -> None:
 
 def register_build(cube_sub: "argparse._SubParsersAction") -> None:
     """``cube build``: SequenceFiles -> per-shard dicts, tars, md5s (runtime/cube/builder.py)."""
-    p = cube_sub.add_parser("build", help="build per-shard dicts (base or delta) from SequenceFiles")
+    p = cube_sub.add_parser("build", formatter_class=HelpFormatter, help="build per-shard dicts (base or delta) from SequenceFiles")
     p.add_argument("--input", nargs="+", required=True,
                    help="SequenceFiles: paths, directories, globs or URLs (read in this order; last wins)")
     p.add_argument("--output", required=True, help="output root (writes OUTPUT/DICT/VERSION/)")
     p.add_argument("--dict", required=True, help="dict name")
     p.add_argument("--shards", type=int, required=True, help="shard count (shard = key %% shards)")
     p.add_argument("--version", type=int, required=True, help="version id of this build")
-    p.add_argument("--mode", choices=("base", "delta"), default="base", help="base (default) or delta")
+    p.add_argument("--mode", choices=("base", "delta"), default="base", help="base or delta")
     p.add_argument("--base-version", type=int, default=None, help="for a delta: the version it applies to")
 
     def handler(args: argparse.Namespace) -> int:
@@ -43,20 +45,20 @@ def register_build(cube_sub: "argparse._SubParsersAction") -> None:
 
 def register_server(cube_sub: "argparse._SubParsersAction") -> None:
     """``cube server``: one shard over the binary data plane, HTTP control (runtime/cube/server.py)."""
-    p = cube_sub.add_parser("server", help="serve one shard (binary data plane + HTTP control/metrics)")
+    p = cube_sub.add_parser("server", formatter_class=HelpFormatter, help="serve one shard (binary data plane + HTTP control/metrics)")
     p.add_argument("--shard", type=int, required=True, help="this server's shard index")
-    p.add_argument("--shard-num", type=int, default=1, help="shard count (default 1)")
-    p.add_argument("--dict-name", default="ctr_embedding", help="dict name (default ctr_embedding)")
-    p.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
-    p.add_argument("--port", type=int, default=8900, help="data-plane TCP port (default 8900)")
-    p.add_argument("--http-port", type=int, default=8901, help="HTTP control/metrics port (default 8901)")
+    p.add_argument("--shard-num", type=int, default=1, help="shard count")
+    p.add_argument("--dict-name", default="ctr_embedding", help="dict name")
+    p.add_argument("--host", default="0.0.0.0", help="listen address")
+    p.add_argument("--port", type=int, default=8900, help="data-plane TCP port")
+    p.add_argument("--http-port", type=int, default=8901, help="HTTP control/metrics port")
     p.add_argument("--data-dir", default=None,
                    help="where the enabled version is recorded, to serve it again after a restart")
     p.add_argument("--max-keys", type=int, default=1 << 20,
-                   help="largest batch accepted, in keys (default 1048576); bigger frames are refused")
+                   help="largest batch accepted, in keys; bigger frames are refused")
     p.add_argument("--no-verify", action="store_true", help="skip the crc32 check of loaded dicts")
     p.add_argument("--io-mode", choices=("epoll", "threads"), default="epoll",
-                   help="data-plane I/O: one epoll thread for every connection (default) or a thread each")
+                   help="data-plane I/O: one epoll thread for every connection, or a thread each")
 
     def handler(args: argparse.Namespace) -> int:
         from runtime.cube import server
@@ -71,14 +73,14 @@ def register_server(cube_sub: "argparse._SubParsersAction") -> None:
 
 def register_agent(cube_sub: "argparse._SubParsersAction") -> None:
     """``cube agent``: downloads, unpacks, reloads and enables versions for one server."""
-    p = cube_sub.add_parser("agent", help="agent beside one cube server (download, reload, enable)")
-    p.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
-    p.add_argument("--port", type=int, default=8902, help="HTTP port (default 8902)")
+    p = cube_sub.add_parser("agent", formatter_class=HelpFormatter, help="agent beside one cube server (download, reload, enable)")
+    p.add_argument("--host", default="0.0.0.0", help="listen address")
+    p.add_argument("--port", type=int, default=8902, help="HTTP port")
     p.add_argument("--server-http", default="http://127.0.0.1:8901",
-                   help="the cube server's HTTP control URL (default http://127.0.0.1:8901)")
+                   help="the cube server's HTTP control URL")
     p.add_argument("--work-dir", required=True, help="directory for downloaded and unpacked versions")
     p.add_argument("--load-timeout", type=float, default=300.0,
-                   help="seconds to wait for the server's background load (default 300)")
+                   help="seconds to wait for the server's background load")
 
     def handler(args: argparse.Namespace) -> int:
         from runtime.cube import agent
@@ -90,31 +92,31 @@ def register_agent(cube_sub: "argparse._SubParsersAction") -> None:
 
 def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
     """``cube transfer``: watches the donefile and rolls versions out to every instance."""
-    p = cube_sub.add_parser("transfer", help="watch the donefile, build, publish and roll out versions")
+    p = cube_sub.add_parser("transfer", formatter_class=HelpFormatter, help="watch the donefile, build, publish and roll out versions")
     p.add_argument("--topology", required=True, help="topology JSON file (docs/contracts.md)")
     p.add_argument("--root", required=True,
                    help="version root: a directory or the file server's URL (donefile = ROOT/donefile/)")
     p.add_argument("--work-dir", required=True, help="directory for builds and the persisted state")
-    p.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
-    p.add_argument("--port", type=int, default=8910, help="HTTP port (default 8910)")
+    p.add_argument("--host", default="0.0.0.0", help="listen address")
+    p.add_argument("--port", type=int, default=8910, help="HTTP port")
     p.add_argument("--upload-token-file", default=None,
-                   help="file holding the upload bearer token (default $ELASTIC_CTR_UPLOAD_TOKEN)")
-    p.add_argument("--poll-interval", type=float, default=5.0, help="donefile poll interval in s (default 5)")
+                   help="file holding the upload bearer token")
+    p.add_argument("--poll-interval", type=float, default=5.0, help="donefile poll interval in s")
     p.add_argument("--publish-url", default=None,
                    help="URL at which agents download ROOT/cube/ (default: ROOT itself, a URL or a path "
                         "the agents can read)")
     p.add_argument("--dict-name", default=None, help="dict name (default: the topology's dict_name)")
     p.add_argument("--phase-timeout", type=float, default=300.0,
-                   help="seconds allowed for each of download, reload and enable (default 300)")
+                   help="seconds allowed for each of download, reload and enable")
     p.add_argument("--retries", type=int, default=3,
-                   help="attempts per instance and phase before the rollout aborts (default 3)")
+                   help="attempts per instance and phase before the rollout aborts")
     p.add_argument("--max-rollout-attempts", type=int, default=3,
-                   help="rollouts of one version before it is given up (default 3)")
+                   help="rollouts of one version before it is given up")
     p.add_argument("--rollout-backoff", type=float, default=10.0,
-                   help="seconds before a failed rollout is retried, doubled per attempt, <= 300 (default 10)")
+                   help="seconds before a failed rollout is retried, doubled per attempt, <= 300")
     p.add_argument("--reconcile-interval", type=float, default=30.0,
                    help="seconds between checks for instances lagging behind the served version, "
-                        "which are then brought up to it (default 30; 0 = never)")
+                        "which are then brought up to it (0 = never)")
     p.add_argument("--stop-timeout", type=float, default=20.0,
                    help="on SIGTERM, seconds to wait for the step in progress before exiting (its rollout "
                         "resumes at the next start)")

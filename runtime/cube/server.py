@@ -8,12 +8,8 @@ keys/values, which are then dropped) and writes the found mask and the values st
 into a preallocated reply buffer, one send. No per-key Python, no
 per-request allocation (buffers grow only for bigger batches).
 I/O mode (``--io-mode``): ``epoll`` (default) multiplexes every connection on one thread;
-``threads`` runs a blocking loop per connection. Measured here (2 cores, 4 client
-processes on the same machine, 1000-key batches, 10k-key dict so the lookup is cheap):
-server CPU 61 us/request with epoll vs 95 us with threads (the threads pay for GIL
-hand-offs); with the 1M-key dict 139 vs 162 us (both with the earlier index + keys + values layout,
-whose lookup of 1000 random keys in 1M took ~100-120 us: three random pages per key; the
-inline table reads one, ~50-70 us).
+``threads`` runs a blocking loop per connection and pays for GIL hand-offs between them
+(the README's benchmarks give both).
 
 Versions: ``current`` (served), ``prev`` (the version served before the last enable, still
 answered when a request names it, so a client can finish a batch on one version across

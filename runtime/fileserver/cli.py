@@ -3,6 +3,8 @@ token-authenticated uploads, until SIGTERM."""
 from __future__ import annotations
 
 import argparse
+
+from runtime.cli import HelpFormatter
 import logging
 import os
 
@@ -12,7 +14,7 @@ log = logging.getLogger(__name__)
 def register(sub: "argparse._SubParsersAction") -> None:
     """Adds ``fileserver`` to the top-level parser."""
     p = sub.add_parser(
-        "fileserver", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "fileserver", formatter_class=HelpFormatter,
         help="serve a directory tree over HTTP (listing, Range, ETag) with token-authenticated PUT uploads",
         description="File server: GET/HEAD files and listings (HTML, or JSON with ?format=json), PUT uploads "
                     "with 'Authorization: Bearer <token>' (token from --upload-token-file or "

@@ -37,39 +37,39 @@ DICT_NAME = "ctr_embedding"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Adds the local pipeline's flags to ``p`` (sizes and counts)."""
-    p.add_argument("--run-dir", default=None, help="where logs and data go (default runs/<timestamp>)")
+    p.add_argument("--run-dir", default=None, help="where logs and data go")
     p.add_argument("--data", nargs="+", default=None,
                    help="use these rows instead of generated data (Criteo TSV/CSV or slot format)")
     p.add_argument("--format", choices=("auto", "criteo", "slot"), default="auto",
                    help="format of --data (default: detect)")
     p.add_argument("--slot-file", default=None, help="slot list for slot-format --data")
-    p.add_argument("--rows", type=int, default=200_000, help="generated training rows (default 200000)")
-    p.add_argument("--test-rows", type=int, default=20_000, help="generated test rows (default 20000)")
-    p.add_argument("--seed", type=int, default=1, help="data generator seed (default 1)")
+    p.add_argument("--rows", type=int, default=200_000, help="generated training rows")
+    p.add_argument("--test-rows", type=int, default=20_000, help="generated test rows")
+    p.add_argument("--seed", type=int, default=1, help="data generator seed")
     p.add_argument("--epochs", type=int, default=None, help="training passes per round (default: the trainer's)")
     p.add_argument("--epochs-round2", type=int, default=None, help="passes of the second round (default: half of --epochs, at least 1, over the "
                         "two days of generated data, so both rounds train on as many examples; with --data: --epochs)")
     p.add_argument("--batch-size-train", type=int, default=None, help="training batch size (default: the trainer's)")
     p.add_argument("--embedding-dim", type=int, default=None, help="embedding width (default: the trainer's)")
-    p.add_argument("--pservers", type=int, default=1, help="parameter servers (default 1)")
-    p.add_argument("--trainers", type=int, default=2, help="trainers (default 2)")
-    p.add_argument("--shards", type=int, default=2, help="cube shards (default 2)")
-    p.add_argument("--replicas", type=int, default=2, help="cube replicas per shard (default 2)")
-    p.add_argument("--serving-workers", type=int, default=2, help="serving worker processes (default 2)")
-    p.add_argument("--serving-threads", type=int, default=2, help="serving threads per worker (default 2)")
-    p.add_argument("--concurrency", type=int, default=4, help="demo client workers (default 4)")
-    p.add_argument("--batch-size", type=int, default=1, help="client batch size of the latency run (default 1)")
+    p.add_argument("--pservers", type=int, default=1, help="parameter servers")
+    p.add_argument("--trainers", type=int, default=2, help="trainers")
+    p.add_argument("--shards", type=int, default=2, help="cube shards")
+    p.add_argument("--replicas", type=int, default=2, help="cube replicas per shard")
+    p.add_argument("--serving-workers", type=int, default=2, help="serving worker processes")
+    p.add_argument("--serving-threads", type=int, default=2, help="serving threads per worker")
+    p.add_argument("--concurrency", type=int, default=4, help="demo client workers")
+    p.add_argument("--batch-size", type=int, default=1, help="client batch size of the latency run")
     p.add_argument("--score-batch-size", type=int, default=64,
-                   help="client batch size when scoring the whole test set (default 64)")
+                   help="client batch size when scoring the whole test set")
     p.add_argument("--latency-requests", type=int, default=3000,
-                   help="requests of the batch-1 latency/QPS run (default 3000)")
+                   help="requests of the batch-1 latency/QPS run")
     p.add_argument("--rollout-concurrency", type=int, default=2,
-                   help="client workers sending during the second round (default 2)")
+                   help="client workers sending during the second round")
     p.add_argument("--rollout-rate", type=float, default=200.0,
-                   help="requests/s the client sends during the second round (default 200; 0 = unlimited); "
+                   help="requests/s the client sends during the second round (0 = unlimited); "
                    "bounded so that it does not starve the training it overlaps with")
-    p.add_argument("--rounds", type=int, choices=(1, 2), default=2, help="training rounds (default 2)")
-    p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds (default 900)")
+    p.add_argument("--rounds", type=int, choices=(1, 2), default=2, help="training rounds")
+    p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
 
 
 class _Step:

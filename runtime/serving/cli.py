@@ -5,6 +5,8 @@ Heavy imports (Flask, Paddle, numpy) happen inside the handlers so ``--help`` is
 from __future__ import annotations
 
 import argparse
+
+from runtime.cli import HelpFormatter
 import os
 
 
@@ -19,7 +21,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     """Adds ``serve`` and ``client`` to the top-level parser."""
     # -- serve --------------------------------------------------------------------------
     p = sub.add_parser(
-        "serve",
+        "serve", formatter_class=HelpFormatter,
         help="CTR prediction server (Open Inference Protocol v2 + /predict) over cube and the dense model",
         description="Serving: loads the dense model of the version cube serves, looks embeddings "
         "up in cube, answers the Open Inference Protocol v2 (KServe/Triton) on /v2/... and raw "
@@ -31,33 +33,33 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--transfer-url", default=None,
                    help="cube transfer URL; its /dict/info 'version' is the version served "
                    "(default: follow ROOT/donefile instead)")
-    p.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
-    p.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
+    p.add_argument("--host", default="0.0.0.0", help="listen address")
+    p.add_argument("--port", type=int, default=8000, help="listen port")
     p.add_argument("--workers", type=int, default=_env_int("SERVING_WORKERS", 2),
-                   help="gunicorn worker processes (default 2, or $SERVING_WORKERS); each loads the dense model "
+                   help="gunicorn worker processes (or $SERVING_WORKERS); each loads the dense model "
                    "and its own cube clients (Paddle holds the GIL while it runs, so processes, not threads, "
                    "use several cores)")
     p.add_argument("--threads", type=int, default=2,
-                   help="threads per worker (default 2); concurrent requests in a worker are combined "
+                   help="threads per worker; concurrent requests in a worker are combined "
                    "into one cube lookup and predictor run")
     p.add_argument("--max-batch", type=int, default=4096,
-                   help="largest batch accepted, in samples (default 4096; larger -> 400)")
+                   help="largest batch accepted, in samples (larger -> 400)")
     p.add_argument("--max-body-bytes", type=int, default=64 << 20,
-                   help="largest request body accepted, in bytes (default 64 MiB; larger -> 413)")
+                   help="largest request body accepted, in bytes (larger -> 413)")
     p.add_argument("--poll-interval", type=float, default=0.5,
-                   help="seconds between checks for a new version (default 0.5)")
+                   help="seconds between checks for a new version")
     p.add_argument("--cube-timeout-ms", type=float, default=200.0,
-                   help="cube lookup timeout per try, ms (default 200)")
+                   help="cube lookup timeout per try, ms")
     p.add_argument("--work-dir", default=None,
                    help="where downloaded dense models are kept (default: a temporary directory)")
     p.add_argument("--format", choices=("criteo", "slot"), default="criteo",
-                   help="raw-line format accepted by /predict and BYTES inputs (default criteo)")
+                   help="raw-line format accepted by /predict and BYTES inputs")
     p.add_argument("--slot-file", default=None, help="slot list for --format slot")
     p.set_defaults(handler=_serve)
 
     # -- client -------------------------------------------------------------------------
     p = sub.add_parser(
-        "client",
+        "client", formatter_class=HelpFormatter,
         help="demo client: sends test data to serving over the v2 API, reports AUC, QPS, latency",
     )
     p.add_argument("--url", required=True, help="serving base URL, e.g. http://127.0.0.1:8000")
@@ -66,8 +68,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="data format (default: auto-detect)")
     p.add_argument("--slot-file", default=None, help="slot list for --format slot")
     p.add_argument("--concurrency", type=int, default=4,
-                   help="concurrent workers, one process and keep-alive connection each (default 4)")
-    p.add_argument("--batch-size", type=int, default=1, help="samples per request (default 1)")
+                   help="concurrent workers, one process and keep-alive connection each")
+    p.add_argument("--batch-size", type=int, default=1, help="samples per request")
     p.add_argument("--max-requests", type=int, default=None,
                    help="stop after this many requests (default: one pass over the data)")
     p.add_argument("--duration", type=float, default=None,
@@ -75,10 +77,10 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--until-file", default=None,
                    help="keep cycling over the data until this file exists")
     p.add_argument("--rate", type=float, default=0.0,
-                   help="requests/s over all workers (default 0: as fast as serving answers)")
+                   help="requests/s over all workers (0: as fast as serving answers)")
     p.add_argument("--mode", choices=("features", "lines"), default="features",
                    help="send parsed features (FP32+UINT64 tensors) or raw lines (BYTES)")
-    p.add_argument("--timeout", type=float, default=10.0, help="request timeout, s (default 10)")
+    p.add_argument("--timeout", type=float, default=10.0, help="request timeout, s")
     p.add_argument("--json-out", default=None, help="also write the report as JSON here")
     p.add_argument("--predictions-out", default=None,
                    help="write 'row<TAB>label<TAB>probability<TAB>version' per scored row here")

@@ -5,38 +5,52 @@ Heavy imports (Paddle) happen inside the handlers so ``--help`` stays fast.
 from __future__ import annotations
 
 import argparse
+
+from runtime.cli import HelpFormatter
 import json
 import logging
 import sys
 
 log = logging.getLogger("elastic_ctr.trainer")
 
-# Defaults of the demo (local pipeline): 1 pserver + 2 trainers, 2 passes over 100k generated rows.
-DEMO_ROWS = 100_000
-DEMO_TEST_ROWS = 20_000
+#: rows ``data generate`` writes by default
+GENERATE_ROWS = 100_000
+GENERATE_TEST_ROWS = 20_000
+
+
+def _with_default(help_text: str, field: str) -> str:
+    """``help_text`` plus the training default of ``field`` (``TrainConfig``: flags default
+    to None so that ``--config`` values apply where a flag is not given)."""
+    from runtime.trainer.config import TrainConfig
+
+    value = getattr(TrainConfig(), field)
+    if value is None or value == []:
+        return help_text
+    shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+    return f"{help_text} (default: {shown})"
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
     """Adds ``data generate`` and ``train`` to the top-level parser."""
-    data = sub.add_parser("data", help="training data utilities", description="Training data utilities.")
+    data = sub.add_parser("data", formatter_class=HelpFormatter, help="training data utilities", description="Training data utilities.")
     dsub = data.add_subparsers(dest="data_command", metavar="COMMAND")
     dsub.required = True
     gen = dsub.add_parser(
-        "generate", help="generate Criteo-format data with a known learnable signal",
+        "generate", formatter_class=HelpFormatter, help="generate Criteo-format data with a known learnable signal",
         description="Writes OUT/train.txt, OUT/test.txt (Criteo TSV) and OUT/signal.json; prints the AUC "
                     "the true logit reaches on the test split (the generator is documented in "
                     "runtime/trainer/generator.py).")
-    gen.add_argument("--rows", type=int, default=DEMO_ROWS, help=f"training rows (default {DEMO_ROWS})")
-    gen.add_argument("--test-rows", type=int, default=DEMO_TEST_ROWS, help=f"test rows (default {DEMO_TEST_ROWS})")
+    gen.add_argument("--rows", type=int, default=GENERATE_ROWS, help="training rows")
+    gen.add_argument("--test-rows", type=int, default=GENERATE_TEST_ROWS, help="test rows")
     gen.add_argument("--out", required=True, help="output directory")
-    gen.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    gen.add_argument("--seed", type=int, default=1, help="random seed")
     gen.add_argument("--extra-days", type=int, default=0,
                      help="also write train-day2.txt .. (ROWS rows each, same model): later days' "
-                          "traffic for retraining rounds (default 0)")
+                          "traffic for retraining rounds")
     gen.set_defaults(handler=_generate)
 
     tr = sub.add_parser(
-        "train", help="parameter-server (or single-process) training and export",
+        "train", formatter_class=HelpFormatter, help="parameter-server (or single-process) training and export",
         description="Fleet parameter-server CTR training (async). Without --local-cluster/--single the role "
                     "(pserver or trainer) comes from the environment: TRAINING_ROLE, "
                     "PADDLE_PSERVERS_IP_PORT_LIST, PADDLE_TRAINERS_NUM, PADDLE_TRAINER_ID, POD_IP, "
@@ -45,24 +59,24 @@ def register(sub: "argparse._SubParsersAction") -> None:
     tr.add_argument("--config", help="YAML file with any of the options below (keys like the flags); flags win")
     tr.add_argument("--data-train", nargs="+", metavar="LOC", help="training data: paths, globs, dirs or URLs")
     tr.add_argument("--data-test", nargs="+", metavar="LOC", help="test data (test AUC after each pass)")
-    tr.add_argument("--format", choices=("criteo", "slot"), help="input format (default criteo)")
+    tr.add_argument("--format", choices=("criteo", "slot"), help=_with_default("input format", "format"))
     tr.add_argument("--slot-file", help="slot list for --format slot (one slot id per line; default 1..26)")
-    tr.add_argument("--epochs", type=int, help="passes over the training data (default 2)")
-    tr.add_argument("--batch-size", type=int, help="examples per batch per trainer (default 512)")
-    tr.add_argument("--lr", type=float, help="Adam learning rate (default 0.002)")
-    tr.add_argument("--embedding-dim", type=int, help="embedding width (default 9)")
-    tr.add_argument("--layers", help="hidden layer widths, comma-separated (default 128,64,32)")
-    tr.add_argument("--sparse-shards", type=int, help="sparse table shard_num (default 8)")
+    tr.add_argument("--epochs", type=int, help=_with_default("passes over the training data", "epochs"))
+    tr.add_argument("--batch-size", type=int, help=_with_default("examples per batch per trainer", "batch_size"))
+    tr.add_argument("--lr", type=float, help=_with_default("Adam learning rate", "lr"))
+    tr.add_argument("--embedding-dim", type=int, help=_with_default("embedding width", "embedding_dim"))
+    tr.add_argument("--layers", help=_with_default("hidden layer widths, comma-separated", "layers"))
+    tr.add_argument("--sparse-shards", type=int, help=_with_default("sparse table shard_num", "sparse_shards"))
     tr.add_argument("--output", help="version root: a directory or the file server's URL (export if set)")
     tr.add_argument("--upload-token-file", help="file holding the upload token (else $ELASTIC_CTR_UPLOAD_TOKEN)")
-    tr.add_argument("--max-bad-lines", type=int, help="malformed lines allowed before training stops (default 100)")
+    tr.add_argument("--max-bad-lines", type=int, help=_with_default("malformed lines allowed before training stops", "max_bad_lines"))
     tr.add_argument("--max-bad-fraction", type=float, help="malformed fraction allowed (default: not checked)")
-    tr.add_argument("--log-every-s", type=float, help="seconds between progress lines (default 5)")
+    tr.add_argument("--log-every-s", type=float, help=_with_default("seconds between progress lines", "log_every_s"))
     tr.add_argument("--test-limit", type=int, help="evaluate on at most this many test rows")
-    tr.add_argument("--single-vocab-size", type=int, help="--single: embedding rows (default 1048576)")
+    tr.add_argument("--single-vocab-size", type=int, help=_with_default("--single: embedding rows", "single_vocab_size"))
     tr.add_argument("--dump-predictions", help="save trainer 0's final test predictions (.npy) here")
-    tr.add_argument("--seed", type=int, help="random seed of the initializers (default 1)")
-    tr.add_argument("--wait-pserver-s", type=float, help="seconds a trainer waits for the pservers (default 120)")
+    tr.add_argument("--seed", type=int, help=_with_default("random seed of the initializers", "seed"))
+    tr.add_argument("--wait-pserver-s", type=float, help=_with_default("seconds a trainer waits for the pservers", "wait_pserver_s"))
     tr.add_argument("--table-dir", metavar="DIR",
                     help="base directory of the sparse-table save at export: the pservers write the table "
                          "into a fresh subdirectory of DIR on their own file system, trainer 0 reads it "
@@ -73,8 +87,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
     mode.add_argument("--local-cluster", action="store_true",
                       help="start --pservers + --trainers processes on 127.0.0.1 and run the job")
     mode.add_argument("--single", action="store_true", help="single process, no parameter server")
-    tr.add_argument("--pservers", type=int, default=1, help="--local-cluster: pservers (default 1)")
-    tr.add_argument("--trainers", type=int, default=2, help="--local-cluster: trainers (default 2)")
+    tr.add_argument("--pservers", type=int, default=1, help="--local-cluster: pservers")
+    tr.add_argument("--trainers", type=int, default=2, help="--local-cluster: trainers")
     tr.add_argument("--log-dir", help="--local-cluster: directory for the roles' logs (default: a temp dir)")
     tr.add_argument("--timeout-s", type=float, help="--local-cluster: give up after this many seconds")
     tr.set_defaults(handler=_train)
