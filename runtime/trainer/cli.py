@@ -11,7 +11,6 @@ import json
 import logging
 import sys
 
-log = logging.getLogger("elastic_ctr.trainer")
 
 #: rows ``data generate`` writes by default
 GENERATE_ROWS = 100_000
@@ -97,15 +96,13 @@ def register(sub: "argparse._SubParsersAction") -> None:
 def _setup_logging(level: str) -> None:
     """Our loggers print INFO lines even when an imported library (Paddle) configured the
     root logger first (``logging.basicConfig`` is then a no-op)."""
-    lvl = getattr(logging, str(level).upper(), logging.INFO)
-    for name in ("elastic_ctr", "runtime"):
-        lg = logging.getLogger(name)
-        lg.setLevel(lvl)
-        if not lg.handlers:
-            h = logging.StreamHandler()
-            h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-            lg.addHandler(h)
-            lg.propagate = False
+    lg = logging.getLogger("runtime")
+    lg.setLevel(getattr(logging, str(level).upper(), logging.INFO))
+    if not lg.handlers:
+        h = logging.StreamHandler()
+        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        lg.addHandler(h)
+        lg.propagate = False
 
 
 def _generate(args) -> int:
