@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Triton's clients, for the serving tests, in their own venv (they need protobuf >= 6)
+TRITON_VENV ?= .venv-tritonclient
 PYTEST_ARGS ?=
 
 .PHONY: install constraints demo test test-fast bench-train bench-cube bench-rollout bench-serving bench render golden pulumi-yaml clean
@@ -13,11 +15,17 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # Re-installs only when a requirements file or pyproject.toml changed.
-$(STAMP): $(BIN)/python pyproject.toml $(wildcard requirements/*.txt) runtime/cube/kernel.c setup.py
+$(STAMP): $(BIN)/python pyproject.toml $(wildcard requirements/*.txt) runtime/cube/kernel.c runtime/serving/proto/open_inference.proto setup.py
 	$(BIN)/pip install -q -c requirements/constraints.txt -e ".[trainer,serving,cube,infra,dev]"
 	touch $(STAMP)
 
-install: $(STAMP)
+$(TRITON_VENV)/.installed: requirements/tritonclient.txt
+	$(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/pip install -q --upgrade pip
+	$(TRITON_VENV)/bin/pip install -q -r requirements/tritonclient.txt
+	touch $@
+
+install: $(STAMP) $(TRITON_VENV)/.installed
 
 ## Re-pins requirements/constraints.txt to what .venv holds (after changing a range).
 constraints: $(BIN)/python
@@ -63,4 +71,4 @@ pulumi-yaml: install
 	$(BIN)/python -m infra.config > Pulumi.yaml.new && mv Pulumi.yaml.new Pulumi.yaml
 
 clean:
-	rm -rf $(VENV) runs rendered .pytest_cache
+	rm -rf $(VENV) $(TRITON_VENV) runs rendered .pytest_cache

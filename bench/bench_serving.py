@@ -9,14 +9,18 @@ feasign of the rows sent (1 in 7 left out: looked up as a miss). Each client is 
 process with one keep-alive connection (``http.client``) sending pre-encoded requests
 back to back (closed loop), so client CPU stays small next to the server's.
 
-Prints one table and a final line
-``serving batch1_p50_ms=<x> batch1_qps_at_4=<y> batch256_qps_at_4=<z>``.
+Three transports in one run: JSON over HTTP, HTTP with binary tensors (Triton's binary
+tensor data extension) and gRPC (``ModelInfer`` with raw contents); serving CPU per request
+beside each row. Prints one table and a final line ``serving batch1_p50_ms=<x>
+batch1_qps_at_4=<y> batch256_qps_at_4=<z> grpc_batch1_qps_at_4=<g> binary_batch256_qps_at_4=<b>``
+(the first three: JSON).
 Targets (2 cores): batch-1 p50 <= 3 ms; >= 600 requests/s at batch 1 with 4 clients.
 """
 from __future__ import annotations
 
 import argparse
 import http.client
+import json
 import multiprocessing as mp
 import os
 import subprocess
@@ -45,7 +49,8 @@ def make_version(root: Path, vid: int, rows, dim: int = 9) -> None:
                     "--table", str(root / "table.npz"), "--seed", "7"], check=True, capture_output=True, cwd=REPO)
 
 
-def _client(url: str, bodies: list[bytes], duration_s: float, q: mp.Queue) -> None:
+def _http_client(url: str, bodies: list, duration_s: float, q) -> None:
+    """Closed loop over pre-encoded HTTP bodies: ``(body, headers)`` pairs."""
     host, port = url.split("//")[1].split(":")
     c = http.client.HTTPConnection(host, int(port), timeout=30)
     lat, failed, i = [], 0, 0
@@ -54,7 +59,8 @@ def _client(url: str, bodies: list[bytes], duration_s: float, q: mp.Queue) -> No
         t0 = time.perf_counter()
         if t0 >= end:
             break
-        c.request("POST", "/v2/models/ctr/infer", bodies[i % len(bodies)], {"Content-Type": "application/json"})
+        body, headers = bodies[i % len(bodies)]
+        c.request("POST", "/v2/models/ctr/infer", body, headers)
         r = c.getresponse()
         r.read()
         if r.status != 200:
@@ -63,6 +69,69 @@ def _client(url: str, bodies: list[bytes], duration_s: float, q: mp.Queue) -> No
         i += 1
     c.close()
     q.put((lat, failed))
+
+
+def _grpc_client(target: str, requests: list, duration_s: float, q) -> None:
+    """Closed loop over pre-built ``ModelInferRequest`` bytes (gRPC is imported here, in
+    the forked client, never in the parent)."""
+    import grpc
+
+    from runtime.serving.proto import open_inference_pb2 as pb
+    from runtime.serving.proto import open_inference_pb2_grpc as pb_grpc
+
+    channel = grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", 64 << 20),
+                                                     ("grpc.max_send_message_length", 64 << 20)])
+    stub = pb_grpc.GRPCInferenceServiceStub(channel)
+    msgs = [pb.ModelInferRequest.FromString(r) for r in requests]
+    lat, failed, i = [], 0, 0
+    end = time.perf_counter() + duration_s
+    while True:
+        t0 = time.perf_counter()
+        if t0 >= end:
+            break
+        try:
+            stub.ModelInfer(msgs[i % len(msgs)], timeout=30)
+        except grpc.RpcError:
+            failed += 1
+        lat.append(time.perf_counter() - t0)
+        i += 1
+    channel.close()
+    q.put((lat, failed))
+
+
+def encode_binary(rows, batch: int) -> list[tuple[bytes, dict]]:
+    """HTTP requests with binary tensors in and out (Triton's binary tensor data extension)."""
+    out = []
+    n = len(rows.labels)
+    for start in range(0, n, batch):
+        dense = np.nan_to_num(rows.dense[start:start + batch]).astype("<f4")  # 0 = missing in binary data
+        fs = rows.feasigns[start:start + batch].astype("<u8")
+        head = json.dumps({"inputs": [
+            {"name": "dense_features", "datatype": "FP32", "shape": list(dense.shape),
+             "parameters": {"binary_data_size": dense.nbytes}},
+            {"name": "feasigns", "datatype": "UINT64", "shape": list(fs.shape),
+             "parameters": {"binary_data_size": fs.nbytes}}],
+            "outputs": [{"name": "probability", "parameters": {"binary_data": True}}]}).encode()
+        out.append((head + dense.tobytes() + fs.tobytes(),
+                    {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))}))
+    return out
+
+
+def encode_grpc(rows, batch: int) -> list[bytes]:
+    """Serialized ``ModelInferRequest``s with raw contents (as tritonclient.grpc sends)."""
+    from runtime.serving.proto import open_inference_pb2 as pb
+
+    out = []
+    n = len(rows.labels)
+    for start in range(0, n, batch):
+        dense = np.nan_to_num(rows.dense[start:start + batch]).astype("<f4")
+        fs = rows.feasigns[start:start + batch].astype("<u8")
+        req = pb.ModelInferRequest(model_name="ctr")
+        req.inputs.add(name="dense_features", datatype="FP32", shape=list(dense.shape))
+        req.inputs.add(name="feasigns", datatype="UINT64", shape=list(fs.shape))
+        req.raw_input_contents.extend([dense.tobytes(), fs.tobytes()])
+        out.append(req.SerializeToString())
+    return out
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -94,11 +163,12 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
-def load(url: str, bodies: list[bytes], clients: int, duration_s: float) -> dict:
+def load(target: str, payloads: list, clients: int, duration_s: float, transport: str = "http") -> dict:
     """``clients`` closed-loop client processes for ``duration_s`` s -> figures."""
     ctx = mp.get_context("fork")
     q = ctx.Queue()
-    ps = [ctx.Process(target=_client, args=(url, bodies[k::clients] or bodies, duration_s, q)) for k in range(clients)]
+    fn = _grpc_client if transport == "grpc" else _http_client
+    ps = [ctx.Process(target=fn, args=(target, payloads[k::clients] or payloads, duration_s, q)) for k in range(clients)]
     t0 = time.perf_counter()
     for p in ps:
         p.start()
@@ -120,6 +190,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2, help="serving threads per worker (default 2)")
     ap.add_argument("--clients", default="1,4", help="concurrent clients to try (default 1,4)")
     ap.add_argument("--batches", default="1,256", help="batch sizes to try (default 1,256)")
+    ap.add_argument("--transports", default="json,binary,grpc",
+                    help="transports to measure: json, binary (HTTP binary tensors), grpc (default: all three)")
     args = ap.parse_args()
 
     from runtime.cube.cluster import LocalCubeCluster
@@ -136,13 +208,15 @@ def main() -> int:
             t_roll = time.monotonic()
             cube.wait_version(vid, timeout_s=120)
             print(f"cube: 2 shards, version {vid} rolled out in {time.monotonic() - t_roll:.1f} s", flush=True)
-            port = proc.free_port()
+            port, grpc_port = proc.free_ports(2)
             url = f"http://127.0.0.1:{port}"
             sv = cube.group.start("serving", proc.self_command() + [
                 "serve", "--topology", str(cube.topology_path), "--model-root", cube.root_url,
                 "--transfer-url", cube.transfer_url, "--host", "127.0.0.1", "--port", str(port),
-                "--workers", str(args.workers), "--threads", str(args.threads), "--work-dir", str(tmp / "serving")])
+                "--grpc-port", str(grpc_port), "--workers", str(args.workers), "--threads", str(args.threads),
+                "--work-dir", str(tmp / "serving")])
             proc.wait_for_port("127.0.0.1", port, 120, sv.proc, sv.name, sv.log_path)
+            proc.wait_for_port("127.0.0.1", grpc_port, 120, sv.proc, sv.name, sv.log_path)
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 cube.group.check()
@@ -157,22 +231,30 @@ def main() -> int:
             print(f"serving: {args.workers} worker(s) x {args.threads} threads; {os.cpu_count()} CPUs on this machine",
                   flush=True)
             results = []
-            for b in [int(x) for x in args.batches.split(",")]:
-                bodies = [body for body, _, _ in encode_batches(rows, b)]
-                load(url, bodies[:50], 1, 1.0)  # warm-up
-                for c in [int(x) for x in args.clients.split(",")]:
-                    cpu0 = tree_cpu_s(sv.proc.pid)
-                    cube0 = sum(_proc_cpu_s(r.proc.pid) for r in cube.servers.values())
-                    r = load(url, bodies, c, args.duration)
-                    r.update(batch=b, clients=c)
-                    r["serving_cpu_ms"] = (tree_cpu_s(sv.proc.pid) - cpu0) * 1e3 / max(1, r["requests"])
-                    r["cube_cpu_ms"] = (sum(_proc_cpu_s(x.proc.pid) for x in cube.servers.values()) - cube0
-                                        ) * 1e3 / max(1, r["requests"])
-                    results.append(r)
-                    print(f"  batch {b:>4} clients {c}: {r['rps']:8.1f} requests/s ({r['rps'] * b:9.0f} rows/s)  "
-                          f"p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms  failed {r['failed']}  "
-                          f"CPU/request: serving {r['serving_cpu_ms']:.2f} ms, cube {r['cube_cpu_ms']:.2f} ms",
-                          flush=True)
+            targets = {"json": url, "binary": url, "grpc": f"127.0.0.1:{grpc_port}"}
+            for transport in args.transports.split(","):
+                for b in [int(x) for x in args.batches.split(",")]:
+                    if transport == "json":
+                        payloads = [(body, {"Content-Type": "application/json"}) for body, _, _ in encode_batches(rows, b)]
+                    elif transport == "binary":
+                        payloads = encode_binary(rows, b)
+                    else:
+                        payloads = encode_grpc(rows, b)
+                    kind = "grpc" if transport == "grpc" else "http"
+                    load(targets[transport], payloads[:50], 1, 1.0, kind)  # warm-up
+                    for c in [int(x) for x in args.clients.split(",")]:
+                        cpu0 = tree_cpu_s(sv.proc.pid)
+                        cube0 = sum(_proc_cpu_s(r.proc.pid) for r in cube.servers.values())
+                        r = load(targets[transport], payloads, c, args.duration, kind)
+                        r.update(transport=transport, batch=b, clients=c)
+                        r["serving_cpu_ms"] = (tree_cpu_s(sv.proc.pid) - cpu0) * 1e3 / max(1, r["requests"])
+                        r["cube_cpu_ms"] = (sum(_proc_cpu_s(x.proc.pid) for x in cube.servers.values()) - cube0
+                                            ) * 1e3 / max(1, r["requests"])
+                        results.append(r)
+                        print(f"  {transport:<6} batch {b:>4} clients {c}: {r['rps']:8.1f} requests/s "
+                              f"({r['rps'] * b:9.0f} rows/s)  p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms  "
+                              f"failed {r['failed']}  CPU/request: serving {r['serving_cpu_ms']:.2f} ms, "
+                              f"cube {r['cube_cpu_ms']:.2f} ms", flush=True)
             text = storage.session().get(url + "/metrics", timeout=5).text
             runs = sum(float(ln.split()[-1]) for ln in text.splitlines()
                        if ln.startswith("elastic_ctr_serving_predictor_runs_total"))
@@ -180,20 +262,22 @@ def main() -> int:
                        if ln.startswith("elastic_ctr_serving_requests_total") and 'code="200"' in ln)
             print(f"serving: {reqs:.0f} requests answered with {runs:.0f} predictor runs "
                   f"(concurrent requests combined: {reqs / max(runs, 1):.2f} requests per run)")
-    print("\n| batch | clients | requests/s | rows/s | p50 ms | p99 ms | failed | serving CPU ms/request |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| transport | batch | clients | requests/s | rows/s | p50 ms | p99 ms | failed | serving CPU ms/request |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['batch']} | {r['clients']} | {r['rps']:.0f} | {r['rps'] * r['batch']:.0f} | "
+        print(f"| {r['transport']} | {r['batch']} | {r['clients']} | {r['rps']:.0f} | {r['rps'] * r['batch']:.0f} | "
               f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['failed']} | {r['serving_cpu_ms']:.2f} |")
     la = os.getloadavg()
     print(f"load average during the run: {la[0]:.1f} {la[1]:.1f} {la[2]:.1f} on {os.cpu_count()} CPUs "
           "(other work on the machine lowers these figures)")
 
-    def pick(b, c, k):
-        return next((r[k] for r in results if r["batch"] == b and r["clients"] == c), float("nan"))
+    def pick(b, c, k, transport="json"):
+        return next((r[k] for r in results if r["batch"] == b and r["clients"] == c and r["transport"] == transport),
+                    float("nan"))
 
     print(f"serving batch1_p50_ms={pick(1, 1, 'p50_ms'):.2f} batch1_qps_at_4={pick(1, 4, 'rps'):.0f} "
-          f"batch256_qps_at_4={pick(256, 4, 'rps'):.0f}")
+          f"batch256_qps_at_4={pick(256, 4, 'rps'):.0f} grpc_batch1_qps_at_4={pick(1, 4, 'rps', 'grpc'):.0f} "
+          f"binary_batch256_qps_at_4={pick(256, 4, 'rps', 'binary'):.0f}")
     return 0
 
 

@@ -1,7 +1,8 @@
 """Serving: the Open Inference Protocol (v2) prediction server.
 
 Named after the component (``<name>``): a Deployment (``servingReplicas`` pods, rolling updates without dropping capacity), a
-ClusterIP Service on 8000 and, when ``max_replicas`` > ``replicas``, a
+ClusterIP Service with ``http`` (8000, REST) and ``grpc`` (8001,
+``inference.GRPCInferenceService``) ports and, when ``max_replicas`` > ``replicas``, a
 HorizontalPodAutoscaler (autoscaling/v2, CPU utilization). Probes use the v2 health
 endpoints. The pod template carries the topology checksum, so a resized cube rolls it.
 """
@@ -17,6 +18,7 @@ from components import common
 from components.common import DeployContext
 
 PORT = 8000
+GRPC_PORT = 8001
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,11 @@ class ServingArgs:
 
 
 class Serving(pulumi.ComponentResource):
-    """Outputs: ``url`` (in-cluster base URL), ``autoscaled`` (bool)."""
+    """Outputs: ``url`` (in-cluster REST base URL), ``grpc_target`` (in-cluster
+    ``host:port`` of the gRPC endpoint), ``autoscaled`` (bool)."""
 
     url: pulumi.Output[str]
+    grpc_target: pulumi.Output[str]
     autoscaled: pulumi.Output[bool]
 
     def __init__(self, name: str, args: ServingArgs,
@@ -74,10 +78,11 @@ class Serving(pulumi.ComponentResource):
             image_pull_policy=dep.image_pull_policy,
             args=["serve", "--topology", common.TOPOLOGY_FILE, "--model-root", args.model_root,
                   "--transfer-url", args.transfer_url, "--host", "0.0.0.0",
-                  "--port", str(PORT), "--workers", pulumi.Output.from_input(args.workers).apply(str),
+                  "--port", str(PORT), "--grpc-port", str(GRPC_PORT), "--workers", pulumi.Output.from_input(args.workers).apply(str),
                   "--work-dir", f"{common.TMP_DIR}/models", "--format", args.data_format,
                   *(["--slot-file", args.slot_file] if args.slot_file else [])],
-            ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT)],
+            ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT),
+                   k8s.core.v1.ContainerPortArgs(name="grpc", container_port=GRPC_PORT)],
             env=common.base_env(),
             resources=common.resources(args.cpu, args.memory),
             readiness_probe=common.http_probe("/v2/health/ready", "http", period_s=5),
@@ -116,7 +121,9 @@ class Serving(pulumi.ComponentResource):
             metadata=common.metadata(dep, name, lbls),
             spec=k8s.core.v1.ServiceSpecArgs(
                 selector=sel,
-                ports=[k8s.core.v1.ServicePortArgs(name="http", port=PORT, target_port="http")],
+                ports=[k8s.core.v1.ServicePortArgs(name="http", port=PORT, target_port="http"),
+                       k8s.core.v1.ServicePortArgs(name="grpc", port=GRPC_PORT, target_port="grpc",
+                                                   app_protocol="grpc")],
             ),
             opts=common.child(self),
         )
@@ -142,5 +149,8 @@ class Serving(pulumi.ComponentResource):
                 opts=common.child(self),
             )
         self.url = dep.svc_url(service.metadata.apply(lambda m: m.name), PORT)
+        self.grpc_target = pulumi.Output.concat(
+            dep.svc_host(service.metadata.apply(lambda m: m.name)), ":", str(GRPC_PORT))
         self.autoscaled = pulumi.Output.from_input(autoscaled)
-        self.register_outputs({"url": self.url, "autoscaled": self.autoscaled})
+        self.register_outputs({"url": self.url, "grpc_target": self.grpc_target,
+                               "autoscaled": self.autoscaled})

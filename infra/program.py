@@ -101,6 +101,7 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
     return {
         "namespace": namespace,
         "servingUrl": serving.url,
+        "servingGrpcTarget": serving.grpc_target,
         "fileServerUrl": files.external_url,
         "fileServerClusterUrl": files.url,
         "transferStatusUrl": transfer.status_url,

@@ -243,6 +243,15 @@ class FakeServer:
 # ----------------------------------------------------------------------------- serving
 SERVING_DIM = 4
 LAYERS = (16,)
+#: the two versions the serving tests publish
+V1, V2 = 1_700_000_001, 1_700_000_002
+
+
+def publish(root, version: int) -> None:
+    """Appends ``version``'s base line to ``root``'s donefile (its files must be there)."""
+    from runtime.formats import donefile
+
+    donefile.append(str(root), "base", donefile.base_record(version, dim=SERVING_DIM, count=1))
 
 
 def export_version(root: Path, version: int, table: dict, seed: int, layers=LAYERS) -> Path:

@@ -193,8 +193,8 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
         step(f"data: generating {args.rows} train + {args.test_rows} test rows (seed {args.seed})")
     # -- 2. file server, 3. cube (started while data is generated) ----------------------------
     n_inst = args.shards * args.replicas
-    ports = proc.free_ports(3 * n_inst + 3)
-    fs_port, tr_port, sv_port = ports[-3:]
+    ports = proc.free_ports(3 * n_inst + 4)
+    fs_port, tr_port, sv_port, grpc_port = ports[-4:]
     token = secrets.token_hex(16)
     tok = run_dir / "upload.token"
     tok.write_text(token)
@@ -292,12 +292,14 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
     sv_url = f"http://127.0.0.1:{sv_port}"
     serving = group.start("serving", cli + [
         "serve", "--topology", str(topo_path), "--model-root", root_url, "--transfer-url", transfer_url,
-        "--host", "127.0.0.1", "--port", str(sv_port), "--workers", str(args.serving_workers),
+        "--host", "127.0.0.1", "--port", str(sv_port), "--grpc-port", str(grpc_port),
+        "--workers", str(args.serving_workers),
         "--threads", str(args.serving_threads),
         "--work-dir", str(run_dir / "serving"), "--format", fmt, "--poll-interval", "0.2"] + slot_args)
     proc.wait_for_port("127.0.0.1", sv_port, 120, serving.proc, serving.name, serving.log_path)
+    proc.wait_for_port("127.0.0.1", grpc_port, 120, serving.proc, serving.name, serving.log_path)
     until(lambda: serving_version() == v1, f"serving ready on version {v1}", 120)
-    step(f"serving ready on version {v1} at {sv_url}")
+    step(f"serving ready on version {v1} at {sv_url} (HTTP) and 127.0.0.1:{grpc_port} (gRPC)")
     # -- 5. client: score the test set, then latency at batch 1 ------------------------------
     s1 = client("client-score-1", [], args.concurrency, args.score_batch_size)
     rounds.append({"version": v1, "train_auc": rec1.get("test_auc"), "served_auc": s1["auc"],

@@ -34,7 +34,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="cube transfer URL; its /dict/info 'version' is the version served "
                    "(default: follow ROOT/donefile instead)")
     p.add_argument("--host", default="0.0.0.0", help="listen address")
-    p.add_argument("--port", type=int, default=8000, help="listen port")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (REST: v2 protocol, /predict, /metrics)")
+    p.add_argument("--grpc-port", type=int, default=8001,
+                   help="gRPC port (inference.GRPCInferenceService), served by every worker; 0 = no gRPC")
     p.add_argument("--workers", type=int, default=_env_int("SERVING_WORKERS", 2),
                    help="gunicorn worker processes (or $SERVING_WORKERS); each loads the dense model "
                    "and its own cube clients (Paddle holds the GIL while it runs, so processes, not threads, "
@@ -43,9 +45,10 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="threads per worker; concurrent requests in a worker are combined "
                    "into one cube lookup and predictor run")
     p.add_argument("--max-batch", type=int, default=4096,
-                   help="largest batch accepted, in samples (larger -> 400)")
+                   help="largest batch accepted, in samples (larger: 400 / INVALID_ARGUMENT)")
     p.add_argument("--max-body-bytes", type=int, default=64 << 20,
-                   help="largest request body accepted, in bytes (larger -> 413)")
+                   help="largest request accepted, in bytes: an HTTP body (larger: 413) or a gRPC message "
+                   "(larger: RESOURCE_EXHAUSTED)")
     p.add_argument("--poll-interval", type=float, default=0.5,
                    help="seconds between checks for a new version")
     p.add_argument("--cube-timeout-ms", type=float, default=200.0,

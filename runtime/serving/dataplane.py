@@ -24,11 +24,13 @@ from runtime.formats import features
 from runtime.serving.metrics import Metrics
 from runtime.serving.model import DenseModel, VersionWatcher
 from runtime.serving.protocol import (BadRequest, InferOutput, InferRequest, InferResponse, NotFound,
-                                      Unavailable)
+                                      Unavailable, binary_outputs)
 
 MODEL_NAME = "ctr"
 SERVER_NAME = "elastic-ctr"
 SERVER_VERSION = "0.1.0"
+#: the protocol extensions served (Triton's names), on both transports where they apply
+EXTENSIONS = ["binary_tensor_data"]
 DENSE, FEASIGNS, LINES, PROBABILITY = "dense_features", "feasigns", "lines", "probability"
 
 
@@ -199,7 +201,7 @@ class DataPlane:
 
     def server_metadata(self) -> dict:
         """The v2 server metadata."""
-        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": []}
+        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
 
     def model_metadata(self, name: str, version: Optional[str] = None) -> dict:
         """The v2 model metadata. Raises ``NotFound``."""
@@ -236,7 +238,8 @@ class DataPlane:
         v = model.version
         return InferResponse(model_name=MODEL_NAME, model_version=str(v), id=req.id,
                              parameters={"model_version": v, "cube_version": v},
-                             outputs=[InferOutput(PROBABILITY, "FP32", [int(probs.shape[0]), 1], probs)])
+                             outputs=[InferOutput(PROBABILITY, "FP32", [int(probs.shape[0]), 1], probs)],
+                             binary=binary_outputs(req, [PROBABILITY]))
 
     def _inputs(self, req: InferRequest, model: DenseModel) -> tuple[np.ndarray, np.ndarray]:
         """The request's rows: ``(dense float[n,13] raw, feasigns uint64[n,S])``."""

@@ -1,11 +1,14 @@
 """``elastic-ctr serve``: wires a serving process (cube client, version watcher, data
-plane) and runs the HTTP transport under gunicorn.
+plane) and runs both transports: HTTP under gunicorn, gRPC in every worker.
 
 gunicorn's ``gthread`` workers: Paddle holds the GIL while a predictor runs, so several
 processes (``--workers``), not threads, use several cores; each worker loads the dense
 model and its own cube clients, and concurrent requests of one worker are combined
-(``runtime.serving.dataplane.Combiner``). Metrics are aggregated over the workers through
-``PROMETHEUS_MULTIPROC_DIR`` (a temporary directory removed at exit).
+(``runtime.serving.dataplane.Combiner``). Each worker also serves gRPC on ``--grpc-port``
+(``SO_REUSEPORT``: one port for all workers) over the same data plane, started after the
+worker loaded its app (gRPC must not run in a process that forks afterwards). Metrics
+are aggregated over the workers through ``PROMETHEUS_MULTIPROC_DIR`` (a temporary
+directory removed at exit).
 """
 from __future__ import annotations
 
@@ -18,8 +21,6 @@ import threading
 import time
 
 import numpy as np
-# Imported here, in the master, so that the hooks below never import while workers exit.
-from prometheus_client import multiprocess
 
 from runtime.formats import features
 from runtime.serving.dataplane import DataPlane
@@ -72,7 +73,11 @@ def main(args) -> int:
         slots = features.load_slots(storage.read_bytes(args.slot_file).decode())
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="elastic-ctr-serving-")
     mp_dir = tempfile.mkdtemp(prefix="elastic-ctr-prom-")
+    # before prometheus_client is imported: it picks its multiprocess value store at import
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = mp_dir
+    # imported now, in the master: the child_exit hook must not import while workers exit
+    from prometheus_client import multiprocess
+
     master = os.getpid()
     atexit.register(lambda: os.getpid() == master and shutil.rmtree(mp_dir, ignore_errors=True))
 
@@ -86,18 +91,31 @@ def main(args) -> int:
     def child_exit(_server, worker):
         multiprocess.mark_process_dead(worker.pid)
 
+    def post_worker_init(worker):
+        if args.grpc_port:
+            from runtime.serving.grpc_server import GrpcServer
+
+            worker.grpc = GrpcServer(worker.wsgi.plane, args.host, args.grpc_port, threads=args.threads,
+                                     max_message_bytes=args.max_body_bytes).start()
+
+    def worker_exit(_server, worker):
+        grpc_server = getattr(worker, "grpc", None)
+        if grpc_server is not None:
+            grpc_server.stop(grace_s=10.0)
+
     class ServingApplication(BaseApplication):
         def load_config(self):
             for key, value in {"bind": f"{args.host}:{args.port}", "workers": args.workers,
                                "worker_class": "gthread", "threads": args.threads, "keepalive": 30,
                                "timeout": 60, "graceful_timeout": 10, "accesslog": None,
-                               "child_exit": child_exit}.items():
+                               "child_exit": child_exit, "post_worker_init": post_worker_init,
+                               "worker_exit": worker_exit}.items():
                 self.cfg.set(key, value)
 
         def load(self):
             return make_app()
 
-    log.info("serving on http://%s:%d (gunicorn, %d gthread workers x %d threads)", args.host, args.port,
-             args.workers, args.threads)
+    log.info("serving on http://%s:%d (gunicorn, %d gthread workers x %d threads)%s", args.host, args.port,
+             args.workers, args.threads, f" and gRPC {args.host}:{args.grpc_port}" if args.grpc_port else "")
     ServingApplication().run()
     return 0

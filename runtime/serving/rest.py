@@ -5,7 +5,8 @@ as a WSGI application over the data plane.
   ``GET /v2/models/ctr[/versions/<v>]/ready``: 200, or 400 when not ready (the protocol:
   "4xx indicates false", as Triton) with ``{"error": reason}``.
 - ``GET /v2/models/ctr[/versions/<v>]``: model metadata.
-- ``POST /v2/models/ctr[/versions/<v>]/infer``: inference (``runtime.serving.protocol``).
+- ``POST /v2/models/ctr[/versions/<v>]/infer``: inference (``runtime.serving.protocol``),
+  JSON or with binary tensors (Triton's binary tensor data extension).
 - ``POST /predict`` ``{"lines": [...]}`` or a text/plain body (one row per line) ->
   ``{"probabilities": [...], "model_version": id}``.
 - ``GET /metrics``: Prometheus text format.
@@ -20,13 +21,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound as RouteNotFound
 from werkzeug.routing import Map, Rule
 
 from runtime.serving.dataplane import DataPlane
-from runtime.serving.protocol import BadRequest, InferenceError, PayloadTooLarge, decode_json_request
+from runtime.serving.protocol import BadRequest, InferenceError, PayloadTooLarge, decode_rest_request
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,11 @@ _ROUTES = Map([
     Rule("/metrics", endpoint="metrics", methods=["GET"]),
 ], strict_slashes=False)
 
-#: (status, body, content type); a dict body is sent as JSON
-Answer = tuple[int, Any, str]
+#: (status, body, content type[, extra headers]); a dict body is sent as JSON
+Answer = tuple
 JSON = "application/json"
+BINARY = "application/octet-stream"
+HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
 class RestApp:
@@ -70,9 +73,12 @@ class RestApp:
     def __call__(self, environ, start_response):
         t0 = time.perf_counter()
         endpoint = "unknown"
+        headers: list[tuple[str, str]] = []
         try:
             endpoint, values = _ROUTES.bind_to_environ(environ).match()
-            status, body, ctype = self._endpoints[endpoint](environ, **values)
+            status, body, ctype, *extra = self._endpoints[endpoint](environ, **values)
+            if extra:
+                headers = extra[0]
         except InferenceError as exc:
             status, body, ctype = exc.status, {"error": str(exc)}, JSON
         except RouteNotFound:
@@ -85,9 +91,9 @@ class RestApp:
         except Exception as exc:  # never a traceback to the client
             log.exception("%s: unexpected error", endpoint)
             status, body, ctype = 500, {"error": f"internal error: {exc.__class__.__name__}: {exc}"}, JSON
-        data = json.dumps(body, separators=(",", ":")).encode() if ctype == JSON else body
+        data = json.dumps(body, separators=(",", ":")).encode() if isinstance(body, dict) else body
         start_response(_STATUS.get(status, f"{status} Error"),
-                       [("Content-Type", ctype), ("Content-Length", str(len(data)))])
+                       [("Content-Type", ctype), ("Content-Length", str(len(data))), *headers])
         if status >= 400:
             self.metrics.error(status)
         self.metrics.observe(endpoint, status, time.perf_counter() - t0)
@@ -129,8 +135,20 @@ class RestApp:
         return 200, self.plane.model_metadata(name, version), JSON
 
     def infer(self, environ, name: str, version: str | None = None) -> Answer:
-        req = decode_json_request(self._body(environ))
-        return 200, self.plane.infer(name, version, req).to_json(), JSON
+        header = environ.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH")
+        if header is not None:
+            try:
+                header = int(header)
+            except ValueError:
+                raise BadRequest(f"{HEADER_LENGTH}: {header!r} is not an integer") from None
+        if environ.get("HTTP_CONTENT_ENCODING", "identity") not in ("identity", ""):
+            raise BadRequest(f"Content-Encoding: {environ['HTTP_CONTENT_ENCODING']!r} is not supported (send the "
+                             "body uncompressed)")
+        resp = self.plane.infer(name, version, decode_rest_request(self._body(environ), header))
+        body, header_length = resp.encode()
+        if header_length is None:
+            return 200, body, JSON
+        return 200, body, BINARY, [(HEADER_LENGTH, str(header_length))]
 
     def predict(self, environ) -> Answer:
         body = self._body(environ)

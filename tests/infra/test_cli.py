@@ -18,6 +18,7 @@ def test_render_writes_manifests_and_outputs(tmp_path, capsys):
     assert len([n for n in names if n.endswith(".yaml")]) == 22  # 21 + the training-shared PVC
     outputs = json.loads((out / "outputs.json").read_text())
     assert outputs["servingUrl"] == "http://serving.elastic-ctr-dev.svc.cluster.local:8000"
+    assert outputs["servingGrpcTarget"] == "serving.elastic-ctr-dev.svc.cluster.local:8001"
     assert "22 manifests for stack dev" in capsys.readouterr().out
 
 

@@ -172,6 +172,18 @@ def test_labels_probes_resources_and_security(rendered):
         assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
+def test_serving_exposes_rest_and_grpc_on_the_ports_it_listens_on(rendered):
+    r = rendered("dev")
+    c = r.get("Deployment", "serving")["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    args = c["args"]
+    assert ports == {"http": int(args[args.index("--port") + 1]),
+                     "grpc": int(args[args.index("--grpc-port") + 1])}
+    svc = {p["name"]: p for p in r.get("Service", "serving")["spec"]["ports"]}
+    assert {n: (p["port"], p["targetPort"]) for n, p in svc.items()} == {
+        "http": (8000, "http"), "grpc": (8001, "grpc")}
+    assert svc["grpc"]["appProtocol"] == "grpc"
+
 def test_upload_token_reaches_pods_only_through_the_secret(rendered):
     r = rendered("dev")
     text = "".join(dump(m.body) for m in r.manifests)

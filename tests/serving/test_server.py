@@ -13,53 +13,10 @@ import pytest
 from werkzeug.test import Client
 
 from runtime.evaluation import auc
-from runtime.formats import donefile, features
 from runtime.serving.dataplane import Combiner, DataPlane
 from runtime.serving.model import VersionWatcher
 from runtime.serving.rest import create_app
-from tests.helpers import FakeCube, export_version, make_table, offline_predict
-
-V1, V2 = 1_700_000_001, 1_700_000_002
-
-
-def _rows(n: int, seed: int = 0) -> list[str]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        dense = [("" if rng.random() < 0.2 else str(int(rng.integers(0, 300)))) for _ in range(13)]
-        cats = [("" if rng.random() < 0.1 else format(int(rng.integers(0, 40)), "x")) for _ in range(26)]
-        out.append("\t".join([str(i % 2)] + dense + cats))
-    return out
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    root = tmp_path_factory.mktemp("root")
-    lines = _rows(64)
-    b = features.parse_criteo_lines(lines)
-    tables = {V1: make_table(b.feasigns, 1), V2: make_table(b.feasigns, 2)}
-    dirs = {v: export_version(root, v, tables[v], seed=i) for i, v in enumerate((V1, V2), 1)}
-    return {"root": root, "lines": lines, "batch": b, "tables": tables, "dirs": dirs}
-
-
-def _publish(root, v):
-    donefile.append(str(root), "base", donefile.base_record(v, dim=4, count=1))
-
-
-@pytest.fixture
-def served(env, tmp_path):
-    """A data plane at version V1 (only V1 in the donefile) over a FakeCube holding V1 and
-    V2, behind the REST app."""
-    root = tmp_path / "root"
-    root.mkdir()
-    (root / "versions").symlink_to(env["root"] / "versions")
-    _publish(root, V1)
-    cube = FakeCube(dict(env["tables"]))
-    watcher = VersionWatcher(str(root), None, tmp_path / "work", pool_size=4,
-                             probe=lambda v: cube.seek(np.zeros(1, np.uint64), version=v))
-    plane = DataPlane(watcher, lambda: cube, max_batch=32)
-    assert watcher.poll_once()
-    return {"root": root, "cube": cube, "watcher": watcher, "plane": plane, "client": Client(create_app(plane))}
+from tests.helpers import V1, V2, FakeCube, offline_predict, publish as _publish
 
 
 def v2_request(b, rows=slice(0, 3), flat=True, rid="r-1"):
@@ -379,3 +336,111 @@ def test_demo_client_over_http(served, env, tmp_path):
         res = run_load(st.url, encode_batches(rows, 16), rows.labels, concurrency=2)
         rep = summarize(res, rows.labels)
         assert rep["failed_requests"] == 4 and "503" in rep["errors"][0]
+
+
+# ---------------------------------------------------------------- binary tensor data extension
+def _binary_request(b, n, binary=("dense_features", "feasigns"), out_binary=None, tamper=None):
+    """A request with the inputs named in ``binary`` as binary tensors after the JSON header."""
+    dense = np.nan_to_num(b.dense[:n]).astype("<f4")
+    fs = b.feasigns[:n].astype("<u8")
+    inputs, blobs = [], []
+    for name, arr, dt in (("dense_features", dense, "FP32"), ("feasigns", fs, "UINT64")):
+        t = {"name": name, "datatype": dt, "shape": list(arr.shape)}
+        if name in binary:
+            raw = arr.tobytes()
+            t["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            t["data"] = arr.ravel().tolist()
+        inputs.append(t)
+    head = {"id": "b", "inputs": inputs}
+    if out_binary is not None:
+        head["outputs"] = [{"name": "probability", "parameters": {"binary_data": out_binary}}]
+    if tamper:
+        tamper(head, blobs)
+    text = json.dumps(head).encode()
+    return text + b"".join(blobs), len(text)
+
+
+@pytest.mark.parametrize("binary", [("dense_features", "feasigns"), ("feasigns",), ()])
+@pytest.mark.parametrize("out_binary", [True, False])
+def test_binary_inputs_and_outputs_match_json(served, env, binary, out_binary):
+    c, b = served["client"], env["batch"]
+    body, hlen = _binary_request(b, 5, binary, out_binary)
+    r = c.post("/v2/models/ctr/infer", data=body, headers={"Inference-Header-Content-Length": str(hlen)})
+    assert r.status_code == 200, r.data[:300]
+    want = c.post("/predict", json={"lines": env["lines"][:5]}).json["probabilities"]
+    if out_binary:
+        n = int(r.headers["Inference-Header-Content-Length"])
+        head = json.loads(r.data[:n])
+        out = head["outputs"][0]
+        assert "data" not in out and out["parameters"]["binary_data_size"] == 5 * 4
+        got = np.frombuffer(r.data[n:], "<f4")
+        assert r.headers["Content-Type"] == "application/octet-stream"
+    else:
+        assert "Inference-Header-Content-Length" not in r.headers
+        head = r.json
+        got = head["outputs"][0]["data"]
+    assert head["id"] == "b" and head["model_version"] == str(V1)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_binary_output_for_all_with_binary_data_output(served, env):
+    body, hlen = _binary_request(env["batch"], 3, tamper=lambda h, _: h.update(parameters={"binary_data_output": True}))
+    r = served["client"].post("/v2/models/ctr/infer", data=body, headers={"Inference-Header-Content-Length": str(hlen)})
+    assert r.status_code == 200 and int(r.headers["Inference-Header-Content-Length"]) < len(r.data)
+
+
+def _nan_blob(head, blobs):
+    a = np.frombuffer(blobs[0], "<f4").copy()
+    a[17] = np.inf
+    blobs[0] = a.tobytes()
+
+
+@pytest.mark.parametrize("case, tamper, header, needle", [
+    ("size-past-end", lambda h, b: h["inputs"][1]["parameters"].update(binary_data_size=10**6), None,
+     "inputs[1].parameters.binary_data_size"),
+    ("size-wrong", lambda h, b: (h["inputs"][0]["parameters"].update(binary_data_size=12),
+                                 b.__setitem__(0, b[0][:12])), None,
+     "inputs[0]: 12 bytes of binary data, but 39 FP32 elements need 156"),
+    ("size-negative", lambda h, b: h["inputs"][0]["parameters"].update(binary_data_size=-1), None,
+     "expected a non-negative integer"),
+    ("trailing-bytes", lambda h, b: b.append(b"xx"), None, "2 bytes of binary data after"),
+    ("data-and-binary", lambda h, b: h["inputs"][0].update(data=[0.0] * 39), None, "not both"),
+    ("non-finite", _nan_blob, None, "inputs[0]: element 17 (index [1, 4]) is inf"),
+    ("header-past-body", None, "999999", "Inference-Header-Content-Length: 999999"),
+    ("header-not-int", None, "x", "Inference-Header-Content-Length: 'x' is not an integer"),
+])
+def test_binary_requests_refused_naming_what_is_wrong(served, env, case, tamper, header, needle):
+    body, hlen = _binary_request(env["batch"], 3, tamper=tamper)
+    r = served["client"].post("/v2/models/ctr/infer", data=body,
+                              headers={"Inference-Header-Content-Length": header or str(hlen)})
+    assert r.status_code == 400, (case, r.data[:300])
+    assert needle in r.json["error"], (case, r.json["error"])
+
+
+def test_json_nan_literal_refused_and_null_is_missing(served, env):
+    c = served["client"]
+    req = v2_request(env["batch"], slice(0, 2))
+    text = json.dumps(req).replace("null", "0.0", 1)
+    body = json.loads(text)
+    body["inputs"][0]["data"][5] = float("nan")
+    r = c.post("/v2/models/ctr/infer", data=json.dumps(body), content_type="application/json")
+    assert r.status_code == 400 and "element 5 (index [0, 5]) is NaN" in r.json["error"], r.json
+    body["inputs"][0]["data"][5] = None  # the documented way to send a missing value
+    assert c.post("/v2/models/ctr/infer", json=body).status_code == 200
+
+
+def test_bytes_binary_lines(served, env):
+    lines = env["lines"][:4]
+    raw = b"".join(len(x.encode()).to_bytes(4, "little") + x.encode() for x in lines)
+    head = json.dumps({"inputs": [{"name": "lines", "datatype": "BYTES", "shape": [4],
+                                   "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    r = served["client"].post("/v2/models/ctr/infer", data=head + raw,
+                              headers={"Inference-Header-Content-Length": str(len(head))})
+    assert r.status_code == 200, r.data
+    want = served["client"].post("/predict", json={"lines": lines}).json["probabilities"]
+    np.testing.assert_allclose(r.json["outputs"][0]["data"], want, rtol=1e-6)
+    r = served["client"].post("/v2/models/ctr/infer", data=head + raw[:-10] + b"\xff" * 10,
+                              headers={"Inference-Header-Content-Length": str(len(head))})
+    assert r.status_code == 400, r.data
