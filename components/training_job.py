@@ -27,12 +27,16 @@ from components import common
 from components.common import DeployContext
 
 PADDLE_PORT = 8200
+#: pserver 0 serves Paddle's gloo HTTP store here (trainer barriers); ``runtime.trainer.roles``
+GLOO_PORT = 8210
 GENERATED = "generated"
 DATA_DIR = "/data"
 #: where both tasks mount the ReadWriteMany claim ``<name>-shared`` (the sparse-table save)
 SHARED_DIR = "/shared"
 #: ``train --table-dir``: the pservers save the table here, trainer 0 reads it back
 TABLE_DIR = f"{SHARED_DIR}/table"
+#: ``train --work-dir``: rows are staged and passes run here (the root file system is read-only)
+WORK_DIR = f"{DATA_DIR}/work"
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,8 @@ class TrainingJobArgs:
             their sum. The training flags and data locations are plain values too: they
             are the pods' command line.
         pserver_cpu / pserver_memory / trainer_cpu / trainer_memory: requests = limits.
-        epochs, batch_size, learning_rate, embedding_dim, sparse_shards: training flags.
+        epochs, batch_size, learning_rate, embedding_dim, sparse_shards, ps_mode,
+            geo_k_steps, threads: training flags (``train --ps-mode``, ``--threads``, ...).
         data_train / data_test: data locations (paths, globs, URLs), or ``("generated",)``
             for data generated in the pod by ``elastic-ctr data generate``.
         data_format: ``criteo`` | ``slot``; ``slot_file`` required for ``slot``.
@@ -81,6 +86,9 @@ class TrainingJobArgs:
     upload_token_secret: pulumi.Input[str]
     upload_token_key: pulumi.Input[str]
     slot_file: Optional[str] = None
+    ps_mode: str = "async"
+    geo_k_steps: int = 100
+    threads: int = 1
     shared_storage_class: Optional[pulumi.Input[str]] = None
     shared_size: pulumi.Input[str] = "5Gi"
     scratch_size: pulumi.Input[str] = "10Gi"
@@ -167,11 +175,15 @@ class TrainingJob(pulumi.ComponentResource):
         cmd += ["--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
                 "--lr", repr(float(args.learning_rate)), "--embedding-dim", str(args.embedding_dim),
                 "--sparse-shards", str(args.sparse_shards), "--output", args.output,
-                "--table-dir", TABLE_DIR]
+                "--table-dir", TABLE_DIR, "--work-dir", WORK_DIR, "--threads", str(args.threads),
+                "--ps-mode", args.ps_mode]
+        if args.ps_mode == "geo":
+            cmd += ["--geo-k-steps", str(args.geo_k_steps)]
 
         env = [
             {"name": "TRAINING_ROLE", "value": "TRAINER" if is_trainer else "PSERVER"},
             {"name": "PADDLE_PORT", "value": str(PADDLE_PORT)},
+            {"name": "PADDLE_GLOO_PORT", "value": str(GLOO_PORT)},
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             {"name": "ELASTIC_CTR_LOG_LEVEL", "value": "INFO"},
             {"name": "HOME", "value": common.TMP_DIR},
@@ -195,7 +207,9 @@ class TrainingJob(pulumi.ComponentResource):
             "imagePullPolicy": dep.image_pull_policy,
             "args": cmd,
             "env": env,
-            "ports": [{"name": "paddle", "containerPort": PADDLE_PORT}],
+            "ports": ([{"name": "paddle", "containerPort": PADDLE_PORT}] if is_trainer else
+                      [{"name": "paddle", "containerPort": PADDLE_PORT},
+                       {"name": "gloo", "containerPort": GLOO_PORT}]),
             "resources": {"requests": {"cpu": cpu, "memory": mem},
                           "limits": {"cpu": cpu, "memory": mem}},
             "securityContext": security,

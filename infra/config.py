@@ -101,6 +101,7 @@ Flag = Annotated[bool, BeforeValidator(_pulumi_bool)]
 PullPolicy = _choices("IfNotPresent", "Always", "Never")
 Platform = _choices("linux/amd64", "linux/arm64")
 DataFormat = _choices("criteo", "slot")
+PsMode = _choices("async", "async-merged", "geo")
 
 
 class StackConfig(BaseModel):
@@ -155,6 +156,14 @@ class StackConfig(BaseModel):
     sparse_shards: _int(1, 256) = Field(
         _TRAIN.sparse_shards, description="Shards of the parameter servers' sparse table (1-256; its shard_num): "
                                           "the save writes one part file per shard. Independent of cubeShards.")
+    ps_mode: PsMode = Field(
+        _TRAIN.ps_mode, description="Parameter-server mode: async (every batch pushes; the default), async-merged "
+                                    "(Paddle's client merges up to 12 batches per push: less traffic, lower AUC) or geo "
+                                    "(GEO-SGD: local tables exchanged every geoKSteps batches; fastest, hashed table). "
+                                    "See docs/training.md.")
+    geo_k_steps: _int(1, 100000) = Field(_TRAIN.geo_k_steps, description="psMode geo: batches between exchanges (1-100000).")
+    trainer_threads: _int(1, 64) = Field(
+        _TRAIN.threads, description="Dataset threads per trainer pod (1-64; train --threads); at most the trainer's CPUs.")
     data_source: Locations = Field(
         "generated", description='Training data, comma-separated locations (paths, globs, HTTP(S) URLs); "generated" '
                                  "= the seeded Criteo-format generator run in each trainer pod.")
@@ -209,6 +218,10 @@ class StackConfig(BaseModel):
             errors.append(("dataTestSource", "", 'comma-separated locations (required unless dataSource is "generated")'))
         if self.generated and self.data_format == "slot":
             errors.append(("dataFormat", "slot", 'criteo with dataSource "generated" (the generator writes Criteo TSV)'))
+        cores = cpu_cores(self.trainer_cpu)
+        if cores is not None and self.trainer_threads > max(1, int(cores)):
+            errors.append(("trainerThreads", self.trainer_threads,
+                           f"at most the trainer pod's whole CPUs (trainerCpu {self.trainer_cpu})"))
         if errors:
             raise ValueError(_CrossKey(errors))
         return self

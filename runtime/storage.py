@@ -110,6 +110,49 @@ def check_readable(location: str, timeout_s: float = 10.0) -> None:
         raise LocationError(f"{location}: no such file")
 
 
+def exists(location: str, timeout_s: float = 10.0) -> bool:
+    """True if the file ``location`` exists (HTTP: ``HEAD`` answers 2xx; 404 = False).
+    Raises ``LocationError`` for an unreachable server or another HTTP error."""
+    if not is_url(location):
+        return os.path.isfile(location)
+    try:
+        r = session().head(location, timeout=timeout_s, allow_redirects=True)
+    except requests.RequestException as exc:
+        raise LocationError(f"{location}: unreachable ({exc.__class__.__name__}: {exc})") from exc
+    if r.status_code == 404:
+        return False
+    if r.status_code >= 400:
+        raise LocationError(f"{location}: HTTP {r.status_code}")
+    return True
+
+
+def list_dir(location: str, timeout_s: float = 10.0) -> list[tuple[str, str]]:
+    """The entries of directory ``location``: sorted ``[(name, "file" | "dir")]``.
+
+    A URL must be a directory of the project's file server, which lists a directory as
+    JSON (``GET <dir>/?format=json``, ``runtime.fileserver.app``). Raises
+    ``LocationError`` for a missing directory, an unreachable server or another listing.
+    """
+    if not is_url(location):
+        try:
+            with os.scandir(location) as it:
+                return sorted((e.name, "dir" if e.is_dir() else "file") for e in it)
+        except OSError as exc:
+            raise LocationError(f"{location}: cannot list ({exc})") from exc
+    url = location.rstrip("/") + "/"
+    try:
+        r = session().get(url, params={"format": "json"}, timeout=timeout_s)
+    except requests.RequestException as exc:
+        raise LocationError(f"{url}: unreachable ({exc.__class__.__name__}: {exc})") from exc
+    if r.status_code >= 400:
+        raise LocationError(f"{url}: HTTP {r.status_code}")
+    try:
+        entries = r.json()["entries"]
+        return sorted((str(e["name"]), "dir" if e["type"] == "dir" else "file") for e in entries)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LocationError(f"{url}: not a JSON directory listing of the file server ({exc})") from None
+
+
 def expand(pattern: str) -> list[str]:
     """A path or glob -> the sorted list of matching regular files; a directory expands to
     the files directly inside it. URLs are returned as they are."""

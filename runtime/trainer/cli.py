@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import argparse
 
-from runtime.cli import HelpFormatter
 import json
 import logging
 import sys
+
+from runtime.cli import HelpFormatter
 
 
 #: rows ``data generate`` writes by default
@@ -82,6 +83,44 @@ def register(sub: "argparse._SubParsersAction") -> None:
                          "back, then removes it (default: the system temp dir). In Kubernetes DIR must be "
                          "a volume shared by the pserver and trainer pods (ReadWriteMany), mounted at the "
                          "same path")
+    tr.add_argument("--threads", type=int,
+                    help=_with_default("dataset threads per trainer (train_from_dataset thread_num); the "
+                                       "trainer's shard is staged as this many files", "threads"))
+    tr.add_argument("--ps-mode", choices=("async", "async-merged", "geo"),
+                    help=_with_default("parameter-server flavour: async = every batch's gradients pushed as "
+                                       "they are; async-merged = Paddle's client defaults (up to 13 batches "
+                                       "summed into one push); geo = GEO-SGD, each trainer trains a local "
+                                       "hashed table and exchanges deltas every --geo-k-steps batches (batch "
+                                       "mode only). Measured figures: docs/training.md", "ps_mode"))
+    tr.add_argument("--geo-k-steps", type=int, help=_with_default("--ps-mode geo: batches between exchanges",
+                                                                  "geo_k_steps"))
+    tr.add_argument("--geo-table-rows", type=int,
+                    help=_with_default("--ps-mode geo: rows of the hashed table (feasign -> 1 + feasign mod "
+                                       "(rows - 1))", "geo_table_rows"))
+    tr.add_argument("--work-dir", metavar="DIR",
+                    help="where the trainer stages its shard as MultiSlot files before Paddle loads them "
+                         "(removed once loaded; default: the system temp dir)")
+    tr.add_argument("--mode", choices=("batch", "continuous"),
+                    help=_with_default("batch: --epochs passes over the training data, one base version; "
+                                       "continuous: hourly partitions of --data-root in order, each once, a "
+                                       "patch version every --patch-every and a base every --base-every",
+                                       "mode"))
+    tr.add_argument("--data-root", metavar="ROOT",
+                    help="hourly partitions ROOT/YYYYMMDD/HH/ (a directory or the file server's URL); a "
+                         "partition is read once its _SUCCESS marker exists")
+    tr.add_argument("--start-hour", metavar="YYYYMMDD/HH", help="first partition of --data-root")
+    tr.add_argument("--end-hour", metavar="YYYYMMDD/HH",
+                    help="last partition (included); continuous mode without it follows the data")
+    tr.add_argument("--poll-s", type=float,
+                    help=_with_default("continuous: seconds between looks for the next partition", "poll_s"))
+    tr.add_argument("--patch-every", type=int,
+                    help=_with_default("continuous: partitions per exported version", "patch_every"))
+    tr.add_argument("--base-every", type=int,
+                    help=_with_default("continuous: partitions per base version (the others are patches)",
+                                       "base_every"))
+    tr.add_argument("--state-dir", metavar="DIR",
+                    help="continuous: the state file and checkpoints a restarted job resumes from (in "
+                         "Kubernetes a volume shared by every pod of the job)")
     mode = tr.add_mutually_exclusive_group()
     mode.add_argument("--local-cluster", action="store_true",
                       help="start --pservers + --trainers processes on 127.0.0.1 and run the job")
@@ -135,6 +174,10 @@ def _train(args) -> int:
         return 2
     except proc.RoleFailed as exc:
         print(f"elastic-ctr train: {exc}", file=sys.stderr)
+        return 1
+    except RuntimeError as exc:  # a failed pass or export: the message says which and why
+        logging.getLogger("runtime.trainer").error("%s", exc)
+        print(f"elastic-ctr train: failed: {exc}", file=sys.stderr)
         return 1
     if rec and (args.local_cluster or args.single):
         auc = rec.get("test_auc") or []

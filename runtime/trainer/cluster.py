@@ -13,6 +13,7 @@ import logging
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from runtime import proc
 from runtime.trainer import PADDLE_FLAGS
@@ -22,18 +23,21 @@ log = logging.getLogger(__name__)
 
 
 def run_local_cluster(cfg: TrainConfig, pservers: int = 1, trainers: int = 2,
-                      log_dir: str | None = None, timeout_s: float | None = None) -> dict:
+                      log_dir: str | None = None, timeout_s: float | None = None,
+                      on_started: Callable[[list[str], list[int]], None] | None = None) -> dict:
     """Runs the job; returns trainer 0's result record (``test_auc``, ``version``, ...)
-    plus ``wall_seconds`` and ``log_dir``. Raises ``proc.RoleFailed`` / ``TimeoutError``."""
+    plus ``wall_seconds`` and ``log_dir``. ``on_started(pserver_endpoints, trainer_pids)``
+    is called once every role is started (benchmarks sample the trainers' sockets).
+    Raises ``proc.RoleFailed`` / ``TimeoutError``."""
     if pservers < 1 or trainers < 1:
         raise ValueError(f"--pservers and --trainers must be >= 1 (got {pservers}, {trainers})")
     check_inputs(cfg)
     t0 = time.monotonic()
     logs = Path(log_dir or tempfile.mkdtemp(prefix="elastic-ctr-cluster-"))
-    ports = proc.free_ports(pservers)
+    *ports, gloo_port = proc.free_ports(pservers + 1)
     endpoints = [f"127.0.0.1:{p}" for p in ports]
     common = {**PADDLE_FLAGS, "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(endpoints), "PADDLE_TRAINERS_NUM": str(trainers),
-              "POD_IP": "127.0.0.1", "OMP_NUM_THREADS": "1", "CPU_NUM": "1"}
+              "POD_IP": "127.0.0.1", "PADDLE_GLOO_PORT": str(gloo_port), "OMP_NUM_THREADS": "1", "CPU_NUM": "1"}
     argv = proc.self_command() + ["train"] + train_argv(cfg)
     log.info("local cluster: %d pserver(s) %s, %d trainer(s); logs in %s", pservers, endpoints, trainers, logs)
     with proc.ProcessGroup(logs) as group:
@@ -45,6 +49,8 @@ def run_local_cluster(cfg: TrainConfig, pservers: int = 1, trainers: int = 2,
                                                              "PADDLE_PORT": str(ports[0])},
                                 expect_exit=True)
                     for i in range(trainers)]
+        if on_started is not None:
+            on_started(endpoints, [r.proc.pid for r in tr_roles])
         group.wait(tr_roles, timeout_s=timeout_s)
         for r in ps_roles:
             group.stop(r)
@@ -52,11 +58,17 @@ def run_local_cluster(cfg: TrainConfig, pservers: int = 1, trainers: int = 2,
     for line in (logs / "trainer-0.log").read_text(errors="replace").splitlines():
         if line.startswith("ELASTIC_CTR_RESULT "):
             rec = json.loads(line.split(" ", 1)[1])
-    rates = []
+    per_trainer = []
     for i in range(trainers):
         for line in (logs / f"trainer-{i}.log").read_text(errors="replace").splitlines():
             if line.startswith("ELASTIC_CTR_RESULT "):
-                rates.append(json.loads(line.split(" ", 1)[1]).get("examples_per_s", 0.0))
+                per_trainer.append(json.loads(line.split(" ", 1)[1]))
+    # the job's rate: every trainer's examples over the slowest trainer's time
+    examples = sum(r.get("examples", 0) for r in per_trainer)
+    train_s = max((r.get("train_seconds", 0.0) for r in per_trainer), default=0.0)
+    with_load_s = max((r.get("train_seconds", 0.0) + r.get("load_seconds", 0.0) for r in per_trainer), default=0.0)
     rec.update(wall_seconds=round(time.monotonic() - t0, 2), log_dir=str(logs),
-               examples_per_s_total=round(sum(rates), 1))
+               examples_total=examples,
+               examples_per_s_total=round(examples / train_s, 1) if train_s else 0.0,
+               examples_per_s_with_load_total=round(examples / with_load_s, 1) if with_load_s else 0.0)
     return rec

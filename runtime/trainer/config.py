@@ -36,6 +36,19 @@ class TrainConfig:
     seed: int = 1
     wait_pserver_s: float = 120.0
     table_dir: str | None = None
+    threads: int = 1
+    work_dir: str | None = None
+    ps_mode: str = "async"
+    geo_k_steps: int = 100
+    geo_table_rows: int = 1 << 20
+    mode: str = "batch"
+    data_root: str | None = None
+    start_hour: str | None = None
+    end_hour: str | None = None
+    poll_s: float = 30.0
+    patch_every: int = 1
+    base_every: int = 24
+    state_dir: str | None = None
 
     def slots(self) -> tuple[int, ...]:
         """The slot list (from ``slot_file`` for the slot format, else 1..26)."""
@@ -46,21 +59,76 @@ class TrainConfig:
         return features.DEFAULT_SLOTS
 
 
+MODES = ("batch", "continuous")
+#: the parameter-server flavours (runtime.trainer.worker.strategy)
+PS_MODES = ("async", "async-merged", "geo")
+
+
 def check_inputs(cfg: TrainConfig) -> tuple[list[str], list[str]]:
     """Resolves train and test locations; raises ``storage.LocationError`` naming a missing
-    file or unreachable URL, ``ValueError`` for bad settings. Call before starting anything."""
-    if not cfg.data_train:
-        raise ValueError("--data-train: no training data given")
+    file or unreachable URL, ``ValueError`` (``PartitionError``) for bad settings. Call
+    before starting anything.
+
+    Training data is ``--data-train`` (files, globs, URLs), or ``--data-root`` with
+    ``--start-hour`` [``--end-hour``]: in batch mode every partition of the range, each of
+    which must be complete; in continuous mode the partitions are found as they land
+    (``runtime.trainer.online``), so the train list returned is empty."""
+    from runtime.formats import partitions
+
+    if cfg.mode not in MODES:
+        raise ValueError(f"--mode {cfg.mode!r}: expected one of {', '.join(MODES)}")
     if cfg.format not in ("criteo", "slot"):
         raise ValueError(f"--format {cfg.format!r}: expected criteo or slot")
-    for name in ("epochs", "batch_size", "embedding_dim", "sparse_shards"):
+    if cfg.ps_mode not in PS_MODES:
+        raise ValueError(f"--ps-mode {cfg.ps_mode!r}: expected one of {', '.join(PS_MODES)}")
+    if cfg.ps_mode == "geo" and cfg.mode == "continuous":
+        raise ValueError("--ps-mode geo: continuous training needs the parameter server's own sparse table "
+                         "(patch saves, resume); use --ps-mode async")
+    if cfg.geo_table_rows < 2:
+        raise ValueError(f"--geo-table-rows must be >= 2 (got {cfg.geo_table_rows})")
+    for name in ("epochs", "batch_size", "embedding_dim", "sparse_shards", "threads", "patch_every",
+                 "base_every", "geo_k_steps"):
         if int(getattr(cfg, name)) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(cfg, name)})")
+    if cfg.poll_s <= 0:
+        raise ValueError(f"--poll-s must be > 0 (got {cfg.poll_s})")
+    if cfg.data_root and cfg.data_train:
+        raise ValueError("--data-train and --data-root: give one of them")
+    start = end = None
+    if cfg.data_root:
+        if not cfg.start_hour:
+            raise ValueError("--data-root needs --start-hour YYYYMMDD/HH")
+        start = partitions.Hour.parse(cfg.start_hour, "--start-hour")
+        if cfg.end_hour:
+            end = partitions.Hour.parse(cfg.end_hour, "--end-hour")
+            if end < start:
+                raise ValueError(f"--end-hour {end} is before --start-hour {start}")
+    elif cfg.start_hour or cfg.end_hour:
+        raise ValueError("--start-hour/--end-hour need --data-root (a partitioned layout)")
+    if cfg.mode == "continuous":
+        if not cfg.data_root:
+            raise ValueError("--mode continuous needs --data-root ROOT (hourly partitions ROOT/YYYYMMDD/HH)")
+        if not cfg.state_dir:
+            raise ValueError("--mode continuous needs --state-dir DIR (the state file and checkpoints that "
+                             "a restarted job resumes from; in Kubernetes a volume shared by every pod)")
+        if "://" in str(cfg.state_dir):
+            raise ValueError(f"--state-dir {cfg.state_dir}: expected a local directory, not a URL")
+        if cfg.patch_every > cfg.base_every:
+            raise ValueError(f"--patch-every {cfg.patch_every} is larger than --base-every {cfg.base_every}")
+    elif not cfg.data_train and not cfg.data_root:
+        raise ValueError("--data-train: no training data given (or --data-root with --start-hour/--end-hour)")
     if cfg.lr <= 0:
         raise ValueError(f"--lr must be > 0 (got {cfg.lr})")
     if not cfg.layers or any(int(x) < 1 for x in cfg.layers):
         raise ValueError(f"--layers: positive widths expected (got {cfg.layers})")
-    train = readers.resolve(cfg.data_train)
+    if cfg.mode == "continuous":
+        train = []
+    elif cfg.data_root:
+        if end is None:
+            raise ValueError("--data-root in batch mode needs --end-hour (continuous mode follows the data)")
+        train = [f for h in partitions.hours(start, end) for f in partitions.files(cfg.data_root, h)]
+    else:
+        train = readers.resolve(cfg.data_train)
     test = readers.resolve(cfg.data_test) if cfg.data_test else []
     if cfg.slot_file:
         from runtime import storage
@@ -68,6 +136,14 @@ def check_inputs(cfg: TrainConfig) -> tuple[list[str], list[str]]:
         storage.check_readable(cfg.slot_file)
     if cfg.table_dir:
         check_table_dir(cfg.table_dir)
+    if cfg.work_dir:
+        if "://" in str(cfg.work_dir):
+            raise ValueError(f"--work-dir {cfg.work_dir}: expected a local directory, not a URL")
+        try:
+            os.makedirs(cfg.work_dir, exist_ok=True)
+            os.rmdir(tempfile.mkdtemp(prefix="elastic-ctr-check-", dir=cfg.work_dir))
+        except OSError as exc:
+            raise ValueError(f"--work-dir {cfg.work_dir}: cannot create a directory in it ({exc})") from None
     return train, test
 
 
@@ -136,20 +212,29 @@ def parse_layers(text: str) -> tuple[int, ...]:
 
 def train_argv(cfg: TrainConfig) -> list[str]:
     """Flags reproducing ``cfg`` for a child ``elastic-ctr train`` process."""
-    argv = ["--data-train", *cfg.data_train]
+    argv = ["--data-train", *cfg.data_train] if cfg.data_train else []
     if cfg.data_test:
         argv += ["--data-test", *cfg.data_test]
     argv += ["--format", cfg.format, "--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size),
              "--lr", repr(float(cfg.lr)), "--embedding-dim", str(cfg.embedding_dim),
              "--layers", ",".join(str(x) for x in cfg.layers), "--sparse-shards", str(cfg.sparse_shards),
-             "--log-every-s", str(cfg.log_every_s), "--seed", str(cfg.seed)]
+             "--log-every-s", str(cfg.log_every_s), "--seed", str(cfg.seed), "--threads", str(cfg.threads),
+             "--mode", cfg.mode, "--ps-mode", cfg.ps_mode]
+    if cfg.ps_mode == "geo":
+        argv += ["--geo-k-steps", str(cfg.geo_k_steps), "--geo-table-rows", str(cfg.geo_table_rows)]
+    if cfg.mode == "continuous" or cfg.data_root:
+        argv += ["--poll-s", str(cfg.poll_s), "--patch-every", str(cfg.patch_every),
+                 "--base-every", str(cfg.base_every)]
     if cfg.max_bad_lines is not None:
         argv += ["--max-bad-lines", str(cfg.max_bad_lines)]
     if cfg.max_bad_fraction is not None:
         argv += ["--max-bad-fraction", str(cfg.max_bad_fraction)]
     for flag, v in (("--slot-file", cfg.slot_file), ("--output", cfg.output),
                     ("--upload-token-file", cfg.upload_token_file), ("--test-limit", cfg.test_limit),
-                    ("--dump-predictions", cfg.dump_predictions), ("--table-dir", cfg.table_dir)):
+                    ("--dump-predictions", cfg.dump_predictions), ("--table-dir", cfg.table_dir),
+                    ("--work-dir", cfg.work_dir), ("--data-root", cfg.data_root),
+                    ("--start-hour", cfg.start_hour), ("--end-hour", cfg.end_hour),
+                    ("--state-dir", cfg.state_dir)):
         if v is not None:
             argv += [flag, str(v)]
     return argv

@@ -1,12 +1,16 @@
 """The CTR DNN (static graph): training program and the dense inference program.
 
-Training program inputs: ``dense_input`` float32[n,13] (normalized), ``C1``..``C<S>`` int64[n,1]
-(feasign ids, the uint64 reinterpreted as int64), ``label`` int64[n,1]. Each slot's id is
+Training program inputs (named and ordered as ``runtime.trainer.datafeed.use_var_names``, the
+order of the dataset's MultiSlot lines): ``dense_input`` float32[n,13] (normalized),
+``C1``..``C<S>`` int64[n,1] (feasign ids, the uint64 reinterpreted as int64), ``label``
+int64[n,1]. Each slot's id is
 looked up in ONE shared embedding table ``SparseFeatFactors`` of width ``dim``:
 ``paddle.static.nn.sparse_embedding`` (parameter server) or ``paddle.static.nn.embedding``
 over a local vocabulary (single process). The head: concat(26 embeddings, dense) ->
 fully connected ReLU layers ``layers`` -> 1 logit; ``prob = sigmoid(logit)``; loss = mean
-binary cross-entropy.
+binary cross-entropy. The training program also carries Paddle's ``auc`` op (4095
+thresholds): its persistable bucket counts ``stat_pos``/``stat_neg`` give the running AUC
+and the number of examples trained (the trainer resets them every pass).
 
 The dense inference program takes the looked-up embeddings instead of ids (feeds
 ``dense_input`` float32[n,13] and ``emb_1``..``emb_<S>`` float32[n,dim], fetch ``prob``
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 import paddle
 
 from runtime.formats import features
-from runtime.trainer import check_paddle_flags
+from runtime.trainer import check_paddle_flags, datafeed
 
 TABLE_NAME = "SparseFeatFactors"
 INIT_RANGE = 0.01  # uniform initializer range of the embedding table (single process)
@@ -39,6 +43,14 @@ class Net:
     embs: list
     prob: object
     loss: object | None
+    stat_pos: object | None = None  # auc op buckets, int64[1, 4096]: positives per threshold
+    stat_neg: object | None = None  # negatives per threshold
+    last_loss: object | None = None  # float32[1], persistable copy of the last batch's loss
+
+    @property
+    def use_vars(self) -> list:
+        """The data variables in MultiSlot line order (dense, ids..., label)."""
+        return [self.dense, *self.ids, self.label]
 
 
 def _head(embs: list, dense, layers: tuple[int, ...]):
@@ -60,15 +72,16 @@ def _head(embs: list, dense, layers: tuple[int, ...]):
 
 def build_train(num_slots: int, dim: int, layers: tuple[int, ...], ps: bool,
                 vocab_size: int = 1 << 20) -> Net:
-    """Builds the training program (module docstring) in fresh programs; ``ps`` picks the
-    parameter-server sparse table or a local embedding of ``vocab_size`` rows (row 0 = the
-    zero vector of unseen feasigns)."""
+    """Builds the training program (module docstring) in fresh programs. ``ps=True``: the
+    parameter server's sparse table (``sparse_embedding``, ids = feasigns); ``ps=False``: a
+    local embedding of ``vocab_size`` rows (ids = rows; row 0 = the zero vector of unseen
+    feasigns), which is also the table GEO mode synchronizes."""
     check_paddle_flags()
     main, startup = paddle.static.Program(), paddle.static.Program()
     with paddle.static.program_guard(main, startup):
-        dense = paddle.static.data("dense_input", [-1, features.NUM_DENSE], "float32")
-        ids = [paddle.static.data(f"C{i + 1}", [-1, 1], "int64") for i in range(num_slots)]
-        label = paddle.static.data("label", [-1, 1], "int64")
+        dense = paddle.static.data(datafeed.DENSE_VAR, [-1, features.NUM_DENSE], "float32")
+        ids = [paddle.static.data(datafeed.slot_var(i), [-1, 1], "int64") for i in range(num_slots)]
+        label = paddle.static.data(datafeed.LABEL_VAR, [-1, 1], "int64")
         attr = paddle.ParamAttr(name=TABLE_NAME,
                                 initializer=paddle.nn.initializer.Uniform(-INIT_RANGE, INIT_RANGE))
         embs = []
@@ -83,8 +96,23 @@ def build_train(num_slots: int, dim: int, layers: tuple[int, ...], ps: bool,
         prob = paddle.nn.functional.sigmoid(logit)
         loss = paddle.mean(paddle.nn.functional.binary_cross_entropy_with_logits(
             logit, paddle.cast(label, "float32")))
-    return Net(main, startup, ["dense_input"] + [f"C{i + 1}" for i in range(num_slots)] + ["label"],
-               dense, ids, label, embs, prob, loss)
+    return Net(main, startup, datafeed.use_var_names(num_slots), dense, ids, label, embs, prob, loss)
+
+
+def add_auc(net: Net) -> Net:
+    """Adds Paddle's ``auc`` op on ``prob`` to ``net.main`` (call after cloning the test
+    program, before ``minimize``); sets ``net.stat_pos`` / ``net.stat_neg`` and makes the
+    loss persistable (readable by a ``FetchHandler`` while a pass runs)."""
+    with paddle.static.program_guard(net.main, net.startup):
+        two = paddle.concat([1 - net.prob, net.prob], axis=1)
+        _, _, stats = paddle.static.auc(input=two, label=net.label, num_thresholds=4095, slide_steps=20)
+        # a persistable copy of the loss: the loss itself is freed after use, so a
+        # FetchHandler (which reads the scope while a pass runs) would find nothing
+        net.last_loss = paddle.static.create_global_var([1], 0.0, "float32", persistable=True,
+                                                        name="last_loss")
+        paddle.assign(net.loss, output=net.last_loss)
+    net.stat_pos, net.stat_neg = stats[2], stats[3]
+    return net
 
 
 def build_infer(num_slots: int, dim: int, layers: tuple[int, ...]) -> Net:

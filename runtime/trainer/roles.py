@@ -17,6 +17,13 @@ not set explicitly is derived from those:
   endpoint matches the list exactly).
 
 ``TRAINING_ROLE`` itself is never guessed: the pod spec of each task sets it.
+
+Gloo (Paddle's collective barriers, which the table saves and loads wait on) rendezvouses
+over an HTTP key-value store that pserver 0 starts: ``PADDLE_WITH_GLOO=1``,
+``PADDLE_GLOO_RENDEZVOUS=3`` (HTTP) and ``PADDLE_GLOO_HTTP_ENDPOINT`` =
+``<pserver 0's host>:<PADDLE_GLOO_PORT or 8210>`` are set for every role unless given.
+Without gloo, Paddle 3.0.0's ``fleet.util.barrier()`` only warns, and trainer 0 would save
+the table while the other trainers still push.
 """
 from __future__ import annotations
 
@@ -25,8 +32,9 @@ from dataclasses import dataclass
 from typing import Mapping
 
 DEFAULT_PORT = 8200
+DEFAULT_GLOO_PORT = 8210
 ROLE_VARS = ("TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINERS_NUM",
-             "PADDLE_TRAINER_ID", "POD_IP", "PADDLE_PORT")
+             "PADDLE_TRAINER_ID", "POD_IP", "PADDLE_PORT", "PADDLE_GLOO_HTTP_ENDPOINT")
 
 
 class RoleError(ValueError):
@@ -36,7 +44,8 @@ class RoleError(ValueError):
 @dataclass(frozen=True)
 class RoleConfig:
     """A resolved role: ``role`` ("PSERVER"|"TRAINER"), ``pservers`` (host:port list),
-    ``trainers`` (count), ``trainer_id`` (0-based; 0 for pservers), ``pod_ip``, ``port``."""
+    ``trainers`` (count), ``trainer_id`` (0-based; 0 for pservers), ``pod_ip``, ``port``,
+    ``gloo_endpoint`` (host:port of pserver 0's gloo store)."""
 
     role: str
     pservers: tuple[str, ...]
@@ -44,6 +53,7 @@ class RoleConfig:
     trainer_id: int
     pod_ip: str
     port: int
+    gloo_endpoint: str = ""
 
     @property
     def is_pserver(self) -> bool:
@@ -63,6 +73,9 @@ class RoleConfig:
             "PADDLE_TRAINER_ID": str(self.trainer_id),
             "POD_IP": self.pod_ip,
             "PADDLE_PORT": str(self.port),
+            "PADDLE_WITH_GLOO": "1",
+            "PADDLE_GLOO_RENDEZVOUS": "3",
+            "PADDLE_GLOO_HTTP_ENDPOINT": self.gloo_endpoint,
         }
 
 
@@ -92,6 +105,14 @@ def from_env(env: Mapping[str, str] | None = None) -> RoleConfig:
         host, sep, p = ep.rpartition(":")
         if not sep or not host or not p.isdigit():
             raise RoleError(f"PADDLE_PSERVERS_IP_PORT_LIST: {ep!r} is not host:port")
+    if env.get("PADDLE_GLOO_HTTP_ENDPOINT"):
+        gloo = env["PADDLE_GLOO_HTTP_ENDPOINT"].strip()
+        host, sep, p = gloo.rpartition(":")
+        if not sep or not host or not p.isdigit():
+            raise RoleError(f"PADDLE_GLOO_HTTP_ENDPOINT={gloo!r} is not host:port")
+    else:
+        gloo_port = _int(env, "PADDLE_GLOO_PORT") if env.get("PADDLE_GLOO_PORT") else DEFAULT_GLOO_PORT
+        gloo = f"{pservers[0].rpartition(':')[0]}:{gloo_port}"
     if env.get("PADDLE_TRAINERS_NUM"):
         trainers = _int(env, "PADDLE_TRAINERS_NUM")
     elif env.get("VC_TRAINER_NUM"):
@@ -111,7 +132,7 @@ def from_env(env: Mapping[str, str] | None = None) -> RoleConfig:
         if not 0 <= tid < trainers:
             raise RoleError(f"PADDLE_TRAINER_ID={tid}: must be in 0..{trainers - 1}")
         pod_ip = env.get("POD_IP") or "127.0.0.1"
-        return RoleConfig(role, tuple(pservers), trainers, tid, pod_ip, port)
+        return RoleConfig(role, tuple(pservers), trainers, tid, pod_ip, port, gloo)
     # PSERVER
     if env.get("POD_IP"):
         pod_ip = env["POD_IP"]
@@ -121,7 +142,7 @@ def from_env(env: Mapping[str, str] | None = None) -> RoleConfig:
         pod_ip = vc_hosts[task_index]
     else:
         raise RoleError("POD_IP is not set (nor VC_PSERVER_HOSTS with VC_TASK_INDEX)")
-    cfg = RoleConfig(role, tuple(pservers), trainers, 0, pod_ip, port)
+    cfg = RoleConfig(role, tuple(pservers), trainers, 0, pod_ip, port, gloo)
     if cfg.endpoint not in pservers:
         raise RoleError(f"pserver endpoint {cfg.endpoint} (POD_IP:PADDLE_PORT) is not in "
                         f"PADDLE_PSERVERS_IP_PORT_LIST {','.join(pservers)}")

@@ -1,14 +1,14 @@
-"""``elastic-ctr train``: Fleet parameter-server training (async), or single-process.
+"""``elastic-ctr train``: Fleet parameter-server training (async) or single-process, on
+Paddle's dataset path (``runtime.trainer.worker``), and the export of the trained model.
 
-Parameter-server mode (Paddle 3.0.0, legacy static graph ``FLAGS_enable_pir_api=0``):
-the role (pserver or trainer) comes from the environment (``runtime.trainer.roles``).
-A pserver serves the sparse table and the dense parameters until it is stopped (it never
-exits by itself: Volcano's ``CompleteJob`` policy or the local-cluster launcher stops it).
-A trainer waits for every pserver port, runs ``fleet.init_worker()``, trains ``epochs``
-passes over its shard of the training lines (``a_sync=True``, Adam), logs progress, and
-trainer 0 evaluates the test AUC after each pass. At the end every trainer calls the
-fleet save (it holds a barrier); trainer 0 then exports the version
-(``runtime.trainer.export``).
+Parameter-server mode (Paddle 3.0.0, legacy static graph ``FLAGS_enable_pir_api=0``): the
+role (pserver or trainer) comes from the environment (``runtime.trainer.roles``), with gloo
+over pserver 0's HTTP store so that the saves' barriers wait for every trainer. A pserver
+serves the sparse table and the dense parameters until it is stopped (it never exits by
+itself: Volcano's ``CompleteJob`` policy or the local-cluster launcher stops it). A
+trainer stages its shard of the lines, trains ``epochs`` passes, and trainer 0 evaluates
+the test AUC after each pass. Then every trainer takes part in the table save and
+trainer 0 exports the version (``runtime.trainer.export``).
 
 The sparse table is saved by the PSERVERS, into the directory trainer 0 names, on the
 pservers' own file system; trainer 0 then reads it back. That directory is a fresh
@@ -18,7 +18,9 @@ shared by the pserver and trainer pods (ReadWriteMany), mounted at the same path
 
 Single-process mode (``--single``): the same network with a local embedding table over a
 vocabulary grown on the fly (feasign -> row; row 0 = zero vector for unseen feasigns),
-same data, same export.
+same data path, same export.
+
+``--mode continuous`` trains partition by partition instead (``runtime.trainer.online``).
 """
 from __future__ import annotations
 
@@ -28,11 +30,10 @@ import logging
 import shutil
 import tempfile
 import time
-from collections import deque
 from collections.abc import Iterator
+
 import numpy as np
 
-from runtime.evaluation import auc
 from runtime.trainer import readers, roles
 from runtime.trainer.config import TABLE_DIR_PREFIX, TrainConfig, check_inputs, check_table_dir
 
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 
 @contextlib.contextmanager
 def table_save_dir(base: str | None) -> Iterator[str]:
-    """A fresh, empty directory for one ``fleet.save_one_table`` (``<base>/elastic-ctr-table-XXXX``),
+    """A fresh, empty directory for one table save (``<base>/elastic-ctr-table-XXXX``),
     removed with its contents when the block exits (also on an exception).
 
     Args:
@@ -62,208 +63,113 @@ def table_save_dir(base: str | None) -> Iterator[str]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _feed(batch: readers.Batch, with_label: bool = True) -> dict:
-    ids = batch.feasigns.view(np.int64)
-    feed = {"dense_input": batch.dense}
-    for i in range(ids.shape[1]):
-        feed[f"C{i + 1}"] = np.ascontiguousarray(ids[:, i:i + 1])
-    if with_label:
-        feed["label"] = batch.labels.reshape(-1, 1)
-    return feed
+def result_line(record: dict) -> None:
+    """Prints the machine-readable result line (parsed by the local-cluster launcher)."""
+    print("ELASTIC_CTR_RESULT " + json.dumps(record), flush=True)
 
 
-class Progress:
-    """Periodic progress line: pass, batch, examples/s, loss, running AUC (last 20k rows)."""
-
-    def __init__(self, who: str, epochs: int, every_s: float):
-        self.who, self.epochs, self.every_s = who, epochs, every_s
-        self.labels: deque = deque(maxlen=40)
-        self.probs: deque = deque(maxlen=40)
-        self.losses: deque = deque(maxlen=50)
-        self.t_last = time.monotonic()
-        self.n_last = 0
-        self.examples = 0
-        self.batches = 0
-
-    def update(self, epoch: int, labels, probs, loss: float) -> None:
-        self.labels.append(np.asarray(labels).ravel())
-        self.probs.append(np.asarray(probs).ravel())
-        self.losses.append(float(loss))
-        self.examples += len(labels)
-        self.batches += 1
-        now = time.monotonic()
-        if now - self.t_last >= self.every_s:
-            self.emit(epoch, now)
-
-    def emit(self, epoch: int, now: float | None = None) -> None:
-        now = now or time.monotonic()
-        rate = (self.examples - self.n_last) / max(1e-9, now - self.t_last)
-        a = auc(np.concatenate(self.labels), np.concatenate(self.probs)) if self.labels else float("nan")
-        log.info("%s pass %d/%d batch %d examples %d | %.0f ex/s | loss %.4f | running auc %.4f",
-                 self.who, epoch + 1, self.epochs, self.batches, self.examples, rate,
-                 float(np.mean(self.losses)) if self.losses else float("nan"), a)
-        self.t_last, self.n_last = now, self.examples
-
-
-def _predict(exe, program, prob, batch: readers.Batch, map_ids=None, bs: int = 4096) -> np.ndarray:
-    out = []
-    for s in range(0, len(batch), bs):
-        b = readers.Batch(batch.labels[s:s + bs], batch.dense[s:s + bs], batch.feasigns[s:s + bs])
-        if map_ids is not None:
-            b = readers.Batch(b.labels, b.dense, map_ids(b.feasigns, grow=False))
-        (p,) = exe.run(program, feed=_feed(b), fetch_list=[prob])
-        out.append(np.asarray(p).ravel())
-    return np.concatenate(out) if out else np.zeros(0, np.float32)
-
-
-class Vocab:
-    """feasign (uint64) -> row of the single-process embedding table; row 0 = unseen."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.index: dict[int, int] = {}
-
-    def __call__(self, fs: np.ndarray, grow: bool = True) -> np.ndarray:
-        """Maps uint64[n,S] feasigns to uint64[n,S] rows (0 = unseen when not growing)."""
-        u, inv = np.unique(fs, return_inverse=True)
-        d = self.index
-        rows = np.empty(len(u), dtype=np.uint64)
-        for j, k in enumerate(u.tolist()):
-            r = d.get(k)
-            if r is None:
-                if grow:
-                    if len(d) + 1 >= self.capacity:
-                        raise RuntimeError(f"single-process vocabulary full ({self.capacity} rows): "
-                                           "raise --single-vocab-size")
-                    r = d[k] = len(d) + 1
-                else:
-                    r = 0
-            rows[j] = r
-        return rows[inv.reshape(fs.shape)]
-
-    def keys_rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """(keys uint64[m], rows int64[m]) of every feasign seen."""
-        keys = np.fromiter(self.index.keys(), dtype=np.uint64, count=len(self.index))
-        rows = np.fromiter(self.index.values(), dtype=np.int64, count=len(self.index))
-        return keys, rows
-
-
-def _load_test(cfg: TrainConfig, test_files: list[str], slots) -> readers.Batch | None:
+def load_test(cfg: TrainConfig, test_files: list[str], slots) -> readers.Batch | None:
+    """The test rows (at most ``--test-limit``), or None without ``--data-test``."""
     if not test_files:
         return None
     budget = readers.BadLineBudget(cfg.max_bad_lines, cfg.max_bad_fraction)
     return readers.read_all(test_files, cfg.format, slots, budget=budget, limit=cfg.test_limit)
 
 
-def _result_line(record: dict) -> None:
-    """Prints the machine-readable result line (parsed by the local-cluster launcher)."""
-    print("ELASTIC_CTR_RESULT " + json.dumps(record), flush=True)
+def export_metadata(cfg: TrainConfig, rec: dict) -> tuple[dict, dict]:
+    """``(metrics, training)`` records of ``model_meta.json`` for a result record."""
+    metrics = {"test_auc": rec["test_auc"][-1] if rec.get("test_auc") else None,
+               "test_auc_per_pass": rec.get("test_auc", []), "mode": rec.get("mode"),
+               "trainers": rec.get("trainers"), "pservers": rec.get("pservers"),
+               "epochs": rec.get("epochs"), "examples_per_s": rec.get("examples_per_s")}
+    training = {"epochs": cfg.epochs, "batch_size": cfg.batch_size, "lr": cfg.lr, "threads": cfg.threads,
+                "sparse_shards": cfg.sparse_shards, "data_train": list(cfg.data_train)}
+    return metrics, training
+
+
+def export(cfg: TrainConfig, slots, keys: np.ndarray, values: np.ndarray, rec: dict, **kwargs):
+    """Exports the trained model (head from the global scope) as a new version of
+    ``cfg.output``; returns its donefile record. ``kwargs`` go to ``export_version``."""
+    import paddle
+
+    from runtime import storage
+    from runtime.trainer import export as exp
+
+    metrics, training = export_metadata(cfg, rec)
+    return exp.export_version(
+        cfg.output, slots=slots, fmt=cfg.format, dim=int(cfg.embedding_dim), layers=cfg.layers,
+        keys=keys, values=values, metrics=metrics, training=training,
+        source_scope=paddle.static.global_scope(), token=storage.read_token(cfg.upload_token_file), **kwargs)
+
+
+def run_batch(worker, cfg: TrainConfig, train_files: list[str], test_files: list[str], job: dict) -> dict:
+    """Trains ``cfg.epochs`` passes over ``train_files`` (loaded once), evaluates on the
+    chief after each pass, saves and (chief, with ``--output``) exports. ``job``: the
+    record's fields that describe the job (``mode``, ``trainers``, ``pservers``...).
+    Returns the result record; every process of the job calls it."""
+    t_start = time.monotonic()
+    ds, staged = worker.load(train_files)
+    load_s = time.monotonic() - t_start
+    test = load_test(cfg, test_files, worker.slots) if worker.chief else None
+    aucs, passes = [], []
+    for epoch in range(cfg.epochs):
+        st = worker.train_pass(ds, f"pass {epoch + 1}/{cfg.epochs}", staged.rows)
+        passes.append(st)
+        worker.sync()
+        if test is not None:
+            a, _ = worker.evaluate(test)
+            aucs.append(a)
+            log.info("%s pass %d/%d: test auc %.5f (%d rows)", worker.who, epoch + 1, cfg.epochs, a, len(test))
+    ds.release_memory()
+    worker.budget.finish()
+    examples = sum(p.examples for p in passes)
+    t_train = sum(p.seconds for p in passes)
+    rec = {**job, "epochs": cfg.epochs, "threads": cfg.threads, "examples": examples,
+           "rows": staged.rows, "load_seconds": round(load_s, 3), "train_seconds": round(t_train, 3),
+           "examples_per_s": round(examples / max(t_train, 1e-9), 1),
+           "examples_per_s_with_load": round(examples / max(t_train + load_s, 1e-9), 1),
+           "train_auc": [round(p.train_auc, 5) for p in passes]}
+    if worker.chief:
+        rec["test_auc"] = aucs
+        if cfg.dump_predictions and test is not None:
+            np.save(cfg.dump_predictions, worker.predict(test))
+    with table_save_dir(cfg.table_dir) as save_dir:
+        t_save = time.monotonic()
+        table = worker.full_table(save_dir)
+        if worker.chief and cfg.output:
+            keys, values = table
+            ver = export(cfg, worker.slots, keys, values, rec)
+            rec.update(version=ver.id, export_seconds=round(time.monotonic() - t_save, 3))
+    return rec
 
 
 def run_single(cfg: TrainConfig) -> dict:
     """Trains in this process without parameter servers, evaluates, exports if ``output``.
     Returns the result record (``test_auc`` per pass, ``examples_per_s``, ``version``...)."""
     train_files, test_files = check_inputs(cfg)
-    import paddle
+    from runtime.trainer.worker import SingleWorker
 
-    from runtime.trainer import model
+    job = {"mode": "single", "trainers": 1, "pservers": 0}
+    if cfg.mode == "continuous":
+        from runtime.trainer import online
 
-    paddle.enable_static()
-    paddle.seed(cfg.seed)
-    slots = cfg.slots()
-    net = model.build_train(len(slots), cfg.embedding_dim, tuple(cfg.layers), ps=False,
-                        vocab_size=cfg.single_vocab_size)
-    test_prog = net.main.clone(for_test=True)
-    with paddle.static.program_guard(net.main, net.startup):
-        paddle.optimizer.Adam(cfg.lr, lazy_mode=True).minimize(net.loss)
-    exe = paddle.static.Executor(paddle.CPUPlace())
-    exe.run(net.startup)
-    vocab = Vocab(cfg.single_vocab_size)
-    test = _load_test(cfg, test_files, slots)
-    prog = Progress("single", cfg.epochs, cfg.log_every_s)
-    budget = readers.BadLineBudget(cfg.max_bad_lines, cfg.max_bad_fraction)
-    aucs, t_train = [], 0.0
-    for epoch in range(cfg.epochs):
-        t0 = time.monotonic()
-        for b in readers.iter_batches(train_files, cfg.format, cfg.batch_size, slots, budget=budget):
-            mb = readers.Batch(b.labels, b.dense, vocab(b.feasigns))
-            loss, p = exe.run(net.main, feed=_feed(mb), fetch_list=[net.loss, net.prob])
-            prog.update(epoch, b.labels, p, float(np.asarray(loss)))
-        t_train += time.monotonic() - t0
-        prog.emit(epoch)
-        if test is not None:
-            p = _predict(exe, test_prog, net.prob, test, map_ids=vocab)
-            aucs.append(auc(test.labels, p))
-            log.info("single pass %d/%d: test auc %.5f (%d rows)", epoch + 1, cfg.epochs, aucs[-1], len(test))
-    rec = {"mode": "single", "trainers": 1, "pservers": 0, "epochs": cfg.epochs, "test_auc": aucs,
-           "examples": prog.examples, "train_seconds": round(t_train, 3),
-           "examples_per_s": round(prog.examples / max(t_train, 1e-9), 1)}
-    if cfg.dump_predictions and test is not None:
-        np.save(cfg.dump_predictions, _predict(exe, test_prog, net.prob, test, map_ids=vocab))
-    if cfg.output:
-        keys, rows = vocab.keys_rows()
-        table = np.array(paddle.static.global_scope().find_var(model.TABLE_NAME).get_tensor())
-        t0 = time.monotonic()
-        ver = _export(cfg, slots, keys, table[rows].astype(np.float32), rec)
-        rec.update(version=ver.id, export_seconds=round(time.monotonic() - t0, 3))
-    _result_line(rec)
+        rec = online.run(SingleWorker(cfg), cfg, test_files, job)
+    else:
+        rec = run_batch(SingleWorker(cfg), cfg, train_files, test_files, job)
+    result_line(rec)
     return rec
 
 
-def _export(cfg: TrainConfig, slots, keys: np.ndarray, values: np.ndarray, rec: dict):
-    """Exports the trained model (head from the global scope) as a new version of
-    ``cfg.output``; returns its donefile record."""
-    import paddle
-
-    from runtime import storage
-    from runtime.trainer import export
-
-    metrics = {"test_auc": rec["test_auc"][-1] if rec.get("test_auc") else None,
-               "test_auc_per_pass": rec.get("test_auc", []), "mode": rec.get("mode"),
-               "trainers": rec.get("trainers"), "pservers": rec.get("pservers"),
-               "epochs": rec.get("epochs"), "examples_per_s": rec.get("examples_per_s")}
-    training = {"epochs": cfg.epochs, "batch_size": cfg.batch_size, "lr": cfg.lr,
-                "sparse_shards": cfg.sparse_shards, "data_train": list(cfg.data_train)}
-    return export.export_version(
-        cfg.output, slots=slots, fmt=cfg.format, dim=int(cfg.embedding_dim), layers=cfg.layers,
-        keys=keys, values=values, metrics=metrics, training=training,
-        source_scope=paddle.static.global_scope(), token=storage.read_token(cfg.upload_token_file))
-
-
-def _strategy(cfg: TrainConfig):
+def run_pserver(cfg: TrainConfig, role) -> None:
+    """Serves the tables until the process is stopped."""
     from paddle.distributed import fleet
 
-    from runtime.trainer import model
+    from runtime.trainer.worker import build_ps_programs
 
-    strategy = fleet.DistributedStrategy()
-    strategy.a_sync = True
-    # Keys are full proto paths (DistributedStrategy.sparse_table_configs setter, Paddle 3.0.0).
-    strategy.sparse_table_configs = {
-        model.TABLE_NAME: {f"table_parameters.{model.TABLE_NAME}.shard_num": int(cfg.sparse_shards)}}
-    return strategy
-
-
-def _dense_puller(fleet):
-    """A function that pulls the dense parameters from the pservers into this trainer's
-    scope.
-
-    In Paddle 3.0.0 async mode the trainer program only pushes gradients; the pull of the
-    updated dense parameters is done by the device worker of ``train_from_dataset``, not by
-    ``exe.run``. Measured here: without this pull the trainer's dense parameters never
-    change. Uses the runtime's (private) ``_pull_all_dense``, as ``init_worker`` does.
-    """
-    from paddle.distributed.ps.utils.public import get_the_one_recv_context
-
-    rt = fleet.fleet._runtime_handle
-    recv = get_the_one_recv_context(rt.context, split_dense_table=rt.is_heter_ps_mode)
-
-    def pull() -> None:
-        # Flush the queued pushes first: otherwise the client merges (sums) many batches'
-        # gradients into one push and the Adam rules take one step for all of them.
-        rt._worker.client_flush()
-        rt._pull_all_dense(rt.scopes, rt._send_ctx, recv)
-
-    return pull
+    build_ps_programs(cfg, cfg.slots(), continuous=cfg.mode == "continuous")
+    log.info("pserver %s: serving (trainers %d)", role.endpoint, role.trainers)
+    fleet.init_server()
+    fleet.run_server()  # blocks until the process is stopped
 
 
 def run_role(cfg: TrainConfig) -> dict | None:
@@ -274,83 +180,30 @@ def run_role(cfg: TrainConfig) -> dict | None:
     import paddle
     from paddle.distributed import fleet
 
+    from runtime.trainer.worker import PsWorker
+
     from runtime import proc
-    from runtime.trainer import model
+
+    if not role.is_pserver:  # Paddle 3.0.0's own wait for the gloo store is a no-op
+        host, _, port = role.gloo_endpoint.rpartition(":")
+        proc.wait_for_port(host, int(port), timeout_s=cfg.wait_pserver_s,
+                           name=f"gloo store {role.gloo_endpoint} (pserver 0)")
+    from runtime.trainer import native
 
     paddle.enable_static()
-    paddle.seed(cfg.seed)
-    slots = cfg.slots()
+    native.init_math_runtimes()  # before any pserver/client thread (runtime.trainer.native)
     fleet.init(is_collective=False)
-    net = model.build_train(len(slots), cfg.embedding_dim, tuple(cfg.layers), ps=True)
-    test_origin = net.main.clone(for_test=True)
-    with paddle.static.program_guard(net.main, net.startup):
-        opt = fleet.distributed_optimizer(paddle.optimizer.Adam(cfg.lr), _strategy(cfg))
-        opt.minimize(net.loss)
-        # The PS program builder replaces the programs: the trainer (or server) program is
-        # now loss.block.program and the startup program the (switched) default one.
-        net.main = net.loss.block.program
-        net.startup = paddle.static.default_startup_program()
     if fleet.is_server():
-        log.info("pserver %s: serving (trainers %d)", role.endpoint, role.trainers)
-        fleet.init_server()
-        fleet.run_server()  # blocks until the process is stopped
+        run_pserver(cfg, role)
         return None
-    who = f"trainer {role.trainer_id}/{role.trainers}"
-    exe = paddle.static.Executor(paddle.CPUPlace())
-    exe.run(net.startup)
-    for ep in role.pservers:
-        host, _, port = ep.rpartition(":")
-        log.info("%s: waiting for pserver %s", who, ep)
-        proc.wait_for_port(host, int(port), timeout_s=cfg.wait_pserver_s, name=f"pserver {ep}")
-    fleet.init_worker()
-    pull_dense = _dense_puller(fleet)
-    from paddle.distributed.fleet.utils.ps_util import DistributedInfer
+    worker = PsWorker(cfg, role)
+    job = {"mode": "ps", "trainers": role.trainers, "pservers": len(role.pservers), "trainer_id": role.trainer_id}
+    if cfg.mode == "continuous":
+        from runtime.trainer import online
 
-    with paddle.static.program_guard(test_origin, net.startup):
-        test_prog = DistributedInfer(main_program=test_origin, startup_program=net.startup).get_dist_infer_program()
-    first = role.trainer_id == 0
-    test = _load_test(cfg, test_files, slots) if first else None
-    prog = Progress(who, cfg.epochs, cfg.log_every_s)
-    budget = readers.BadLineBudget(cfg.max_bad_lines, cfg.max_bad_fraction)
-    aucs, t_train = [], 0.0
-    for epoch in range(cfg.epochs):
-        t0 = time.monotonic()
-        for b in readers.iter_batches(train_files, cfg.format, cfg.batch_size, slots,
-                                shard=(role.trainer_id, role.trainers), budget=budget):
-            loss, p = exe.run(net.main, feed=_feed(b), fetch_list=[net.loss, net.prob])
-            pull_dense()
-            prog.update(epoch, b.labels, p, float(np.asarray(loss)))
-        t_train += time.monotonic() - t0
-        prog.emit(epoch)
-        # The last pass is evaluated after the save (pulling an unseen id creates it).
-        if first and test is not None and epoch < cfg.epochs - 1:
-            aucs.append(auc(test.labels, _predict(exe, test_prog, net.prob, test)))
-            log.info("%s pass %d/%d: test auc %.5f (%d rows)", who, epoch + 1, cfg.epochs, aucs[-1], len(test))
-    rec = {"mode": "ps", "trainers": role.trainers, "pservers": len(role.pservers), "trainer_id": role.trainer_id,
-           "epochs": cfg.epochs, "examples": prog.examples, "train_seconds": round(t_train, 3),
-           "examples_per_s": round(prog.examples / max(t_train, 1e-9), 1)}
-    # Every trainer takes part in the save (it holds a barrier); only trainer 0's path is
-    # used (Paddle 3.0.0 the_one_ps._save_one_table): the pservers write there, on their
-    # own file system, so in Kubernetes cfg.table_dir is a shared (ReadWriteMany) volume.
-    with table_save_dir(cfg.table_dir) as table_dir:
-        t_save = time.monotonic()
-        fleet.save_one_table(0, table_dir, 0)
-        if first:
-            log.info("%s: sparse table saved under %s in %.1f s", who, table_dir, time.monotonic() - t_save)
-            if test is not None:
-                p = _predict(exe, test_prog, net.prob, test)
-                aucs.append(auc(test.labels, p))
-                log.info("%s pass %d/%d: test auc %.5f (%d rows)", who, cfg.epochs, cfg.epochs, aucs[-1], len(test))
-                if cfg.dump_predictions:
-                    np.save(cfg.dump_predictions, p)
-            rec["test_auc"] = aucs
-            if cfg.output:
-                from runtime.trainer import export
-
-                t0 = time.monotonic()
-                keys, values = export.read_saved_table(table_dir, cfg.embedding_dim)
-                ver = _export(cfg, slots, keys, values, rec)
-                rec.update(version=ver.id, export_seconds=round(time.monotonic() - t0 + (t0 - t_save), 3))
-    fleet.stop_worker()
-    _result_line(rec)
+        rec = online.run(worker, cfg, test_files, job)
+    else:
+        rec = run_batch(worker, cfg, train_files, test_files, job)
+    worker.close()
+    result_line(rec)
     return rec

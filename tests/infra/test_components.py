@@ -97,6 +97,27 @@ def test_volcano_job_contract(rendered):
     assert "ELASTIC_CTR_UPLOAD_TOKEN" in trainer_env and "ELASTIC_CTR_UPLOAD_TOKEN" not in pserver_env
 
 
+@pytest.mark.parametrize("args", [("dev",), ("dev", "psMode=geo", "geoKSteps=50", "trainerCpu=2", "trainerThreads=2")],
+                         ids=lambda a: " ".join(a))
+def test_training_mode_threads_work_dir_and_gloo_port(rendered, args):
+    """psMode/trainerThreads reach both tasks' command lines; the dataset is staged on the
+    /data emptyDir; pserver 0's gloo store port is declared and named in the env."""
+    r = rendered(*args)
+    cfg = {k.split(":", 1)[1]: v for k, v in stack_config(args[0], args[1:])[0].items()}
+    tasks = {t["name"]: t["template"]["spec"] for t in r.get("Job", "ctr-train")["spec"]["tasks"]}
+    for name, pod in tasks.items():
+        (c,) = pod["containers"]
+        assert flag(c["args"], "--ps-mode") == cfg.get("psMode", "async"), name
+        assert flag(c["args"], "--threads") == cfg.get("trainerThreads", "1"), name
+        assert (flag(c["args"], "--geo-k-steps") if "--geo-k-steps" in c["args"] else None) == cfg.get("geoKSteps")
+        assert flag(c["args"], "--work-dir") == "/data/work"
+        assert {"name": "data", "mountPath": "/data"} in c["volumeMounts"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["PADDLE_GLOO_PORT"] == "8210"
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert ports.get("gloo") == (8210 if name == "pserver" else None), name
+
+
 @pytest.mark.parametrize("args", [("dev",), ("prod",), ("dev", "trainingSharedStorageClass=nfs-client",
                                                          "trainingSharedSize=20Gi")],
                          ids=lambda a: " ".join(a))

@@ -78,6 +78,8 @@ def test_string_values_from_pulumi_are_coerced():
     ("cubeServerMemory", "1Mi", "elastic-ctr:cubeServerMemory: '1Mi' is invalid; allowed: a memory quantity from 64Mi to 512Gi"),
     ("fileServerStorageSize", "big", "elastic-ctr:fileServerStorageSize: 'big' is invalid; allowed: a storage quantity"),
     ("dataFormat", "csv", "elastic-ctr:dataFormat: 'csv' is invalid; allowed: criteo | slot"),
+    ("psMode", "sync", "elastic-ctr:psMode: 'sync' is invalid; allowed: async | async-merged | geo"),
+    ("trainerThreads", "0", "elastic-ctr:trainerThreads: 0 is invalid; allowed: an integer in [1, 64]"),
     ("imagePullPolicy", "Sometimes", "elastic-ctr:imagePullPolicy: 'Sometimes' is invalid"),
     ("buildPlatform", "linux/386", "elastic-ctr:buildPlatform: 'linux/386' is invalid"),
     ("namespace", "Elastic_CTR", "elastic-ctr:namespace: 'Elastic_CTR' is invalid; allowed: a DNS-1123 label"),
@@ -111,6 +113,8 @@ def test_each_bad_value_names_key_value_and_range(key, value, needle):
     ({"uploadToken": "short"}, "elastic-ctr:uploadToken: [secret, 5 characters] is invalid; allowed: at least 16"),
     ({"registryPassword": "pw"}, "elastic-ctr:registryPassword: [secret] is set without imageRegistry"),
     ({"trainer": "3"}, "elastic-ctr:trainer: unknown key (did you mean elastic-ctr:trainers?)"),
+    ({"trainerThreads": "3", "trainerCpu": "2"},
+     "elastic-ctr:trainerThreads: 3 is invalid; allowed: at most the trainer pod's whole CPUs (trainerCpu 2)"),
 ])
 def test_cross_key_rules(raw, needle):
     errors = errors_of({**OK, **raw}, SECRET | {"registryPassword"})

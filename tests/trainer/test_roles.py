@@ -25,6 +25,21 @@ def test_volcano_trainer_and_pserver():
     assert t2.trainer_id == 0
 
 
+def test_gloo_store_on_pserver_0_for_every_role():
+    vc = {"VC_PSERVER_HOSTS": "job-pserver-0.job,job-pserver-1.job", "VC_TRAINER_NUM": "2"}
+    for role in ("TRAINER", "PSERVER"):
+        env = from_env({**vc, "TRAINING_ROLE": role, "VC_TASK_INDEX": "1"}).env()
+        assert (env["PADDLE_WITH_GLOO"], env["PADDLE_GLOO_RENDEZVOUS"]) == ("1", "3")
+        assert env["PADDLE_GLOO_HTTP_ENDPOINT"] == "job-pserver-0.job:8210"
+    moved = from_env({**vc, "TRAINING_ROLE": "TRAINER", "VC_TASK_INDEX": "0", "PADDLE_GLOO_PORT": "9000"})
+    assert moved.gloo_endpoint == "job-pserver-0.job:9000"
+    explicit = from_env({**vc, "TRAINING_ROLE": "TRAINER", "VC_TASK_INDEX": "0",
+                         "PADDLE_GLOO_HTTP_ENDPOINT": "10.1.2.3:7000"})
+    assert explicit.gloo_endpoint == "10.1.2.3:7000"
+    with pytest.raises(RoleError, match="PADDLE_GLOO_HTTP_ENDPOINT"):
+        from_env({**vc, "TRAINING_ROLE": "TRAINER", "VC_TASK_INDEX": "0", "PADDLE_GLOO_HTTP_ENDPOINT": "x"})
+
+
 @pytest.mark.parametrize("env,word", [
     ({}, "TRAINING_ROLE"),
     ({"TRAINING_ROLE": "TRAINER", "PADDLE_TRAINERS_NUM": "1", "PADDLE_TRAINER_ID": "0"}, "PADDLE_PSERVERS_IP_PORT_LIST"),

@@ -20,7 +20,9 @@ from runtime.trainer import generator, readers
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("data")
-    generator.generate(d, 10000, 1500, seed=3)
+    # 30k rows: PS test AUC 0.83-0.84 after 2 passes (10k rows, ~10 batches per trainer and
+    # pass, gave 0.59-0.69 there and 0.77 in one process)
+    generator.generate(d, 30000, 1500, seed=3)
     return d
 
 
@@ -69,7 +71,7 @@ def test_single_process_train_and_export(data, tmp_path):
     r = _train(["--single", "--data-train", str(data / "train.txt"), "--data-test", str(data / "test.txt"),
                 "--epochs", "2", "--output", str(root), "--dump-predictions", str(tmp_path / "p.npy")], tmp_path)
     s = _summary(r)
-    assert s["test_auc"][-1] > 0.6
+    assert s["test_auc"][-1] > 0.75
     meta, _ = _check_version(root, data, tmp_path / "p.npy")
     assert meta.metrics["mode"] == "single"
 
@@ -87,7 +89,7 @@ def test_ps_cluster_train_and_export(data, tmp_path):
     log0 = (tmp_path / "logs" / "trainer-0.log").read_text()
     assert f"sparse table saved under {tables}/elastic-ctr-table-" in log0
     assert tables.is_dir() and list(tables.iterdir()) == []  # every save dir removed
-    assert s["test_auc"][-1] > 0.6
+    assert s["test_auc"][-1] > 0.75
     meta, _ = _check_version(root, data, tmp_path / "p.npy")
     assert meta.metrics["trainers"] == 2
     # a second export gets a larger version id

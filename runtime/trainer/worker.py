@@ -1,0 +1,518 @@
+"""One training process on Paddle's dataset path: programs, data, passes, evaluation, and the
+table it exports. ``PsWorker`` is a Fleet parameter-server trainer (async); ``SingleWorker``
+trains the same network alone with a local embedding table. The batch job
+(``runtime.trainer.train``) and the continuous job (``runtime.trainer.online``) drive them
+through the same methods.
+
+A pass: the worker's shard of the input is staged as MultiSlot files
+(``runtime.trainer.dataset.stage``), loaded into an ``InMemoryDataset`` once, and each pass
+is one ``exe.train_from_dataset`` (``thread_num`` = ``--threads``). Progress lines come from
+a ``FetchHandler`` thread every ``--log-every-s`` seconds: examples, examples/s, loss and
+the running AUC of the pass (Paddle's ``auc`` op buckets, reset every pass). After the pass
+the bucket counts must add up to the rows loaded, or the pass failed silently and the
+worker raises.
+
+Paddle APIs used outside the public ones, and why (``PsWorker``):
+
+* ``psflags.apply()`` (ctypes): the client's push merging, see ``runtime.trainer.psflags``.
+* ``train_from_dataset`` always writes ``<id>_train_desc.prototxt`` into the working
+  directory (``Executor._dump_debug_info``, unconditional in 3.0.0): a pass runs with the
+  working directory set to a scratch directory under ``--work-dir`` (a pod's root file
+  system is read-only) that is removed afterwards.
+* ``_runtime_handle._worker.client_flush()`` and ``_pull_all_dense`` at a sync point (after
+  the passes, before a save or an export, never per batch): Paddle 3.0.0 has no public call
+  that sends the client's queued pushes or refreshes a trainer's copy of the dense
+  parameters; ``train_from_dataset``'s own dense puller stops with the pass, so without
+  the pull trainer 0 would export (and evaluate) a head a few batches old.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from runtime.evaluation import auc
+from runtime.trainer import dataset, readers
+from runtime.trainer.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+PREDICT_BATCH = 4096
+
+
+@dataclass
+class PassStats:
+    """One ``train_from_dataset`` pass: ``examples`` trained (from the auc op's buckets),
+    ``seconds`` (wall), ``train_auc`` (over the pass), ``loss`` (the last reported)."""
+
+    examples: int
+    seconds: float
+    train_auc: float
+    loss: float
+
+    @property
+    def examples_per_s(self) -> float:
+        return self.examples / max(self.seconds, 1e-9)
+
+
+def bucket_auc(stat_pos: np.ndarray, stat_neg: np.ndarray) -> float:
+    """ROC AUC from the ``auc`` op's bucket counts (int64[..., T+1]: positives / negatives
+    per threshold bucket, bucket index = floor(p * T)), trapezoids over the buckets from the
+    highest threshold down, as ``paddle.distributed.fleet.metrics.auc`` integrates them.
+    Returns NaN when a class is absent."""
+    pos = np.asarray(stat_pos, dtype=np.float64).reshape(-1)[::-1]
+    neg = np.asarray(stat_neg, dtype=np.float64).reshape(-1)[::-1]
+    tp, fp = np.cumsum(pos), np.cumsum(neg)
+    if tp[-1] == 0 or fp[-1] == 0:
+        return float("nan")
+    area = np.sum((fp - np.r_[0.0, fp[:-1]]) * (tp + np.r_[0.0, tp[:-1]]) / 2.0)
+    return float(area / (tp[-1] * fp[-1]))
+
+
+def _handler_class():
+    import paddle
+
+    class ProgressHandler(paddle.base.executor.FetchHandler):
+        """Logs a progress line from Paddle's fetch-handler thread (it reads worker thread
+        0's scope every ``period_secs``)."""
+
+        def __init__(self, var_dict, period_secs, who, label):
+            super().__init__(var_dict=var_dict, period_secs=period_secs)
+            self.who, self.label = who, label
+            self.t0 = self.t_last = time.monotonic()
+            self.n_last = 0
+            self.loss = float("nan")
+
+        def handler(self, res):
+            pos, neg, loss = res.get("stat_pos"), res.get("stat_neg"), res.get("loss")
+            if pos is None or neg is None:
+                return
+            n = int(np.asarray(pos).sum() + np.asarray(neg).sum())
+            if loss is not None:
+                self.loss = float(np.asarray(loss).ravel()[0])
+            now = time.monotonic()
+            rate = (n - self.n_last) / max(now - self.t_last, 1e-9)
+            self.t_last, self.n_last = now, n
+            log.info("%s %s examples %d | %.0f ex/s | loss %.4f | running auc %.4f", self.who, self.label,
+                     n, rate, self.loss, bucket_auc(pos, neg))
+
+    return ProgressHandler
+
+
+@contextlib.contextmanager
+def _scratch_cwd(parent: str | None):
+    """Runs the block in a fresh directory under ``parent`` (default: the temp dir), then
+    restores the working directory and removes the scratch one (see the module docstring)."""
+    prev = os.getcwd()
+    scratch = tempfile.mkdtemp(prefix="elastic-ctr-pass-", dir=parent)
+    os.chdir(scratch)
+    try:
+        yield
+    finally:
+        os.chdir(prev)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _feed(batch: readers.Batch, ids: np.ndarray) -> dict:
+    from runtime.trainer import datafeed
+
+    feed = {datafeed.DENSE_VAR: batch.dense}
+    v = ids.view(np.int64)
+    for i in range(v.shape[1]):
+        feed[datafeed.slot_var(i)] = np.ascontiguousarray(v[:, i:i + 1])
+    feed[datafeed.LABEL_VAR] = batch.labels.reshape(-1, 1).astype(np.int64)
+    return feed
+
+
+class Vocab:
+    """feasign (uint64) -> row of the single-process embedding table; row 0 = unseen (the
+    zero vector). Rows are given in first-seen order and never change."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.index: dict[int, int] = {}
+
+    def __call__(self, fs: np.ndarray, grow: bool = True) -> np.ndarray:
+        """Maps uint64[n,S] feasigns to uint64[n,S] rows (0 = unseen when not growing).
+        Raises ``RuntimeError`` when the table is full."""
+        u, inv = np.unique(fs, return_inverse=True)
+        d = self.index
+        rows = np.empty(len(u), dtype=np.uint64)
+        for j, k in enumerate(u.tolist()):
+            r = d.get(k)
+            if r is None:
+                if grow:
+                    if len(d) + 1 >= self.capacity:
+                        raise RuntimeError(f"single-process vocabulary full ({self.capacity} rows): "
+                                           "raise --single-vocab-size")
+                    r = d[k] = len(d) + 1
+                else:
+                    r = 0
+            rows[j] = r
+        return rows[inv.reshape(fs.shape)]
+
+    def keys(self) -> np.ndarray:
+        """uint64[m]: the feasign of row ``i + 1`` at index ``i``."""
+        return np.fromiter(self.index.keys(), dtype=np.uint64, count=len(self.index))
+
+    def restore(self, keys: np.ndarray) -> None:
+        """Sets the mapping to ``keys`` (uint64[m], row ``i + 1`` = ``keys[i]``)."""
+        self.index = {int(k): i + 1 for i, k in enumerate(keys.tolist())}
+
+
+class Worker:
+    """The shared part of a training process (see the module docstring). Subclasses build
+    ``net`` (``runtime.trainer.model.Net`` with the auc op), ``main`` (the program to
+    run), ``test_program`` and ``exe``."""
+
+    who = "worker"
+    chief = True
+    shard = (0, 1)
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.slots = cfg.slots()
+        self.budget = readers.BadLineBudget(cfg.max_bad_lines, cfg.max_bad_fraction)
+
+    # ---- data -------------------------------------------------------------------------
+    def id_map(self):
+        """uint64[n,S] feasigns -> the ids the program looks up (``None``: the feasigns)."""
+        return None
+
+    def eval_ids(self, feasigns: np.ndarray) -> np.ndarray:
+        """The ids of ``feasigns`` for prediction (never grows a vocabulary)."""
+        return feasigns
+
+    collect_keys = False  # keep the distinct feasigns staged (``keys_seen``)
+
+    def load(self, files: list[str], keep_rows: bool = False, limit: int | None = None):
+        """Stages this worker's shard of ``files`` and loads it: returns ``(dataset, staged)``."""
+        staged = dataset.stage(files, fmt=self.cfg.format, slots=self.slots, parts=self.cfg.threads,
+                               shard=self.shard, budget=self.budget, id_map=self.id_map(),
+                               work_dir=self.cfg.work_dir, keep_rows=keep_rows, limit=limit,
+                               collect_keys=self.collect_keys)
+        if staged.ids_seen is not None:
+            prev = getattr(self, "keys_seen", np.zeros(0, np.uint64))
+            self.keys_seen = np.union1d(prev, staged.ids_seen)
+        t0 = time.monotonic()
+        ds = dataset.load(staged, self.net.use_vars, self.cfg.batch_size, self.cfg.threads)
+        log.info("%s: %d rows staged in %.1f s, loaded in %.1f s", self.who, staged.rows, staged.seconds,
+                 time.monotonic() - t0)
+        return ds, staged
+
+    # ---- passes -----------------------------------------------------------------------
+    def _reset_auc(self) -> None:
+        import paddle
+
+        for v in (self.net.stat_pos, self.net.stat_neg):
+            t = paddle.static.global_scope().find_var(v.name).get_tensor()
+            t.set(np.zeros(np.array(t).shape, dtype=np.int64), paddle.CPUPlace())
+
+    def _buckets(self) -> tuple[np.ndarray, np.ndarray]:
+        import paddle
+
+        scope = paddle.static.global_scope()
+        return (np.array(scope.find_var(self.net.stat_pos.name).get_tensor()),
+                np.array(scope.find_var(self.net.stat_neg.name).get_tensor()))
+
+    def train_pass(self, ds, label: str, expected_rows: int) -> PassStats:
+        """One pass over ``ds``; ``label`` names it in the logs (e.g. ``pass 1/2``).
+        Raises ``RuntimeError`` if fewer than ``expected_rows`` examples were trained."""
+        self._reset_auc()
+        self._eval_exe = None  # see _predict_exe
+        handler = _handler_class()(
+            {"loss": self.net.last_loss, "stat_pos": self.net.stat_pos, "stat_neg": self.net.stat_neg},
+            max(1, int(round(self.cfg.log_every_s))), self.who, label)
+        t0 = time.monotonic()
+        with _scratch_cwd(self.cfg.work_dir):
+            self.exe.train_from_dataset(program=self.main, dataset=ds, thread=self.cfg.threads,
+                                        fetch_handler=handler)
+        seconds = time.monotonic() - t0
+        pos, neg = self._buckets()
+        n = int(pos.sum() + neg.sum())
+        if n != expected_rows:
+            raise RuntimeError(f"{self.who} {label}: trained {n} examples of the {expected_rows} loaded")
+        st = PassStats(n, round(seconds, 3), bucket_auc(pos, neg), handler.loss)
+        log.info("%s %s done: %d examples in %.1f s (%.0f ex/s), train auc %.4f", self.who, label, n,
+                 seconds, st.examples_per_s, st.train_auc)
+        return st
+
+    # ---- evaluation -------------------------------------------------------------------
+    def _predict_exe(self):
+        """An executor for predictions, new after every pass: in Paddle 3.0.0 a pass
+        (``train_from_dataset``) drops the child scopes of the global scope, which an
+        executor's cached ``run`` program still refers to, and the next ``run`` crashes
+        (segfault, or "Variable Id ... is not registered")."""
+        if getattr(self, "_eval_exe", None) is None:
+            import paddle
+
+            self._eval_exe = paddle.static.Executor(paddle.CPUPlace())
+        return self._eval_exe
+
+    def predict(self, batch: readers.Batch) -> np.ndarray:
+        """float32[n]: the trained program's click probabilities for ``batch``."""
+        out = []
+        for s in range(0, len(batch), PREDICT_BATCH):
+            b = readers.Batch(batch.labels[s:s + PREDICT_BATCH], batch.dense[s:s + PREDICT_BATCH],
+                              batch.feasigns[s:s + PREDICT_BATCH])
+            (p,) = self._predict_exe().run(self.test_program, feed=_feed(b, self.eval_ids(b.feasigns)),
+                                           fetch_list=[self.net.prob])
+            out.append(np.asarray(p).ravel())
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+    def evaluate(self, batch: readers.Batch) -> tuple[float, np.ndarray]:
+        """``(auc, predictions float32[n])`` on ``batch``."""
+        p = self.predict(batch)
+        return auc(batch.labels, p), p
+
+    # ---- export points (every process of the job calls them, in the same order) --------
+    def sync(self) -> None:
+        """Makes every worker's updates visible before a save or an evaluation."""
+
+    def full_table(self, save_dir: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """The whole table (``keys uint64[n]``, ``values float32[n, dim]``) on the chief,
+        ``None`` elsewhere. ``save_dir``: a fresh directory the save may use."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Leaves the job (parameter servers: stops this worker's client)."""
+
+
+class SingleWorker(Worker):
+    """The network with a local embedding table over ``Vocab`` (row 0 = unseen = zeros),
+    ``Adam(lazy_mode=True)``; no parameter server."""
+
+    who = "single"
+
+    def __init__(self, cfg: TrainConfig):
+        super().__init__(cfg)
+        import paddle
+
+        from runtime.trainer import model
+
+        paddle.enable_static()
+        paddle.seed(cfg.seed)
+        self.net = model.build_train(len(self.slots), cfg.embedding_dim, tuple(cfg.layers), ps=False,
+                                     vocab_size=cfg.single_vocab_size)
+        self.test_program = self.net.main.clone(for_test=True)
+        model.add_auc(self.net)
+        with paddle.static.program_guard(self.net.main, self.net.startup):
+            paddle.optimizer.Adam(cfg.lr, lazy_mode=True).minimize(self.net.loss)
+        self.main = self.net.main
+        self.exe = paddle.static.Executor(paddle.CPUPlace())
+        self.exe.run(self.net.startup)
+        self.vocab = Vocab(cfg.single_vocab_size)
+
+    def id_map(self):
+        return self.vocab
+
+    def eval_ids(self, feasigns: np.ndarray) -> np.ndarray:
+        return self.vocab(feasigns, grow=False)
+
+    def table_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys uint64[m], values float32[m, dim]) of every feasign seen, in row order."""
+        import paddle
+
+        from runtime.trainer import model
+
+        table = np.array(paddle.static.global_scope().find_var(model.TABLE_NAME).get_tensor())
+        keys = self.vocab.keys()
+        return keys, table[1:len(keys) + 1].astype(np.float32)
+
+    def full_table(self, save_dir: str) -> tuple[np.ndarray, np.ndarray]:
+        return self.table_rows()
+
+
+class PsWorker(Worker):
+    """A Fleet parameter-server trainer (``a_sync=True``, Adam on the pservers), its role
+    from ``runtime.trainer.roles``. Construction builds the programs, waits for every
+    pserver, applies ``psflags`` and runs ``fleet.init_worker()``."""
+
+    def __init__(self, cfg: TrainConfig, role):
+        super().__init__(cfg)
+        import paddle
+        from paddle.distributed import fleet
+
+        from runtime import proc
+        from runtime.trainer import psflags
+
+        self.role = role
+        self.who = f"trainer {role.trainer_id}/{role.trainers}"
+        self.chief = role.trainer_id == 0
+        self.shard = (role.trainer_id, role.trainers)
+        self.geo = cfg.ps_mode == "geo"
+        self.collect_keys = self.geo
+        self.net, self.main, startup, test_origin = build_ps_programs(
+            cfg, self.slots, continuous=cfg.mode == "continuous")
+        self.exe = paddle.static.Executor(paddle.CPUPlace())
+        self.exe.run(startup)
+        for ep in role.pservers:
+            host, _, port = ep.rpartition(":")
+            log.info("%s: waiting for pserver %s", self.who, ep)
+            proc.wait_for_port(host, int(port), timeout_s=cfg.wait_pserver_s, name=f"pserver {ep}")
+        if cfg.ps_mode == "async":
+            psflags.apply()
+        fleet.init_worker()
+        from paddle.distributed.fleet.utils.ps_util import DistributedInfer
+
+        with paddle.static.program_guard(test_origin, startup):
+            self.test_program = DistributedInfer(main_program=test_origin,
+                                                 startup_program=startup).get_dist_infer_program()
+
+    def _runtime(self):
+        from paddle.distributed import fleet
+
+        return fleet.fleet._runtime_handle
+
+    def id_map(self):
+        return geo_rows(self.cfg.geo_table_rows) if self.geo else None
+
+    def eval_ids(self, feasigns: np.ndarray) -> np.ndarray:
+        return geo_rows(self.cfg.geo_table_rows)(feasigns) if self.geo else feasigns
+
+    def barrier(self) -> None:
+        """Waits for every trainer (gloo)."""
+        from paddle.distributed import fleet
+
+        fleet.util.barrier()
+
+    def sync(self) -> None:
+        """Sends this worker's queued pushes, waits for every trainer, then pulls the dense
+        parameters (private calls: module docstring). GEO: waits only (each trainer's
+        parameters are its local copies, merged with the others' every k steps)."""
+        from paddle.distributed.ps.utils.public import get_the_one_recv_context
+
+        if self.geo:
+            self.barrier()
+            return
+        rt = self._runtime()
+        rt._worker.client_flush()
+        self.barrier()
+        rt._pull_all_dense(rt.scopes, rt._send_ctx,
+                           get_the_one_recv_context(rt.context, split_dense_table=rt.is_heter_ps_mode))
+
+    def full_table(self, save_dir: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """``fleet.save_one_table(0, save_dir, 0)`` (the pservers write it; every trainer
+        calls it, it holds barriers), then the chief reads it back. GEO: the trained
+        feasigns of every trainer (exchanged through ``--table-dir``) with the chief's
+        local table rows."""
+        from paddle.distributed import fleet
+
+        from runtime.trainer import export
+
+        if self.geo:
+            return self._geo_table()
+        t0 = time.monotonic()
+        fleet.save_one_table(0, save_dir, 0)
+        if not self.chief:
+            return None
+        log.info("%s: sparse table saved under %s in %.1f s", self.who, save_dir, time.monotonic() - t0)
+        return export.read_saved_table(save_dir, self.cfg.embedding_dim)
+
+    def _geo_table(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Every trainer writes its distinct feasigns to ``<--table-dir>/elastic-ctr-keys-<n>/``
+        (``n``: a number the chief draws, summed over the trainers with gloo so all agree);
+        the chief reads them all and looks their rows up in its local table."""
+        import paddle
+        from paddle.distributed import fleet
+
+        from runtime.trainer import model
+        from runtime.trainer.config import TABLE_DIR_PREFIX
+
+        draw = float(np.random.default_rng().integers(1, 1 << 30)) if self.chief else 0.0
+        nonce = int(np.asarray(fleet.util.all_reduce(np.array([draw]), "sum")).ravel()[0])
+        base = self.cfg.table_dir or os.path.dirname(tempfile.mkdtemp(prefix=TABLE_DIR_PREFIX))
+        shared = os.path.join(base, f"elastic-ctr-keys-{nonce}")
+        os.makedirs(shared, exist_ok=True)
+        np.save(os.path.join(shared, f"keys-{self.role.trainer_id}.npy"), getattr(self, "keys_seen",
+                                                                                  np.zeros(0, np.uint64)))
+        self.barrier()
+        if not self.chief:
+            self.barrier()
+            return None
+        try:
+            parts = [np.load(os.path.join(shared, f"keys-{i}.npy")) for i in range(self.role.trainers)]
+        except OSError as exc:
+            raise RuntimeError(f"--ps-mode geo: the trainers' feasigns are not all in {shared} ({exc}): "
+                               "--table-dir must be a directory shared by every trainer") from None
+        finally:
+            self.barrier()
+            shutil.rmtree(shared, ignore_errors=True)
+        keys = np.unique(np.concatenate(parts))
+        table = np.array(paddle.static.global_scope().find_var(model.TABLE_NAME).get_tensor())
+        rows = geo_rows(self.cfg.geo_table_rows)(keys).astype(np.int64)
+        return keys, table[rows].astype(np.float32)
+
+    def close(self) -> None:
+        from paddle.distributed import fleet
+
+        fleet.stop_worker()
+
+
+def geo_rows(rows: int):
+    """GEO's id map: uint64 feasigns -> rows ``1 + feasign mod (rows - 1)`` of a table of
+    ``rows`` rows (row 0 is the zero padding row). Feasigns that share a row share an
+    embedding: the cost of GEO's fixed-size table."""
+    m = np.uint64(rows - 1)
+
+    def f(feasigns: np.ndarray) -> np.ndarray:
+        return (np.asarray(feasigns, dtype=np.uint64) % m) + np.uint64(1)
+
+    return f
+
+
+def strategy(cfg: TrainConfig, continuous: bool = False):
+    """The ``DistributedStrategy``: async, the sparse table's ``shard_num`` (full proto
+    paths: a short key is silently ignored), and ``enable_revert`` when ``continuous``
+    (the table then tracks the rows pushed since the last patch save, mode 5). All table
+    keys in ONE assignment: every assignment to ``sparse_table_configs`` adds a table.
+    ``--ps-mode geo``: ``a_sync_configs = {"k_steps": ...}`` (GEO-SGD) instead."""
+    from paddle.distributed import fleet
+
+    from runtime.trainer import model
+
+    s = fleet.DistributedStrategy()
+    s.a_sync = True
+    if cfg.ps_mode == "geo":
+        s.a_sync_configs = {"k_steps": int(cfg.geo_k_steps)}
+        return s
+    prefix = f"table_parameters.{model.TABLE_NAME}"
+    table = {f"{prefix}.shard_num": int(cfg.sparse_shards)}
+    if continuous:
+        table[f"{prefix}.enable_revert"] = True
+    s.sparse_table_configs = {model.TABLE_NAME: table}
+    return s
+
+
+def build_ps_programs(cfg: TrainConfig, slots, continuous: bool = False):
+    """Builds the parameter-server programs (every role builds the same ones). Returns
+    ``(net, main, startup, test_origin)``: the trainer program, its startup program and
+    the test program as cloned before ``minimize``."""
+    import paddle
+    from paddle.distributed import fleet
+
+    from runtime.trainer import model
+
+    paddle.enable_static()
+    paddle.seed(cfg.seed)
+    geo = cfg.ps_mode == "geo"
+    # GEO synchronizes a local table (its communicator cannot send a sparse_embedding's
+    # rows in Paddle 3.0.0: "The Variable type must be DenseTensor ... SelectedRows")
+    net = model.build_train(len(slots), cfg.embedding_dim, tuple(cfg.layers), ps=not geo,
+                            vocab_size=cfg.geo_table_rows)
+    test_origin = net.main.clone(for_test=True)
+    model.add_auc(net)
+    with paddle.static.program_guard(net.main, net.startup):
+        opt = fleet.distributed_optimizer(paddle.optimizer.Adam(cfg.lr, lazy_mode=geo), strategy(cfg, continuous))
+        opt.minimize(net.loss)
+        # The PS program builder replaces the programs: the trainer (or server) program is
+        # now loss.block.program and the startup program the (switched) default one.
+        startup = paddle.static.default_startup_program()
+    return net, net.loss.block.program, startup, test_origin
+

@@ -1,0 +1,69 @@
+"""Hourly partitions (runtime.formats.partitions): hour parsing, the done marker, listing a
+partition locally and through the file server's JSON listing."""
+from __future__ import annotations
+
+import pytest
+
+from runtime import storage
+from runtime.fileserver.app import create_app
+from runtime.formats import partitions
+from runtime.formats.partitions import Hour, PartitionError
+from runtime.webserver import WebServer
+
+
+def test_hour_parse_format_next():
+    h = Hour.parse("20261120/23")
+    assert str(h) == "20261120/23"
+    assert str(h.next()) == "20261121/00"
+    assert [str(x) for x in partitions.hours(h, h.next(2))] == ["20261120/23", "20261121/00", "20261121/01"]
+    assert partitions.hours(h.next(), h) == []
+    assert h.location("/data") == "/data/20261120/23"
+
+
+@pytest.mark.parametrize("text", ["2026112000", "20261120/24", "20261340/01", "x/01", ""])
+def test_bad_hours_are_named(text):
+    with pytest.raises(PartitionError, match="--start-hour"):
+        Hour.parse(text, "--start-hour")
+
+
+def _partition(root, hour: str, names=("part-00000", "part-00001"), done=True):
+    d = root / hour.replace("/", "/")
+    d.mkdir(parents=True)
+    for n in names:
+        (d / n).write_text(n)
+    (d / ".hidden").write_text("x")
+    if done:
+        partitions.mark_complete(d)
+    return d
+
+
+def test_complete_partition_lists_data_files(tmp_path):
+    _partition(tmp_path, "20261120/00")
+    h = Hour.parse("20261120/00")
+    assert partitions.is_complete(str(tmp_path), h)
+    assert partitions.files(str(tmp_path), h) == [str(tmp_path / "20261120/00/part-00000"),
+                                                  str(tmp_path / "20261120/00/part-00001")]
+
+
+def test_incomplete_or_empty_partitions_are_refused(tmp_path):
+    _partition(tmp_path, "20261120/00", done=False)
+    _partition(tmp_path, "20261120/01", names=())
+    with pytest.raises(PartitionError, match="not complete"):
+        partitions.files(str(tmp_path), Hour.parse("20261120/00"))
+    with pytest.raises(PartitionError, match="holds no data file"):
+        partitions.files(str(tmp_path), Hour.parse("20261120/01"))
+    assert not partitions.is_complete(str(tmp_path), Hour.parse("20261120/02"))
+
+
+def test_partitions_through_the_file_server(tmp_path):
+    _partition(tmp_path, "20261120/00")
+    _partition(tmp_path, "20261120/01", done=False)
+    with WebServer(create_app(tmp_path)) as s:
+        root = f"http://127.0.0.1:{s.port}"
+        h0, h1 = Hour.parse("20261120/00"), Hour.parse("20261120/01")
+        assert partitions.is_complete(root, h0) and not partitions.is_complete(root, h1)
+        files = partitions.files(root, h0)
+        assert files == [f"{root}/20261120/00/part-00000", f"{root}/20261120/00/part-00001"]
+        assert storage.read_bytes(files[1]) == b"part-00001"
+        with pytest.raises(storage.LocationError, match="HTTP 404"):
+            storage.list_dir(f"{root}/20261120/07")

@@ -1,0 +1,87 @@
+"""Pieces of the dataset path that need no training: the auc op's bucket AUC, the client
+push flags written through ctypes, the GEO row hash, the config checks of the new flags."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from runtime.evaluation import auc
+from runtime.trainer import config as tconfig
+from runtime.trainer.worker import bucket_auc, geo_rows
+
+
+def test_bucket_auc_matches_rank_auc():
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, 2, 20000)
+    p = 1 / (1 + np.exp(-(rng.standard_normal(20000) + 1.2 * (2 * y - 1))))
+    T = 4095
+    b = np.floor(p * T).astype(int)
+    pos = np.bincount(b[y == 1], minlength=T + 1)[None, :]
+    neg = np.bincount(b[y == 0], minlength=T + 1)[None, :]
+    assert bucket_auc(pos, neg) == pytest.approx(auc(y, p), abs=2e-4)
+    assert np.isnan(bucket_auc(pos, np.zeros_like(neg)))
+
+
+def test_geo_rows_stay_in_range_and_skip_zero():
+    f = geo_rows(1000)
+    ids = f(np.arange(0, 50000, dtype=np.uint64).reshape(-1, 2) * np.uint64(7919))
+    assert ids.min() >= 1 and ids.max() <= 999 and ids.dtype == np.uint64
+
+
+_FLAGS_SCRIPT = """
+import json
+from runtime.trainer import psflags
+before = psflags.read()
+changed = psflags.apply()
+print(json.dumps({"before": before, "after": psflags.read(), "changed": changed}))
+"""
+
+
+def test_psflags_are_written_in_the_process():
+    out = subprocess.run([sys.executable, "-c", _FLAGS_SCRIPT], capture_output=True, text=True, check=True)
+    rec = json.loads(out.stdout.strip().splitlines()[-1])
+    from runtime.trainer.psflags import CLIENT_PUSH_FLAGS
+
+    assert rec["before"] == {k: d for k, (d, _) in CLIENT_PUSH_FLAGS.items()}
+    assert rec["after"] == {k: v for k, (_, v) in CLIENT_PUSH_FLAGS.items()}
+
+
+def _cfg(tmp_path, **kw):
+    data = tmp_path / "train.txt"
+    data.write_text("")
+    base = {} if "data_root" in kw or kw.get("mode") == "continuous" else dict(data_train=[str(data)])
+    base.update(kw)
+    return tconfig.TrainConfig(**base)
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(ps_mode="sync"), "--ps-mode"),
+    (dict(mode="online"), "--mode"),
+    (dict(threads=0), "--threads"),
+    (dict(mode="continuous"), "--data-root"),
+    (dict(mode="continuous", data_root="/d", start_hour="20261120/00"), "--state-dir"),
+    (dict(data_root="/d", start_hour="20261120/00"), "--end-hour"),
+    (dict(data_root="/d", start_hour="20261120/05", end_hour="20261120/01"), "before --start-hour"),
+    (dict(start_hour="20261120/05"), "need --data-root"),
+    (dict(data_root="/d", start_hour="2026-11-20"), "YYYYMMDD/HH"),
+    (dict(mode="continuous", data_root="/d", start_hour="20261120/00", state_dir="/s", patch_every=5,
+          base_every=2), "--patch-every 5"),
+    (dict(mode="continuous", ps_mode="geo", data_root="/d", start_hour="20261120/00", state_dir="/s"), "geo"),
+])
+def test_config_errors_name_the_flag(tmp_path, kw, needle):
+    with pytest.raises(ValueError, match=needle):
+        tconfig.check_inputs(_cfg(tmp_path, **kw))
+
+
+def test_train_argv_roundtrips_new_flags(tmp_path):
+    from runtime.cli import build_parser
+
+    cfg = _cfg(tmp_path, threads=2, ps_mode="geo", geo_k_steps=7, geo_table_rows=1234, work_dir="/w")
+    args = build_parser().parse_args(["train", *tconfig.train_argv(cfg)])
+    again = tconfig.config_from_args(args)
+    for k in ("threads", "ps_mode", "geo_k_steps", "geo_table_rows", "work_dir", "mode"):
+        assert getattr(again, k) == getattr(cfg, k), k
