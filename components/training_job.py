@@ -35,6 +35,8 @@ DATA_DIR = "/data"
 SHARED_DIR = "/shared"
 #: ``train --table-dir``: the pservers save the table here, trainer 0 reads it back
 TABLE_DIR = f"{SHARED_DIR}/table"
+#: ``train --state-dir`` (continuous mode): the state file and checkpoints a restarted job resumes from
+STATE_DIR = f"{SHARED_DIR}/state"
 #: ``train --work-dir``: rows are staged and passes run here (the root file system is read-only)
 WORK_DIR = f"{DATA_DIR}/work"
 
@@ -53,6 +55,11 @@ class TrainingJobArgs:
         pserver_cpu / pserver_memory / trainer_cpu / trainer_memory: requests = limits.
         epochs, batch_size, learning_rate, embedding_dim, sparse_shards, ps_mode,
             geo_k_steps, threads: training flags (``train --ps-mode``, ``--threads``, ...).
+        mode: ``batch`` | ``continuous``; start_hour / end_hour (``YYYYMMDD/HH`` or None):
+            with a start hour ``data_train[0]`` is a partition root (``--data-root``);
+            patch_every / base_every: the continuous job's export cadence. A continuous job
+            does not complete before its end hour; a failed or evicted pod restarts the
+            whole job, which resumes from ``/shared/state`` (``train --state-dir``).
         data_train / data_test: data locations (paths, globs, URLs), or ``("generated",)``
             for data generated in the pod by ``elastic-ctr data generate``.
         data_format: ``criteo`` | ``slot``; ``slot_file`` required for ``slot``.
@@ -89,6 +96,11 @@ class TrainingJobArgs:
     ps_mode: str = "async"
     geo_k_steps: int = 100
     threads: int = 1
+    mode: str = "batch"
+    start_hour: Optional[str] = None
+    end_hour: Optional[str] = None
+    patch_every: int = 1
+    base_every: int = 24
     shared_storage_class: Optional[pulumi.Input[str]] = None
     shared_size: pulumi.Input[str] = "5Gi"
     scratch_size: pulumi.Input[str] = "10Gi"
@@ -126,7 +138,8 @@ class TrainingJob(pulumi.ComponentResource):
             "schedulerName": "volcano",
             "queue": args.queue,
             "minAvailable": args.pservers + args.trainers,
-            "maxRetry": 3,
+            # a continuous job runs for days: a pod lost now and then must not end it
+            "maxRetry": 3 if args.mode == "batch" else 1000,
             "policies": [
                 {"event": "PodEvicted", "action": "RestartJob"},
                 {"event": "PodFailed", "action": "RestartJob"},
@@ -168,8 +181,19 @@ class TrainingJob(pulumi.ComponentResource):
         generated = list(args.data_train) == [GENERATED]
         data_train = [f"{DATA_DIR}/train.txt"] if generated else list(args.data_train)
         data_test = [f"{DATA_DIR}/test.txt"] if generated else list(args.data_test)
-        cmd = ["train", "--data-train", *data_train, "--data-test", *data_test,
-               "--format", args.data_format]
+        if args.start_hour:
+            cmd = ["train", "--mode", args.mode, "--data-root", data_train[0], "--start-hour", args.start_hour]
+            if args.end_hour:
+                cmd += ["--end-hour", args.end_hour]
+            if data_test and not generated:
+                cmd += ["--data-test", *data_test]
+            if args.mode == "continuous":
+                cmd += ["--state-dir", STATE_DIR, "--patch-every", str(args.patch_every),
+                        "--base-every", str(args.base_every)]
+            cmd += ["--format", args.data_format]
+        else:
+            cmd = ["train", "--data-train", *data_train, "--data-test", *data_test,
+                   "--format", args.data_format]
         if args.slot_file:
             cmd += ["--slot-file", args.slot_file]
         cmd += ["--epochs", str(args.epochs), "--batch-size", str(args.batch_size),

@@ -102,6 +102,9 @@ PullPolicy = _choices("IfNotPresent", "Always", "Never")
 Platform = _choices("linux/amd64", "linux/arm64")
 DataFormat = _choices("criteo", "slot")
 PsMode = _choices("async", "async-merged", "geo")
+TrainingMode = _choices("batch", "continuous")
+_HOUR = re.compile(r"^\d{8}/\d{2}$")
+HourText = Annotated[str, _check(lambda v: v == "" or bool(_HOUR.fullmatch(v)), "empty or an hour YYYYMMDD/HH")]
 
 
 class StackConfig(BaseModel):
@@ -162,6 +165,21 @@ class StackConfig(BaseModel):
                                     "(GEO-SGD: local tables exchanged every geoKSteps batches; fastest, hashed table). "
                                     "See docs/training.md.")
     geo_k_steps: _int(1, 100000) = Field(_TRAIN.geo_k_steps, description="psMode geo: batches between exchanges (1-100000).")
+    training_mode: TrainingMode = Field(
+        "batch", description="batch: train dataSource once and export a base (the job completes); continuous: follow "
+                             "hourly partitions dataSource/YYYYMMDD/HH/ from dataStartHour, export a patch every "
+                             "patchEvery partitions and a base every baseEvery (the job runs until dataEndHour, or "
+                             "for ever; restarted pods resume from /shared/state). See docs/training.md.")
+    data_start_hour: HourText = Field(
+        "", description="First hourly partition, YYYYMMDD/HH (UTC): dataSource is then a partition root "
+                        "ROOT/YYYYMMDD/HH/ (a partition is read once its _SUCCESS exists). Required when trainingMode "
+                        "is continuous.")
+    data_end_hour: HourText = Field(
+        "", description="Last hourly partition, YYYYMMDD/HH; empty = follow the data (continuous). Required in batch "
+                        "mode with dataStartHour.")
+    patch_every: _int(1, 1000) = Field(_TRAIN.patch_every, description="Continuous: partitions per exported version (1-1000).")
+    base_every: _int(1, 10000) = Field(
+        _TRAIN.base_every, description="Continuous: partitions between two base versions (1-10000); the versions between are patches.")
     trainer_threads: _int(1, 64) = Field(
         _TRAIN.threads, description="Dataset threads per trainer pod (1-64; train --threads); at most the trainer's CPUs.")
     data_source: Locations = Field(
@@ -214,10 +232,28 @@ class StackConfig(BaseModel):
                            f"0 (no autoscaler) or more than servingReplicas ({self.serving_replicas}), at most 200"))
         if self.data_format == "slot" and not self.slot_file:
             errors.append(("slotFile", "", "a slot-list location (required when dataFormat is slot)"))
-        if not self.generated and not self.data_test():
+        if not self.generated and not self.data_test() and not self.data_start_hour:
             errors.append(("dataTestSource", "", 'comma-separated locations (required unless dataSource is "generated")'))
         if self.generated and self.data_format == "slot":
             errors.append(("dataFormat", "slot", 'criteo with dataSource "generated" (the generator writes Criteo TSV)'))
+        if self.training_mode == "continuous":
+            if not self.data_start_hour:
+                errors.append(("dataStartHour", "", "an hour YYYYMMDD/HH (required when trainingMode is continuous)"))
+            if self.generated:
+                errors.append(("dataSource", "generated", "a partition root ROOT (with ROOT/YYYYMMDD/HH/) when "
+                                                          "trainingMode is continuous"))
+            if self.ps_mode == "geo":
+                errors.append(("psMode", "geo", "async or async-merged when trainingMode is continuous (GEO keeps "
+                                                "its table in the trainers: no resume)"))
+            if self.patch_every > self.base_every:
+                errors.append(("patchEvery", self.patch_every, f"at most baseEvery ({self.base_every})"))
+        elif self.data_start_hour and not self.data_end_hour:
+            errors.append(("dataEndHour", "", "an hour YYYYMMDD/HH (batch mode over partitions needs an end)"))
+        if self.data_start_hour and self.data_end_hour and self.data_end_hour < self.data_start_hour:
+            errors.append(("dataEndHour", self.data_end_hour, f"an hour not before dataStartHour "
+                                                              f"({self.data_start_hour})"))
+        if self.data_end_hour and not self.data_start_hour:
+            errors.append(("dataStartHour", "", "an hour YYYYMMDD/HH (dataEndHour is set)"))
         cores = cpu_cores(self.trainer_cpu)
         if cores is not None and self.trainer_threads > max(1, int(cores)):
             errors.append(("trainerThreads", self.trainer_threads,

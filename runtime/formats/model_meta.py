@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -67,13 +67,17 @@ class SparsePart(_Strict):
 
 
 class SparseSummary(_Strict):
-    """The version's SequenceFiles (``versions/<id>/sparse/``)."""
+    """The version's SequenceFiles (``versions/<id>/sparse/``): the whole table (``kind``
+    base) or the rows changed since the previous version (``kind`` patch, applied on
+    ``base`` and the patches before it)."""
 
     parts: list[SparsePart]
     count: NonNegInt
     key: str
     value: str
     style: Literal["raw", "bytes_writable", "long_writable"]
+    kind: Literal["base", "patch"] = "base"
+    base: Optional[int] = None
 
 
 class ModelMeta(_Strict):

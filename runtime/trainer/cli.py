@@ -44,6 +44,12 @@ def register(sub: "argparse._SubParsersAction") -> None:
     gen.add_argument("--test-rows", type=int, default=GENERATE_TEST_ROWS, help="test rows")
     gen.add_argument("--out", required=True, help="output directory")
     gen.add_argument("--seed", type=int, default=1, help="random seed")
+    gen.add_argument("--hours", type=int, default=0,
+                     help="write hourly partitions OUT/YYYYMMDD/HH/ (ROWS rows each, drifting hour to hour, "
+                          "_SUCCESS last) instead of train/test files")
+    gen.add_argument("--start", default="20261120/00", help="first hour of --hours, YYYYMMDD/HH")
+    gen.add_argument("--every-s", type=float, default=0.0,
+                     help="with --hours: seconds between two hours (data landing while a job runs)")
     gen.add_argument("--extra-days", type=int, default=0,
                      help="also write train-day2.txt .. (ROWS rows each, same model): later days' "
                           "traffic for retraining rounds")
@@ -147,6 +153,17 @@ def _setup_logging(level: str) -> None:
 def _generate(args) -> int:
     from runtime.trainer import generator
 
+    if args.hours:
+        _setup_logging(getattr(args, "log_level", "INFO"))
+        try:
+            rec = generator.generate_hours(args.out, args.hours, args.start, args.rows, args.seed, args.every_s)
+        except ValueError as exc:
+            print(f"elastic-ctr data generate: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {len(rec['hours'])} hourly partitions from {rec['start']} under {args.out} "
+              f"({args.rows} rows each); true-logit AUC per hour: "
+              + " ".join(f"{h['true_logit_auc']:.4f}" for h in rec["hours"]))
+        return 0
     rec = generator.generate(args.out, args.rows, args.test_rows, args.seed, extra_days=args.extra_days)
     print(f"wrote {args.out}: {', '.join(rec['files'].values())}, signal.json in {rec['seconds']} s "
           f"({rec['rows']} train rows per day, {rec['test_rows']} test rows)")
@@ -181,6 +198,14 @@ def _train(args) -> int:
         return 1
     if rec and (args.local_cluster or args.single):
         auc = rec.get("test_auc") or []
+        if rec.get("mode_online"):
+            ex = rec.get("exports") or []
+            print(f"{rec.get('mode')} continuous training stopped before {rec.get('next_hour')}: "
+                  f"{len(rec.get('partitions') or [])} partition(s), "
+                  f"{sum(e['kind'] == 'base' for e in ex)} base(s) and {sum(e['kind'] == 'patch' for e in ex)} "
+                  f"patch(es) exported; AUC before training on each partition {[round(a, 4) for a in auc]}")
+            print("ELASTIC_CTR_SUMMARY " + json.dumps(rec))
+            return 0
         print(f"{rec.get('mode')} training done: test auc per pass {[round(a, 4) for a in auc]}, "
               f"{rec.get('examples_per_s_total') or rec.get('examples_per_s')} examples/s"
               + (f", version {rec['version']} exported to {cfg.output}" if rec.get("version") else ""))

@@ -167,10 +167,13 @@ def write_sparse(stage: Path, keys: np.ndarray, values: np.ndarray) -> list[dict
 def export_version(root: str, *, slots: Sequence[int], fmt: str, dim: int, layers: Sequence[int],
                    keys: np.ndarray, values: np.ndarray, metrics: dict, training: dict,
                    source_scope=None, token: str | None = None, version_id: int | None = None,
-                   seed: int = 0) -> DonefileRecord:
-    """Writes and publishes one base version under ``root`` (a directory or the file
-    server's URL): ``versions/<id>/dense/`` (program, parameters, ``model_meta.json``),
-    ``versions/<id>/sparse/part-*``, then the line in ``donefile/base.txt``.
+                   seed: int = 0, base_id: int | None = None) -> DonefileRecord:
+    """Writes and publishes one version under ``root`` (a directory or the file server's
+    URL): ``versions/<id>/dense/`` (program, parameters, ``model_meta.json``),
+    ``versions/<id>/sparse/part-*``, then the line in ``donefile/base.txt`` (a base: the
+    whole table) or, with ``base_id``, in ``donefile/patch.txt`` (a patch: ``keys`` and
+    ``values`` are the rows changed since the previous version of that base; the dense
+    model is whole either way).
 
     Args:
         slots: the slot ids (int[S]); fmt: the input format (criteo | slot).
@@ -201,14 +204,19 @@ def export_version(root: str, *, slots: Sequence[int], fmt: str, dim: int, layer
             feeds=dense["feeds"], fetches=[dense["fetch"]], model_files=tuple(dense["files"]),
             layers=list(layers),
             sparse={"parts": parts, "count": int(len(keys)), "value": f"float32[{dim}] little-endian",
-                    "key": "uint64 little-endian feasign", "style": "raw"},
+                    "key": "uint64 little-endian feasign", "style": "raw",
+                    "kind": "base" if base_id is None else "patch", "base": base_id},
             training=training, metrics=metrics, export_check_max_abs_diff=0.0)
         meta = meta.model_copy(update={"export_check_max_abs_diff": check_dense(stage / "dense", meta)})
         meta.write(stage / "dense")
         storage.upload_tree(stage, storage.join(root, "versions", str(vid)), token)
-    rec = donefile.base_record(vid, dim, int(len(keys)))
-    donefile.append(root, "base", rec, token)
-    log.info("exported version %d to %s: %d keys, dim %d, in %.1f s", vid, root, len(keys), dim,
+    if base_id is None:
+        rec = donefile.base_record(vid, dim, int(len(keys)))
+    else:
+        rec = donefile.patch_record(vid, int(base_id), dim, int(len(keys)))
+    donefile.append(root, "base" if base_id is None else "patch", rec, token)
+    log.info("exported %s version %d to %s: %d keys, dim %d, in %.1f s",
+             "base" if base_id is None else f"patch (base {base_id})", vid, root, len(keys), dim,
              time.monotonic() - t0)
     return rec
 

@@ -19,6 +19,20 @@ seed and sizes give byte-identical files):
 
 The AUC of the true logit on the test split (the best a model can do, up to noise) is
 printed and written to ``signal.json``.
+
+Hourly partitions (``generate_hours``, ``data generate --hours H --start YYYYMMDD/HH``)
+draw hour ``t`` from the model above after ``t`` steps of drift, so that a model trained
+on fresher hours scores better on the next one:
+
+* new feasigns: every hour, in each slot with at least 150 values, ``NEW_FRACTION`` of
+  the values (uniformly chosen ranks) are replaced by fresh random values with fresh
+  weights ``N(0, sigma_s**2)``: their old feasigns stop appearing, new ones appear;
+* moving click rates: the weights of the ``DRIFT_SLOTS`` slots take a random-walk step
+  ``N(0, DRIFT_SIGMA**2)`` per value per hour.
+
+The layout is ``runtime.formats.partitions``'s: ``ROOT/YYYYMMDD/HH/part-00000`` written
+through a temporary name, then ``_SUCCESS``; ``ROOT/signal.json`` records each hour's
+true-logit AUC.
 """
 from __future__ import annotations
 
@@ -37,6 +51,10 @@ log = logging.getLogger(__name__)
 
 VOCAB_SIZES = (4, 12, 40, 150, 600, 2000, 8000)
 CHUNK_ROWS = 200_000
+#: hourly drift (module docstring)
+NEW_FRACTION = 0.03
+DRIFT_SLOTS = (0, 1, 4, 5, 8, 12)
+DRIFT_SIGMA = 0.25
 
 
 class _Model:
@@ -60,6 +78,18 @@ class _Model:
         self.inter = rng.normal(0.0, 0.6, size=(8, 8))
         self.gamma = 1.0
         self.bias = 0.0
+
+    def drift(self, rng: np.random.Generator) -> None:
+        """One hour of drift (module docstring), in place."""
+        for s in range(features.NUM_SLOTS):
+            v = self.vocab[s]
+            if v >= 150:
+                ranks = rng.choice(v, size=max(1, int(v * NEW_FRACTION)), replace=False)
+                fresh = rng.integers(0, 1 << 32, size=len(ranks), dtype=np.uint64)
+                self.values[s][ranks] = [f"{int(x):08x}" for x in fresh]
+                self.weights[s][ranks] = rng.normal(0.0, self.sigma[s], size=len(ranks))
+            if s in DRIFT_SLOTS:
+                self.weights[s] += rng.normal(0.0, DRIFT_SIGMA, size=v)
 
     def sample(self, rng: np.random.Generator, n: int):
         """Draws ``n`` rows -> (labels int64[n], logit float64[n], dense float64[n,13] with
@@ -95,6 +125,79 @@ def _lines(labels, dense, cat) -> list[str]:
     for s in range(features.NUM_SLOTS):
         cols.append(cat[:, s].tolist())
     return ["\t".join(r) for r in zip(*cols)] if n else []
+
+
+def _calibrated_model(seed: int) -> tuple[_Model, np.random.Generator]:
+    """The seeded model with its bias set for a ~25% click rate, and the rng to draw rows."""
+    rng = np.random.default_rng(seed)
+    model = _Model(rng)
+    pilot, _, _ = model.sample(np.random.default_rng(seed + 7919), 20_000)
+    lo, hi = -10.0, 10.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if np.mean(1 / (1 + np.exp(-(pilot + mid)))) > 0.25:
+            hi = mid
+        else:
+            lo = mid
+    model.bias = (lo + hi) / 2
+    return model, rng
+
+
+def _write_rows(model: _Model, rng: np.random.Generator, path: Path, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Draws ``n`` rows into ``path`` (through a temporary name); returns (labels, logits)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    labels_all, logits = [], []
+    with open(tmp, "w") as f:
+        done = 0
+        while done < n:
+            m = min(CHUNK_ROWS, n - done)
+            logit, dense, cat = model.sample(rng, m)
+            labels = (rng.random(m) < 1 / (1 + np.exp(-logit))).astype(np.int64)
+            labels_all.append(labels)
+            logits.append(logit)
+            f.write("\n".join(_lines(labels, dense, cat)) + "\n")
+            done += m
+    os.replace(tmp, path)
+    return np.concatenate(labels_all), np.concatenate(logits)
+
+
+def generate_hours(root: str | os.PathLike, hours: int, start: str, rows_per_hour: int, seed: int = 1,
+                   every_s: float = 0.0) -> dict:
+    """Writes hourly partitions ``root/YYYYMMDD/HH/`` (module docstring) for ``hours`` hours
+    from ``start`` (``YYYYMMDD/HH``), ``rows_per_hour`` Criteo rows each, then
+    ``_SUCCESS``; sleeps ``every_s`` seconds between hours (data that lands while a job
+    runs). Returns the signal record
+    (also ``root/signal.json``): ``hours`` [{hour, rows, ctr, true_logit_auc}].
+
+    Raises ``ValueError`` for non-positive sizes, ``PartitionError`` for a bad ``start``.
+    """
+    from runtime.formats import partitions
+
+    if hours <= 0 or rows_per_hour <= 0:
+        raise ValueError(f"--hours and --rows must be > 0 (got {hours}, {rows_per_hour})")
+    h0 = partitions.Hour.parse(start, "--start")
+    out = Path(root)
+    out.mkdir(parents=True, exist_ok=True)
+    model, rng = _calibrated_model(seed)
+    recs = []
+    for t in range(hours):
+        if t:
+            model.drift(rng)
+        hour = h0.next(t)
+        d = Path(hour.location(str(out)))
+        if t and every_s > 0:
+            time.sleep(every_s)
+        d.mkdir(parents=True, exist_ok=True)
+        labels, logits = _write_rows(model, rng, d / "part-00000", rows_per_hour)
+        partitions.mark_complete(d)
+        recs.append({"hour": str(hour), "rows": rows_per_hour, "ctr": round(float(labels.mean()), 6),
+                     "true_logit_auc": round(auc(labels, logits), 6)})
+        log.info("partition %s: %d rows, true-logit AUC %.4f", hour, rows_per_hour, recs[-1]["true_logit_auc"])
+    rec = {"seed": seed, "start": str(h0), "hours": recs, "rows_per_hour": rows_per_hour,
+           "drift": {"new_fraction": NEW_FRACTION, "drift_slots": list(DRIFT_SLOTS), "drift_sigma": DRIFT_SIGMA},
+           "generator": "runtime.trainer.generator (see its docstring)"}
+    (out / "signal.json").write_text(json.dumps(rec, indent=2) + "\n")
+    return rec
 
 
 def generate(out_dir: str | os.PathLike, rows: int, test_rows: int, seed: int = 1,

@@ -280,6 +280,16 @@ class Worker:
         ``None`` elsewhere. ``save_dir``: a fresh directory the save may use."""
         raise NotImplementedError
 
+    def checkpoint(self, directory: str) -> None:
+        """Saves everything training needs to go on (parameters and optimizer state) under
+        ``directory`` (every process of the job calls it, in the same order)."""
+        raise NotImplementedError
+
+    def restore(self, directory: str) -> None:
+        """Loads a ``checkpoint`` (every process of the job calls it). Raises ``RuntimeError``
+        naming the directory when it is not a complete checkpoint."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Leaves the job (parameter servers: stops this worker's client)."""
 
@@ -327,6 +337,24 @@ class SingleWorker(Worker):
 
     def full_table(self, save_dir: str) -> tuple[np.ndarray, np.ndarray]:
         return self.table_rows()
+
+    def checkpoint(self, directory: str) -> None:
+        """``paddle.static.save`` of the training program (table, head, Adam moments) as
+        ``directory/model.*`` and the vocabulary as ``directory/vocab.npy``."""
+        import paddle
+
+        os.makedirs(directory, exist_ok=True)
+        paddle.static.save(self.main, os.path.join(directory, "model"))
+        np.save(os.path.join(directory, "vocab.npy"), self.vocab.keys())
+
+    def restore(self, directory: str) -> None:
+        import paddle
+
+        if not os.path.exists(os.path.join(directory, "model.pdparams")):
+            raise RuntimeError(f"checkpoint {directory}: no model.pdparams (not a single-process checkpoint)")
+        paddle.static.load(self.main, os.path.join(directory, "model"), self.exe)
+        self.vocab.restore(np.load(os.path.join(directory, "vocab.npy")))
+        self._eval_exe = None
 
 
 class PsWorker(Worker):
@@ -415,6 +443,30 @@ class PsWorker(Worker):
         log.info("%s: sparse table saved under %s in %.1f s", self.who, save_dir, time.monotonic() - t0)
         return export.read_saved_table(save_dir, self.cfg.embedding_dim)
 
+    def checkpoint(self, directory: str) -> None:
+        """``fleet.save_persistables(exe, directory, main, mode=0)``: every pserver saves
+        all its tables (sparse rows with their optimizer state, dense parameters and
+        moments) under ``directory``, on its own file system: in a cluster a volume
+        shared by every pod (``--state-dir``). Every trainer calls it (barriers)."""
+        from paddle.distributed import fleet
+
+        if self.chief:
+            os.makedirs(directory, exist_ok=True)
+        self.barrier()
+        fleet.save_persistables(self.exe, directory, self.main, mode=0)
+
+    def restore(self, directory: str) -> None:
+        """``fleet.load_model(directory, 0)`` (the pservers load every table), then every
+        trainer pulls the dense parameters (``sync``)."""
+        from paddle.distributed import fleet
+
+        if not os.path.isdir(directory):
+            raise RuntimeError(f"checkpoint {directory}: missing (the pservers' checkpoints must be on a volume "
+                               "shared with the trainers)")
+        fleet.load_model(directory, 0)
+        self.sync()
+        self._eval_exe = None
+
     def _geo_table(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Every trainer writes its distinct feasigns to ``<--table-dir>/elastic-ctr-keys-<n>/``
         (``n``: a number the chief draws, summed over the trainers with gloo so all agree);
@@ -468,10 +520,10 @@ def geo_rows(rows: int):
 
 
 def strategy(cfg: TrainConfig, continuous: bool = False):
-    """The ``DistributedStrategy``: async, the sparse table's ``shard_num`` (full proto
-    paths: a short key is silently ignored), and ``enable_revert`` when ``continuous``
-    (the table then tracks the rows pushed since the last patch save, mode 5). All table
-    keys in ONE assignment: every assignment to ``sparse_table_configs`` adds a table.
+    """The ``DistributedStrategy``: async and the sparse table's ``shard_num`` (full proto
+    paths: a short key is silently ignored). All table keys in ONE assignment: every
+    assignment to ``sparse_table_configs`` adds a table. ``continuous`` changes nothing
+    today (patches are cut by comparing exports, ``runtime.trainer.online``).
     ``--ps-mode geo``: ``a_sync_configs = {"k_steps": ...}`` (GEO-SGD) instead."""
     from paddle.distributed import fleet
 
@@ -484,8 +536,6 @@ def strategy(cfg: TrainConfig, continuous: bool = False):
         return s
     prefix = f"table_parameters.{model.TABLE_NAME}"
     table = {f"{prefix}.shard_num": int(cfg.sparse_shards)}
-    if continuous:
-        table[f"{prefix}.enable_revert"] = True
     s.sparse_table_configs = {model.TABLE_NAME: table}
     return s
 

@@ -118,6 +118,27 @@ def test_training_mode_threads_work_dir_and_gloo_port(rendered, args):
         assert ports.get("gloo") == (8210 if name == "pserver" else None), name
 
 
+def test_continuous_training_job(rendered):
+    """trainingMode continuous: the trainers follow dataSource's hourly partitions, keep
+    their state on the shared volume, and the job tolerates many restarts."""
+    r = rendered("dev", "trainingMode=continuous", "dataSource=http://files:8080/hours",
+                 "dataStartHour=20261120/00", "patchEvery=2", "baseEvery=12")
+    job = r.get("Job", "ctr-train")["spec"]
+    assert job["maxRetry"] == 1000
+    assert {(p["event"], p["action"]) for p in job["policies"]} == {
+        ("PodEvicted", "RestartJob"), ("PodFailed", "RestartJob")}
+    for t in job["tasks"]:
+        (c,) = t["template"]["spec"]["containers"]
+        a = c["args"]
+        assert flag(a, "--mode") == "continuous" and flag(a, "--data-root") == "http://files:8080/hours"
+        assert flag(a, "--start-hour") == "20261120/00" and "--end-hour" not in a
+        assert flag(a, "--state-dir") == "/shared/state"
+        assert flag(a, "--patch-every") == "2" and flag(a, "--base-every") == "12"
+        assert "--data-train" not in a
+    batch = rendered("dev").get("Job", "ctr-train")["spec"]
+    assert batch["maxRetry"] == 3 and "--mode" not in batch["tasks"][1]["template"]["spec"]["containers"][0]["args"]
+
+
 @pytest.mark.parametrize("args", [("dev",), ("prod",), ("dev", "trainingSharedStorageClass=nfs-client",
                                                          "trainingSharedSize=20Gi")],
                          ids=lambda a: " ".join(a))

@@ -1,0 +1,370 @@
+"""Continuous (online) training: ``elastic-ctr train --mode continuous``.
+
+The job follows hourly partitions (``runtime.formats.partitions``) from ``--start-hour``,
+in order, each once, and never ends by itself unless ``--end-hour`` is given. For each
+complete partition every worker stages and loads its shard (``runtime.trainer.worker``);
+trainer 0 first scores the model of that moment on its rows (the AUC on the next hour's
+data, before training on it), then the partition is trained as one pass. After every
+``--patch-every`` partitions the job exports a version of ``--output``:
+
+* a **base** (the whole sparse table, ``donefile/base.txt``) for the first export and
+  whenever ``--base-every`` partitions have been trained since the last base;
+* otherwise a **patch**: the whole dense model and exactly the sparse rows whose values
+  differ from the previous export (new keys included), ``donefile/patch.txt`` with the
+  base's id as its key. Applying the base and its patches in order gives the table the
+  trainer held at the patch's export, bit for bit.
+
+The rows of a patch come from comparing the table with the previous export (kept with
+the checkpoint). Paddle 3.0.0's pserver has its own delta save (``MemorySparseTable::
+SavePatch``, ``save_one_table`` mode 5 with the table's ``enable_revert``), but no
+public API documents it and its behaviour was not verified here, so the trainer does not
+rely on it; see docs/training.md.
+
+Resume: at every export point, in this order, (1) every worker takes a checkpoint
+(``Worker.checkpoint``: the pservers save all tables with optimizer state, or the single
+process its program) into ``--state-dir/checkpoints/<hour>``, (2) trainer 0 writes the
+state file with the export it is about to publish as ``pending`` (its version id fixed),
+(3) publishes the version (files, then the donefile line), (4) writes the state with the
+export done. A restarted job (any pod killed, the Volcano Job restarted) reads the state,
+restores the newest checkpoint (the pending one if any) and, on trainer 0, finishes a
+pending export whose donefile line is missing, with the same id. So no partition is
+trained twice into the served lineage or skipped, and version ids keep increasing.
+Partitions trained after the last export point are trained again after a restart (their
+updates were never checkpointed).
+
+The state file (``--state-dir/online-state.json``) is owned by ``OnlineState``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import time
+from typing import Literal, Optional
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from runtime.formats import donefile, partitions
+from runtime.trainer.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "online-state.json"
+CHECKPOINTS = "checkpoints"
+SNAPSHOT = "exported.npz"  # trainer 0's copy of the last exported table, beside the checkpoint
+EVAL_ROWS = 20_000
+
+
+class ExportRecord(BaseModel):
+    """One exported version: ``id``, ``kind``, its ``base``, the ``hour`` trained last,
+    ``rows`` (sparse rows in the version), ``seconds`` (export wall time)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: int
+    kind: Literal["base", "patch"]
+    base: int
+    hour: str
+    rows: int
+    seconds: float = 0.0
+
+
+class PartitionRecord(BaseModel):
+    """One trained partition: rows trained by this job, the AUC of the model before
+    training on it (trainer 0's rows; ``None`` for the first), the pass's train AUC."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hour: str
+    rows: int
+    auc_before: Optional[float] = None
+    train_auc: Optional[float] = None
+    version: Optional[int] = None
+
+
+class OnlineState(BaseModel):
+    """The continuous job's progress (module docstring): written atomically by trainer 0,
+    read by every worker at start.
+
+    ``next_hour``: the first partition not yet in the checkpoint; ``checkpoint``: the
+    directory name under ``checkpoints/`` (``None``: start from scratch);
+    ``since_base``: partitions trained since the last base export; ``pending``: an
+    export whose checkpoint is written but whose donefile line may be missing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = 1
+    data_root: str
+    start_hour: str
+    next_hour: str
+    checkpoint: Optional[str] = None
+    base_id: Optional[int] = None
+    since_base: int = 0
+    pending: Optional[ExportRecord] = None
+    pending_next_hour: Optional[str] = None
+    pending_checkpoint: Optional[str] = None
+    exports: list[ExportRecord] = Field(default_factory=list)
+    partitions: list[PartitionRecord] = Field(default_factory=list)
+
+    @classmethod
+    def load(cls, state_dir: str) -> Optional["OnlineState"]:
+        """The state in ``state_dir``, or ``None`` if there is none. Raises ``ValueError``
+        naming the file when it is not a valid state."""
+        path = os.path.join(state_dir, STATE_FILE)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return None
+        try:
+            return cls.model_validate_json(raw)
+        except ValueError as exc:
+            raise ValueError(f"{path}: not a valid online training state ({exc})") from None
+
+    def save(self, state_dir: str) -> None:
+        """Writes the state atomically (temporary file, fsync, rename)."""
+        os.makedirs(state_dir, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".online-state-", dir=state_dir)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(self.model_dump_json(indent=1))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, os.path.join(state_dir, STATE_FILE))
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def resume_point(self) -> tuple[str, Optional[str]]:
+        """``(next hour, checkpoint)`` to resume from: the pending export's if any."""
+        if self.pending is not None:
+            return self.pending_next_hour, self.pending_checkpoint
+        return self.next_hour, self.checkpoint
+
+
+def table_diff(prev_keys: np.ndarray, prev_values: np.ndarray, keys: np.ndarray,
+               values: np.ndarray) -> np.ndarray:
+    """Indices into ``keys`` of the rows that are new or whose values differ bitwise from
+    the previous export. ``prev_keys``/``keys``: uint64[m]/[n] (unique, any order),
+    ``prev_values``/``values``: float32[m, d]/[n, d]. Returns int64[k], ascending."""
+    if len(prev_keys) == 0:
+        return np.arange(len(keys), dtype=np.int64)
+    order = np.argsort(prev_keys, kind="stable")
+    sk = prev_keys[order]
+    pos = np.searchsorted(sk, keys)
+    pos_c = np.minimum(pos, len(sk) - 1)
+    found = sk[pos_c] == keys
+    changed = ~found
+    idx = np.flatnonzero(found)
+    a = np.ascontiguousarray(values[idx], dtype=np.float32).view(np.uint32)
+    b = np.ascontiguousarray(prev_values[order[pos_c[idx]]], dtype=np.float32).view(np.uint32)
+    changed[idx] = (a != b).any(axis=1)
+    return np.flatnonzero(changed).astype(np.int64)
+
+
+def apply_patch(keys: np.ndarray, values: np.ndarray, patch_keys: np.ndarray,
+                patch_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A table (uint64[n], float32[n, d]) with a patch's rows replacing or adding rows, as
+    the cube does; returns it sorted by key."""
+    k = np.concatenate([patch_keys, keys])
+    v = np.concatenate([patch_values, values])
+    uniq, first = np.unique(k, return_index=True)  # the patch's row wins (it comes first)
+    return uniq, v[first]
+
+
+class _Stop:
+    """SIGTERM/SIGINT: finish the partition in hand, export if due, then stop."""
+
+    def __init__(self):
+        self.requested = False
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, _frame):
+        log.info("signal %d: stopping after the partition in hand", signum)
+        self.requested = True
+
+
+def _wait_for(cfg: TrainConfig, hour: partitions.Hour, stop: _Stop) -> bool:
+    """Waits until ``hour`` is complete; False if a stop was requested meanwhile."""
+    waited = 0
+    while not partitions.is_complete(cfg.data_root, hour):
+        if stop.requested:
+            return False
+        if waited % 10 == 0:
+            log.info("waiting for partition %s: no %s in %s yet (polling every %g s)", hour,
+                     partitions.DONE_MARKER, hour.location(cfg.data_root), cfg.poll_s)
+        waited += 1
+        time.sleep(cfg.poll_s)
+    return True
+
+
+def _checkpoint_name(hour: partitions.Hour) -> str:
+    return str(hour).replace("/", "-")
+
+
+def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
+    """Runs the continuous job on ``worker`` (module docstring); every process of the job
+    calls it. Returns the result record (``partitions``, ``exports``...)."""
+    stop = _Stop()
+    stop.install()
+    state = OnlineState.load(cfg.state_dir)
+    start = partitions.Hour.parse(cfg.start_hour, "--start-hour")
+    end = partitions.Hour.parse(cfg.end_hour, "--end-hour") if cfg.end_hour else None
+    if state is not None and (state.data_root != cfg.data_root or state.start_hour != str(start)):
+        raise RuntimeError(f"--state-dir {cfg.state_dir} holds the state of another job (data root "
+                           f"{state.data_root}, start {state.start_hour}); use a new --state-dir")
+    if state is None:
+        state = OnlineState(data_root=cfg.data_root, start_hour=str(start), next_hour=str(start))
+    next_hour, ckpt = state.resume_point()
+    ckroot = os.path.join(cfg.state_dir, CHECKPOINTS)
+    snapshot = (np.zeros(0, np.uint64), np.zeros((0, cfg.embedding_dim), np.float32))
+    if ckpt is not None:
+        log.info("%s: resuming from checkpoint %s (next partition %s)", worker.who, ckpt, next_hour)
+        worker.restore(os.path.join(ckroot, ckpt))
+        if worker.chief:
+            with np.load(os.path.join(ckroot, ckpt, SNAPSHOT)) as z:
+                snapshot = (z["keys"], z["values"])
+    if worker.chief and state.pending is not None:
+        _finish_pending(worker, cfg, state, ckroot)
+    hour = partitions.Hour.parse(next_hour, "state next_hour")
+    since_export = 0
+    records: list[PartitionRecord] = []
+    t_job = time.monotonic()
+    while (end is None or hour <= end) and not stop.requested:
+        if not _wait_for(cfg, hour, stop):
+            break
+        files = partitions.files(cfg.data_root, hour)
+        ds, staged = worker.load(files, keep_rows=worker.chief)
+        rec = PartitionRecord(hour=str(hour), rows=staged.rows)
+        if worker.chief and staged.holdout is not None and (state.exports or ckpt is not None or records):
+            hold = staged.holdout
+            n = min(len(hold), EVAL_ROWS)
+            from runtime.trainer import readers
+
+            sample = readers.Batch(hold.labels[:n], hold.dense[:n], hold.feasigns[:n])
+            rec.auc_before = round(worker.evaluate(sample)[0], 6)
+            log.info("%s: partition %s: auc %.4f before training on it (%d rows)", worker.who, hour,
+                     rec.auc_before, n)
+        st = worker.train_pass(ds, f"partition {hour}", staged.rows)
+        ds.release_memory()
+        rec.train_auc = round(st.train_auc, 6)
+        worker.sync()
+        records.append(rec)
+        state.since_base += 1
+        since_export += 1
+        hour = hour.next()
+        last = end is not None and hour > end
+        # a stop exports only in one process: in a PS job the others may not have stopped
+        if since_export >= cfg.patch_every or last or (stop.requested and worker.shard[1] == 1):
+            ver = _export_point(worker, cfg, state, hour, ckroot, snapshot)
+            if ver is not None:
+                rec.version = ver[0].id
+                snapshot = ver[1]
+            since_export = 0
+    worker.budget.finish()
+    out = {**job, "mode_online": "continuous", "next_hour": str(hour),
+           "partitions": [r.model_dump() for r in records],
+           "wall_seconds_online": round(time.monotonic() - t_job, 1)}
+    if worker.chief:
+        final = OnlineState.load(cfg.state_dir) or state
+        out["exports"] = [e.model_dump() for e in final.exports]
+        if final.exports:
+            out["version"] = final.exports[-1].id
+        out["test_auc"] = [r.auc_before for r in records if r.auc_before is not None]
+        log.info("%s: continuous training stopped before %s: %d partition(s) trained, %d version(s) exported",
+                 worker.who, hour, len(records), len(final.exports))
+    return out
+
+
+def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: partitions.Hour, ckroot: str,
+                  snapshot: tuple[np.ndarray, np.ndarray]):
+    """Checkpoint, pending state, publish, state (module docstring). Every process calls
+    it; returns ``(ExportRecord, new snapshot)`` on trainer 0, ``None`` elsewhere."""
+    from runtime.trainer import train
+
+    name = _checkpoint_name(next_hour)
+    directory = os.path.join(ckroot, name)
+    if worker.chief and os.path.isdir(directory):
+        shutil.rmtree(directory)  # a checkpoint left by a run that died before its state
+    with train.table_save_dir(cfg.table_dir) as save_dir:
+        table = worker.full_table(save_dir)
+    worker.checkpoint(directory)
+    if not worker.chief:
+        return None
+    keys, values = table
+    order = np.argsort(keys, kind="stable")
+    keys, values = keys[order], np.ascontiguousarray(values[order], dtype=np.float32)
+    np.savez(os.path.join(directory, SNAPSHOT), keys=keys, values=values)
+    last_hour = str(next_hour.next(-1))
+    is_base = state.base_id is None or state.since_base >= cfg.base_every
+    vid = donefile.new_version_id(cfg.output) if cfg.output else (state.exports[-1].id + 1 if state.exports else 1)
+    if is_base:
+        rows_idx = np.arange(len(keys))
+        rec = ExportRecord(id=vid, kind="base", base=vid, hour=last_hour, rows=int(len(keys)))
+    else:
+        rows_idx = table_diff(snapshot[0], snapshot[1], keys, values)
+        rec = ExportRecord(id=vid, kind="patch", base=state.base_id, hour=last_hour, rows=int(len(rows_idx)))
+    state.pending, state.pending_next_hour, state.pending_checkpoint = rec, str(next_hour), name
+    state.save(cfg.state_dir)
+    t0 = time.monotonic()
+    if cfg.output:
+        _publish(worker, cfg, rec, keys[rows_idx], values[rows_idx])
+    rec.seconds = round(time.monotonic() - t0, 3)
+    _commit(state, rec, cfg, ckroot)
+    log.info("%s: exported %s %d after partition %s: %d sparse rows (of %d) in %.1f s", worker.who, rec.kind,
+             rec.id, last_hour, rec.rows, len(keys), rec.seconds)
+    return rec, (keys, values)
+
+
+def _publish(worker, cfg: TrainConfig, rec: ExportRecord, keys: np.ndarray, values: np.ndarray) -> None:
+    from runtime.trainer import train
+
+    meta_rec = {"mode": "continuous", "test_auc": [], "trainers": None, "pservers": None, "epochs": 1}
+    train.export(cfg, worker.slots, keys, values, meta_rec, version_id=rec.id,
+                 base_id=None if rec.kind == "base" else rec.base)
+
+
+def _commit(state: OnlineState, rec: ExportRecord, cfg: TrainConfig, ckroot: str) -> None:
+    """Marks the pending export done, moves the resume point, drops older checkpoints."""
+    state.exports.append(rec)
+    state.next_hour, state.checkpoint = state.pending_next_hour, state.pending_checkpoint
+    if rec.kind == "base":
+        state.base_id, state.since_base = rec.id, 0
+    state.pending = state.pending_next_hour = state.pending_checkpoint = None
+    state.save(cfg.state_dir)
+    for name in os.listdir(ckroot):
+        if name != state.checkpoint:
+            shutil.rmtree(os.path.join(ckroot, name), ignore_errors=True)
+
+
+def _finish_pending(worker, cfg: TrainConfig, state: OnlineState, ckroot: str) -> None:
+    """After a restart: publishes the pending export again if its donefile line is
+    missing (same id, same rows: the checkpoint holds the table it was cut from)."""
+    rec = state.pending
+    lines = donefile.read(cfg.output, rec.kind) if cfg.output else []
+    if any(r.id == rec.id for r in lines):
+        log.info("%s: pending %s %d was published before the restart", worker.who, rec.kind, rec.id)
+    else:
+        directory = os.path.join(ckroot, state.pending_checkpoint)
+        with np.load(os.path.join(directory, SNAPSHOT)) as z:
+            keys, values = z["keys"], z["values"]
+        if rec.kind == "base":
+            idx = np.arange(len(keys))
+        else:
+            prev = os.path.join(ckroot, state.checkpoint, SNAPSHOT) if state.checkpoint else None
+            if prev is None or not os.path.exists(prev):
+                raise RuntimeError(f"pending patch {rec.id}: the previous export's table ({prev}) is missing")
+            with np.load(prev) as z:
+                idx = table_diff(z["keys"], z["values"], keys, values)
+        log.info("%s: publishing pending %s %d again (no donefile line)", worker.who, rec.kind, rec.id)
+        if cfg.output:
+            _publish(worker, cfg, rec, keys[idx], values[idx])
+    _commit(state, rec, cfg, ckroot)

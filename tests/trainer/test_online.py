@@ -1,0 +1,228 @@
+"""Continuous training (runtime.trainer.online): hourly partitions, base and patch versions
+whose base + patches equal the trainer's table bit for bit, resume after a killed trainer."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime.formats import donefile, partitions
+from runtime.formats.model_meta import ModelMeta
+from runtime.formats.seqfile import read_sequence_file
+from runtime.trainer import generator, online, readers
+
+START = "20261120/00"
+
+
+def test_table_diff_finds_new_and_changed_rows_bitwise():
+    prev_k = np.array([5, 1, 9], np.uint64)
+    prev_v = np.array([[1.0, 2.0], [3.0, 4.0], [0.0, -0.0]], np.float32)
+    keys = np.array([1, 9, 5, 7], np.uint64)
+    values = np.array([[3.0, 4.0], [0.0, 0.0], [1.0, 2.5], [0.0, 0.0]], np.float32)
+    # 9 changed only in the sign of a zero: bitwise a change; 5 changed; 7 is new
+    assert online.table_diff(prev_k, prev_v, keys, values).tolist() == [1, 2, 3]
+    assert online.table_diff(np.zeros(0, np.uint64), np.zeros((0, 2), np.float32), keys, values).tolist() == [
+        0, 1, 2, 3]
+    k, v = online.apply_patch(prev_k, prev_v, keys[[2, 3]], values[[2, 3]])
+    assert k.tolist() == [1, 5, 7, 9] and v[1].tolist() == [1.0, 2.5]
+
+
+def test_state_roundtrip_and_bad_file(tmp_path):
+    st = online.OnlineState(data_root="/d", start_hour=START, next_hour=START)
+    st.pending = online.ExportRecord(id=3, kind="patch", base=1, hour=START, rows=5)
+    st.pending_next_hour, st.pending_checkpoint = "20261120/01", "20261120-01"
+    st.save(str(tmp_path))
+    again = online.OnlineState.load(str(tmp_path))
+    assert again == st and again.resume_point() == ("20261120/01", "20261120-01")
+    assert [p.name for p in tmp_path.iterdir()] == [online.STATE_FILE]  # no temporary left
+    (tmp_path / online.STATE_FILE).write_text('{"data_root": 1}')
+    with pytest.raises(ValueError, match="not a valid online training state"):
+        online.OnlineState.load(str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def hours(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hours")
+    rec = generator.generate_hours(root, 4, START, 6000, seed=4)
+    return root, rec
+
+
+def test_generated_hours_drift_and_are_complete(hours):
+    root, rec = hours
+    hs = partitions.hours(partitions.Hour.parse(START), partitions.Hour.parse(START).next(3))
+    assert [h["hour"] for h in rec["hours"]] == [str(h) for h in hs]
+    seen = []
+    for h in hs:
+        (f,) = partitions.files(str(root), h)
+        b = readers.read_all([f])
+        assert len(b) == 6000
+        seen.append(set(np.unique(b.feasigns).tolist()))
+    # new feasigns appear every hour, old ones disappear
+    assert seen[1] - seen[0] and seen[0] - seen[3]
+
+
+def _run(args, tmp, timeout=400):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "runtime.cli", "train", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=tmp)
+
+
+def _summary(r):
+    for line in r.stdout.splitlines():
+        if line.startswith("ELASTIC_CTR_SUMMARY "):
+            return json.loads(line.split(" ", 1)[1])
+    raise AssertionError(f"no summary; rc={r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+
+
+def _chain(out: Path) -> list[tuple[str, int, np.ndarray, np.ndarray]]:
+    """[(kind, id, keys, values)] of every version, in id order, read from the SequenceFiles."""
+    recs = [("base", r) for r in donefile.read(str(out), "base")] + [("patch", r) for r in
+                                                                      donefile.read(str(out), "patch")]
+    out_l = []
+    for kind, r in sorted(recs, key=lambda x: x[1].id):
+        parts = sorted((out / r.input).glob("part-*"))
+        kv = [read_sequence_file(p) for p in parts]
+        keys = np.concatenate([k for k, _ in kv])
+        values = np.concatenate([v.reshape(-1, 9) for _, v in kv])
+        assert len(keys) == r.count
+        meta = ModelMeta.read(out / r.model)
+        assert meta.sparse.kind == kind and (meta.sparse.base == (r.key if kind == "patch" else None))
+        out_l.append((kind, r.id, keys, values))
+    return out_l
+
+
+def test_single_continuous_base_patches_equal_the_trainers_table(hours, tmp_path):
+    root, _ = hours
+    out, state = tmp_path / "out", tmp_path / "state"
+    r = _run(["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START,
+              "--end-hour", "20261120/02", "--state-dir", str(state), "--output", str(out), "--base-every", "3",
+              "--poll-s", "0.2"], tmp_path)
+    s = _summary(r)
+    assert [e["kind"] for e in s["exports"]] == ["base", "patch", "patch"]
+    assert [p["hour"] for p in s["partitions"]] == ["20261120/00", "20261120/01", "20261120/02"]
+    chain = _chain(out)
+    assert [c[0] for c in chain] == ["base", "patch", "patch"]
+    base_id = chain[0][1]
+    assert all(r.key == base_id for r in donefile.read(str(out), "patch"))
+    keys, values = chain[0][2], chain[0][3]
+    for i, (_, _, pk, pv) in enumerate(chain[1:], start=1):
+        hour = partitions.Hour.parse(START).next(i)
+        touched = np.unique(readers.read_all(partitions.files(str(root), hour)).feasigns)
+        touched = touched[touched != 0]
+        assert np.isin(pk, touched).all(), "a patch row the partition never touched"
+        assert 0 < len(pk) <= len(touched)
+        new = np.setdiff1d(touched, keys)
+        assert np.isin(new, pk).all(), "a new feasign missing from the patch"
+        keys, values = online.apply_patch(keys, values, pk, pv)
+    # the trainer's own table at the last export (kept beside its checkpoint)
+    st = online.OnlineState.load(str(state))
+    with np.load(state / online.CHECKPOINTS / st.checkpoint / online.SNAPSHOT) as z:
+        assert np.array_equal(z["keys"], keys)
+        assert np.array_equal(z["values"].view(np.uint32), values.astype(np.float32).view(np.uint32))
+    assert st.next_hour == "20261120/03" and st.pending is None
+    # resumes with the next hour only, exports a patch on the same base
+    r2 = _run(["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START,
+               "--end-hour", "20261120/03", "--state-dir", str(state), "--output", str(out), "--base-every", "4",
+               "--poll-s", "0.2"], tmp_path)
+    s2 = _summary(r2)
+    assert [p["hour"] for p in s2["partitions"]] == ["20261120/03"]
+    assert s2["partitions"][0]["auc_before"] > 0.7  # the restored model, not a fresh one
+    ids = [e["id"] for e in s2["exports"]]
+    assert ids == sorted(ids) and len(ids) == 4 and s2["exports"][-1]["kind"] == "patch"
+
+
+def test_continuous_waits_for_the_done_marker(tmp_path):
+    root = tmp_path / "data"
+    generator.generate_hours(root, 1, START, 2000, seed=2)
+    late = partitions.Hour.parse(START).next()
+    d = Path(late.location(str(root)))
+    d.mkdir(parents=True)
+    src = Path(partitions.files(str(root), partitions.Hour.parse(START))[0])
+    (d / "part-00000").write_bytes(src.read_bytes())  # data there, marker not yet
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "train", "--single", "--mode", "continuous",
+                             "--data-root", str(root), "--start-hour", START, "--end-hour", str(late),
+                             "--state-dir", str(tmp_path / "state"), "--poll-s", "0.2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    lines: list[str] = []
+    t = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(f"waiting for partition {late}" in ln for ln in lines):
+        time.sleep(0.2)
+    assert any(f"waiting for partition {late}: no _SUCCESS" in ln for ln in lines), "".join(lines[-30:])
+    partitions.mark_complete(d)
+    assert proc.wait(timeout=120) == 0
+    t.join(5)
+    s = json.loads([ln for ln in lines if ln.startswith("ELASTIC_CTR_SUMMARY ")][0].split(" ", 1)[1])
+    assert [p["hour"] for p in s["partitions"]] == [START, str(late)]
+
+
+@pytest.mark.slow
+def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
+    """Trainer 0 killed in the middle of partition 2: the launcher fails the job; the same
+    command again resumes from the last export: every hour is trained once in the served
+    lineage, none skipped, version ids increase."""
+    from runtime import proc
+    from runtime.trainer.cluster import run_local_cluster
+    from runtime.trainer.config import TrainConfig
+
+    root, _ = hours
+    out, state = tmp_path / "out", tmp_path / "state"
+    cfg = TrainConfig(mode="continuous", data_root=str(root), start_hour=START, end_hour="20261120/03",
+                      state_dir=str(state), output=str(out), base_every=3, poll_s=0.2)
+    logs = tmp_path / "logs1"
+    killed = {}
+
+    def started(_endpoints, pids):
+        def watch():
+            log0 = logs / "trainer-0.log"
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                text = log0.read_text(errors="replace") if log0.exists() else ""
+                if "partition 20261120/02: auc" in text:  # trained 00, 01; now in 02
+                    time.sleep(0.5)
+                    os.kill(pids[0], signal.SIGKILL)
+                    killed["at"] = time.monotonic()
+                    return
+                time.sleep(0.1)
+        threading.Thread(target=watch, daemon=True).start()
+
+    with pytest.raises(proc.RoleFailed):
+        run_local_cluster(cfg, 1, 2, log_dir=str(logs), timeout_s=300, on_started=started)
+    assert "at" in killed
+    first = online.OnlineState.load(str(state))
+    assert first.next_hour == "20261120/02" and [e.hour for e in first.exports] == ["20261120/00", "20261120/01"]
+    rec = run_local_cluster(cfg, 1, 2, log_dir=str(tmp_path / "logs2"), timeout_s=300)
+    assert [p["hour"] for p in rec["partitions"]] == ["20261120/02", "20261120/03"]
+    final = online.OnlineState.load(str(state))
+    assert [e.hour for e in final.exports] == ["20261120/00", "20261120/01", "20261120/02", "20261120/03"]
+    assert [e.kind for e in final.exports] == ["base", "patch", "patch", "base"]
+    ids = [e.id for e in final.exports]
+    assert ids == sorted(ids) and len(set(ids)) == 4
+    chain = _chain(out)
+    assert [c[1] for c in chain] == ids
+    # the pservers resumed from the checkpoint: rows trained before the kill and not
+    # touched since are in the last base with the values they had at the export of 01
+    k01, v01 = online.apply_patch(chain[0][2], chain[0][3], chain[1][2], chain[1][3])
+    later = np.unique(np.concatenate([readers.read_all(partitions.files(str(root), partitions.Hour.parse(h))).feasigns.ravel()
+                                      for h in ("20261120/02", "20261120/03")]))
+    keep = ~np.isin(k01, later)
+    assert keep.sum() > 100
+    kb, vb = chain[3][2], chain[3][3]
+    order = np.argsort(kb)
+    pos = np.searchsorted(kb[order], k01[keep])
+    assert np.array_equal(kb[order][pos], k01[keep])
+    np.testing.assert_allclose(vb[order][pos], v01[keep], rtol=1e-5, atol=1e-7)
+    # and the dense head: the same rows score about as they did before the kill
+    text = (logs / "trainer-0.log").read_text(errors="replace")
+    before_kill = float(text.split("partition 20261120/02: auc ")[1].split()[0])
+    assert abs(rec["partitions"][0]["auc_before"] - before_kill) < 0.03, (before_kill, rec["partitions"][0])
