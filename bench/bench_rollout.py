@@ -9,9 +9,14 @@ donefile line and measures the wall time (s) until the transfer's ``/dict/info``
 that version served by every instance. The transfer polls the donefile every
 ``--poll-interval`` s, which is part of the measured time.
 
+Then, in the same run, a patch: ``--patch-fraction`` of the keys (1%: half of them new
+values for existing keys, half new keys) as the next version's SequenceFiles and a
+``patch.txt`` line on that base, timed the same way (the cube builds a delta dict and the
+servers apply it over the base); the patched and untouched keys are checked.
+
 Prints the transfer's phase durations, the value checks of a sample of keys, and one line:
-``rollout keys=<n> shards=<S> replicas=<R> seconds=<s>`` (target on the 2-core machine: <= 15 s
-for 1M keys x 10 float32, 2 x 2).
+``rollout keys=<n> shards=<S> replicas=<R> seconds=<s> patch_keys=<n> patch_seconds=<s>``
+(target on the 2-core machine: <= 15 s for the 1M keys x 10 float32 base, 2 x 2).
 
 Usage: ``python bench/bench_rollout.py [--keys 1000000 --dim 10 --shards 2 --replicas 2]``
 """
@@ -37,9 +42,10 @@ from runtime.formats.seqfile import write_sequence_file  # noqa: E402
 
 def run_rollout_bench(keys: int = 1_000_000, dim: int = 10, shards: int = 2, replicas: int = 2,
                       parts: int = 4, poll_interval_s: float = 0.2, workdir: str | None = None,
-                      seed: int = 0) -> dict:
+                      seed: int = 0, patch_fraction: float = 0.01) -> dict:
     """Runs the measurement; returns ``{"keys", "dim", "shards", "replicas", "seconds",
-    "phases" (s per phase, from the transfer's history), "transfer_seconds"}``.
+    "phases" (s per phase, from the transfer's history), "transfer_seconds", "patch_keys",
+    "patch_seconds", "patch_phases"}`` (no patch when ``patch_fraction`` is 0).
     Raises ``AssertionError`` if the sampled values read back through CubeClient differ."""
     tmp = Path(workdir or tempfile.mkdtemp(prefix="bench_rollout_"))
     try:
@@ -66,9 +72,33 @@ def run_rollout_bench(keys: int = 1_000_000, dim: int = 10, shards: int = 2, rep
                 res = client.seek(k[idx])
                 assert res.version == vid and res.found.all(), "keys missing after the rollout"
                 np.testing.assert_array_equal(res.values, v[idx])
-        return {"keys": len(k), "dim": dim, "shards": shards, "replicas": replicas,
-                "seconds": round(seconds, 3), "phases": last.get("phases"),
-                "transfer_seconds": last.get("seconds")}
+            out = {"keys": len(k), "dim": dim, "shards": shards, "replicas": replicas,
+                   "seconds": round(seconds, 3), "phases": last.get("phases"),
+                   "transfer_seconds": last.get("seconds"), "patch_keys": 0, "patch_seconds": None}
+            n_patch = int(len(k) * patch_fraction)
+            if n_patch:
+                changed = rng.choice(len(k), n_patch - n_patch // 2, replace=False)
+                new = np.setdiff1d(np.unique(rng.integers(1, 1 << 63, n_patch, dtype=np.uint64)), k)[:n_patch // 2]
+                pk = np.concatenate([k[changed], new])
+                pv = rng.standard_normal((len(pk), dim)).astype(np.float32)
+                pid = vid + 1
+                psparse = root / "versions" / str(pid) / "sparse"
+                psparse.mkdir(parents=True)
+                write_sequence_file(psparse / "part-00000", pk, pv)
+                t0 = time.monotonic()
+                c.publish_version(pid, vid, patch=True, dim=dim, count=len(pk))
+                t1 = c.wait_version(pid, timeout_s=300, poll_s=0.02)
+                hist = requests.get(f"{c.transfer_url}/dict/deploy/history", timeout=5).json()["history"]
+                with CubeClient.from_topology(c.topology, timeout_ms=5000) as client:
+                    res = client.seek(pk)
+                    assert res.version == pid and res.found.all(), "patched keys missing"
+                    np.testing.assert_array_equal(res.values, pv)
+                    untouched = np.setdiff1d(np.arange(len(k)), changed)[:10_000]
+                    res = client.seek(k[untouched])
+                    np.testing.assert_array_equal(res.values, v[untouched])
+                out.update(patch_keys=int(len(pk)), patch_seconds=round(t1 - t0, 3),
+                           patch_phases=hist[-1].get("phases"), patch_transfer_seconds=hist[-1].get("seconds"))
+        return out
     finally:
         if workdir is None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -82,10 +112,18 @@ def main() -> int:
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--parts", type=int, default=4, help="SequenceFile part files (default 4)")
     ap.add_argument("--poll-interval", type=float, default=0.2, help="transfer donefile poll (s)")
+    ap.add_argument("--patch-fraction", type=float, default=0.01, help="keys in the patch / keys in the base")
     args = ap.parse_args()
-    r = run_rollout_bench(args.keys, args.dim, args.shards, args.replicas, args.parts, args.poll_interval)
-    print("transfer phases (s):", json.dumps(r["phases"]), "transfer total (s):", r["transfer_seconds"])
-    print(f"rollout keys={r['keys']} shards={r['shards']} replicas={r['replicas']} seconds={r['seconds']:.2f}")
+    r = run_rollout_bench(args.keys, args.dim, args.shards, args.replicas, args.parts, args.poll_interval,
+                          patch_fraction=args.patch_fraction)
+    print("base: transfer phases (s):", json.dumps(r["phases"]), "transfer total (s):", r["transfer_seconds"])
+    if r["patch_keys"]:
+        print("patch: transfer phases (s):", json.dumps(r["patch_phases"]), "transfer total (s):",
+              r["patch_transfer_seconds"])
+        print(f"base {r['keys']} keys: {r['seconds']:.2f} s; patch {r['patch_keys']} keys: {r['patch_seconds']:.2f} s "
+              f"({r['seconds'] / max(r['patch_seconds'], 1e-9):.1f}x faster)")
+    print(f"rollout keys={r['keys']} shards={r['shards']} replicas={r['replicas']} seconds={r['seconds']:.2f} "
+          f"patch_keys={r['patch_keys']} patch_seconds={r['patch_seconds'] if r['patch_seconds'] is not None else 'n/a'}")
     return 0
 
 

@@ -68,7 +68,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rollout-rate", type=float, default=200.0,
                    help="requests/s the client sends during the second round (0 = unlimited); "
                    "bounded so that it does not starve the training it overlaps with")
-    p.add_argument("--rounds", type=int, choices=(1, 2), default=2, help="training rounds")
+    p.add_argument("--rounds", type=int, choices=(1, 2), default=2, help="training rounds (--mode rounds)")
+    p.add_argument("--mode", choices=("online", "rounds"), default="online",
+                   help="online: continuous training over hourly partitions landing one by one, a base then "
+                        "patches (generated data); rounds: two batch training runs (always with --data)")
+    p.add_argument("--hours", type=int, default=6, help="online: hourly partitions trained (one more is "
+                   "generated to score the last version on)")
+    p.add_argument("--rows-per-hour", type=int, default=50_000, help="online: rows per hourly partition")
+    p.add_argument("--eval-rows", type=int, default=10_000,
+                   help="online: rows of the next hour each version is scored on")
+    p.add_argument("--base-every", type=int, default=24, help="online: partitions between two bases")
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
 
 
@@ -131,6 +140,10 @@ def main(args) -> int:
     group = proc.ProcessGroup(logs, grace_s=5.0)
     try:
         with group:
+            if args.mode == "online" and not args.data:
+                from runtime.local import online
+
+                return online.run(args, run_dir, group, step)
             return _pipeline(args, run_dir, group, step)
     except proc.RoleFailed as exc:
         print(f"\nelastic-ctr local: FAILED: role {exc.name!r} exited with code {exc.returncode}; "
@@ -148,11 +161,67 @@ def main(args) -> int:
             print(f"elastic-ctr local: still running after shutdown: {left}", file=sys.stderr)
 
 
+class Services:
+    """What ``start_services`` started: the file server (``root_url``, its root directory
+    ``fs_root``, the upload ``token_file``), the cube (``topology`` file) and the transfer
+    (``transfer_url``), plus the ports kept for serving (``serving_port``, ``grpc_port``)."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def start_services(args, run_dir: Path, group, cli: list[str]) -> Services:
+    """Starts the file server, ``args.shards`` x ``args.replicas`` cube servers with their
+    agents, and the cube transfer, each a process of ``group`` on 127.0.0.1; waits until
+    every port answers. Raises ``proc.RoleFailed`` / ``TimeoutError``."""
+    from runtime import proc
+    from runtime.formats.topology import Topology
+
+    n_inst = args.shards * args.replicas
+    ports = proc.free_ports(3 * n_inst + 4)
+    fs_port, tr_port, sv_port, grpc_port = ports[-4:]
+    token = secrets.token_hex(16)
+    tok = run_dir / "upload.token"
+    tok.write_text(token)
+    os.chmod(tok, 0o600)
+    fs_root = run_dir / "fileserver"
+    root_url = f"http://127.0.0.1:{fs_port}"
+    fs = group.start("fileserver", cli + ["fileserver", "--root", str(fs_root), "--host", "127.0.0.1",
+                                          "--port", str(fs_port), "--upload-token-file", str(tok)])
+    addresses = []
+    waits = [(fs, fs_port)]
+    k = 0
+    for s in range(args.shards):
+        reps = []
+        for r in range(args.replicas):
+            dport, hport, aport = ports[3 * k:3 * k + 3]
+            k += 1
+            srv = group.start(f"cube-server-{s}-{r}", cli + [
+                "cube", "server", "--shard", str(s), "--shard-num", str(args.shards), "--dict-name",
+                DICT_NAME, "--host", "127.0.0.1", "--port", str(dport), "--http-port", str(hport)])
+            ag = group.start(f"cube-agent-{s}-{r}", cli + [
+                "cube", "agent", "--host", "127.0.0.1", "--port", str(aport), "--server-http",
+                f"http://127.0.0.1:{hport}", "--work-dir", str(run_dir / "cube" / f"agent-{s}-{r}")])
+            waits += [(srv, dport), (srv, hport), (ag, aport)]
+            reps.append((f"127.0.0.1:{dport}", f"http://127.0.0.1:{hport}", f"http://127.0.0.1:{aport}"))
+        addresses.append(reps)
+    topo_path = Topology.build(DICT_NAME, addresses).write(run_dir / "topology.json")
+    for role, port in waits:
+        proc.wait_for_port("127.0.0.1", port, 120, role.proc, role.name, role.log_path)
+    transfer = group.start("cube-transfer", cli + [
+        "cube", "transfer", "--topology", str(topo_path), "--root", root_url, "--work-dir",
+        str(run_dir / "cube" / "transfer"), "--host", "127.0.0.1", "--port", str(tr_port),
+        "--upload-token-file", str(tok), "--poll-interval", "0.2", "--phase-timeout", "120"])
+    proc.wait_for_port("127.0.0.1", tr_port, 120, transfer.proc, transfer.name, transfer.log_path)
+    return Services(fs_root=fs_root, root_url=root_url, token_file=tok, topology=topo_path,
+                    transfer_url=f"http://127.0.0.1:{tr_port}", serving_port=sv_port, grpc_port=grpc_port,
+                    transfer=transfer)
+
+
 def _pipeline(args, run_dir: Path, group, step) -> int:
     import requests
 
     from runtime import proc
-    from runtime.formats.topology import Topology
 
     cli = proc.self_command()
     deadline = time.monotonic() + args.timeout
@@ -192,43 +261,9 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
                         expect_exit=True)
         step(f"data: generating {args.rows} train + {args.test_rows} test rows (seed {args.seed})")
     # -- 2. file server, 3. cube (started while data is generated) ----------------------------
-    n_inst = args.shards * args.replicas
-    ports = proc.free_ports(3 * n_inst + 4)
-    fs_port, tr_port, sv_port, grpc_port = ports[-4:]
-    token = secrets.token_hex(16)
-    tok = run_dir / "upload.token"
-    tok.write_text(token)
-    os.chmod(tok, 0o600)
-    fs_root = run_dir / "fileserver"
-    root_url = f"http://127.0.0.1:{fs_port}"
-    fs = group.start("fileserver", cli + ["fileserver", "--root", str(fs_root), "--host", "127.0.0.1",
-                                          "--port", str(fs_port), "--upload-token-file", str(tok)])
-    addresses = []
-    waits = [(fs, fs_port)]
-    k = 0
-    for s in range(args.shards):
-        reps = []
-        for r in range(args.replicas):
-            dport, hport, aport = ports[3 * k:3 * k + 3]
-            k += 1
-            srv = group.start(f"cube-server-{s}-{r}", cli + [
-                "cube", "server", "--shard", str(s), "--shard-num", str(args.shards), "--dict-name",
-                DICT_NAME, "--host", "127.0.0.1", "--port", str(dport), "--http-port", str(hport)])
-            ag = group.start(f"cube-agent-{s}-{r}", cli + [
-                "cube", "agent", "--host", "127.0.0.1", "--port", str(aport), "--server-http",
-                f"http://127.0.0.1:{hport}", "--work-dir", str(run_dir / "cube" / f"agent-{s}-{r}")])
-            waits += [(srv, dport), (srv, hport), (ag, aport)]
-            reps.append((f"127.0.0.1:{dport}", f"http://127.0.0.1:{hport}", f"http://127.0.0.1:{aport}"))
-        addresses.append(reps)
-    topo_path = Topology.build(DICT_NAME, addresses).write(run_dir / "topology.json")
-    for role, port in waits:
-        proc.wait_for_port("127.0.0.1", port, 120, role.proc, role.name, role.log_path)
-    transfer = group.start("cube-transfer", cli + [
-        "cube", "transfer", "--topology", str(topo_path), "--root", root_url, "--work-dir",
-        str(run_dir / "cube" / "transfer"), "--host", "127.0.0.1", "--port", str(tr_port),
-        "--upload-token-file", str(tok), "--poll-interval", "0.2", "--phase-timeout", "120"])
-    proc.wait_for_port("127.0.0.1", tr_port, 120, transfer.proc, transfer.name, transfer.log_path)
-    transfer_url = f"http://127.0.0.1:{tr_port}"
+    svc = start_services(args, run_dir, group, cli)
+    root_url, tok, topo_path = svc.root_url, svc.token_file, svc.topology
+    transfer_url, sv_port, grpc_port = svc.transfer_url, svc.serving_port, svc.grpc_port
     step(f"file server {root_url}; cube {args.shards} shards x {args.replicas} replicas (server + agent each); "
          f"transfer {transfer_url}")
     if not args.data:
@@ -371,7 +406,7 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
         "rounds": rounds, "signal_auc": signal_auc, "failed_requests": failed, "latency": lat,
         "rollout": rollout, "versions_seen": sorted(versions_seen), "test_data": str(test), "format": fmt}, indent=1))
     print(f"demo: versions={len(rounds)} auc={last['served_auc']:.4f} failed_requests={failed} "
-          f"qps={lat['qps']} p99_ms={lat['p99_ms']}", flush=True)
+          f"qps={lat['qps']} p99_ms={lat['p99_ms']} patches=0", flush=True)
     return 0 if failed == 0 else 1
 
 

@@ -27,11 +27,11 @@ REPO = Path(__file__).resolve().parents[2]
 def _run_local(run_dir: Path, *extra: str, timeout: float = 420) -> tuple[subprocess.CompletedProcess, dict]:
     p = subprocess.run([sys.executable, "-m", "runtime.cli", "local", "--run-dir", str(run_dir), *extra],
                        cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    m = re.search(r"^demo: versions=(\d+) auc=([0-9.na]+) failed_requests=(\d+) qps=([0-9.]+) p99_ms=([0-9.]+)$",
-                  p.stdout, re.M)
+    m = re.search(r"^demo: versions=(\d+) auc=([0-9.na]+) failed_requests=(\d+) qps=([0-9.]+) p99_ms=([0-9.]+) "
+                  r"patches=(\d+)$", p.stdout, re.M)
     assert m, f"no demo: line\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}"
     demo = {"versions": int(m.group(1)), "auc": float(m.group(2)), "failed": int(m.group(3)),
-            "qps": float(m.group(4)), "p99_ms": float(m.group(5))}
+            "qps": float(m.group(4)), "p99_ms": float(m.group(5)), "patches": int(m.group(6))}
     return p, demo
 
 
@@ -64,7 +64,7 @@ def _offline(dense_dir: Path, sparse_dir: Path, dense_raw: np.ndarray, fs: np.nd
 @pytest.mark.slow
 def test_local_pipeline_small(tmp_path):
     run_dir = tmp_path / "run"
-    p, demo = _run_local(run_dir, "--rows", "40000", "--test-rows", "3000", "--epochs", "2",
+    p, demo = _run_local(run_dir, "--mode", "rounds", "--rows", "40000", "--test-rows", "3000", "--epochs", "2",
                          "--latency-requests", "500")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     _no_process_left(run_dir)
@@ -109,3 +109,59 @@ def test_local_pipeline_on_real_sample_rows(tmp_path, shared_dir):
     assert "means little" in p.stdout
     assert demo["versions"] == 1 and demo["failed"] == 0
     _no_process_left(run_dir)
+
+
+def _table_upto(root: Path, version: int) -> dict:
+    """The sparse table a cube serving ``version`` holds: its base, then every patch of that
+    base up to ``version``, in id order (read from the exported SequenceFiles)."""
+    from runtime.formats import donefile
+    from runtime.formats.seqfile import read_sequence_file
+
+    bases = donefile.read(str(root), "base")
+    patches = donefile.read(str(root), "patch")
+    own = [r for r in bases + patches if r.id == version][0]
+    base_id = own.key
+    chain = [r for r in bases if r.id == base_id] + sorted(
+        (r for r in patches if r.key == base_id and r.id <= version), key=lambda r: r.id)
+    table: dict = {}
+    for r in chain:
+        for part in sorted((root / r.input).glob("part-*")):
+            keys, vals = read_sequence_file(str(part))
+            table.update({int(k): np.asarray(v, np.float32) for k, v in zip(keys.tolist(), vals)})
+    return table
+
+
+@pytest.mark.slow
+def test_local_online_loop_base_then_patches(tmp_path):
+    """The online demo at a small size: a base and patches, each rolled out while the client
+    keeps sending (no failed request); each version's served predictions equal the
+    exported dense model of that version fed with base + patches up to it; the latest
+    patch scores the next hour better than the base alone."""
+    from tests.helpers import offline_predict
+
+    run_dir = tmp_path / "run"
+    p, demo = _run_local(run_dir, "--hours", "3", "--rows-per-hour", "12000", "--eval-rows", "2000",
+                         "--latency-requests", "300", timeout=480)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    _no_process_left(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    kinds = [v["kind"] for v in summary["versions"]]
+    assert kinds == ["base", "patch", "patch"] and demo["patches"] == 2 and demo["versions"] == 3
+    assert demo["failed"] == 0 and summary["rollout"]["failed_requests"] == 0
+    ids = [v["version"] for v in summary["versions"]]
+    assert ids == sorted(ids)
+    assert set(summary["rollout"]["versions"]) == {str(i) for i in ids}  # the client saw every version
+    root = run_dir / "fileserver"
+    for t, v in enumerate(summary["versions"], start=1):
+        assert v["scored_rows"] == 2000  # every row answered by that version
+        b = features.parse_criteo_lines(Path(summary["eval_files"][t]).read_text().splitlines())
+        served = np.full(len(b), np.nan)
+        for ln in (run_dir / f"client-hour-{t}.tsv").read_text().splitlines():
+            row, _label, prob, ver = ln.split("\t")
+            assert int(ver) == v["version"]
+            served[int(row)] = float(prob)
+        want = offline_predict(root / "versions" / str(v["version"]) / "dense", _table_upto(root, v["version"]),
+                               b.dense, b.feasigns)
+        diff = float(np.abs(served - want).max())
+        assert diff < 1e-5, (v, diff)
+    assert summary["versions"][-1]["served_auc_next"] > summary["base_alone_auc_last"]

@@ -1,0 +1,251 @@
+"""The online loop of ``elastic-ctr local`` (``--mode online``, what ``make demo`` runs).
+
+1. ``data generate --hours H+1``: H+1 hourly partitions with drift (new feasigns, moving
+   click rates; ``runtime.trainer.generator``) into ``data/upstream/``, the output of an
+   upstream job; they land one by one in the data root ``data/hours/YYYYMMDD/HH/`` (a
+   directory rename, ``_SUCCESS`` inside) while the training job runs;
+2. file server, cube (S shards x R replicas), cube transfer (``runtime.local.pipeline``);
+3. ``train --local-cluster --mode continuous`` follows the data root: after each hour it
+   exports a version, the first a base, the others patches (rows changed since the
+   previous version); the transfer rolls each out to every shard and replica;
+4. serving starts on the base; a client keeps sending (rate-bounded) through every patch
+   rollout; each version, once served, scores the NEXT hour's rows (not yet trained on),
+   before that hour lands;
+5. freshness: the last hour's next hour is scored by serving (the latest patch) and,
+   offline, by the base alone (its dense model and SequenceFiles);
+6. a summary table per version (kind, sparse rows, rollout seconds, the trainer's and the
+   served AUC on the next hour) and the line
+   ``demo: versions=<n> auc=<served next-hour AUC of the last version> failed_requests=<n>
+   qps=<x> p99_ms=<y> patches=<n>``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from runtime.local.pipeline import _summary_line, start_services
+
+START = "20261120/00"
+
+
+def _eval_file(src: Path, dst: Path, rows: int) -> Path:
+    """The first ``rows`` lines of ``src`` written to ``dst``."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with open(src) as f, open(dst, "w") as out:
+        for i, line in enumerate(f):
+            if i >= rows:
+                break
+            out.write(line)
+    return dst
+
+
+def _served_auc(pred_tsv: Path, version: int) -> tuple[float, int]:
+    """AUC over the rows of a client's ``--predictions-out`` answered by ``version``."""
+    from runtime.evaluation import auc
+
+    labels, probs = [], []
+    for ln in pred_tsv.read_text().splitlines():
+        _row, label, prob, ver = ln.split("\t")
+        if int(ver) == version:
+            labels.append(int(label))
+            probs.append(float(prob))
+    return (auc(np.array(labels), np.array(probs)) if labels else float("nan")), len(labels)
+
+
+def offline_auc(version_dir: Path, data: Path) -> float:
+    """AUC of one exported version (``versions/<id>/``: dense model and SequenceFiles,
+    whole table = a base) on the Criteo rows of ``data``, computed without serving."""
+    from runtime.evaluation import auc
+    from runtime.formats import features
+    from runtime.formats.seqfile import read_sequence_file
+    from runtime.inference import DensePredictor
+
+    b = features.parse_criteo_lines(data.read_text().splitlines())
+    keys_l, vals_l = [], []
+    for part in sorted((version_dir / "sparse").glob("part-*")):
+        k, v = read_sequence_file(str(part))
+        keys_l.append(k)
+        vals_l.append(v.reshape(len(k), -1))
+    keys, vals = np.concatenate(keys_l), np.concatenate(vals_l)
+    order = np.argsort(keys)
+    keys, vals = keys[order], vals[order]
+    pred = DensePredictor(version_dir / "dense")
+    fs = b.feasigns.T.ravel()  # slot-major, as the dense model's inputs
+    pos = np.minimum(np.searchsorted(keys, fs), len(keys) - 1)
+    hit = keys[pos] == fs
+    emb = np.where(hit[:, None], vals[pos], 0.0).astype(np.float32)
+    p = pred.predict(features.normalize_dense(b.dense), emb).ravel()
+    return auc(b.labels, p)
+
+
+def run(args, run_dir: Path, group, step) -> int:
+    """Runs the online demo (module docstring); returns 0 when no request failed."""
+    import requests
+
+    from runtime import proc
+    from runtime.formats import donefile, partitions
+
+    cli = proc.self_command()
+    deadline = time.monotonic() + args.timeout
+    data_dir, logs = run_dir / "data", run_dir / "logs"
+    upstream, hours_root = data_dir / "upstream", data_dir / "hours"
+    H = int(args.hours)
+    if H < 2:
+        raise ValueError(f"--hours must be >= 2 (a base and at least one patch; got {H})")
+    hs = [partitions.Hour.parse(START).next(i) for i in range(H + 1)]
+
+    def until(cond, what: str, timeout_s: float, poll_s: float = 0.1):
+        end = min(deadline, time.monotonic() + timeout_s)
+        while time.monotonic() < end:
+            group.check()
+            v = cond()
+            if v:
+                return v
+            time.sleep(poll_s)
+        raise TimeoutError(f"{what}: not after {timeout_s:.0f} s")
+
+    gen = group.start("datagen", cli + ["data", "generate", "--hours", str(H + 1), "--start", START, "--rows",
+                                        str(args.rows_per_hour), "--seed", str(args.seed), "--out", str(upstream)],
+                      expect_exit=True)
+    step(f"data: generating {H + 1} hourly partitions of {args.rows_per_hour} rows from {START} (drifting hour "
+         "to hour); they land one by one while the job trains")
+    svc = start_services(args, run_dir, group, cli)
+    step(f"file server {svc.root_url}; cube {args.shards} shards x {args.replicas} replicas; "
+         f"transfer {svc.transfer_url}")
+    group.wait([gen], timeout_s=max(1.0, deadline - time.monotonic()))
+    signal = json.loads((upstream / "signal.json").read_text())
+    evals = [_eval_file(Path(h.location(str(upstream))) / "part-00000", data_dir / "eval" / f"{h.start:%Y%m%d-%H}.txt",
+                        args.eval_rows) for h in hs]
+
+    def land(h) -> None:
+        dst = Path(h.location(str(hours_root)))
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(h.location(str(upstream)), dst)  # complete (its _SUCCESS inside) the moment it appears
+
+    land(hs[0])
+    step(f"partition {hs[0]} landed")
+    train_argv = cli + ["train", "--local-cluster", "--pservers", str(args.pservers), "--trainers",
+                        str(args.trainers), "--mode", "continuous", "--data-root", str(hours_root),
+                        "--start-hour", START, "--end-hour", str(hs[H - 1]), "--state-dir",
+                        str(run_dir / "train-state"), "--output", svc.root_url, "--upload-token-file",
+                        str(svc.token_file), "--poll-s", "0.2", "--patch-every", "1", "--base-every",
+                        str(args.base_every), "--seed", str(args.seed), "--log-dir", str(logs / "train")]
+    if args.embedding_dim:
+        train_argv += ["--embedding-dim", str(args.embedding_dim)]
+    if args.batch_size_train:
+        train_argv += ["--batch-size", str(args.batch_size_train)]
+    trainer = group.start("train", train_argv, expect_exit=True)
+    step(f"continuous training started ({args.pservers} pserver, {args.trainers} trainers): a version per hour, "
+         f"a base every {args.base_every} hours, patches between")
+    sv_url = f"http://127.0.0.1:{svc.serving_port}"
+
+    def dict_info() -> dict:
+        try:
+            return requests.get(svc.transfer_url + "/dict/info", timeout=2).json()
+        except (requests.RequestException, ValueError):
+            return {}
+
+    def serving_version():
+        try:
+            r = requests.get(sv_url + "/v2/health/ready", timeout=2)
+            return int(r.json()["model_version"]) if r.status_code == 200 else None
+        except (requests.RequestException, ValueError, KeyError):
+            return None
+
+    def new_line(after: int):
+        recs = [(k, r) for k in ("base", "patch") for r in donefile.read(str(svc.fs_root), k) if r.id > after]
+        return min(recs, key=lambda x: x[1].id) if recs else None
+
+    def client(name: str, data: Path, extra: list[str], concurrency: int, batch: int, wait: bool = True):
+        out = run_dir / f"{name}.json"
+        role = group.start(name, cli + ["client", "--url", sv_url, "--data", str(data), "--format", "criteo",
+                                        "--concurrency", str(concurrency), "--batch-size", str(batch),
+                                        "--json-out", str(out), "--predictions-out", str(run_dir / f"{name}.tsv")]
+                           + extra, expect_exit=True)
+        if wait:
+            group.wait([role], timeout_s=max(1.0, deadline - time.monotonic()))
+            return json.loads(out.read_text())
+        return role, out
+
+    versions: list[dict] = []
+    failed = 0
+    bg = None
+    stop_file = run_dir / "client-rollout.stop"
+    last_id = 0
+    for t in range(H):
+        kind, rec = until(lambda: new_line(last_id), f"the version exported after partition {hs[t]}", 300)
+        last_id = rec.id
+        t_line = time.monotonic()
+        until(lambda: dict_info().get("version") == rec.id, f"cube rollout of {kind} {rec.id}", 180, 0.05)
+        rollout_s = time.monotonic() - t_line
+        if bg is None:
+            serving = group.start("serving", cli + [
+                "serve", "--topology", str(svc.topology), "--model-root", svc.root_url, "--transfer-url",
+                svc.transfer_url, "--host", "127.0.0.1", "--port", str(svc.serving_port), "--grpc-port",
+                str(svc.grpc_port), "--workers", str(args.serving_workers), "--threads", str(args.serving_threads),
+                "--work-dir", str(run_dir / "serving"), "--format", "criteo", "--poll-interval", "0.2"])
+            proc.wait_for_port("127.0.0.1", svc.serving_port, 120, serving.proc, serving.name, serving.log_path)
+            until(lambda: serving_version() == rec.id, f"serving ready on {kind} {rec.id}", 120)
+            step(f"serving ready on base {rec.id} at {sv_url}; a client keeps sending through every rollout")
+            bg = client("client-rollout", evals[0], ["--until-file", str(stop_file), "--rate",
+                                                     str(args.rollout_rate)], args.rollout_concurrency, 1, wait=False)
+        else:
+            until(lambda: serving_version() == rec.id, f"serving switch to {kind} {rec.id}", 120, 0.05)
+        s = client(f"client-hour-{t + 1}", evals[t + 1], [], args.concurrency, args.score_batch_size)
+        served, n = _served_auc(run_dir / f"client-hour-{t + 1}.tsv", rec.id)
+        failed += s["failed_requests"]
+        versions.append({"version": rec.id, "kind": kind, "hour": str(hs[t]), "rows": rec.count,
+                         "rollout_s": round(rollout_s, 2), "served_auc_next": served, "scored_rows": n,
+                         "failed": s["failed_requests"]})
+        step(f"{kind} {rec.id} (after {hs[t]}, {rec.count} sparse rows): rolled out in {rollout_s:.1f} s; "
+             f"AUC on {hs[t + 1]} (not trained yet) {served:.4f}")
+        if t + 1 < H:
+            land(hs[t + 1])
+    group.wait([trainer], timeout_s=max(1.0, deadline - time.monotonic()))
+    trec = _summary_line(trainer.log_path)
+    before = {p["hour"]: p.get("auc_before") for p in trec.get("partitions", [])}
+    for v, h in zip(versions, hs[1:]):
+        v["trainer_auc_next"] = before.get(str(h))
+    time.sleep(0.5)
+    stop_file.write_text("stop")
+    group.wait([bg[0]], timeout_s=max(1.0, deadline - time.monotonic()))
+    rollout = json.loads(bg[1].read_text())
+    failed += rollout["failed_requests"]
+    lat = client("client-latency", evals[0], ["--max-requests", str(args.latency_requests)], args.concurrency,
+                 args.batch_size)
+    failed += lat["failed_requests"]
+    base = versions[0]
+    base_alone = offline_auc(svc.fs_root / "versions" / str(base["version"]), evals[H])
+    latest = versions[-1]
+    # -- summary -------------------------------------------------------------------------------
+    print("\n== elastic-ctr local (online): summary ==")
+    print(f"{'version':>12} {'kind':>6} {'after hour':>12} {'sparse rows':>12} {'rollout s':>10} "
+          f"{'trainer AUC next h':>19} {'served AUC next h':>18} {'failed':>7}")
+    for v in versions:
+        tr = v["trainer_auc_next"]
+        print(f"{v['version']:>12} {v['kind']:>6} {v['hour']:>12} {v['rows']:>12} {v['rollout_s']:>10.2f} "
+              f"{(f'{tr:.4f}' if tr is not None else 'n/a'):>19} {v['served_auc_next']:>18.4f} {v['failed']:>7}")
+    print("(trainer AUC: trainer 0's share of the next hour, before training on it; served: "
+          f"{args.eval_rows} rows of the next hour through serving; the last version's next hour is never trained)")
+    print(f"freshness on {hs[H]}: base {base['version']} alone {base_alone:.4f}, latest "
+          f"{latest['kind']} {latest['version']} {latest['served_auc_next']:.4f} "
+          f"({latest['served_auc_next'] - base_alone:+.4f}); true-logit AUC per hour "
+          + " ".join(f"{h['true_logit_auc']:.4f}" for h in signal["hours"]))
+    print(f"client through the rollouts: {rollout['requests']} requests, {rollout['failed_requests']} failed, "
+          f"answers per version {rollout['versions']}")
+    print(f"latency run (batch {args.batch_size}, {args.concurrency} workers, {lat['requests']} requests): "
+          f"{lat['qps']} requests/s, p50 {lat['p50_ms']} ms, p99 {lat['p99_ms']} ms")
+    print(f"failed requests: {failed}")
+    print(f"logs: {logs}")
+    patches = sum(v["kind"] == "patch" for v in versions)
+    (run_dir / "summary.json").write_text(json.dumps({
+        "mode": "online", "versions": versions, "base_alone_auc_last": base_alone, "failed_requests": failed,
+        "latency": lat, "rollout": rollout, "signal": signal, "eval_files": [str(e) for e in evals],
+        "trainer": trec}, indent=1))
+    print(f"demo: versions={len(versions)} auc={latest['served_auc_next']:.4f} failed_requests={failed} "
+          f"qps={lat['qps']} p99_ms={lat['p99_ms']} patches={patches}", flush=True)
+    return 0 if failed == 0 else 1
