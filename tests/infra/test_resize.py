@@ -72,3 +72,21 @@ def test_trainers_2_to_5_changes_only_the_job(rendered):
     assert paths(files(before)[name], files(after)[name]) == [
         "spec.minAvailable", "spec.tasks[1].replicas"]
     assert files(after)[name]["spec"]["minAvailable"] == 6
+
+
+def test_batch_to_continuous_changes_only_the_job(rendered):
+    """Switching the training mode replaces the training job (and nothing else): its
+    tasks' command lines and its retry budget; the shared claim (where the continuous
+    job keeps its state) survives."""
+    before = rendered("dev", "dataSource=http://files/hours", "dataTestSource=http://files/test.txt")
+    after = rendered("dev", "dataSource=http://files/hours", "dataTestSource=http://files/test.txt",
+                     "trainingMode=continuous", "dataStartHour=20261120/00", "baseEvery=12")
+    added, removed, changed = diff(before, after)
+    assert (added, removed, changed) == (set(), set(), {"09-job-ctr-train.yaml"})
+    name = "09-job-ctr-train.yaml"
+    changed_paths = paths(files(before)[name], files(after)[name])
+    assert "spec.maxRetry" in changed_paths
+    assert all(p == "spec.maxRetry" or p.startswith("spec.tasks[") and ".args" in p for p in changed_paths), \
+        changed_paths
+    args = files(after)[name]["spec"]["tasks"][1]["template"]["spec"]["containers"][0]["args"]
+    assert flag(args, "--base-every") == "12" and flag(args, "--state-dir") == "/shared/state"
