@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.local.pipeline import _summary_line, start_services
+from runtime.local.pipeline import Waiter, _summary_line, transfer_dict_info, serving_version, start_services
 
 START = "20261120/00"
 
@@ -84,29 +84,18 @@ def offline_auc(version_dir: Path, data: Path) -> float:
 
 def run(args, run_dir: Path, group, step) -> int:
     """Runs the online demo (module docstring); returns 0 when no request failed."""
-    import requests
-
     from runtime import proc
     from runtime.formats import donefile, partitions
 
     cli = proc.self_command()
-    deadline = time.monotonic() + args.timeout
+    waiter = Waiter(group, args.timeout)
+    until = waiter.until
     data_dir, logs = run_dir / "data", run_dir / "logs"
     upstream, hours_root = data_dir / "upstream", data_dir / "hours"
     H = int(args.hours)
     if H < 2:
         raise ValueError(f"--hours must be >= 2 (a base and at least one patch; got {H})")
     hs = [partitions.Hour.parse(START).next(i) for i in range(H + 1)]
-
-    def until(cond, what: str, timeout_s: float, poll_s: float = 0.1):
-        end = min(deadline, time.monotonic() + timeout_s)
-        while time.monotonic() < end:
-            group.check()
-            v = cond()
-            if v:
-                return v
-            time.sleep(poll_s)
-        raise TimeoutError(f"{what}: not after {timeout_s:.0f} s")
 
     gen = group.start("datagen", cli + ["data", "generate", "--hours", str(H + 1), "--start", START, "--rows",
                                         str(args.rows_per_hour), "--seed", str(args.seed), "--out", str(upstream)],
@@ -116,7 +105,7 @@ def run(args, run_dir: Path, group, step) -> int:
     svc = start_services(args, run_dir, group, cli)
     step(f"file server {svc.root_url}; cube {args.shards} shards x {args.replicas} replicas; "
          f"transfer {svc.transfer_url}")
-    group.wait([gen], timeout_s=max(1.0, deadline - time.monotonic()))
+    group.wait([gen], timeout_s=waiter.left())
     signal = json.loads((upstream / "signal.json").read_text())
     evals = [_eval_file(Path(h.location(str(upstream))) / "part-00000", data_dir / "eval" / f"{h.start:%Y%m%d-%H}.txt",
                         args.eval_rows) for h in hs]
@@ -144,17 +133,7 @@ def run(args, run_dir: Path, group, step) -> int:
     sv_url = f"http://127.0.0.1:{svc.serving_port}"
 
     def dict_info() -> dict:
-        try:
-            return requests.get(svc.transfer_url + "/dict/info", timeout=2).json()
-        except (requests.RequestException, ValueError):
-            return {}
-
-    def serving_version():
-        try:
-            r = requests.get(sv_url + "/v2/health/ready", timeout=2)
-            return int(r.json()["model_version"]) if r.status_code == 200 else None
-        except (requests.RequestException, ValueError, KeyError):
-            return None
+        return transfer_dict_info(svc.transfer_url)
 
     def new_line(after: int):
         recs = [(k, r) for k in ("base", "patch") for r in donefile.read(str(svc.fs_root), k) if r.id > after]
@@ -167,7 +146,7 @@ def run(args, run_dir: Path, group, step) -> int:
                                         "--json-out", str(out), "--predictions-out", str(run_dir / f"{name}.tsv")]
                            + extra, expect_exit=True)
         if wait:
-            group.wait([role], timeout_s=max(1.0, deadline - time.monotonic()))
+            group.wait([role], timeout_s=waiter.left())
             return json.loads(out.read_text())
         return role, out
 
@@ -189,12 +168,12 @@ def run(args, run_dir: Path, group, step) -> int:
                 str(svc.grpc_port), "--workers", str(args.serving_workers), "--threads", str(args.serving_threads),
                 "--work-dir", str(run_dir / "serving"), "--format", "criteo", "--poll-interval", "0.2"])
             proc.wait_for_port("127.0.0.1", svc.serving_port, 120, serving.proc, serving.name, serving.log_path)
-            until(lambda: serving_version() == rec.id, f"serving ready on {kind} {rec.id}", 120)
+            until(lambda: serving_version(sv_url) == rec.id, f"serving ready on {kind} {rec.id}", 120)
             step(f"serving ready on base {rec.id} at {sv_url}; a client keeps sending through every rollout")
             bg = client("client-rollout", evals[0], ["--until-file", str(stop_file), "--rate",
                                                      str(args.rollout_rate)], args.rollout_concurrency, 1, wait=False)
         else:
-            until(lambda: serving_version() == rec.id, f"serving switch to {kind} {rec.id}", 120, 0.05)
+            until(lambda: serving_version(sv_url) == rec.id, f"serving switch to {kind} {rec.id}", 120, 0.05)
         s = client(f"client-hour-{t + 1}", evals[t + 1], [], args.concurrency, args.score_batch_size)
         served, n = _served_auc(run_dir / f"client-hour-{t + 1}.tsv", rec.id)
         failed += s["failed_requests"]
@@ -205,14 +184,14 @@ def run(args, run_dir: Path, group, step) -> int:
              f"AUC on {hs[t + 1]} (not trained yet) {served:.4f}")
         if t + 1 < H:
             land(hs[t + 1])
-    group.wait([trainer], timeout_s=max(1.0, deadline - time.monotonic()))
+    group.wait([trainer], timeout_s=waiter.left())
     trec = _summary_line(trainer.log_path)
     before = {p["hour"]: p.get("auc_before") for p in trec.get("partitions", [])}
     for v, h in zip(versions, hs[1:]):
         v["trainer_auc_next"] = before.get(str(h))
     time.sleep(0.5)
     stop_file.write_text("stop")
-    group.wait([bg[0]], timeout_s=max(1.0, deadline - time.monotonic()))
+    group.wait([bg[0]], timeout_s=waiter.left())
     rollout = json.loads(bg[1].read_text())
     failed += rollout["failed_requests"]
     lat = client("client-latency", evals[0], ["--max-requests", str(args.latency_requests)], args.concurrency,

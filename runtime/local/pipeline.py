@@ -161,6 +161,51 @@ def main(args) -> int:
             print(f"elastic-ctr local: still running after shutdown: {left}", file=sys.stderr)
 
 
+class Waiter:
+    """Polling with the run's deadline: ``until(cond, what, timeout_s)`` returns the first
+    truthy ``cond()``, checking ``group`` (a failed role raises ``proc.RoleFailed``) between
+    polls; ``TimeoutError`` naming ``what`` after ``timeout_s`` s or past the deadline."""
+
+    def __init__(self, group, timeout_s: float):
+        self.group = group
+        self.deadline = time.monotonic() + timeout_s
+
+    def left(self) -> float:
+        """Seconds to the run's deadline (at least 1)."""
+        return max(1.0, self.deadline - time.monotonic())
+
+    def until(self, cond, what: str, timeout_s: float, poll_s: float = 0.1):
+        end = min(self.deadline, time.monotonic() + timeout_s)
+        while time.monotonic() < end:
+            self.group.check()
+            v = cond()
+            if v:
+                return v
+            time.sleep(poll_s)
+        raise TimeoutError(f"{what}: not after {timeout_s:.0f} s")
+
+
+def transfer_dict_info(transfer_url: str) -> dict:
+    """The transfer's ``/dict/info`` (``{}`` while it does not answer)."""
+    import requests
+
+    try:
+        return requests.get(transfer_url + "/dict/info", timeout=2).json()
+    except (requests.RequestException, ValueError):
+        return {}
+
+
+def serving_version(serving_url: str) -> int | None:
+    """The version serving answers with once ready (``/v2/health/ready``), else None."""
+    import requests
+
+    try:
+        r = requests.get(serving_url + "/v2/health/ready", timeout=2)
+        return int(r.json()["model_version"]) if r.status_code == 200 else None
+    except (requests.RequestException, ValueError, KeyError):
+        return None
+
+
 class Services:
     """What ``start_services`` started: the file server (``root_url``, its root directory
     ``fs_root``, the upload ``token_file``), the cube (``topology`` file) and the transfer
@@ -219,28 +264,17 @@ def start_services(args, run_dir: Path, group, cli: list[str]) -> Services:
 
 
 def _pipeline(args, run_dir: Path, group, step) -> int:
-    import requests
-
     from runtime import proc
 
     cli = proc.self_command()
-    deadline = time.monotonic() + args.timeout
+    waiter = Waiter(group, args.timeout)
+    until = waiter.until
     data_dir = run_dir / "data"
     logs = run_dir / "logs"
     signal_auc = None
 
     def wait_roles(roles, what: str) -> None:
-        group.wait(roles, timeout_s=max(1.0, deadline - time.monotonic()))
-
-    def until(cond, what: str, timeout_s: float, poll_s: float = 0.1):
-        end = min(deadline, time.monotonic() + timeout_s)
-        while time.monotonic() < end:
-            group.check()
-            v = cond()
-            if v:
-                return v
-            time.sleep(poll_s)
-        raise TimeoutError(f"{what}: not after {timeout_s:.0f} s")
+        group.wait(roles, timeout_s=waiter.left())
 
     # -- 1. data ---------------------------------------------------------------------------
     slot_args: list[str] = []
@@ -290,17 +324,7 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
         return group.start(f"train{i}", argv, expect_exit=True)
 
     def dict_info() -> dict:
-        try:
-            return requests.get(transfer_url + "/dict/info", timeout=2).json()
-        except (requests.RequestException, ValueError):
-            return {}
-
-    def serving_version():
-        try:
-            r = requests.get(sv_url + "/v2/health/ready", timeout=2)
-            return int(r.json()["model_version"]) if r.status_code == 200 else None
-        except (requests.RequestException, ValueError, KeyError):
-            return None
+        return transfer_dict_info(transfer_url)
 
     def client(name: str, extra: list[str], concurrency: int, batch: int, wait: bool = True):
         out = run_dir / f"{name}.json"
@@ -333,7 +357,7 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
         "--work-dir", str(run_dir / "serving"), "--format", fmt, "--poll-interval", "0.2"] + slot_args)
     proc.wait_for_port("127.0.0.1", sv_port, 120, serving.proc, serving.name, serving.log_path)
     proc.wait_for_port("127.0.0.1", grpc_port, 120, serving.proc, serving.name, serving.log_path)
-    until(lambda: serving_version() == v1, f"serving ready on version {v1}", 120)
+    until(lambda: serving_version(sv_url) == v1, f"serving ready on version {v1}", 120)
     step(f"serving ready on version {v1} at {sv_url} (HTTP) and 127.0.0.1:{grpc_port} (gRPC)")
     # -- 5. client: score the test set, then latency at batch 1 ------------------------------
     s1 = client("client-score-1", [], args.concurrency, args.score_batch_size)
@@ -367,7 +391,7 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
              "client keeps sending")
         until(lambda: dict_info().get("version") == v2, f"cube rollout of version {v2}", 180)
         step(f"cube serves version {v2}")
-        until(lambda: serving_version() == v2, f"serving switch to version {v2}", 120)
+        until(lambda: serving_version(sv_url) == v2, f"serving switch to version {v2}", 120)
         step(f"serving switched to version {v2}")
         time.sleep(1.0)
         stop_file.write_text("stop")

@@ -220,42 +220,15 @@ def generate(out_dir: str | os.PathLike, rows: int, test_rows: int, seed: int = 
     t0 = time.monotonic()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    model = _Model(rng)
-    # Calibrate the bias on a pilot sample so the click rate is ~25%.
-    pilot, _, _ = model.sample(np.random.default_rng(seed + 7919), 20_000)
-    lo, hi = -10.0, 10.0
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        if np.mean(1 / (1 + np.exp(-(pilot + mid)))) > 0.25:
-            hi = mid
-        else:
-            lo = mid
-    model.bias = (lo + hi) / 2
+    model, rng = _calibrated_model(seed)
     stats = {}
     splits = [("train", rows), ("test", test_rows)]
     splits += [(f"train-day{d}", rows) for d in range(2, extra_days + 2)]
     for name, n in splits:
-        path = out / f"{name}.txt"
-        tmp = out / f".{name}.txt.tmp"
-        pos = 0
-        logits, labels_all = [], []
-        with open(tmp, "w") as f:
-            done = 0
-            while done < n:
-                m = min(CHUNK_ROWS, n - done)
-                logit, dense, cat = model.sample(rng, m)
-                labels = (rng.random(m) < 1 / (1 + np.exp(-logit))).astype(np.int64)
-                pos += int(labels.sum())
-                if name == "test":
-                    logits.append(logit)
-                    labels_all.append(labels)
-                f.write("\n".join(_lines(labels, dense, cat)) + "\n")
-                done += m
-        os.replace(tmp, path)
-        stats[name] = pos / n
+        labels, logits = _write_rows(model, rng, out / f"{name}.txt", n)
+        stats[name] = float(labels.mean())
         if name == "test":
-            stats["auc"] = auc(np.concatenate(labels_all), np.concatenate(logits))
+            stats["auc"] = auc(labels, logits)
     rec = {
         "seed": seed,
         "rows": rows,
