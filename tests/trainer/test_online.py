@@ -226,3 +226,29 @@ def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
     text = (logs / "trainer-0.log").read_text(errors="replace")
     before_kill = float(text.split("partition 20261120/02: auc ")[1].split()[0])
     assert abs(rec["partitions"][0]["auc_before"] - before_kill) < 0.03, (before_kill, rec["partitions"][0])
+
+
+def test_sigterm_while_waiting_exits_0_with_the_exports_done(tmp_path):
+    """A continuous job stopped as Kubernetes stops a pod: SIGTERM while it waits for the
+    next partition; it exits 0 and the state says where to resume."""
+    root = tmp_path / "data"
+    generator.generate_hours(root, 1, START, 2000, seed=2)
+    state = tmp_path / "state"
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "train", "--single", "--mode", "continuous",
+                             "--data-root", str(root), "--start-hour", START, "--state-dir", str(state),
+                             "--poll-s", "0.2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    lines: list[str] = []
+    t = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any("waiting for partition 20261120/01" in ln for ln in lines):
+        time.sleep(0.2)
+    assert any("waiting for partition 20261120/01" in ln for ln in lines), "".join(lines[-30:])
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, "".join(lines[-30:])
+    t.join(5)
+    assert not any("Traceback" in ln or "FatalError" in ln for ln in lines), "".join(lines[-30:])
+    st = online.OnlineState.load(str(state))
+    assert st.next_hour == "20261120/01" and st.pending is None and len(st.exports) == 1
