@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -89,7 +90,7 @@ class WebServer:
             self._thread = threading.Thread(target=self._server.serve, name=f"{self.name}-http", daemon=True)
             self._thread.start()
             self.ready, self.reason = True, ""
-            log.info("%s listening on %s", self.name, self.url)
+            log.info("%s listening on http://%s:%d (pid %d)", self.name, self.host, self.port, os.getpid())
         return self
 
     def stop(self) -> None:

@@ -622,11 +622,12 @@ def create_app(agent: Agent):
 
 
 def main(args) -> int:
-    """``elastic-ctr cube agent``: serves the agent until SIGTERM; a step in progress is
-    abandoned (the transfer drives it again, on this agent after its restart or on the
-    rollout's retry)."""
+    """``elastic-ctr cube agent``: serves the agent until SIGTERM, then readiness false,
+    ``--drain-seconds`` still answering, requests in flight finish, exit code 0; a step in
+    progress is abandoned (the transfer drives it again, on this agent after its restart or
+    on the rollout's retry)."""
     from runtime.webserver import WebServer, serve_forever
 
     agent = Agent(args.server_http, args.work_dir, load_timeout_s=args.load_timeout)
     server = WebServer(create_app(agent), args.host, args.port, threads=8, name="cube-agent")
-    return serve_forever(server, on_stop=agent.shutdown)
+    return serve_forever(server, on_stop=agent.shutdown, drain_s=args.drain_seconds)

@@ -24,6 +24,13 @@ HTTP control (``--http-port``, default 8901), as docs/contracts.md:
 ``POST /enable {"version"}`` (409 unless the bg slot holds it, loaded; 200 when it is
 already served), ``POST /bg_unload``, ``GET /healthz``, ``GET /metrics`` (Prometheus).
 
+Stopping (SIGTERM, ``main``): readiness (``GET /readyz`` on the HTTP port) turns false,
+the data plane keeps answering for ``--drain-seconds``, then accepts no new connection,
+answers every request it has received (a frame partly received included) and closes each
+connection once nothing on it is unanswered (``--stop-timeout`` at most; a client then
+reconnects to another replica), stops the HTTP port (its requests in flight finish), and
+the process exits 0.
+
 ``--data-dir``: the enabled version's chain of dict directories (base + patches) is
 recorded in ``<data-dir>/state.json``; a restarted server reloads and serves it, unless a
 dict of the chain is not this server's dict name, shard and ``--shard-num`` (a resize: it
@@ -33,11 +40,14 @@ Loads check the same against the dict's meta, so a server never serves another l
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import logging
 import os
 import select
 import socket
+import struct
+import termios
 import threading
 import time
 from pathlib import Path
@@ -113,6 +123,38 @@ def _send_nonblocking(sock: socket.socket, data, timeout_s: float = 10.0) -> Non
                 raise TimeoutError("client not reading its replies")
 
 
+def _has_unread(sock: socket.socket) -> bool:
+    """True when bytes sent by the client wait unread in ``sock`` (False at EOF or error)."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return False
+
+
+_TIOCOUTQ = getattr(termios, "TIOCOUTQ", None)  # Linux: SIOCOUTQ, bytes not yet acknowledged
+
+
+def _unacked(sock: socket.socket) -> int:
+    """Bytes of replies in ``sock``'s send queue the client has not acknowledged (0 where
+    the platform cannot tell)."""
+    if _TIOCOUTQ is None:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), _TIOCOUTQ, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
+
+
+def _idle(sock: socket.socket, c: "_Conn") -> bool:
+    """A connection a stopping server may close without losing anything: no partial
+    request held, nothing unread, and every reply byte acknowledged by the client (closing
+    with unread bytes, or one arriving on a closed socket, resets the connection, and a
+    reset drops what is still queued)."""
+    return c.have == 0 and not _has_unread(sock) and _unacked(sock) == 0
+
+
 class CubeServer:
     """One shard server. ``start()`` binds both ports and starts the threads;
     ``stop()`` closes them. ``port``/``http_port`` hold the bound ports (0 = any free)."""
@@ -146,6 +188,8 @@ class CubeServer:
         self.loads = {"ok": 0, "failed": 0}
         self.enables = 0
         self._stop = threading.Event()
+        self._draining = threading.Event()  # graceful stop: close each connection once idle
+        self._tconns: dict[socket.socket, _Conn] = {}  # threads mode: the connections' state
         self._sock: socket.socket | None = None
         self._http = None  # runtime.webserver.WebServer of the control app
         self.started = time.time()
@@ -168,24 +212,60 @@ class CubeServer:
         self._http.start()
         self._warm()
         self._restore()
-        log.info("cube server %s shard %d/%d: data plane %s:%d, HTTP %s:%d, kernel %s",
+        log.info("cube server %s shard %d/%d: data plane %s:%d, HTTP %s:%d, kernel %s, pid %d",
                  self.dict_name, self.shard, self.shard_num, self.host, self.port, self.host,
-                 self.http_port, KERNEL.name)
+                 self.http_port, KERNEL.name, os.getpid())
 
-    def stop(self) -> None:
-        self._stop.set()
+    def unready(self, reason: str = "stopping") -> None:
+        """Readiness false (``GET /readyz`` answers 503 with ``reason``); serving goes on."""
+        if self._http is not None:
+            self._http.ready, self._http.reason = False, reason
+
+    def stop(self, grace_s: float = 0.0) -> None:
+        """Stops serving; idempotent. ``grace_s`` > 0 is a graceful stop: readiness false,
+        no new data-plane connection, every request already received (a frame partly
+        received too) is answered, each connection is closed once nothing on it is
+        unanswered, for up to ``grace_s`` s; then the HTTP port stops (its requests in
+        flight finish) and any connection left is shut. ``grace_s`` 0: all at once."""
+        if self._http is not None and self._http.ready:
+            self.unready("stopping")
+        self._draining.set()
         if self._sock is not None:
             try:
-                self._sock.shutdown(socket.SHUT_RDWR)
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept loop
             except OSError:
                 pass
             self._sock.close()
+        if grace_s > 0:
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline:
+                if self.io_mode == "threads":
+                    self._close_idle_threads()
+                with self._conn_lock:
+                    if not self._conns:
+                        break
+                time.sleep(0.02)
+            with self._conn_lock:
+                left = len(self._conns)
+            if left:
+                log.warning("%d data-plane connection(s) still busy after %.1f s: closing them", left, grace_s)
+        self._stop.set()
         if self._http is not None:
             self._http.stop()
         with self._conn_lock:
             for c in list(self._conns):
                 try:
                     c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def _close_idle_threads(self) -> None:
+        """threads mode, stopping: ends the read of each connection holding no partial
+        request and nothing unread (its thread's ``recv`` returns 0 and it closes)."""
+        for sock, c in list(self._tconns.items()):
+            if _idle(sock, c):
+                try:
+                    sock.shutdown(socket.SHUT_RD)
                 except OSError:
                     pass
 
@@ -200,7 +280,7 @@ class CubeServer:
             try:
                 conn, _ = self._sock.accept()
             except OSError:
-                if self._stop.is_set():
+                if self._stop.is_set() or self._draining.is_set():
                     return
                 time.sleep(0.01)
                 continue
@@ -233,6 +313,7 @@ class CubeServer:
     def _serve_conn(self, sock: socket.socket) -> None:
         """threads mode: one blocking loop per connection."""
         c = _Conn(sock, self._register(sock), sock.sendall)
+        self._tconns[sock] = c
         recv_into = sock.recv_into
         try:
             while True:
@@ -242,11 +323,14 @@ class CubeServer:
                 c.have += n
                 if not self._drain(c):
                     return
+                if self._draining.is_set() and _idle(sock, c):
+                    return  # stopping: everything received is answered and delivered
         except (ConnectionError, OSError):
             pass
         except Exception:  # a bug must not take the server down: log, drop this connection
             log.exception("data-plane connection failed")
         finally:
+            self._tconns.pop(sock, None)
             self._unregister(sock, c.st)
 
     # epoll mode: one thread multiplexes every connection (no GIL hand-offs between threads)
@@ -260,8 +344,9 @@ class CubeServer:
     def _epoll_loop(self) -> None:
         ep, conns = self._ep, self._econns
         while not self._stop.is_set():
+            draining = self._draining.is_set()
             try:
-                events = ep.poll(0.5)
+                events = ep.poll(0.02 if draining else 0.5)
             except InterruptedError:
                 continue
             for fd, _ in events:
@@ -284,12 +369,19 @@ class CubeServer:
                     log.exception("data-plane connection failed")
                     keep = False
                 if not keep:
-                    try:
-                        ep.unregister(fd)
-                    except (OSError, ValueError):
-                        pass
-                    del conns[fd]
-                    self._unregister(c.sock, c.st)
+                    self._epoll_close(fd, c)
+            if draining:  # stopping: close each connection with nothing left to answer
+                for fd, c in list(conns.items()):
+                    if _idle(c.sock, c):
+                        self._epoll_close(fd, c)
+
+    def _epoll_close(self, fd: int, c: "_Conn") -> None:
+        try:
+            self._ep.unregister(fd)
+        except (OSError, ValueError):
+            pass
+        self._econns.pop(fd, None)
+        self._unregister(c.sock, c.st)
 
     def _drain(self, c: "_Conn") -> bool:
         """Answers every complete request frame in ``c.rin``. False: close the connection."""
@@ -628,16 +720,23 @@ def _req_str(body: dict, key: str) -> str:
 
 
 def main(args) -> int:
-    """``elastic-ctr cube server``: serves until SIGTERM/SIGINT."""
+    """``elastic-ctr cube server``: serves until SIGTERM/SIGINT, then stops gracefully
+    (module docstring: readiness false, ``--drain-seconds``, lookups received are answered
+    within ``--stop-timeout``); returns the exit code (0)."""
+    from runtime.webserver import StopSignal
+
     srv = CubeServer(args.shard, args.shard_num, args.dict_name, host=args.host, port=args.port,
                      http_port=args.http_port, data_dir=args.data_dir, max_keys=args.max_keys,
                      verify=not args.no_verify, io_mode=args.io_mode)
-    from runtime.webserver import StopSignal
-
     stop = StopSignal()
     srv.start()
     name = stop.wait()
-    log.info("cube server: %s received, stopping", name)
-    srv.stop()
+    drain_s, grace_s = float(args.drain_seconds), float(args.stop_timeout)
+    log.info("cube server: %s received, stopping (readiness false, draining %.1f s, then up to %.1f s for the "
+             "lookups in flight)", name, drain_s, grace_s)
+    srv.unready("terminating")
+    if drain_s > 0:
+        time.sleep(drain_s)
+    srv.stop(grace_s=max(grace_s, 0.001))
     log.info("cube server stopped")
     return 0

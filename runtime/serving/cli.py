@@ -49,6 +49,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--max-body-bytes", type=int, default=64 << 20,
                    help="largest request accepted, in bytes: an HTTP body (larger: 413) or a gRPC message "
                    "(larger: RESOURCE_EXHAUSTED)")
+    p.add_argument("--graceful-timeout", type=int, default=20,
+                   help="on SIGTERM, seconds the requests and gRPC calls in flight get to finish before "
+                   "a worker is killed (keep it below the pod's terminationGracePeriodSeconds)")
     p.add_argument("--poll-interval", type=float, default=0.5,
                    help="seconds between checks for a new version")
     p.add_argument("--cube-timeout-ms", type=float, default=200.0,

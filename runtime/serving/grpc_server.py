@@ -15,6 +15,7 @@ serving's metrics under the endpoint ``grpc_<Method>``.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent import futures
 from typing import Callable, Optional
@@ -209,6 +210,11 @@ class GrpcServer:
         self.server.start()
         return self
 
-    def stop(self, grace_s: Optional[float] = 10.0) -> None:
-        """Stops accepting calls; calls in flight get ``grace_s`` seconds to finish."""
-        self.server.stop(grace_s).wait()
+    def stop(self, grace_s: Optional[float] = 10.0, wait: bool = True) -> threading.Event:
+        """Stops accepting calls; calls in flight get ``grace_s`` seconds to finish. Waits
+        for that unless ``wait`` is false; returns the event set once stopped. Idempotent
+        (a later call never extends an earlier call's grace)."""
+        done = self.server.stop(grace_s)
+        if wait:
+            done.wait()
+        return done

@@ -9,6 +9,19 @@ model and its own cube clients, and concurrent requests of one worker are combin
 worker loaded its app (gRPC must not run in a process that forks afterwards). Metrics
 are aggregated over the workers through ``PROMETHEUS_MULTIPROC_DIR`` (a temporary
 directory removed at exit).
+
+Stopping (SIGTERM to the master, as the kubelet sends it): the master closes its
+listening sockets and sends SIGTERM to every worker; a worker turns its readiness false
+(``/v2/health/ready`` and gRPC ``ServerReady`` answer not ready), stops gRPC from taking
+new calls, hands what already reached it to its threads and then accepts nothing new
+(``runtime.serving.worker.DrainingThreadWorker``), finishes the requests in flight (both
+transports, within ``--graceful-timeout``, 20 s by default), and exits 0; then the master
+exits 0. Two more things stood in the way and are handled here: Paddle's import replaces a
+worker's SIGTERM handler with its own, which kills the worker at once
+(``runtime.inference.import_paddle`` keeps the process's, and ``post_worker_init``
+installs the worker's own once everything is loaded), and the master runs ``child_exit``
+inside its SIGCHLD handler, re-entered when workers exit together, so that hook imports
+nothing and never raises.
 """
 from __future__ import annotations
 
@@ -16,9 +29,11 @@ import atexit
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -37,6 +52,11 @@ def build_dataplane(topology: str, model_root: str, transfer_url: str | None, wo
     process and starts following versions. ``wait_s``: wait up to this long for a first
     version (the process serves anyway, answering 503 until one is loaded)."""
     from runtime.cube.client import CubeClient
+    from runtime.inference import import_paddle
+
+    # Paddle now, in the caller's thread (a worker's main thread, before it serves), not at
+    # the first model load on the watcher's thread; import_paddle keeps SIGTERM ours.
+    import_paddle()
 
     def cube_factory():
         return CubeClient.from_topology(topology, timeout_ms=cube_timeout_ms, retries=2)
@@ -60,11 +80,64 @@ def build_dataplane(topology: str, model_root: str, transfer_url: str | None, wo
     return plane
 
 
+class ServerHooks:
+    """Serving's gunicorn server hooks (module docstring: stopping).
+
+    Args:
+        mp_dir: the Prometheus multiprocess directory.
+        grace_s: seconds calls in flight get on SIGTERM (gunicorn's ``graceful_timeout``).
+        mark_process_dead: ``prometheus_client.multiprocess.mark_process_dead``, imported
+            by the caller before gunicorn starts (``child_exit`` must not import).
+    """
+
+    def __init__(self, mp_dir: str, grace_s: float, mark_process_dead: Callable[[int, str], None]):
+        self.mp_dir = mp_dir
+        self.grace_s = grace_s
+        self.mark_process_dead = mark_process_dead
+
+    def child_exit(self, _server, worker) -> None:
+        """Master, inside its SIGCHLD handler (re-entered when workers exit together, and
+        interrupting the main thread anywhere, an import included): drops the worker's live
+        gauges. Imports nothing and raises nothing (an exception here unwinds the master)."""
+        try:
+            self.mark_process_dead(worker.pid, self.mp_dir)
+        except Exception as exc:  # noqa: BLE001 - e.g. the directory already removed at exit
+            log.warning("metrics of worker %s not cleaned up: %s: %s", worker.pid, type(exc).__name__, exc)
+
+    def post_worker_init(self, worker) -> None:
+        """Worker, main thread, once the app (and Paddle) is loaded, before it serves:
+        installs the worker's SIGTERM handler and starts its gRPC server."""
+        app = worker.wsgi
+        grace_s = self.grace_s
+
+        def on_sigterm(signum, frame):
+            app.plane.draining = True  # readiness false first (REST and gRPC)
+            if app.grpc is not None:  # no new calls; those in flight get the grace (not waited for here)
+                app.grpc.stop(grace_s, wait=False)
+            worker.handle_exit(signum, frame)  # the worker's drain, then gunicorn's graceful stop
+
+        # Ours, whatever was imported since gunicorn's init_signals (Paddle's import replaces
+        # the C-level SIGTERM handler; import_paddle puts it back, this makes sure of it).
+        signal.signal(signal.SIGTERM, on_sigterm)
+        signal.siginterrupt(signal.SIGTERM, False)  # as gunicorn: no EINTR in requests in flight
+        signal.signal(signal.SIGABRT, worker.handle_abort)
+        if app.grpc is not None:
+            app.grpc.start()
+
+    def worker_exit(self, _server, worker) -> None:
+        """Worker, on its way out: gRPC calls in flight finish (within the grace)."""
+        app = getattr(worker, "wsgi", None)
+        if getattr(app, "grpc", None) is not None:
+            app.grpc.stop(self.grace_s)
+
+
 def main(args) -> int:
-    """Runs gunicorn with ``args.workers`` gthread workers until SIGTERM."""
+    """Runs gunicorn with ``args.workers`` gthread workers until SIGTERM; returns the exit
+    code (0 after a graceful stop)."""
     from gunicorn.app.base import BaseApplication
 
     from runtime.serving.rest import create_app
+    from runtime.serving.worker import DrainingThreadWorker
 
     slots = features.DEFAULT_SLOTS
     if args.slot_file:
@@ -75,47 +148,51 @@ def main(args) -> int:
     mp_dir = tempfile.mkdtemp(prefix="elastic-ctr-prom-")
     # before prometheus_client is imported: it picks its multiprocess value store at import
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = mp_dir
-    # imported now, in the master: the child_exit hook must not import while workers exit
+    # Imported here, in the master, before gunicorn installs its signal handlers: child_exit
+    # runs inside the master's SIGCHLD handler, which interrupts the main thread anywhere
+    # (in the middle of an import too) and is re-entered when two workers exit at once; an
+    # import there met a half-imported prometheus_client.metrics ("cannot import name
+    # 'Gauge' from partially initialized module") and crashed the master at exit.
     from prometheus_client import multiprocess
 
     master = os.getpid()
     atexit.register(lambda: os.getpid() == master and shutil.rmtree(mp_dir, ignore_errors=True))
 
+    # s, gunicorn's graceful_timeout: the master SIGKILLs a worker still running after it
+    grace_s = int(args.graceful_timeout)
+
     def make_app():
+        """Worker: the data plane and the REST app, and (not yet started) its gRPC server,
+        imported here, in the worker, since gRPC must not run in a process that forks."""
         plane = build_dataplane(args.topology, args.model_root, args.transfer_url,
                                 os.path.join(work_dir, f"w{os.getpid()}"), threads=args.threads,
                                 max_batch=args.max_batch, poll_interval_s=args.poll_interval,
                                 cube_timeout_ms=args.cube_timeout_ms, fmt=args.format, slots=slots)
-        return create_app(plane, args.max_body_bytes)
-
-    def child_exit(_server, worker):
-        multiprocess.mark_process_dead(worker.pid)
-
-    def post_worker_init(worker):
+        app = create_app(plane, args.max_body_bytes)
+        app.grpc = None
         if args.grpc_port:
             from runtime.serving.grpc_server import GrpcServer
 
-            worker.grpc = GrpcServer(worker.wsgi.plane, args.host, args.grpc_port, threads=args.threads,
-                                     max_message_bytes=args.max_body_bytes).start()
+            app.grpc = GrpcServer(plane, args.host, args.grpc_port, threads=args.threads,
+                                  max_message_bytes=args.max_body_bytes)
+        return app
 
-    def worker_exit(_server, worker):
-        grpc_server = getattr(worker, "grpc", None)
-        if grpc_server is not None:
-            grpc_server.stop(grace_s=10.0)
+    hooks = ServerHooks(mp_dir, grace_s, multiprocess.mark_process_dead)
 
     class ServingApplication(BaseApplication):
         def load_config(self):
             for key, value in {"bind": f"{args.host}:{args.port}", "workers": args.workers,
-                               "worker_class": "gthread", "threads": args.threads, "keepalive": 30,
-                               "timeout": 60, "graceful_timeout": 10, "accesslog": None,
-                               "child_exit": child_exit, "post_worker_init": post_worker_init,
-                               "worker_exit": worker_exit}.items():
+                               "worker_class": DrainingThreadWorker, "threads": args.threads, "keepalive": 30,
+                               "timeout": 60, "graceful_timeout": grace_s, "accesslog": None,
+                               "child_exit": hooks.child_exit, "post_worker_init": hooks.post_worker_init,
+                               "worker_exit": hooks.worker_exit}.items():
                 self.cfg.set(key, value)
 
         def load(self):
             return make_app()
 
-    log.info("serving on http://%s:%d (gunicorn, %d gthread workers x %d threads)%s", args.host, args.port,
-             args.workers, args.threads, f" and gRPC {args.host}:{args.grpc_port}" if args.grpc_port else "")
+    log.info("serving on http://%s:%d (pid %d; gunicorn, %d gthread workers x %d threads)%s", args.host,
+             int(args.port), os.getpid(), args.workers, args.threads,
+             f" and gRPC {args.host}:{int(args.grpc_port)}" if args.grpc_port else "")
     ServingApplication().run()
     return 0

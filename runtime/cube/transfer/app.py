@@ -42,9 +42,10 @@ def create_app(transfer: Transfer):
 
 
 def main(args) -> int:
-    """``elastic-ctr cube transfer``: polls in a thread and serves HTTP until SIGTERM; the
-    poll loop stops after the step in progress (its state is persisted, so an interrupted
-    rollout resumes at the next start)."""
+    """``elastic-ctr cube transfer``: polls in a thread and serves HTTP until SIGTERM; then
+    readiness turns false, ``--drain-seconds`` pass still answering, the poll loop stops
+    after the step in progress (its state is persisted, so an interrupted rollout resumes
+    at the next start), requests in flight finish, and it returns the exit code (0)."""
     from runtime.webserver import WebServer, serve_forever
 
     token = storage.read_token(args.upload_token_file)
@@ -68,4 +69,4 @@ def main(args) -> int:
             log.warning("the rollout in progress did not stop within %.0f s; it resumes at the next start",
                         args.stop_timeout)
 
-    return serve_forever(server, on_stop=stop_loop)
+    return serve_forever(server, on_stop=stop_loop, drain_s=args.drain_seconds)

@@ -1,0 +1,181 @@
+"""``elastic-ctr serve`` stopped by SIGTERM while large requests are in flight, as the
+kubelet stops a serving pod: with one gunicorn worker, and with two (stopped several
+times over, since the master's ``child_exit`` hook runs for both workers exiting at once).
+
+Every request sent before the signal is answered 200 with the probabilities a request
+answered before the stop gave: half of them still have part of their body unsent when
+the signal arrives (so they are certainly in flight), the other half were written to the
+socket just before it (gunicorn's own ``gthread`` worker reset those it had not read
+yet). Readiness turns false while the process is still up, it exits 0 within the bound,
+and its output has its start line and no traceback, Paddle ``FatalError`` or
+``ImportError``.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+import requests
+
+from runtime import proc
+from runtime.formats import features
+from tests.lifecycle import support
+
+pytestmark = pytest.mark.slow
+
+ROWS = 4096          # rows per request: serving's default --max-batch
+IN_FLIGHT = 8        # requests in flight at the signal
+STOPS_TWO_WORKERS = 4
+
+
+def _lines(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    dense = rng.integers(0, 300, (n, 13))
+    cats = rng.integers(0, 400, (n, 26))
+    return ["\t".join([str(i % 2)] + [str(x) for x in dense[i]] + [format(int(c), "x") for c in cats[i]])
+            for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def cube(tmp_path_factory):
+    """A version exported by the trainer's export, rolled out to a local cube (1 shard x 1
+    replica, its transfer and file server): what serving needs to become ready."""
+    from runtime.cube.cluster import LocalCubeCluster
+    from tests.helpers import export_version, make_table
+
+    tmp = tmp_path_factory.mktemp("serving-stop")
+    lines = _lines(ROWS)
+    batch = features.parse_criteo_lines(lines)
+    root = tmp / "root"
+    version = 1_800_000_100
+    export_version(root, version, make_table(batch.feasigns, 3), seed=5)
+    with LocalCubeCluster(tmp / "cube", root, shards=1, replicas=1) as c:
+        c.wait_version(version, timeout_s=120)
+        yield {"cluster": c, "lines": lines, "batch": batch, "version": version, "tmp": tmp}
+
+
+def _bodies(cube) -> list[tuple[str, bytes, dict]]:
+    """``IN_FLIGHT`` requests of ``ROWS`` rows each, alternately ``/predict`` (raw lines)
+    and the v2 infer endpoint (JSON tensors): (path, body, headers)."""
+    b = cube["batch"]
+    predict = json.dumps({"lines": cube["lines"]}).encode()
+    dense = [None if np.isnan(x) else float(x) for x in b.dense.ravel()]
+    infer = json.dumps({"id": "stop", "inputs": [
+        {"name": "dense_features", "datatype": "FP32", "shape": [ROWS, 13], "data": dense},
+        {"name": "feasigns", "datatype": "UINT64", "shape": [ROWS, 26], "data": [int(x) for x in b.feasigns.ravel()]},
+    ]}).encode()
+    js = {"Content-Type": "application/json"}
+    return [("/predict", predict, js) if i % 2 == 0 else ("/v2/models/ctr/infer", infer, js) for i in range(IN_FLIGHT)]
+
+
+def _probabilities(path: str, body: bytes) -> list[float]:
+    doc = json.loads(body)
+    return doc["probabilities"] if path == "/predict" else doc["outputs"][0]["data"]
+
+
+class _Request(threading.Thread):
+    """One POST over its own connection. ``split``: send only the headers and the first
+    half of the body, then wait for ``go`` before sending the rest (the request is then
+    in flight whatever the timing). ``result``: (status, body, monotonic time answered)
+    or the exception."""
+
+    def __init__(self, port: int, path: str, body: bytes, headers: dict, split: bool, go: threading.Event):
+        super().__init__(daemon=True)
+        self.port, self.path, self.body, self.headers, self.split, self.go = port, path, body, headers, split, go
+        self.sent_head = threading.Event()
+        self.result = None
+
+    def run(self) -> None:
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            c.putrequest("POST", self.path)
+            for k, v in {**self.headers, "Content-Length": str(len(self.body))}.items():
+                c.putheader(k, v)
+            c.endheaders()
+            half = len(self.body) // 2 if self.split else len(self.body)
+            c.send(self.body[:half])
+            self.sent_head.set()
+            if self.split:
+                self.go.wait(30)
+                c.send(self.body[half:])
+            r = c.getresponse()
+            self.result = (r.status, r.read(), time.monotonic())
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            self.sent_head.set()
+            self.result = exc
+        finally:
+            c.close()
+
+
+def _serve(cube, group: proc.ProcessGroup, name: str, workers: int) -> tuple[proc.Role, int, int]:
+    c = cube["cluster"]
+    port, grpc_port = proc.free_ports(2)
+    role = support.start(group, name, [
+        "serve", "--topology", str(c.topology_path), "--model-root", c.root_url, "--transfer-url", c.transfer_url,
+        "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port), "--workers", str(workers),
+        "--threads", "2", "--work-dir", str(cube["tmp"] / f"work-{name}")])
+    support.wait_ready(role, f"http://127.0.0.1:{port}/v2/health/ready", timeout_s=120)
+    return role, port, grpc_port
+
+
+def _stop_in_flight(cube, group: proc.ProcessGroup, name: str, workers: int) -> dict:
+    """Starts serving, sends ``IN_FLIGHT`` large requests, SIGTERM, checks everything;
+    returns timings."""
+    role, port, _ = _serve(cube, group, name, workers)
+    url = f"http://127.0.0.1:{port}"
+    bodies = _bodies(cube)
+    ref = requests.post(url + "/predict", json={"lines": cube["lines"]}, timeout=60)
+    assert ref.status_code == 200, ref.text
+    want = np.array(ref.json()["probabilities"])
+    assert want.shape == (ROWS,) and ref.json()["model_version"] == cube["version"]
+
+    go = threading.Event()
+    reqs = [_Request(port, p, b, h, split=i < IN_FLIGHT // 2, go=go) for i, (p, b, h) in enumerate(bodies)]
+    split, whole = reqs[:IN_FLIGHT // 2], reqs[IN_FLIGHT // 2:]
+    for r in split:
+        r.start()
+    for r in split:
+        assert r.sent_head.wait(30)
+    time.sleep(0.5)  # the split requests are being read by worker threads: certainly in flight
+    for r in whole:  # these are sent just before the signal (written to the socket, maybe not yet read)
+        r.start()
+    for r in whole:
+        assert r.sent_head.wait(30)
+    watch = support.StopWatch(role, url + "/v2/health/ready")
+    t_signal = watch.start()
+    time.sleep(0.3)
+    go.set()  # the split requests send the rest of their bodies now, after the signal
+    for r in reqs:
+        r.join(60)
+    stop = watch.result()
+
+    failures = [(r.path, r.result if isinstance(r.result, Exception) else r.result[:2][0]) for r in reqs
+                if isinstance(r.result, Exception) or r.result is None or r.result[0] != 200]
+    assert not failures, f"{name}: requests in flight at SIGTERM failed: {failures}; log:\n" \
+                         f"{proc.tail(role.log_path, 60)}"
+    for r in reqs:
+        got = np.array(_probabilities(r.path, r.result[1]))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"{name} {r.path}")
+    after = [r.result[2] - t_signal for r in reqs]
+    assert sum(a > 0 for a in after) >= IN_FLIGHT // 2, f"{name}: answered before the signal: {after}"
+    support.check_stop(stop, role)
+    support.check_log(role, "127.0.0.1", [port])
+    return {"exit_s": round(stop.seconds, 2), "last_answer_s": round(max(after), 2),
+            "probes": [p[1] for p in stop.probes]}
+
+
+def test_one_worker_finishes_requests_in_flight_on_sigterm(cube, tmp_path):
+    with proc.ProcessGroup(tmp_path / "logs", grace_s=10) as group:
+        timings = _stop_in_flight(cube, group, "serving-w1", workers=1)
+    print("one worker:", timings)
+
+
+def test_two_workers_finish_requests_in_flight_on_sigterm_every_time(cube, tmp_path):
+    with proc.ProcessGroup(tmp_path / "logs", grace_s=10) as group:
+        for i in range(STOPS_TWO_WORKERS):
+            timings = _stop_in_flight(cube, group, f"serving-w2-{i}", workers=2)
+            print(f"two workers, stop {i}:", timings)
