@@ -15,7 +15,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # Re-installs only when a requirements file or pyproject.toml changed.
-$(STAMP): $(BIN)/python pyproject.toml $(wildcard requirements/*.txt) runtime/cube/kernel.c runtime/serving/proto/open_inference.proto setup.py
+$(STAMP): $(BIN)/python pyproject.toml $(wildcard requirements/*.txt) runtime/cube/kernel.c runtime/trainer/_signals.c runtime/serving/proto/open_inference.proto setup.py
 	$(BIN)/pip install -q -c requirements/constraints.txt -e ".[trainer,serving,cube,infra,dev]"
 	touch $(STAMP)
 
@@ -72,3 +72,15 @@ pulumi-yaml: install
 
 clean:
 	rm -rf $(VENV) $(TRITON_VENV) runs rendered .pytest_cache
+
+## Container images elastic-ctr-{trainer,cube,serving}:$(IMAGE_TAG) from the Dockerfile's targets, with
+## a local engine (scripts/engine.sh start: the running daemon, else a private one under .cache/;
+## it is left running) and a local base image where no registry answers (scripts/build-images.sh).
+IMAGE_TAG ?= dev
+.PHONY: images engine-stop
+images:
+	IMAGE_TAG=$(IMAGE_TAG) scripts/build-images.sh
+
+## Stops the engine, only if scripts/engine.sh started it (images stay in .cache/containers).
+engine-stop:
+	scripts/engine.sh stop

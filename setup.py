@@ -2,6 +2,8 @@
 
 - The cube kernel: runtime/cube/kernel.c (plain C functions that runtime/cube/kernel.py
   calls through ctypes) compiled into runtime.cube._kernel.
+- The pserver's exit on SIGTERM: runtime/trainer/_signals.c into runtime.trainer._signals
+  (runtime/trainer/native.py, through ctypes).
 - Serving's gRPC stubs: runtime/serving/proto/open_inference.proto compiled by grpcio-tools
   into open_inference_pb2.py and open_inference_pb2_grpc.py beside it (in the source tree,
   so editable installs have them too; they are not committed).
@@ -29,6 +31,7 @@ class BuildPyWithProtos(build_py):
 
 
 setup(
-    ext_modules=[Extension("runtime.cube._kernel", ["runtime/cube/kernel.c"], extra_compile_args=["-O3"])],
+    ext_modules=[Extension("runtime.cube._kernel", ["runtime/cube/kernel.c"], extra_compile_args=["-O3"]),
+                 Extension("runtime.trainer._signals", ["runtime/trainer/_signals.c"])],
     cmdclass={"build_py": BuildPyWithProtos},
 )

@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parses ``argv`` and runs the chosen subcommand; returns the process exit code."""
+    raw = sys.argv[1:] if argv is None else list(argv)
+    if raw[:1] == ["train"] and "--local-cluster" not in raw and os.environ.get("TRAINING_ROLE") != "PSERVER":
+        from runtime.trainer.stop import StopSignal  # before any import starts a thread
+
+        StopSignal().install()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -52,8 +52,9 @@ def run_local_cluster(cfg: TrainConfig, pservers: int = 1, trainers: int = 2,
         if on_started is not None:
             on_started(endpoints, [r.proc.pid for r in tr_roles])
         group.wait(tr_roles, timeout_s=timeout_s)
-        for r in ps_roles:
+        for r in ps_roles:  # as Volcano's CompleteJob: SIGTERM, then SIGKILL after the grace period
             group.stop(r)
+        pserver_exit_codes = [r.proc.returncode for r in ps_roles]
     rec = {}
     for line in (logs / "trainer-0.log").read_text(errors="replace").splitlines():
         if line.startswith("ELASTIC_CTR_RESULT "):
@@ -67,7 +68,7 @@ def run_local_cluster(cfg: TrainConfig, pservers: int = 1, trainers: int = 2,
     examples = sum(r.get("examples", 0) for r in per_trainer)
     train_s = max((r.get("train_seconds", 0.0) for r in per_trainer), default=0.0)
     with_load_s = max((r.get("train_seconds", 0.0) + r.get("load_seconds", 0.0) for r in per_trainer), default=0.0)
-    rec.update(wall_seconds=round(time.monotonic() - t0, 2), log_dir=str(logs),
+    rec.update(wall_seconds=round(time.monotonic() - t0, 2), log_dir=str(logs), pserver_exit_codes=pserver_exit_codes,
                examples_total=examples,
                examples_per_s_total=round(examples / train_s, 1) if train_s else 0.0,
                examples_per_s_with_load_total=round(examples / with_load_s, 1) if with_load_s else 0.0)

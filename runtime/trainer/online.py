@@ -36,11 +36,9 @@ The state file (``--state-dir/online-state.json``) is owned by ``OnlineState``.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
-import signal
 import tempfile
 import time
 from typing import Literal, Optional
@@ -177,22 +175,7 @@ def apply_patch(keys: np.ndarray, values: np.ndarray, patch_keys: np.ndarray,
     return uniq, v[first]
 
 
-class _Stop:
-    """SIGTERM/SIGINT: finish the partition in hand, export if due, then stop."""
-
-    def __init__(self):
-        self.requested = False
-
-    def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, _frame):
-        log.info("signal %d: stopping after the partition in hand", signum)
-        self.requested = True
-
-
-def _wait_for(cfg: TrainConfig, hour: partitions.Hour, stop: _Stop) -> bool:
+def _wait_for(cfg: TrainConfig, hour: partitions.Hour, stop) -> bool:
     """Waits until ``hour`` is complete; False if a stop was requested meanwhile."""
     waited = 0
     while not partitions.is_complete(cfg.data_root, hour):
@@ -213,8 +196,9 @@ def _checkpoint_name(hour: partitions.Hour) -> str:
 def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
     """Runs the continuous job on ``worker`` (module docstring); every process of the job
     calls it. Returns the result record (``partitions``, ``exports``...)."""
-    stop = _Stop()
-    stop.install()
+    from runtime.trainer.stop import StopSignal
+
+    stop = StopSignal.current()
     state = OnlineState.load(cfg.state_dir)
     start = partitions.Hour.parse(cfg.start_hour, "--start-hour")
     end = partitions.Hour.parse(cfg.end_hour, "--end-hour") if cfg.end_hour else None

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -35,6 +36,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from runtime.trainer import readers, roles
+from runtime.trainer.stop import StopSignal
 from runtime.trainer.config import TABLE_DIR_PREFIX, TrainConfig, check_inputs, check_table_dir
 
 log = logging.getLogger(__name__)
@@ -112,7 +114,13 @@ def run_batch(worker, cfg: TrainConfig, train_files: list[str], test_files: list
     load_s = time.monotonic() - t_start
     test = load_test(cfg, test_files, worker.slots) if worker.chief else None
     aucs, passes = [], []
+    stop = StopSignal.current()
     for epoch in range(cfg.epochs):
+        if stop.requested:  # a batch job stopped half way exports nothing; its pods are going
+            log.warning("%s: stopped by a signal after %d of %d passes; nothing exported", worker.who, epoch,
+                        cfg.epochs)
+            logging.shutdown()
+            os._exit(0)
         st = worker.train_pass(ds, f"pass {epoch + 1}/{cfg.epochs}", staged.rows)
         passes.append(st)
         worker.sync()
@@ -161,7 +169,11 @@ def run_single(cfg: TrainConfig) -> dict:
 
 
 def run_pserver(cfg: TrainConfig, role) -> None:
-    """Serves the tables until the process is stopped."""
+    """Serves the tables until the process is stopped: ``fleet.run_server()`` blocks in
+    C++ for good; SIGTERM/SIGINT (Volcano's ``CompleteJob``, a deleted pod) end the
+    process with exit code 0 (``runtime.trainer.native.exit_on_signal``). Nothing is
+    lost: a pserver's tables are saved by the trainers' calls (export, checkpoint), never
+    at exit."""
     from paddle.distributed import fleet
 
     from runtime.trainer.worker import build_ps_programs
@@ -169,7 +181,14 @@ def run_pserver(cfg: TrainConfig, role) -> None:
     build_ps_programs(cfg, cfg.slots(), continuous=cfg.mode == "continuous")
     log.info("pserver %s: serving (trainers %d)", role.endpoint, role.trainers)
     fleet.init_server()
-    fleet.run_server()  # blocks until the process is stopped
+    from runtime.trainer import native
+
+    # after init_server (Paddle's and the PS runtime's handlers are in place); run_server
+    # then holds the GIL for good, so the exit on SIGTERM is the C handler's
+    native.exit_on_signal(0)
+    log.info("pserver %s: SIGTERM/SIGINT end it with exit code 0", role.endpoint)
+    fleet.run_server()
+    raise RuntimeError(f"pserver {role.endpoint}: the server stopped")
 
 
 def run_role(cfg: TrainConfig) -> dict | None:

@@ -86,6 +86,10 @@ def test_ps_cluster_train_and_export(data, tmp_path):
                 "--table-dir", str(tables)], tmp_path)
     s = _summary(r)
     assert s["mode"] == "ps" and s["trainers"] == 2
+    # the pserver stopped as Kubernetes stops a pod (SIGTERM) exits 0, without Paddle's FatalError
+    assert s["pserver_exit_codes"] == [0]
+    ps_log = (tmp_path / "logs" / "pserver-0.log").read_text()
+    assert "SIGTERM/SIGINT end it with exit code 0" in ps_log and "FatalError" not in ps_log
     log0 = (tmp_path / "logs" / "trainer-0.log").read_text()
     assert f"sparse table saved under {tables}/elastic-ctr-table-" in log0
     assert tables.is_dir() and list(tables.iterdir()) == []  # every save dir removed
@@ -108,3 +112,31 @@ def test_ps_cluster_role_failure_is_clean(data, tmp_path):
     assert "trainer-" in r.stderr and "malformed" in r.stderr  # the failing role's log tail
     out = subprocess.run(["pgrep", "-f", str(tmp_path / "bad.txt")], capture_output=True, text=True)
     assert out.stdout.strip() == ""  # no role left running
+
+
+def test_sigterm_stops_a_batch_trainer_after_the_pass_in_hand(data, tmp_path):
+    """Kubernetes stops a trainer pod: SIGTERM during a pass; the pass finishes, nothing
+    is exported, the process exits 0 without Paddle's FatalError (runtime.trainer.stop)."""
+    import signal
+    import threading
+    import time
+
+    root = tmp_path / "root"
+    p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "train", "--single", "--data-train",
+                          str(data / "train.txt"), "--epochs", "50", "--output", str(root), "--log-every-s", "1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    lines: list[str] = []
+    t = threading.Thread(target=lambda: lines.extend(p.stdout), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any("pass 1/50 done" in ln for ln in lines):
+        time.sleep(0.1)
+    assert any("pass 1/50 done" in ln for ln in lines), "".join(lines[-20:])
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=120) == 0, "".join(lines[-20:])
+    t.join(5)
+    text = "".join(lines)
+    assert "stopped by a signal after" in text and "nothing exported" in text
+    assert "FatalError" not in text and "Traceback" not in text
+    assert not (root / "donefile").exists()

@@ -1,0 +1,55 @@
+"""Stopping a training process as Kubernetes stops a pod (``StopSignal``). Imports nothing
+heavy: ``runtime.cli`` installs it before numpy or Paddle start any thread."""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+log = logging.getLogger(__name__)
+
+
+class StopSignal:
+    """SIGTERM/SIGINT, as Kubernetes stops a pod: sets ``requested``; the training loops
+    finish the pass or partition in hand, then stop (``runtime.trainer.online`` for the
+    continuous job); a pserver exits 0 at once (``run_pserver``).
+
+    How: ``install()`` blocks both signals in the main thread, so in every thread started
+    afterwards (Paddle's, brpc's), and a watcher thread takes them with ``sigwait``. It
+    must run before ANY thread exists: ``runtime.cli.main`` calls it first for ``train``
+    (not for the ``--local-cluster`` launcher), before even numpy is imported (OpenBLAS
+    starts its worker threads at import, and a SIGTERM delivered to one of them would take
+    the default action). A Python signal handler would not
+    do: ``import paddle`` and starting the brpc server each put their own C++ handler on
+    SIGTERM (Paddle's kills the process with "FatalError: Termination signal", brpc's only
+    records it), and a Python handler runs only when the main thread is back in Python,
+    which a pserver's ``run_server`` or a gloo rendezvous never is."""
+
+    _current: "StopSignal | None" = None
+
+    def __init__(self):
+        self.requested = False
+        self.on_signal = None  # called on the watcher thread after ``requested`` is set
+
+    @classmethod
+    def current(cls) -> "StopSignal":
+        """The installed instance (a never-set one where none was installed, e.g. a test
+        calling the loops in-process)."""
+        return cls._current or StopSignal()
+
+    def install(self) -> "StopSignal":
+        """Blocks SIGTERM/SIGINT on the calling (main) thread and starts the watcher."""
+        sigs = {signal.SIGTERM, signal.SIGINT}
+        signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+
+        def watch():
+            while True:
+                signum = signal.sigwait(sigs)
+                log.info("signal %d: stopping after the work in hand", signum)
+                self.requested = True
+                if self.on_signal is not None:
+                    self.on_signal()
+
+        threading.Thread(target=watch, name="stop-signal", daemon=True).start()
+        StopSignal._current = self
+        return self
