@@ -208,10 +208,14 @@ class TrainingJob(pulumi.ComponentResource):
             {"name": "TRAINING_ROLE", "value": "TRAINER" if is_trainer else "PSERVER"},
             {"name": "PADDLE_PORT", "value": str(PADDLE_PORT)},
             {"name": "PADDLE_GLOO_PORT", "value": str(GLOO_PORT)},
-            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             {"name": "ELASTIC_CTR_LOG_LEVEL", "value": "INFO"},
             {"name": "HOME", "value": common.TMP_DIR},
         ]
+        if is_trainer:
+            # A pserver's endpoint must be its own entry of the endpoint list, which Volcano's
+            # VC_PSERVER_HOSTS gives as host names: runtime.trainer.roles derives a pserver's
+            # POD_IP from it, so a pserver must not get the pod IP here (it would not match).
+            env.insert(3, {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
         if is_trainer:  # only trainer 0 uploads; pservers never see the token
             env.append({"name": "ELASTIC_CTR_UPLOAD_TOKEN", "valueFrom": {"secretKeyRef": {
                 "name": args.upload_token_secret, "key": args.upload_token_key}}})
@@ -259,7 +263,9 @@ class TrainingJob(pulumi.ComponentResource):
                 {"name": "shared", "persistentVolumeClaim": {"claimName": claim}},
             ],
         }
-        if is_trainer and generated:
+        if generated:
+            # every role checks its inputs before it starts (``train`` resolves --data-train and
+            # --data-test, a pserver too), so the pservers need the files as well
             pod["initContainers"] = [{
                 "name": "generate-data",
                 "image": args.image,

@@ -137,7 +137,15 @@ def safe_extract(tar_path: str | os.PathLike, dest: str | os.PathLike) -> list[s
                         raise AgentError("download", f"{tar_path}: member {name!r} escapes the "
                                                      "unpack directory")
                 # the checks above are ours (clear errors); the "data" filter is a second guard
-                tf.extractall(root, members=members, filter="data")
+                # where this Python has it (3.11.4+, 3.10.12+; Debian bookworm's 3.11.2 has not)
+                if hasattr(tarfile, "data_filter"):
+                    tf.extractall(root, members=members, filter="data")
+                else:
+                    for m in members:  # files and directories only, checked above
+                        m.mode = (m.mode & 0o755) | (0o700 if m.isdir() else 0o600)
+                        m.uid = m.gid = 0
+                        m.uname = m.gname = ""
+                    tf.extractall(root, members=members, numeric_owner=False)
                 # tarfile reads member data lazily: a short member raises ReadError above
         except tarfile.TarError as exc:
             raise AgentError("download", f"{tar_path}: corrupt or truncated tar: {exc}") from exc

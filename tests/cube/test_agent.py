@@ -250,3 +250,23 @@ def test_same_version_with_another_md5_is_loaded_and_enabled_again(tmp_path, cli
         assert (Path(server.loads[-1]) / "data").read_bytes() == payload
     assert server.enables == [7, 7]  # switched twice: the second build was enabled too
     assert client.get("/status").json["enabled"] == [7]
+
+
+def test_safe_extract_without_the_data_filter(tmp_path, monkeypatch):
+    """Pythons before 3.11.4 (Debian bookworm's 3.11.2, the local base image) have no
+    ``tarfile`` data filter: the agent still unpacks, with its own checks only."""
+    tar = tmp_path / "v.tar"
+    make_tar(tar, {"a.bin": b"x" * 100, "sub/b.bin": b"y" * 7})
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    names = safe_extract(tar, tmp_path / "out")
+    assert (tmp_path / "out" / "d_part0" / "a.bin").read_bytes() == b"x" * 100
+    assert (tmp_path / "out" / "d_part0" / "sub" / "b.bin").read_bytes() == b"y" * 7
+    assert "d_part0/a.bin" in names
+    evil = tmp_path / "evil.tar"
+    with tarfile.open(evil, "w") as tf:
+        info = tarfile.TarInfo("../escape.txt")
+        info.size = 1
+        tf.addfile(info, io.BytesIO(b"z"))
+    with pytest.raises(AgentError, match="escapes"):
+        safe_extract(evil, tmp_path / "out2")
+    assert not (tmp_path / "escape.txt").exists()

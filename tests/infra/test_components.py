@@ -89,7 +89,10 @@ def test_volcano_job_contract(rendered):
         c = tasks[name]["template"]["spec"]["containers"][0]
         env = {e["name"]: e for e in c["env"]}
         assert env["TRAINING_ROLE"]["value"] == role and env["PADDLE_PORT"]["value"] == "8200"
-        assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        if role == "TRAINER":
+            assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        else:  # runtime.trainer.roles: a pserver's POD_IP is its VC_PSERVER_HOSTS entry
+            assert "POD_IP" not in env
         assert c["args"][0] == "train" and "--output" in c["args"]
         assert c["resources"]["requests"] == c["resources"]["limits"]
     trainer_env = {e["name"] for e in tasks["trainer"]["template"]["spec"]["containers"][0]["env"]}

@@ -1,0 +1,505 @@
+"""The rendered dev stack (1 pserver x 2 trainers, cube 2 shards x 2 replicas, 2 serving
+pods) run as containers by ``tests/containers/kube.py``, the way Kubernetes and Volcano
+would run it, end to end and through its lifecycle:
+
+1. the training job's pods finish and export a version to the file server pod;
+2. the transfer pod rolls it out to every cube pod (its ``/dict/info``);
+3. both serving pods become ready; ``elastic-ctr client`` (host, .venv) against each scores
+   the test rows with zero failed requests, and the served AUC equals trainer 0's test AUC;
+4. lifecycle, with a client sending through every case (``traffic.ServiceLoad``):
+   (a) a serving pod deleted the Kubernetes way, (b) a cube pod killed and started empty,
+   (c) the transfer pod restarted in the middle of a rollout of a second version,
+   (d) every pod stopped with SIGTERM: every container exits 0, no traceback.
+
+The tests run in file order on one module-scoped stack; each prints its figures
+(``stack:`` lines) for the project's notes, and all of them are written to
+``<tmp>/stack-results.json``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.containers.kube import Cluster
+from tests.containers.traffic import LoadStats, ServiceLoad
+
+pytestmark = [pytest.mark.containers, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+OVERRIDES = ["pservers=1", "trainers=2", "cubeShards=2", "cubeReplicas=2", "servingReplicas=2", "epochs=1"]
+JOB = "ctr-train"
+#: what must never appear in a role's output (a crash, Paddle's signal handler, gunicorn
+#: reporting a killed worker, an exception at interpreter exit)
+FORBIDDEN = ("Traceback", "FatalError", "Termination signal", "Segmentation fault", "Exception ignored",
+             "Error in atexit", "Unhandled exception", "was sent SIG", "exited with code")
+
+RESULTS: dict = {}
+
+
+@pytest.fixture(scope="module")
+def say(request):
+    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+
+    def out(line: str) -> None:
+        line = f"stack: {line}"
+        if tr is not None:
+            tr.write_line(line)
+        else:  # pragma: no cover
+            print(line)
+    return out
+
+
+@pytest.fixture(scope="module")
+def stack(engine, images, tmp_path_factory, say):
+    from infra.render import render
+
+    work = tmp_path_factory.mktemp("stack")
+    rendering = render("dev", [*OVERRIDES, f"imageTag={images.tag}"])
+    rendered = {c["image"] for m in rendering.manifests if m.kind in ("Deployment", "StatefulSet")
+                for c in m.body["spec"]["template"]["spec"]["containers"]}
+    assert rendered <= set(images.refs.values()), (rendered, images.refs)
+    # ELASTIC_CTR_STACK_IMAGE_MAP='{"elastic-ctr-cube:dev": "my-fix:1"}' runs other images in the
+    # pods (to try a fix before it is in the tree); every substitution is printed: such a run
+    # says nothing about the images the tree builds
+    image_map = json.loads(os.environ.get("ELASTIC_CTR_STACK_IMAGE_MAP") or "{}")
+    for a, b in image_map.items():
+        say(f"WARNING: image {a} replaced by {b} in every pod (ELASTIC_CTR_STACK_IMAGE_MAP)")
+    cluster = Cluster(rendering, work, engine.env, image_map=image_map)
+    state = {"cluster": cluster, "work": work, "t0": time.monotonic()}
+    try:
+        cluster.start()
+        say(f"run {cluster.run_id}: {len(cluster.live_pods())} pods, work dir {work}")
+        yield state
+    finally:
+        load = state.get("load")
+        if load is not None:
+            load.stop()
+        try:
+            if any(c.running for c in cluster.all_containers):
+                cluster.shutdown()
+        finally:
+            cluster.cleanup()
+            (work / "stack-results.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+            say(f"results: {work / 'stack-results.json'}; harness log {work / 'harness.log'}; "
+                f"rewrites {len(cluster.rewrites)}; total {time.monotonic() - state['t0']:.0f} s")
+
+
+def need(state: dict, *keys: str) -> None:
+    missing = [k for k in keys if k not in state]
+    if missing:
+        pytest.skip(f"an earlier step did not produce {missing}")
+
+
+def transfer_url(c: Cluster) -> str:
+    return f"http://{c.live_pods('cube-transfer')[0].ip}:8910"
+
+
+def dict_info(c: Cluster) -> dict:
+    try:
+        return requests.get(transfer_url(c) + "/dict/info", timeout=3).json()
+    except (requests.RequestException, ValueError, IndexError):
+        return {}
+
+
+def cube_versions(c: Cluster) -> dict[str, object]:
+    """Each live cube pod's served version, from its server's own ``/status``."""
+    out = {}
+    for w in ("cube-shard-0", "cube-shard-1"):
+        for p in c.live_pods(w):
+            try:
+                out[p.name] = requests.get(f"http://{p.ip}:8901/status", timeout=3).json().get("version")
+            except (requests.RequestException, ValueError):
+                out[p.name] = None
+    return out
+
+
+#: ``cube transfer --max-rollout-attempts`` (its default: the manifest does not set it)
+MAX_ROLLOUT_ATTEMPTS = 3
+#: seconds a deleted pod stays among a Service's endpoints (endpoints controller + kube-proxy)
+PROPAGATION_S = 1.0
+
+
+def serving_endpoints(c: Cluster):
+    return lambda: [(p.name, p.ip) for p in c.endpoints("serving", propagation_s=PROPAGATION_S)]
+
+
+def check_no_errors(c: Cluster) -> None:
+    assert not c.errors, "harness recorded errors:\n" + "\n".join(c.errors)
+
+
+def start_load(state: dict, say) -> ServiceLoad:
+    from runtime.serving.client import encode_batches, load_rows
+
+    c = state["cluster"]
+    if "bodies" not in state:
+        rows = load_rows([str(state["test_rows"])], "criteo", limit=4000)
+        state["bodies"] = [b for b, _, _ in encode_batches(rows, 16)]
+    load = ServiceLoad(serving_endpoints(c), state["bodies"], threads=2, rate=30.0, max_s=400.0).start()
+    state["load"] = load
+    return load
+
+
+def stop_load(state: dict) -> LoadStats:
+    load = state.pop("load")
+    return load.stop()
+
+
+# ----------------------------------------------------------------------------- 1. training
+@pytest.mark.timeout(900)
+def test_training_job_completes_and_exports_a_version(stack, say):
+    c: Cluster = stack["cluster"]
+    t0 = time.monotonic()
+    job = c.workloads[JOB]
+    # Completing: every trainer exited 0 and the job controller is stopping the pservers
+    # (CompleteJob); their termination is checked with every other role's in (d)
+    c.wait_for(f"Job/{JOB} Completing", lambda: job.phase in ("Completing", "Completed", "Failed"), timeout_s=600,
+               every_s=1, fail_on_errors=False)
+    secs = time.monotonic() - t0
+    exits = {f"{p.name}/{cr.name}": cr.exit_code for p in job.pods for cr in p.init_containers + p.containers}
+    completion = [t.summary() for t in job.completion]
+    RESULTS["training"] = {"phase": job.phase, "seconds": round(secs, 1), "exit_codes": exits,
+                           "complete_job": completion}
+    say(f"training: Job {job.phase} in {secs:.0f} s; exit codes {exits}")
+    for t in job.completion:
+        say(f"training: the job controller stopped {t.summary()}")
+    assert job.phase in ("Completing", "Completed"), "\n".join(c.errors) + "\n" + c.status()
+    log = c.logs(f"{JOB}-trainer-0")
+    m = re.search(r"^ELASTIC_CTR_RESULT (\{.*\})$", log, re.M)
+    assert m, f"no result line in trainer 0's log:\n{log[-3000:]}"
+    rec = json.loads(m.group(1))
+    version, auc = int(rec["version"]), float(rec["test_auc"][-1])
+    fs = c.live_pods("fileserver")[0]
+    base = requests.get(f"http://{fs.ip}:8080/donefile/base.txt", timeout=5)
+    assert base.status_code == 200 and str(version) in base.text, base.text
+    # the test rows trainer 0 evaluated on: its /data emptyDir (the pod is Completed, not deleted)
+    test_rows = c.volume_dir(f"{JOB}-trainer-0", "data") / "test.txt"
+    local = stack["work"] / "test.txt"
+    local.write_bytes(test_rows.read_bytes())
+    stack.update(version=version, trained_version=version, trainer_auc=auc, test_rows=local)
+    RESULTS["training"].update(version=version, trainer_test_auc=auc, examples_per_s=rec.get("examples_per_s"))
+    say(f"training: version {version} exported, trainer 0 test AUC {auc:.6f}, "
+        f"{rec.get('examples_per_s')} examples/s; file server donefile: {base.text.strip()[-200:]}")
+
+
+# ----------------------------------------------------------------------------- 2. rollout
+@pytest.mark.timeout(300)
+def test_transfer_rolls_the_version_out_to_every_cube_pod(stack, say):
+    need(stack, "version")
+    c: Cluster = stack["cluster"]
+    v = stack["version"]
+    t0 = time.monotonic()
+
+    def served() -> dict | None:
+        i = dict_info(c)
+        if i.get("version") == v:
+            return i
+        last = i.get("last_rollout") or {}
+        if last.get("version") == v and last.get("status") == "failed":
+            try:
+                hist = requests.get(transfer_url(c) + "/dict/deploy/history", timeout=3).json().get("history", [])
+            except (requests.RequestException, ValueError):
+                hist = []
+            failed = [h for h in hist if h.get("version") == v and h.get("status") == "failed"]
+            if len(failed) >= MAX_ROLLOUT_ATTEMPTS:  # the transfer gave the version up
+                raise AssertionError(f"the transfer gave up version {v} after {len(failed)} failed rollouts; "
+                                     f"last error: {last.get('error')}")
+        return None
+
+    info = c.wait_for(f"/dict/info version {v}", served, timeout_s=240, every_s=0.5)
+    secs = time.monotonic() - t0
+    versions = cube_versions(c)
+    RESULTS["rollout"] = {"version": v, "seconds_after_export": round(secs, 1), "cube": versions,
+                          "dict_info": {k: info.get(k) for k in ("version", "shard_num", "replica_num", "count", "status")}}
+    say(f"rollout: version {v} served by the transfer (waited {secs:.1f} s after the job completed); "
+        f"cube pods {versions}")
+    assert set(versions.values()) == {v}, versions
+    assert info["shard_num"] == 2 and info["replica_num"] == 2
+    stack["rolled_out"] = True
+    check_no_errors(c)
+
+
+# ----------------------------------------------------------------------------- 3. serving
+@pytest.mark.timeout(420)
+def test_both_serving_pods_score_the_test_rows_with_the_trainers_auc(stack, say):
+    need(stack, "rolled_out", "test_rows")
+    c: Cluster = stack["cluster"]
+    t0 = time.monotonic()
+    pods = c.live_pods("serving")
+    c.wait_ready([p.name for p in pods], timeout_s=240)
+    say(f"serving: both pods ready {time.monotonic() - t0:.1f} s after the rollout")
+    procs = []
+    for i, p in enumerate(pods):
+        out = stack["work"] / f"client-{i}.json"
+        cmd = [str(VENV_BIN / "elastic-ctr"), "client", "--url", f"http://{p.ip}:8000", "--data",
+               str(stack["test_rows"]), "--format", "criteo", "--batch-size", "256", "--concurrency", "2",
+               "--json-out", str(out)]
+        procs.append((p, out, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+    reports = {}
+    for p, out, proc in procs:
+        text, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"client against {p.name} exited {proc.returncode}:\n{text[-3000:]}"
+        reports[p.name] = json.loads(out.read_text())
+    auc = stack["trainer_auc"]
+    RESULTS["serving"] = {}
+    for name, rep in reports.items():
+        RESULTS["serving"][name] = {k: rep[k] for k in ("requests", "failed_requests", "rows_scored", "qps", "p50_ms",
+                                                         "p99_ms", "auc", "versions")}
+        say(f"serving: client -> {name}: requests {rep['requests']}, failed {rep['failed_requests']}, "
+            f"rows {rep['rows_scored']}, served AUC {rep['auc']:.6f} vs trainer AUC {auc:.6f} "
+            f"(diff {abs(rep['auc'] - auc):.2e}), versions {rep['versions']}, p50 {rep['p50_ms']} ms")
+        assert rep["failed_requests"] == 0 and rep["requests"] > 0, rep
+        assert rep["versions"] == {str(stack["version"]): rep["requests"]}, rep["versions"]
+        assert abs(rep["auc"] - auc) <= 1e-4, (rep["auc"], auc)
+    stack["serving_ok"] = True
+    check_no_errors(c)
+
+
+# ----------------------------------------------------------------------------- 4a. serving pod deleted
+@pytest.mark.timeout(420)
+def test_a_serving_pod_deleted_the_kubernetes_way(stack, say):
+    need(stack, "serving_ok")
+    c: Cluster = stack["cluster"]
+    load = start_load(stack, say)
+    time.sleep(4)
+    victim = c.live_pods("serving")[0]
+    load.mark(victim.ip)
+    t0 = time.monotonic()
+    term = c.delete_pod(victim.name, watch_readiness_s=0.05)
+    ended = time.monotonic() - t0
+    rep = c.pods[term.replacement]
+    c.wait_ready([rep.name], timeout_s=240)
+    replaced = time.monotonic() - t0
+    time.sleep(2)
+    stats = stop_load(stack)
+    ce = term.containers[0]
+    RESULTS["a_serving_delete"] = {
+        "pod": victim.name, "grace_s": term.grace_s, "exit_code": ce.exit_code, "exit_s": ce.seconds,
+        "sigkilled": ce.sigkilled, "readiness_false_s": ce.first_not_ready_s, "kubelet_not_ready_s": ce.kubelet_not_ready_s,
+        "replacement": rep.name, "replacement_ready_s": round(replaced, 1), "load": stats.__dict__}
+    say(f"(a) {term.summary()}; kubelet-view readiness false at {ce.kubelet_not_ready_s:.2f} s (probe period 5 s); "
+        f"deletion took {ended:.2f} s; replacement {rep.name} ready after {replaced:.1f} s")
+    say(f"(a) client: {stats.line()}")
+    for e in stats.errors:
+        say(f"(a) client error: {e}")
+    assert ce.exit_code == 0 and not ce.sigkilled, term.summary() + "\n" + c.logs(victim.name)[-3000:]
+    assert ce.seconds is not None and ce.seconds <= term.grace_s
+    assert ce.first_not_ready_s is not None and ce.first_not_ready_s <= ce.seconds, \
+        f"readiness did not turn false before the exit: {term.summary()}"
+    assert stats.inflight_completed == stats.inflight_at_mark, stats.line()
+    assert stats.failed == 0 and stats.ok > 0, stats.line()
+    check_no_errors(c)
+
+
+# ----------------------------------------------------------------------------- 4b. cube pod killed
+@pytest.mark.timeout(420)
+def test_b_a_cube_pod_killed_comes_back_empty_and_is_reloaded(stack, say):
+    need(stack, "serving_ok")
+    c: Cluster = stack["cluster"]
+    v = dict_info(c).get("version") or stack["version"]
+    start_load(stack, say)
+    time.sleep(3)
+    t0 = time.monotonic()
+    term = c.kill_pod("cube-shard-0-0")
+    new = c.pods[term.replacement]
+    c.wait_for("cube-shard-0-0 running", lambda: new.phase == "Running", timeout_s=120)
+    c.wait_for("cube-shard-0-0 answering", lambda: _answers(new.ip), timeout_s=60)
+    empty = requests.get(f"http://{new.ip}:8901/status", timeout=5).json()
+    c.wait_for(f"cube-shard-0-0 back on version {v}",
+                      lambda: cube_versions(c).get("cube-shard-0-0") == v, timeout_s=150, every_s=0.5)
+    reloaded = time.monotonic() - t0
+    c.wait_ready([new.name], timeout_s=60)
+    time.sleep(2)
+    stats = stop_load(stack)
+    RESULTS["b_cube_kill"] = {"pod": "cube-shard-0-0", "exit_codes": {x.container: x.exit_code for x in term.containers},
+                              "version_after_restart": empty.get("version"), "back_on_version_s": round(reloaded, 1),
+                              "version": v, "load": stats.__dict__}
+    say(f"(b) killed cube-shard-0-0 ({term.summary()}); new pod started empty (version {empty.get('version')}), "
+        f"back on version {v} {reloaded:.1f} s after the kill (transfer reconcile)")
+    say(f"(b) client: {stats.line()}")
+    for e in stats.errors:
+        say(f"(b) client error: {e}")
+    assert empty.get("version") != v, f"the new pod was not empty: {empty}"
+    assert stats.failed == 0 and stats.ok > 0, stats.line()
+    check_no_errors(c)
+
+
+def _answers(ip: str) -> bool:
+    try:
+        return requests.get(f"http://{ip}:8901/status", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+# ----------------------------------------------------------------------------- 4c. transfer restarted
+PUBLISH = r"""
+import glob, json, sys
+import numpy as np
+from runtime.trainer import set_paddle_flags
+set_paddle_flags()
+from runtime.formats.seqfile import read_sequence_file
+from runtime.formats import features
+from runtime.trainer.export import export_version
+src, root, extra, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+meta = json.load(open(src + "/dense/model_meta.json"))
+parts = [read_sequence_file(f) for f in sorted(glob.glob(src + "/sparse/part-*"))]
+keys = np.concatenate([k for k, _ in parts])
+values = np.concatenate([v for _, v in parts]) * np.float32(1.0 + seed / 100)
+# keys no row ever looks up (slot bits far above the 26 slots): they only make the rollout longer
+more = (np.uint64(1) << np.uint64(60)) + np.arange(extra, dtype=np.uint64) * np.uint64(7919)
+rng = np.random.default_rng(seed)
+keys = np.concatenate([keys, more])
+values = np.concatenate([values, rng.normal(0, 0.01, (extra, values.shape[1])).astype(np.float32)])
+rec = export_version(root, slots=features.DEFAULT_SLOTS, fmt="criteo", dim=int(values.shape[1]),
+                     layers=meta.get("layers") or [128, 64, 32], keys=keys, values=values,
+                     metrics={}, training={"note": "container test: another version"},
+                     token=sys.stdin.read().strip(), seed=seed)
+print("PUBLISHED", rec.id, len(keys))
+"""
+#: keys added to a published version so that its rollout lasts long enough to be interrupted
+EXTRA_KEYS = 1_200_000
+
+
+def publish(c: Cluster, stack: dict, seed: int) -> tuple[int, float]:
+    """Publishes a new base into the file server pod from the host, as trainer 0 would (the
+    served version's table, scaled, plus EXTRA_KEYS keys; a seeded head): ``python -c`` with
+    ``runtime.trainer.export.export_version`` (``python -m runtime.trainer.export`` sends no
+    upload token, so it cannot publish to the file server)."""
+    fs = c.live_pods("fileserver")[0]
+    src = c.volume_dir(fs.name, "files") / "versions" / str(stack["trained_version"])
+    token = c.secrets["fileserver-upload-token"]["token"]
+    t0 = time.monotonic()
+    pub = subprocess.run([sys.executable, "-c", PUBLISH, str(src), f"http://{fs.ip}:8080", str(EXTRA_KEYS), str(seed)],
+                         input=token, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert pub.returncode == 0, pub.stdout[-2000:] + pub.stderr[-3000:]
+    return int(re.search(r"PUBLISHED (\d+) (\d+)", pub.stdout).group(1)), time.monotonic() - t0
+
+
+def restart_transfer_mid_rollout(stack: dict, say, case: str, how: str, seed: int) -> None:
+    """Publishes a version, waits until the transfer's rollout of it is under way, then
+    restarts the transfer pod (``how``: ``delete`` = the Kubernetes way, ``kill`` = a crash),
+    and checks that the rollout completes on every cube pod with the client sending."""
+    c: Cluster = stack["cluster"]
+    v1 = dict_info(c).get("version")
+    load = start_load(stack, say)
+    v2, published = publish(c, stack, seed)
+    # the transfer sees the donefile line at its next poll: restart it once the rollout is under way
+    seen = c.wait_for(f"rollout of {v2} under way",
+                      lambda: (lambda i: i if (i.get("rollout") or {}).get("version") == v2 or i.get("version") == v2
+                               else None)(dict_info(c)), timeout_s=120, every_s=0.05)
+    assert seen.get("version") != v2, f"the rollout of {v2} finished before the transfer could be restarted: {seen}"
+    phase = seen["rollout"]["phase"]
+    old = c.live_pods("cube-transfer")[0]
+    t_kill = time.monotonic()
+    term = c.delete_pod(old.name) if how == "delete" else c.kill_pod(old.name)
+    new = c.pods[term.replacement]
+    c.wait_ready([new.name], timeout_s=120)
+    done = c.wait_for(f"version {v2} served everywhere",
+                      lambda: (lambda i: i if i.get("version") == v2 and i.get("status") == "serving" else None)(dict_info(c)),
+                      timeout_s=240, every_s=0.5)
+    finished = time.monotonic() - t_kill
+    versions = cube_versions(c)
+    history = requests.get(transfer_url(c) + "/dict/deploy/history", timeout=5).json()
+    entries = [h for h in history.get("history", []) if h.get("version") == v2]
+    # serving follows the new version (both pods): the client is answered by it
+    c.wait_for(f"serving answers version {v2}", lambda: str(v2) in load.stats.by_version, timeout_s=120)
+    time.sleep(2)
+    stats = stop_load(stack)
+    ce = term.containers[0]
+    RESULTS[case] = {"v1": v1, "v2": v2, "how": how, "publish_s": round(published, 1), "restarted_in_phase": phase,
+                     "transfer_exit_code": ce.exit_code, "transfer_exit_s": ce.seconds, "sigkilled": ce.sigkilled,
+                     "rollout_done_after_restart_s": round(finished, 1), "cube": versions,
+                     "history_of_v2": entries, "load": stats.__dict__}
+    say(f"({case[0]}) published {v2} ({EXTRA_KEYS} extra keys) in {published:.1f} s; {how} of the transfer in phase "
+        f"{phase}: {term.summary()}; {v2} served everywhere {finished:.1f} s after; cube pods {versions}")
+    say(f"({case[0]}) transfer history of {v2}: " + "; ".join(
+        f"attempt {h.get('attempt')} {h.get('status')} resumed={h.get('resumed')} {h.get('seconds')} s" for h in entries))
+    pick = re.compile(r"SIGTERM|stopp|Abort|unload|resum|Trigging|Finished|given up", re.I)
+    for label, pod in (("old", old), ("new", new)):
+        lines = [ln for ln in _log_text(c, pod.containers[0]).splitlines() if pick.search(ln)]
+        RESULTS[case][f"{label}_transfer_log"] = lines[-12:]
+        for ln in lines[-5:]:
+            say(f"({case[0]})   {label} transfer: {ln[-200:]}")
+    say(f"({case[0]}) client: {stats.line()}")
+    for e in stats.errors:
+        say(f"({case[0]}) client error: {e}")
+    stack["version"] = v2
+    assert set(versions.values()) == {v2}, versions
+    assert done["shard_num"] == 2 and done["replica_num"] == 2
+    if how == "delete":
+        assert ce.exit_code == 0 and not ce.sigkilled, term.summary() + "\n" + _log_text(c, old.containers[0])[-3000:]
+    assert stats.failed == 0 and stats.ok > 0, stats.line()
+    check_no_errors(c)
+
+
+@pytest.mark.timeout(480)
+def test_c_transfer_restarted_in_the_middle_of_a_rollout(stack, say):
+    need(stack, "serving_ok")
+    restart_transfer_mid_rollout(stack, say, "c_transfer_restart", "delete", seed=1)
+
+
+@pytest.mark.timeout(480)
+def test_c2_transfer_crashing_in_the_middle_of_a_rollout(stack, say):
+    """A restart the Kubernetes way lets the transfer finish the step in progress
+    (``--stop-timeout``); a crash (SIGKILL, e.g. an OOM kill or a node loss) leaves the
+    rollout half done for the new pod to take over from its persisted state."""
+    need(stack, "serving_ok")
+    restart_transfer_mid_rollout(stack, say, "c2_transfer_crash", "kill", seed=2)
+
+
+# ----------------------------------------------------------------------------- 4d. everything stops
+@pytest.mark.timeout(300)
+def test_d_every_container_stops_on_sigterm_with_exit_0(stack, say):
+    need(stack, "version")
+    c: Cluster = stack["cluster"]
+    if "load" in stack:
+        stop_load(stack)
+    t0 = time.monotonic()
+    terms = c.shutdown(watch_readiness_s=0.05)
+    secs = time.monotonic() - t0
+    rows = {}
+    for t in terms:
+        for x in t.containers:
+            rows[f"{t.pod}/{x.container}"] = {"exit_code": x.exit_code, "seconds": x.seconds, "sigkilled": x.sigkilled,
+                                              "readiness_false_s": x.first_not_ready_s}
+    # the pserver was stopped with SIGTERM by CompleteJob (part 1): it is a role too
+    for t in c.workloads[JOB].completion:
+        for x in t.containers:
+            rows[f"{t.pod}/{x.container} (CompleteJob)"] = {"exit_code": x.exit_code, "seconds": x.seconds,
+                                                             "sigkilled": x.sigkilled}
+    bad_logs = {}
+    for cr in c.all_containers:
+        if cr.id is None:
+            continue
+        text = _log_text(c, cr)
+        hits = [ln for ln in text.splitlines() if any(f in ln for f in FORBIDDEN)]
+        if hits:
+            bad_logs[f"{cr.pod.name}/{cr.name}"] = hits[:5]
+    RESULTS["d_shutdown"] = {"seconds": round(secs, 1), "containers": rows, "forbidden_log_lines": bad_logs,
+                             "errors": list(c.errors), "rewrites": [str(r) for r in c.rewrites]}
+    say(f"(d) SIGTERM to {len(terms)} pods, all gone in {secs:.1f} s:")
+    for t in terms:
+        say(f"(d)   {t.summary()}")
+    for t in c.workloads[JOB].completion:
+        say(f"(d)   (CompleteJob) {t.summary()}")
+    for k, v in bad_logs.items():
+        say(f"(d)   forbidden lines in {k}: {v}")
+    not_clean = {k: v for k, v in rows.items() if v["exit_code"] != 0 or v["sigkilled"]}
+    assert not not_clean, f"containers that did not exit 0 on SIGTERM: {not_clean}"
+    assert not bad_logs, bad_logs
+    check_no_errors(c)
+
+
+def _log_text(c: Cluster, cr) -> str:
+    if cr.log_path.exists():
+        return cr.log_path.read_text(errors="replace")
+    proc = c.docker("logs", cr.id, check=False)
+    return proc.stdout + proc.stderr
