@@ -330,6 +330,35 @@ def offline_predict(model_dir: Path, table: dict, dense_raw: np.ndarray, fs: np.
     return pred.predict(features.normalize_dense(dense_raw), emb.reshape(fs.shape[1] * n, dim)).ravel()
 
 
+class CliProcess:
+    """``elastic-ctr <argv>`` (``python -m runtime.cli``) as a subprocess with one math
+    thread, its merged stdout/stderr collected line by line by a thread."""
+
+    def __init__(self, argv: list[str], cwd: Path):
+        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", *argv], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, cwd=cwd,
+                                     env=dict(os.environ, OMP_NUM_THREADS="1"))
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
+        self._reader.start()
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, needle: str, timeout_s: float = 120.0) -> None:
+        """Waits until a line contains ``needle``; AssertionError with the last lines if not."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not any(needle in ln for ln in self.lines):
+            time.sleep(0.1)
+        assert any(needle in ln for ln in self.lines), f"no {needle!r} in:\n" + "".join(self.lines[-30:])
+
+    def wait(self, timeout_s: float = 120.0) -> int:
+        """The exit code (waits for the output to be read too)."""
+        rc = self.proc.wait(timeout=timeout_s)
+        self._reader.join(5)
+        return rc
+
+
 # ----------------------------------------------------------------------------- rendered manifests
 #: the Kubernetes version manifests are validated against (kubernetes-validate 1.37.0
 #: ships schemas 1.25-1.37); the oldest release the stack supports.

@@ -18,6 +18,7 @@ from runtime.formats import donefile, partitions
 from runtime.formats.model_meta import ModelMeta
 from runtime.formats.seqfile import read_sequence_file
 from runtime.trainer import generator, online, readers
+from tests.helpers import CliProcess
 
 START = "20261120/00"
 
@@ -147,22 +148,12 @@ def test_continuous_waits_for_the_done_marker(tmp_path):
     d.mkdir(parents=True)
     src = Path(partitions.files(str(root), partitions.Hour.parse(START))[0])
     (d / "part-00000").write_bytes(src.read_bytes())  # data there, marker not yet
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "train", "--single", "--mode", "continuous",
-                             "--data-root", str(root), "--start-hour", START, "--end-hour", str(late),
-                             "--state-dir", str(tmp_path / "state"), "--poll-s", "0.2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
-    lines: list[str] = []
-    t = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    t.start()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not any(f"waiting for partition {late}" in ln for ln in lines):
-        time.sleep(0.2)
-    assert any(f"waiting for partition {late}: no _SUCCESS" in ln for ln in lines), "".join(lines[-30:])
+    p = CliProcess(["train", "--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START,
+                    "--end-hour", str(late), "--state-dir", str(tmp_path / "state"), "--poll-s", "0.2"], tmp_path)
+    p.wait_for(f"waiting for partition {late}: no _SUCCESS")
     partitions.mark_complete(d)
-    assert proc.wait(timeout=120) == 0
-    t.join(5)
-    s = json.loads([ln for ln in lines if ln.startswith("ELASTIC_CTR_SUMMARY ")][0].split(" ", 1)[1])
+    assert p.wait() == 0
+    s = json.loads([ln for ln in p.lines if ln.startswith("ELASTIC_CTR_SUMMARY ")][0].split(" ", 1)[1])
     assert [p["hour"] for p in s["partitions"]] == [START, str(late)]
 
 
@@ -234,21 +225,11 @@ def test_sigterm_while_waiting_exits_0_with_the_exports_done(tmp_path):
     root = tmp_path / "data"
     generator.generate_hours(root, 1, START, 2000, seed=2)
     state = tmp_path / "state"
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "train", "--single", "--mode", "continuous",
-                             "--data-root", str(root), "--start-hour", START, "--state-dir", str(state),
-                             "--poll-s", "0.2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
-    lines: list[str] = []
-    t = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    t.start()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not any("waiting for partition 20261120/01" in ln for ln in lines):
-        time.sleep(0.2)
-    assert any("waiting for partition 20261120/01" in ln for ln in lines), "".join(lines[-30:])
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0, "".join(lines[-30:])
-    t.join(5)
-    assert not any("Traceback" in ln or "FatalError" in ln for ln in lines), "".join(lines[-30:])
+    p = CliProcess(["train", "--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START,
+                    "--state-dir", str(state), "--poll-s", "0.2"], tmp_path)
+    p.wait_for("waiting for partition 20261120/01")
+    p.proc.send_signal(signal.SIGTERM)
+    assert p.wait(60) == 0, p.text()[-3000:]
+    assert "Traceback" not in p.text() and "FatalError" not in p.text()
     st = online.OnlineState.load(str(state))
     assert st.next_hour == "20261120/01" and st.pending is None and len(st.exports) == 1

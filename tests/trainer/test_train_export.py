@@ -118,25 +118,16 @@ def test_sigterm_stops_a_batch_trainer_after_the_pass_in_hand(data, tmp_path):
     """Kubernetes stops a trainer pod: SIGTERM during a pass; the pass finishes, nothing
     is exported, the process exits 0 without Paddle's FatalError (runtime.trainer.stop)."""
     import signal
-    import threading
-    import time
+
+    from tests.helpers import CliProcess
 
     root = tmp_path / "root"
-    p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "train", "--single", "--data-train",
-                          str(data / "train.txt"), "--epochs", "50", "--output", str(root), "--log-every-s", "1"],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"))
-    lines: list[str] = []
-    t = threading.Thread(target=lambda: lines.extend(p.stdout), daemon=True)
-    t.start()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not any("pass 1/50 done" in ln for ln in lines):
-        time.sleep(0.1)
-    assert any("pass 1/50 done" in ln for ln in lines), "".join(lines[-20:])
-    p.send_signal(signal.SIGTERM)
-    assert p.wait(timeout=120) == 0, "".join(lines[-20:])
-    t.join(5)
-    text = "".join(lines)
+    p = CliProcess(["train", "--single", "--data-train", str(data / "train.txt"), "--epochs", "50", "--output",
+                    str(root), "--log-every-s", "1"], tmp_path)
+    p.wait_for("pass 1/50 done")
+    p.proc.send_signal(signal.SIGTERM)
+    assert p.wait() == 0, p.text()[-3000:]
+    text = p.text()
     assert "stopped by a signal after" in text and "nothing exported" in text
     assert "FatalError" not in text and "Traceback" not in text
     assert not (root / "donefile").exists()
