@@ -237,6 +237,9 @@ def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
             rec.auc_before = round(worker.evaluate(sample)[0], 6)
             log.info("%s: partition %s: auc %.4f before training on it (%d rows)", worker.who, hour,
                      rec.auc_before, n)
+        # nobody trains the partition before trainer 0 has scored the model on it: the
+        # others' pushes would otherwise leak this hour into the "before" AUC
+        worker.barrier()
         st = worker.train_pass(ds, f"partition {hour}", staged.rows)
         ds.release_memory()
         rec.train_auc = round(st.train_auc, 6)

@@ -280,6 +280,9 @@ class Worker:
         ``None`` elsewhere. ``save_dir``: a fresh directory the save may use."""
         raise NotImplementedError
 
+    def barrier(self) -> None:
+        """Waits for every worker of the job (one process: returns)."""
+
     def checkpoint(self, directory: str) -> None:
         """Saves everything training needs to go on (parameters and optimizer state) under
         ``directory`` (every process of the job calls it, in the same order)."""
