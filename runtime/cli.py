@@ -82,8 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.command}: missing subcommand")
     try:
         rc = handler(args)
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as exc:  # SIGTERM to a launcher: its roles are stopped, exit 0
+        from runtime.proc import Terminated
+
+        return 0 if isinstance(exc, Terminated) else 130
     return int(rc or 0)
 
 

@@ -20,6 +20,12 @@ from typing import Iterable, Mapping, Sequence
 log = logging.getLogger(__name__)
 
 
+class Terminated(KeyboardInterrupt):
+    """Raised on the main thread when a launcher holding a ``ProcessGroup`` gets SIGTERM:
+    the group's ``__exit__`` then stops every role it started (SIGTERM, grace, SIGKILL)
+    and ``runtime.cli`` exits 0."""
+
+
 class RoleFailed(RuntimeError):
     """A supervised process exited with a non-zero code (or too early).
 
@@ -208,10 +214,26 @@ class ProcessGroup:
                 r.proc.wait(5)
 
     def __enter__(self) -> "ProcessGroup":
+        # A launcher stopped with SIGTERM must stop its roles (each runs in its own session,
+        # so the signal does not reach them): raise Terminated, stop them in __exit__.
+        self._prev_sigterm = None
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._prev_sigterm = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, _raise_terminated)
         return self
 
     def __exit__(self, *exc) -> None:
-        self.stop_all()
+        try:
+            self.stop_all()
+        finally:
+            if self._prev_sigterm is not None:
+                signal.signal(signal.SIGTERM, self._prev_sigterm)
+
+
+def _raise_terminated(_signum, _frame):
+    raise Terminated()
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -64,16 +64,19 @@ def offline_auc(version_dir: Path, data: Path) -> float:
     from runtime.formats.seqfile import read_sequence_file
     from runtime.inference import DensePredictor
 
+    from runtime.formats.model_meta import ModelMeta
+
     b = features.parse_criteo_lines(data.read_text().splitlines())
+    meta = ModelMeta.read(version_dir / "dense")
     keys_l, vals_l = [], []
-    for part in sorted((version_dir / "sparse").glob("part-*")):
-        k, v = read_sequence_file(str(part))
+    for part in meta.sparse.parts:  # the parts the export wrote, as model_meta.json names them
+        k, v = read_sequence_file(str(version_dir / "sparse" / part.file))
         keys_l.append(k)
         vals_l.append(v.reshape(len(k), -1))
     keys, vals = np.concatenate(keys_l), np.concatenate(vals_l)
     order = np.argsort(keys)
     keys, vals = keys[order], vals[order]
-    pred = DensePredictor(version_dir / "dense")
+    pred = DensePredictor(version_dir / "dense", meta)
     fs = b.feasigns.T.ravel()  # slot-major, as the dense model's inputs
     pos = np.minimum(np.searchsorted(keys, fs), len(keys) - 1)
     hit = keys[pos] == fs

@@ -152,9 +152,9 @@ def main(args) -> int:
     except (TimeoutError, storage.LocationError, ValueError) as exc:
         print(f"\nelastic-ctr local: FAILED: {exc}", file=sys.stderr, flush=True)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("\nelastic-ctr local: interrupted; every process stopped", file=sys.stderr, flush=True)
-        return 130
+        return 0 if isinstance(exc, proc.Terminated) else 130
     finally:
         left = [r.name for r in group.roles if r.proc.poll() is None]
         if left:

@@ -88,10 +88,10 @@ class OnlineState(BaseModel):
     """The continuous job's progress (module docstring): written atomically by trainer 0,
     read by every worker at start.
 
-    ``next_hour``: the first partition not yet in the checkpoint; ``checkpoint``: the
-    directory name under ``checkpoints/`` (``None``: start from scratch);
-    ``since_base``: partitions trained since the last base export; ``pending``: an
-    export whose checkpoint is written but whose donefile line may be missing."""
+    ``next_hour``: the first partition not in the last export; ``since_base``: partitions
+    trained since the last base export; ``pending``: an export whose checkpoint is written
+    but whose donefile line may be missing. A checkpoint is named after the hour that
+    follows it (``checkpoint_name``), so the one to resume from is derived, not stored."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -99,14 +99,15 @@ class OnlineState(BaseModel):
     data_root: str
     start_hour: str
     next_hour: str
-    checkpoint: Optional[str] = None
     base_id: Optional[int] = None
     since_base: int = 0
     pending: Optional[ExportRecord] = None
-    pending_next_hour: Optional[str] = None
-    pending_checkpoint: Optional[str] = None
     exports: list[ExportRecord] = Field(default_factory=list)
-    partitions: list[PartitionRecord] = Field(default_factory=list)
+
+    @property
+    def checkpoint(self) -> Optional[str]:
+        """The last committed export's checkpoint directory name (None before any)."""
+        return checkpoint_name(partitions.Hour.parse(self.next_hour)) if self.exports else None
 
     @classmethod
     def load(cls, state_dir: str) -> Optional["OnlineState"]:
@@ -141,7 +142,8 @@ class OnlineState(BaseModel):
     def resume_point(self) -> tuple[str, Optional[str]]:
         """``(next hour, checkpoint)`` to resume from: the pending export's if any."""
         if self.pending is not None:
-            return self.pending_next_hour, self.pending_checkpoint
+            after = partitions.Hour.parse(self.pending.hour).next()
+            return str(after), checkpoint_name(after)
         return self.next_hour, self.checkpoint
 
 
@@ -189,7 +191,8 @@ def _wait_for(cfg: TrainConfig, hour: partitions.Hour, stop) -> bool:
     return True
 
 
-def _checkpoint_name(hour: partitions.Hour) -> str:
+def checkpoint_name(hour: partitions.Hour) -> str:
+    """``checkpoints/<name>``: the checkpoint taken before ``hour`` (``YYYYMMDD-HH``)."""
     return str(hour).replace("/", "-")
 
 
@@ -277,7 +280,7 @@ def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: parti
     it; returns ``(ExportRecord, new snapshot)`` on trainer 0, ``None`` elsewhere."""
     from runtime.trainer import train
 
-    name = _checkpoint_name(next_hour)
+    name = checkpoint_name(next_hour)
     directory = os.path.join(ckroot, name)
     if worker.chief and os.path.isdir(directory):
         shutil.rmtree(directory)  # a checkpoint left by a run that died before its state
@@ -299,7 +302,7 @@ def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: parti
     else:
         rows_idx = table_diff(snapshot[0], snapshot[1], keys, values)
         rec = ExportRecord(id=vid, kind="patch", base=state.base_id, hour=last_hour, rows=int(len(rows_idx)))
-    state.pending, state.pending_next_hour, state.pending_checkpoint = rec, str(next_hour), name
+    state.pending = rec
     state.save(cfg.state_dir)
     t0 = time.monotonic()
     if cfg.output:
@@ -322,10 +325,10 @@ def _publish(worker, cfg: TrainConfig, rec: ExportRecord, keys: np.ndarray, valu
 def _commit(state: OnlineState, rec: ExportRecord, cfg: TrainConfig, ckroot: str) -> None:
     """Marks the pending export done, moves the resume point, drops older checkpoints."""
     state.exports.append(rec)
-    state.next_hour, state.checkpoint = state.pending_next_hour, state.pending_checkpoint
+    state.next_hour = str(partitions.Hour.parse(rec.hour).next())
     if rec.kind == "base":
         state.base_id, state.since_base = rec.id, 0
-    state.pending = state.pending_next_hour = state.pending_checkpoint = None
+    state.pending = None
     state.save(cfg.state_dir)
     for name in os.listdir(ckroot):
         if name != state.checkpoint:
@@ -340,7 +343,7 @@ def _finish_pending(worker, cfg: TrainConfig, state: OnlineState, ckroot: str) -
     if any(r.id == rec.id for r in lines):
         log.info("%s: pending %s %d was published before the restart", worker.who, rec.kind, rec.id)
     else:
-        directory = os.path.join(ckroot, state.pending_checkpoint)
+        directory = os.path.join(ckroot, state.resume_point()[1])
         with np.load(os.path.join(directory, SNAPSHOT)) as z:
             keys, values = z["keys"], z["values"]
         if rec.kind == "base":

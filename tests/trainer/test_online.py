@@ -39,7 +39,6 @@ def test_table_diff_finds_new_and_changed_rows_bitwise():
 def test_state_roundtrip_and_bad_file(tmp_path):
     st = online.OnlineState(data_root="/d", start_hour=START, next_hour=START)
     st.pending = online.ExportRecord(id=3, kind="patch", base=1, hour=START, rows=5)
-    st.pending_next_hour, st.pending_checkpoint = "20261120/01", "20261120-01"
     st.save(str(tmp_path))
     again = online.OnlineState.load(str(tmp_path))
     assert again == st and again.resume_point() == ("20261120/01", "20261120-01")
