@@ -10,6 +10,10 @@ writer writes (docs/contracts.md describes each one):
 - ``topology``: the cube topology (shards x replicas) read by the transfer, serving and the
   cube client.
 - ``seqfile``: the Hadoop SequenceFile holding a version's embeddings.
+- ``partitions``: the hourly training-data partitions (``ROOT/YYYYMMDD/HH/``, ``_SUCCESS``)
+  landed by ``data generate --hours`` or an upstream job and read by the trainer.
+
+``_validation`` is private: it turns the models' validation errors into one message.
 
 The cube's data-plane wire protocol (``runtime.cube.protocol``) and dict files
 (``runtime.cube.dictfile``) are private to the cube and live there.
