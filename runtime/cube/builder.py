@@ -8,7 +8,7 @@
     <output_dir>/<dict_name>/<version>/<dict_name>_part<i>.tar.md5 hex md5 of the tar
     <output_dir>/<dict_name>/<version>/build.json                  the BuildResult
 
-- Shard of a key: ``key % shard_num`` (as the reference's builder and client).
+- Shard of a key: ``runtime.formats.topology.shard_rows`` (``key % shard_num``).
 - Duplicate keys (within a file or across files, inputs read in the order given):
   the last one wins; ``duplicates`` counts the records dropped.
 - A delta (``mode="delta"``) holds exactly the keys of its inputs (changed and new) and
@@ -39,6 +39,7 @@ from runtime import storage
 from runtime.cube import dictfile
 from runtime.cube.kernel import KERNEL
 from runtime.formats.seqfile import iter_sequence_file
+from runtime.formats.topology import shard_rows
 
 log = logging.getLogger(__name__)
 
@@ -107,19 +108,6 @@ def read_inputs(files: list[str]) -> tuple[np.ndarray, np.ndarray]:
         return np.empty(0, np.uint64), np.empty((0, dim or 0), np.float32)
     return (np.concatenate(keys).astype(np.uint64, copy=False),
             np.concatenate(values).astype(np.float32, copy=False))
-
-
-def partition(keys: np.ndarray, shard_num: int) -> list[np.ndarray]:
-    """Row indices (int64, in input order) of each shard's keys: ``key % shard_num``."""
-    if shard_num == 1:
-        return [np.arange(keys.shape[0])]
-    shard = keys % np.uint64(shard_num)
-    if shard_num <= 16:  # one vectorized pass per shard beats a sort of the whole input
-        return [np.flatnonzero(shard == np.uint64(i)) for i in range(shard_num)]
-    shard = shard.astype(np.int32)
-    order = np.argsort(shard, kind="stable")
-    bounds = np.searchsorted(shard[order], np.arange(shard_num + 1))
-    return [order[bounds[i]:bounds[i + 1]] for i in range(shard_num)]
 
 
 def dedup_last_wins(keys: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -201,7 +189,7 @@ def build(inputs: list[str], output_dir: str | os.PathLike, dict_name: str, shar
                          shard_num=int(shard_num), dim=dim, count=0, duplicates=0,
                          input_records=int(keys.shape[0]), inputs=files)
     try:
-        for shard, rows in enumerate(partition(keys, shard_num)):
+        for shard, rows in enumerate(shard_rows(keys, shard_num)):
             k, last = dedup_last_wins(keys, rows)
             d = dictfile.make_shard_dict(k, values[last], dict_name=dict_name, shard=shard,
                                          shard_num=shard_num, version=version, mode=mode,

@@ -1,7 +1,7 @@
 """Sharded, replicated cube client: ``CubeClient.seek(keys) -> SeekResult``.
 
 - Topology: ``shards x replicas`` (``runtime.formats.topology``); shard of a
-  key = ``key % shard_num`` (as the reference and the builder).
+  key: ``runtime.formats.topology.shard_rows`` (``key % shard_num``, as the builder).
 - One ``seek`` splits the batch by shard, sends every shard's request first and then
   gathers the replies with ``poll`` (the shards work concurrently, no threads), over
   persistent pooled connections (one pool per replica; a connection carries one request
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from runtime.cube import protocol
-from runtime.formats.topology import Topology
+from runtime.formats.topology import Topology, shard_rows
 
 
 class CubeUnavailable(RuntimeError):
@@ -175,8 +175,7 @@ class CubeClient:
         if S == 1:
             parts, idx = {0: keys}, None
         else:
-            sh = keys % np.uint64(S)
-            idx = {s: np.flatnonzero(sh == np.uint64(s)) for s in range(S)}
+            idx = dict(enumerate(shard_rows(keys, S)))
             parts = {s: keys[i] for s, i in idx.items() if i.shape[0]}
             if not parts:
                 parts = {0: keys[:0]}

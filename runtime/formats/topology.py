@@ -13,6 +13,10 @@ cube transfer, serving and the cube client. docs/contracts.md, "Cube".
 Shards are listed in shard order (a key lives on shard ``key % len(shards)``); every
 replica names its server's binary data plane (``host:port``), the server's HTTP control
 URL and its agent's URL. Every field is required: the writers always write all three.
+
+The shard of a key, ``key % shard_num`` (as Paddle Serving cube's builder and client),
+is defined here once: ``shard_of`` / ``shard_rows``, called by the cube builder (which
+writes each shard's dict) and the cube client (which asks each shard for its keys).
 """
 from __future__ import annotations
 
@@ -22,11 +26,38 @@ import os
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from runtime.formats._validation import NonNegInt, describe
 
 FILE = "topology.json"
+
+
+def shard_of(keys: np.ndarray, shard_num: int) -> np.ndarray:
+    """``keys: uint64[n]`` -> ``int64[n]``, each key's shard ``key % shard_num``.
+
+    Raises ``ValueError`` when ``shard_num < 1``."""
+    if shard_num < 1:
+        raise ValueError(f"shard_num must be >= 1, got {shard_num}")
+    keys = np.asarray(keys, dtype=np.uint64)
+    return (keys % np.uint64(shard_num)).astype(np.int64)
+
+
+def shard_rows(keys: np.ndarray, shard_num: int) -> list[np.ndarray]:
+    """``keys: uint64[n]`` -> per shard ``0..shard_num-1``, the row indices (``int64``,
+    ascending) of the keys on that shard (``shard_of``). Raises ``ValueError`` when
+    ``shard_num < 1``."""
+    keys = np.asarray(keys, dtype=np.uint64)
+    if shard_num == 1:
+        return [np.arange(keys.shape[0], dtype=np.int64)]
+    shard = shard_of(keys, shard_num)
+    if shard_num <= 16:  # one vectorized pass per shard beats a sort of the whole input
+        return [np.flatnonzero(shard == i) for i in range(shard_num)]
+    shard = shard.astype(np.int32)  # a narrower sort key sorts faster
+    order = np.argsort(shard, kind="stable")
+    bounds = np.searchsorted(shard[order], np.arange(shard_num + 1))
+    return [order[bounds[i]:bounds[i + 1]] for i in range(shard_num)]
 
 
 class TopologyError(ValueError):

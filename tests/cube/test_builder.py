@@ -12,6 +12,7 @@ from runtime import cli
 from runtime.cube import dictfile
 from runtime.cube.builder import BuildError, build
 from runtime.formats.seqfile import SequenceFileError, write_sequence_file
+from runtime.formats.topology import shard_of
 from tests.helpers import DICT, build_version, make_data
 
 
@@ -33,11 +34,11 @@ def test_base_build_layout_and_values(tmp_path):
                                                             ("meta.json", "keys.u64", "values.f32", "index.i32")])
         d = dictfile.load_shard_dict(vdir / name)
         assert d.meta.shard == s and d.meta.shard_num == 3 and d.meta.version == 100
-        assert (d.keys % np.uint64(3) == s).all()
-        mine = keys[keys % np.uint64(3) == s]
+        assert (shard_of(d.keys, 3) == s).all()
+        mine = keys[shard_of(keys, 3) == s]
         out, found = d.lookup(mine)
         assert found.all()
-        np.testing.assert_array_equal(out, values[keys % np.uint64(3) == s])
+        np.testing.assert_array_equal(out, values[shard_of(keys, 3) == s])
         total += len(d)
     assert total == 5000
     assert not [p for p in (tmp_path / "out" / DICT).iterdir() if p.name.startswith(".")]
@@ -58,7 +59,7 @@ def test_duplicates_last_wins_across_files(tmp_path):
     got = np.zeros((1000, 2), np.float32)
     for s in range(2):
         d = dictfile.load_shard_dict(tmp_path / "out" / DICT / "5" / f"{DICT}_part{s}")
-        sel = keys % np.uint64(2) == s
+        sel = shard_of(keys, 2) == s
         got[sel] = d.lookup(keys[sel])[0]
     np.testing.assert_array_equal(got[:100], later)
     np.testing.assert_array_equal(got[100:], values[100:])

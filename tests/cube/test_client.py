@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from runtime.cube.client import CubeClient, CubeUnavailable, CubeVersionUnavailable
-from runtime.formats.topology import Topology
+from runtime.formats.topology import Topology, shard_of
 from tests.helpers import build_version, load_and_enable, make_data, shard_dir, start_server
 
 
@@ -74,8 +74,8 @@ def test_seek_splits_by_shard(cluster, tmp_path):
         empty = c.seek(np.empty(0, np.uint64))
         assert empty.values.shape == (0, 3)
         # only shard-1 keys
-        odd = keys[keys % np.uint64(2) == 1][:10]
-        np.testing.assert_array_equal(c.seek(odd).values, values[keys % np.uint64(2) == 1][:10])
+        odd = keys[shard_of(keys, 2) == 1][:10]
+        np.testing.assert_array_equal(c.seek(odd).values, values[shard_of(keys, 2) == 1][:10])
     # both replicas of each shard got requests (round robin)
     with CubeClient.from_topology(_topology(servers)) as c:
         for _ in range(8):
@@ -110,7 +110,7 @@ def test_timeout_retry_and_backup_request(cluster):
             c.seek(keys[:10])
         assert time.monotonic() - t0 < 1.5
         # hung + good replica: the timeout moves the request to the good one
-        even = keys[keys % np.uint64(2) == 0][:50]
+        even = keys[shard_of(keys, 2) == 0][:50]
         c = CubeClient([[black, good]], timeout_ms=200, retries=1)
         for _ in range(3):
             assert c.seek(even).found.all()

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
-from runtime.formats.topology import Topology, TopologyError
+from runtime.formats.topology import Topology, TopologyError, shard_of, shard_rows
 
 
 def _doc(shards=2, replicas=2):
@@ -46,3 +47,18 @@ def test_unreadable_file(tmp_path):
     p.write_text("{")
     with pytest.raises(TopologyError, match=str(p)):
         Topology.load(p)
+
+
+@pytest.mark.parametrize("shard_num", [1, 3, 16, 17, 40])
+def test_shard_of_and_rows(shard_num):
+    keys = np.random.default_rng(0).integers(0, 2**64, size=2000, dtype=np.uint64)
+    keys[:3] = [0, 2**64 - 1, shard_num]
+    sh = shard_of(keys, shard_num)
+    assert sh.dtype == np.int64
+    assert sh.tolist() == [int(k) % shard_num for k in keys.tolist()]
+    rows = shard_rows(keys, shard_num)
+    assert len(rows) == shard_num
+    for s, r in enumerate(rows):
+        np.testing.assert_array_equal(r, np.flatnonzero(sh == s))
+    with pytest.raises(ValueError, match="shard_num"):
+        shard_of(keys, 0)
