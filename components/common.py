@@ -1,4 +1,5 @@
-"""Building blocks shared by every component: labels, security contexts, resources, probes.
+"""Building blocks shared by every component: labels, security contexts, resources, probes,
+environment and volumes.
 
 Everything here returns plain ``pulumi_kubernetes`` argument objects, so each component
 reads as a direct description of its Kubernetes objects.
@@ -128,18 +129,25 @@ def http_probe(path: str, port: str, period_s: int = 10, failures: int = 3,
     )
 
 
-def tcp_probe(port: str, period_s: int = 10, failures: int = 3) -> k8s.core.v1.ProbeArgs:
-    """A TCP connect probe on a named container port."""
+def tcp_probe(port: str, period_s: int = 10, failures: int = 3,
+              initial_delay_s: int = 0) -> k8s.core.v1.ProbeArgs:
+    """A TCP connect probe on a named container port (periods and delays in seconds)."""
     return k8s.core.v1.ProbeArgs(
         tcp_socket=k8s.core.v1.TCPSocketActionArgs(port=port),
-        period_seconds=period_s, failure_threshold=failures, timeout_seconds=3)
+        period_seconds=period_s, failure_threshold=failures, timeout_seconds=3,
+        initial_delay_seconds=initial_delay_s or None)
+
+
+def home_env() -> k8s.core.v1.EnvVarArgs:
+    """``HOME`` on the writable /tmp (the root FS is read-only)."""
+    return k8s.core.v1.EnvVarArgs(name="HOME", value=TMP_DIR)
 
 
 def base_env(log_level: str = "INFO") -> list[k8s.core.v1.EnvVarArgs]:
     """Environment every container gets: log level, HOME on the writable /tmp."""
     return [
         k8s.core.v1.EnvVarArgs(name="ELASTIC_CTR_LOG_LEVEL", value=log_level),
-        k8s.core.v1.EnvVarArgs(name="HOME", value=TMP_DIR),
+        home_env(),
     ]
 
 

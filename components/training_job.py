@@ -7,7 +7,9 @@ stable hostname and sets ``VC_PSERVER_HOSTS``; the ``env`` plugin sets ``VC_TASK
 pod-listing RBAC is needed. A pod evicted or failed restarts the whole job (PS training
 cannot lose a member); the trainer task completing completes the job.
 
-Named after the component: the Job is ``<name>``. At export the PSERVERS write the
+Named after the component: the Job is ``<name>``, labelled ``app.kubernetes.io/name:
+<name>`` (component ``training``) like every component's objects; each pod adds
+``elastic-ctr.io/task: pserver|trainer``. At export the PSERVERS write the
 sparse table into a directory trainer 0 names, on their own file system, and trainer 0
 reads it back: so both tasks mount one ReadWriteMany PersistentVolumeClaim
 (``<name>-shared``) at ``/shared`` and ``train`` gets
@@ -119,7 +121,7 @@ class TrainingJob(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("elastic-ctr:index:TrainingJob", name, None, opts)
         dep = args.deployment
-        lbls = common.labels(dep, "trainer", "training")
+        lbls = common.labels(dep, name, "training")
         claim = f"{name}-shared"
         # Not part of the Job's spec, so a new run (other scale) keeps the claim.
         self.shared_pvc = k8s.core.v1.PersistentVolumeClaim(
@@ -174,109 +176,116 @@ class TrainingJob(pulumi.ComponentResource):
                                "shared_claim": self.shared_claim})
 
     @staticmethod
-    def _template(args: TrainingJobArgs, task: str, lbls: dict, claim: pulumi.Input[str]) -> dict:
-        """Pod template of ``task`` (``pserver`` | ``trainer``) as a plain manifest dict."""
+    def _template(args: TrainingJobArgs, task: str, lbls: dict[str, str],
+                  claim: pulumi.Input[str]) -> k8s.core.v1.PodTemplateSpecArgs:
+        """Pod template of ``task`` (``pserver`` | ``trainer``), labelled ``lbls`` plus
+        ``elastic-ctr.io/task: <task>``."""
         dep = args.deployment
         is_trainer = task == "trainer"
         generated = list(args.data_train) == [GENERATED]
-        data_train = [f"{DATA_DIR}/train.txt"] if generated else list(args.data_train)
-        data_test = [f"{DATA_DIR}/test.txt"] if generated else list(args.data_test)
-        if args.start_hour:
-            cmd = ["train", "--mode", args.mode, "--data-root", data_train[0], "--start-hour", args.start_hour]
-            if args.end_hour:
-                cmd += ["--end-hour", args.end_hour]
-            if data_test and not generated:
-                cmd += ["--data-test", *data_test]
-            if args.mode == "continuous":
-                cmd += ["--state-dir", STATE_DIR, "--patch-every", str(args.patch_every),
-                        "--base-every", str(args.base_every)]
-            cmd += ["--format", args.data_format]
-        else:
-            cmd = ["train", "--data-train", *data_train, "--data-test", *data_test,
-                   "--format", args.data_format]
-        if args.slot_file:
-            cmd += ["--slot-file", args.slot_file]
-        cmd += ["--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-                "--lr", repr(float(args.learning_rate)), "--embedding-dim", str(args.embedding_dim),
-                "--sparse-shards", str(args.sparse_shards), "--output", args.output,
-                "--table-dir", TABLE_DIR, "--work-dir", WORK_DIR, "--threads", str(args.threads),
-                "--ps-mode", args.ps_mode]
-        if args.ps_mode == "geo":
-            cmd += ["--geo-k-steps", str(args.geo_k_steps)]
-
+        cmd = _train_args(args, generated)
         env = [
-            {"name": "TRAINING_ROLE", "value": "TRAINER" if is_trainer else "PSERVER"},
-            {"name": "PADDLE_PORT", "value": str(PADDLE_PORT)},
-            {"name": "PADDLE_GLOO_PORT", "value": str(GLOO_PORT)},
-            {"name": "ELASTIC_CTR_LOG_LEVEL", "value": "INFO"},
-            {"name": "HOME", "value": common.TMP_DIR},
+            k8s.core.v1.EnvVarArgs(name="TRAINING_ROLE", value="TRAINER" if is_trainer else "PSERVER"),
+            k8s.core.v1.EnvVarArgs(name="PADDLE_PORT", value=str(PADDLE_PORT)),
+            k8s.core.v1.EnvVarArgs(name="PADDLE_GLOO_PORT", value=str(GLOO_PORT)),
         ]
         if is_trainer:
             # A pserver's endpoint must be its own entry of the endpoint list, which Volcano's
             # VC_PSERVER_HOSTS gives as host names: runtime.trainer.roles derives a pserver's
             # POD_IP from it, so a pserver must not get the pod IP here (it would not match).
-            env.insert(3, {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+            env.append(k8s.core.v1.EnvVarArgs(
+                name="POD_IP", value_from=k8s.core.v1.EnvVarSourceArgs(
+                    field_ref=k8s.core.v1.ObjectFieldSelectorArgs(field_path="status.podIP"))))
+        env += common.base_env()
         if is_trainer:  # only trainer 0 uploads; pservers never see the token
-            env.append({"name": "ELASTIC_CTR_UPLOAD_TOKEN", "valueFrom": {"secretKeyRef": {
-                "name": args.upload_token_secret, "key": args.upload_token_key}}})
+            env.append(common.token_env(args.upload_token_secret, args.upload_token_key))
         cpu, mem = ((args.trainer_cpu, args.trainer_memory) if is_trainer
                     else (args.pserver_cpu, args.pserver_memory))
-        security = {
-            "runAsNonRoot": True, "runAsUser": common.APP_UID,
-            "allowPrivilegeEscalation": False,
+        resources = common.resources(cpu, mem)
+        tmp_vol, tmp_mount = common.tmp_volume()
+        data_mount = k8s.core.v1.VolumeMountArgs(name="data", mount_path=DATA_DIR)
+        shared_mount = k8s.core.v1.VolumeMountArgs(name="shared", mount_path=SHARED_DIR)
+        ports = [k8s.core.v1.ContainerPortArgs(name="paddle", container_port=PADDLE_PORT)]
+        if not is_trainer:
+            ports.append(k8s.core.v1.ContainerPortArgs(name="gloo", container_port=GLOO_PORT))
+        container = k8s.core.v1.ContainerArgs(
+            name=task,
+            image=args.image,
+            image_pull_policy=dep.image_pull_policy,
+            args=cmd,
+            env=env,
+            ports=ports,
+            resources=resources,
             # Paddle writes under the working directory (logs, RPC temp files): keep the
             # root FS writable for training only; everything else runs read-only.
-            "readOnlyRootFilesystem": False,
-            "capabilities": {"drop": ["ALL"]},
-        }
-        container = {
-            "name": task,
-            "image": args.image,
-            "imagePullPolicy": dep.image_pull_policy,
-            "args": cmd,
-            "env": env,
-            "ports": ([{"name": "paddle", "containerPort": PADDLE_PORT}] if is_trainer else
-                      [{"name": "paddle", "containerPort": PADDLE_PORT},
-                       {"name": "gloo", "containerPort": GLOO_PORT}]),
-            "resources": {"requests": {"cpu": cpu, "memory": mem},
-                          "limits": {"cpu": cpu, "memory": mem}},
-            "securityContext": security,
-            "volumeMounts": [{"name": "data", "mountPath": DATA_DIR},
-                             {"name": "tmp", "mountPath": common.TMP_DIR},
-                             {"name": "shared", "mountPath": SHARED_DIR}],
-        }
-        if not is_trainer:
-            container["readinessProbe"] = {"tcpSocket": {"port": "paddle"},
-                                           "periodSeconds": 10, "timeoutSeconds": 3}
-            container["livenessProbe"] = {"tcpSocket": {"port": "paddle"}, "periodSeconds": 20,
-                                          "timeoutSeconds": 3, "failureThreshold": 6,
-                                          "initialDelaySeconds": 60}
-        pod: dict = {
-            "restartPolicy": "Never",  # failures are handled by the job's policies
-            "securityContext": {"runAsNonRoot": True, "runAsUser": common.APP_UID,
-                                "runAsGroup": common.APP_UID, "fsGroup": common.APP_UID,
-                                "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [container],
-            "volumes": [
-                {"name": "data", "emptyDir": {"sizeLimit": args.scratch_size}},
-                {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
-                {"name": "shared", "persistentVolumeClaim": {"claimName": claim}},
-            ],
-        }
+            security_context=common.container_security(read_only_root=False),
+            volume_mounts=[data_mount, tmp_mount, shared_mount],
+            # the trainers complete: only the pservers are probed
+            readiness_probe=None if is_trainer else common.tcp_probe("paddle", period_s=10),
+            liveness_probe=None if is_trainer else common.tcp_probe(
+                "paddle", period_s=20, failures=6, initial_delay_s=60),
+        )
+        init_containers = None
         if generated:
             # every role checks its inputs before it starts (``train`` resolves --data-train and
             # --data-test, a pserver too), so the pservers need the files as well
-            pod["initContainers"] = [{
-                "name": "generate-data",
-                "image": args.image,
-                "imagePullPolicy": dep.image_pull_policy,
+            init_containers = [k8s.core.v1.ContainerArgs(
+                name="generate-data",
+                image=args.image,
+                image_pull_policy=dep.image_pull_policy,
                 # writes DATA_DIR/train.txt and test.txt (same seed in every pod: same data)
-                "args": ["data", "generate", "--out", DATA_DIR],
-                "env": [{"name": "HOME", "value": common.TMP_DIR}],
-                "resources": container["resources"],
-                "securityContext": {**security, "readOnlyRootFilesystem": True},
-                "volumeMounts": [m for m in container["volumeMounts"] if m["name"] != "shared"],
-            }]
-        if dep.image_pull_secrets:
-            pod["imagePullSecrets"] = [{"name": n} for n in dep.image_pull_secrets]
-        return {"metadata": {"labels": {**lbls, "elastic-ctr.io/task": task}}, "spec": pod}
+                args=["data", "generate", "--out", DATA_DIR],
+                env=[common.home_env()],
+                resources=resources,
+                security_context=common.container_security(),
+                volume_mounts=[data_mount, tmp_mount],
+            )]
+        return k8s.core.v1.PodTemplateSpecArgs(
+            metadata=k8s.meta.v1.ObjectMetaArgs(labels={**lbls, "elastic-ctr.io/task": task}),
+            spec=k8s.core.v1.PodSpecArgs(
+                restart_policy="Never",  # failures are handled by the job's policies
+                security_context=common.pod_security(),
+                image_pull_secrets=dep.pull_secrets() or None,
+                init_containers=init_containers,
+                containers=[container],
+                volumes=[
+                    k8s.core.v1.VolumeArgs(
+                        name="data",
+                        empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(size_limit=args.scratch_size)),
+                    tmp_vol,
+                    k8s.core.v1.VolumeArgs(
+                        name="shared",
+                        persistent_volume_claim=k8s.core.v1.PersistentVolumeClaimVolumeSourceArgs(
+                            claim_name=claim)),
+                ],
+            ),
+        )
+
+
+def _train_args(args: TrainingJobArgs, generated: bool) -> list[pulumi.Input[str]]:
+    """The ``train`` command line both tasks run (``runtime.trainer.cli``'s flags)."""
+    data_train = [f"{DATA_DIR}/train.txt"] if generated else list(args.data_train)
+    data_test = [f"{DATA_DIR}/test.txt"] if generated else list(args.data_test)
+    if args.start_hour:
+        cmd = ["train", "--mode", args.mode, "--data-root", data_train[0], "--start-hour", args.start_hour]
+        if args.end_hour:
+            cmd += ["--end-hour", args.end_hour]
+        if data_test and not generated:
+            cmd += ["--data-test", *data_test]
+        if args.mode == "continuous":
+            cmd += ["--state-dir", STATE_DIR, "--patch-every", str(args.patch_every),
+                    "--base-every", str(args.base_every)]
+        cmd += ["--format", args.data_format]
+    else:
+        cmd = ["train", "--data-train", *data_train, "--data-test", *data_test,
+               "--format", args.data_format]
+    if args.slot_file:
+        cmd += ["--slot-file", args.slot_file]
+    cmd += ["--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
+            "--lr", repr(float(args.learning_rate)), "--embedding-dim", str(args.embedding_dim),
+            "--sparse-shards", str(args.sparse_shards), "--output", args.output,
+            "--table-dir", TABLE_DIR, "--work-dir", WORK_DIR, "--threads", str(args.threads),
+            "--ps-mode", args.ps_mode]
+    if args.ps_mode == "geo":
+        cmd += ["--geo-k-steps", str(args.geo_k_steps)]
+    return cmd
