@@ -47,6 +47,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.formats import donefile, partitions
+from runtime.trainer import publish
 from runtime.trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -278,13 +279,11 @@ def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: parti
                   snapshot: tuple[np.ndarray, np.ndarray]):
     """Checkpoint, pending state, publish, state (module docstring). Every process calls
     it; returns ``(ExportRecord, new snapshot)`` on trainer 0, ``None`` elsewhere."""
-    from runtime.trainer import train
-
     name = checkpoint_name(next_hour)
     directory = os.path.join(ckroot, name)
     if worker.chief and os.path.isdir(directory):
         shutil.rmtree(directory)  # a checkpoint left by a run that died before its state
-    with train.table_save_dir(cfg.table_dir) as save_dir:
+    with publish.table_save_dir(cfg.table_dir) as save_dir:
         table = worker.full_table(save_dir)
     worker.checkpoint(directory)
     if not worker.chief:
@@ -315,10 +314,8 @@ def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: parti
 
 
 def _publish(worker, cfg: TrainConfig, rec: ExportRecord, keys: np.ndarray, values: np.ndarray) -> None:
-    from runtime.trainer import train
-
     meta_rec = {"mode": "continuous", "test_auc": [], "trainers": None, "pservers": None, "epochs": 1}
-    train.export(cfg, worker.slots, keys, values, meta_rec, version_id=rec.id,
+    publish.publish(cfg, worker.slots, keys, values, meta_rec, version_id=rec.id,
                  base_id=None if rec.kind == "base" else rec.base)
 
 

@@ -8,7 +8,7 @@ serves the sparse table and the dense parameters until it is stopped (it never e
 itself: Volcano's ``CompleteJob`` policy or the local-cluster launcher stops it). A
 trainer stages its shard of the lines, trains ``epochs`` passes, and trainer 0 evaluates
 the test AUC after each pass. Then every trainer takes part in the table save and
-trainer 0 exports the version (``runtime.trainer.export``).
+trainer 0 exports the version (``runtime.trainer.publish``).
 
 The sparse table is saved by the PSERVERS, into the directory trainer 0 names, on the
 pservers' own file system; trainer 0 then reads it back. That directory is a fresh
@@ -24,45 +24,19 @@ same data path, same export.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
 
 import numpy as np
 
 from runtime.trainer import readers, roles
+from runtime.trainer.publish import publish, table_save_dir
 from runtime.trainer.stop import StopSignal
-from runtime.trainer.config import TABLE_DIR_PREFIX, TrainConfig, check_inputs, check_table_dir
+from runtime.trainer.config import TrainConfig, check_inputs
 
 log = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def table_save_dir(base: str | None) -> Iterator[str]:
-    """A fresh, empty directory for one table save (``<base>/elastic-ctr-table-XXXX``),
-    removed with its contents when the block exits (also on an exception).
-
-    Args:
-        base: the ``--table-dir`` (created if missing); ``None`` or ``""`` = the system temp
-            dir. The pservers write the part files into the directory on THEIR file system,
-            so in Kubernetes ``base`` must be on a volume shared (ReadWriteMany) by the
-            pserver and trainer pods, mounted at the same path.
-
-    Raises:
-        ValueError: ``base`` cannot be created or written (names ``--table-dir``).
-    """
-    if base:
-        check_table_dir(base)
-    path = tempfile.mkdtemp(prefix=TABLE_DIR_PREFIX, dir=base or None)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def result_line(record: dict) -> None:
@@ -76,32 +50,6 @@ def load_test(cfg: TrainConfig, test_files: list[str], slots) -> readers.Batch |
         return None
     budget = readers.BadLineBudget(cfg.max_bad_lines, cfg.max_bad_fraction)
     return readers.read_all(test_files, cfg.format, slots, budget=budget, limit=cfg.test_limit)
-
-
-def export_metadata(cfg: TrainConfig, rec: dict) -> tuple[dict, dict]:
-    """``(metrics, training)`` records of ``model_meta.json`` for a result record."""
-    metrics = {"test_auc": rec["test_auc"][-1] if rec.get("test_auc") else None,
-               "test_auc_per_pass": rec.get("test_auc", []), "mode": rec.get("mode"),
-               "trainers": rec.get("trainers"), "pservers": rec.get("pservers"),
-               "epochs": rec.get("epochs"), "examples_per_s": rec.get("examples_per_s")}
-    training = {"epochs": cfg.epochs, "batch_size": cfg.batch_size, "lr": cfg.lr, "threads": cfg.threads,
-                "sparse_shards": cfg.sparse_shards, "data_train": list(cfg.data_train)}
-    return metrics, training
-
-
-def export(cfg: TrainConfig, slots, keys: np.ndarray, values: np.ndarray, rec: dict, **kwargs):
-    """Exports the trained model (head from the global scope) as a new version of
-    ``cfg.output``; returns its donefile record. ``kwargs`` go to ``export_version``."""
-    import paddle
-
-    from runtime import storage
-    from runtime.trainer import export as exp
-
-    metrics, training = export_metadata(cfg, rec)
-    return exp.export_version(
-        cfg.output, slots=slots, fmt=cfg.format, dim=int(cfg.embedding_dim), layers=cfg.layers,
-        keys=keys, values=values, metrics=metrics, training=training,
-        source_scope=paddle.static.global_scope(), token=storage.read_token(cfg.upload_token_file), **kwargs)
 
 
 def run_batch(worker, cfg: TrainConfig, train_files: list[str], test_files: list[str], job: dict) -> dict:
@@ -146,7 +94,7 @@ def run_batch(worker, cfg: TrainConfig, train_files: list[str], test_files: list
         table = worker.full_table(save_dir)
         if worker.chief and cfg.output:
             keys, values = table
-            ver = export(cfg, worker.slots, keys, values, rec)
+            ver = publish(cfg, worker.slots, keys, values, rec)
             rec.update(version=ver.id, export_seconds=round(time.monotonic() - t_save, 3))
     return rec
 

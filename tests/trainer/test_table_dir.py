@@ -13,7 +13,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from runtime.trainer import cli, config, export, train
+from runtime.trainer import cli, config, export, publish
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -45,7 +45,7 @@ def test_config_yaml_key_and_flag_precedence(tmp_path):
 
 def test_save_dir_is_a_fresh_subdirectory_removed_afterwards(tmp_path):
     base = tmp_path / "shared" / "table"  # missing: created
-    with train.table_save_dir(str(base)) as a, train.table_save_dir(str(base)) as b:
+    with publish.table_save_dir(str(base)) as a, publish.table_save_dir(str(base)) as b:
         assert a != b
         for d in (a, b):
             assert os.path.dirname(d) == str(base) and os.path.isdir(d) and os.listdir(d) == []
@@ -57,10 +57,10 @@ def test_save_dir_is_a_fresh_subdirectory_removed_afterwards(tmp_path):
 
 def test_save_dir_removed_on_error_and_defaults_to_temp(tmp_path):
     with pytest.raises(RuntimeError):
-        with train.table_save_dir(str(tmp_path)) as d:
+        with publish.table_save_dir(str(tmp_path)) as d:
             raise RuntimeError("boom")
     assert not os.path.exists(d) and list(tmp_path.iterdir()) == []
-    with train.table_save_dir(None) as d:
+    with publish.table_save_dir(None) as d:
         assert os.path.dirname(d) == tempfile.gettempdir()
     assert not os.path.exists(d)
 
@@ -77,7 +77,7 @@ def test_bad_table_dir_fails_before_training(tmp_path):
     with pytest.raises(ValueError, match="--table-dir .*: cannot create a directory in it"):
         config.check_inputs(cfg)
     with pytest.raises(ValueError, match="--table-dir"):
-        with train.table_save_dir(cfg.table_dir):
+        with publish.table_save_dir(cfg.table_dir):
             pass
     cfg.table_dir = str(tmp_path / "ok")
     config.check_inputs(cfg)
