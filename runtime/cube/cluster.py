@@ -1,6 +1,6 @@
 """A local cube cluster as processes on 127.0.0.1: file server, S shards x R replicas
-(cube server + agent each) and the transfer. Used by the rollout end-to-end tests and
-``bench/bench_rollout.py``; every process runs the same ``elastic-ctr`` subcommands as
+(cube server + agent each) and the transfer. Used by ``elastic-ctr local``
+(``runtime.local``), the rollout end-to-end tests and ``bench/bench_rollout.py``; every process runs the same ``elastic-ctr`` subcommands as
 the pods, is supervised by ``runtime.proc.ProcessGroup`` and stopped by PID on exit.
 """
 from __future__ import annotations
@@ -19,7 +19,8 @@ class LocalCubeCluster:
     """Starts the cluster in ``base_dir``; use as a context manager.
 
     Args:
-        base_dir: scratch directory (logs, agent/transfer work dirs, topology.json).
+        base_dir: scratch directory (agent/transfer work dirs, topology.json, upload.token;
+            logs in ``base_dir/logs`` unless ``group`` is given).
         root: version root served by the file server (the trainer's export target).
         shards, replicas: topology size.
         dict_name: cube dict name.
@@ -27,20 +28,30 @@ class LocalCubeCluster:
         root_mode: ``"url"``: the transfer reads ROOT through the file server (listing,
             token PUT uploads); ``"dir"``: it reads the directory and agents download
             through the file server (``--publish-url``).
+        token: the upload bearer token (written to ``base_dir/upload.token``, mode 0600).
+        start_timeout_s: how long each port may take to answer (s).
+        extra_transfer_args: more ``cube transfer`` flags.
+        group: a ``proc.ProcessGroup`` to start the roles in (the caller stops it); default:
+            the cluster's own, stopped on exit.
+    Roles (log ``<name>.log``): ``fileserver``, ``cube-server-<s>-<r>``, ``cube-agent-<s>-<r>``,
+    ``cube-transfer``.
     Attributes after ``start()``: ``topology`` (``Topology``), ``topology_path``, ``root_url``,
-    ``transfer_url``, ``group`` (the ProcessGroup).
+    ``transfer_url``, ``token_file``, ``group``, ``servers``/``agents`` (``(shard, replica)``
+    -> ``proc.Role``), ``transfer``.
     """
 
     def __init__(self, base_dir: str | Path, root: str | Path, shards: int = 2, replicas: int = 2,
                  dict_name: str = "ctr_embedding", poll_interval_s: float = 0.2, root_mode: str = "url",
-                 token: str = "test-token", start_timeout_s: float = 60.0, extra_transfer_args=()):
+                 token: str = "test-token", start_timeout_s: float = 60.0, extra_transfer_args=(),
+                 group: proc.ProcessGroup | None = None):
         self.base = Path(base_dir)
         self.root = Path(root)
         self.shards, self.replicas, self.dict_name = shards, replicas, dict_name
         self.poll_interval_s, self.root_mode, self.token = poll_interval_s, root_mode, token
         self.start_timeout_s = start_timeout_s
         self.extra_transfer_args = list(extra_transfer_args)
-        self.group = proc.ProcessGroup(self.base / "logs", grace_s=5.0)
+        self._own_group = group is None
+        self.group = proc.ProcessGroup(self.base / "logs", grace_s=5.0) if group is None else group
         self.topology: Topology | None = None
         self.servers: dict[tuple[int, int], proc.Role] = {}
         self.agents: dict[tuple[int, int], proc.Role] = {}
@@ -50,25 +61,31 @@ class LocalCubeCluster:
         try:
             self.start()
         except BaseException:
-            self.group.stop_all()
+            self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc) -> None:
-        self.group.stop_all()
+        if self._own_group:
+            self.group.stop_all()
 
     def _wait(self, role: proc.Role, port: int) -> None:
         proc.wait_for_port("127.0.0.1", port, self.start_timeout_s, role.proc, role.name, role.log_path)
 
     def start(self) -> None:
+        """Starts every role and waits until each port answers. Raises ``proc.RoleFailed``
+        (a role exited) or ``TimeoutError``."""
+        import os
+
         cli = proc.self_command()
         self.base.mkdir(parents=True, exist_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
         n = self.shards * self.replicas
         ports = proc.free_ports(3 * n + 2)
         fs_port, tr_port = ports[-2], ports[-1]
-        tok = self.base / "upload.token"
+        tok = self.token_file = self.base / "upload.token"
         tok.write_text(self.token)
+        os.chmod(tok, 0o600)
         fs = self.group.start("fileserver", cli + ["fileserver", "--root", str(self.root), "--host", "127.0.0.1",
                                                    "--port", str(fs_port), "--upload-token-file", str(tok)])
         self.root_url = f"http://127.0.0.1:{fs_port}"
@@ -80,12 +97,12 @@ class LocalCubeCluster:
             for r in range(self.replicas):
                 dport, hport, aport = ports[3 * k: 3 * k + 3]
                 k += 1
-                srv = self.group.start(f"server{s}_{r}", cli + [
+                srv = self.group.start(f"cube-server-{s}-{r}", cli + [
                     "cube", "server", "--shard", str(s), "--shard-num", str(self.shards), "--dict-name",
                     self.dict_name, "--host", "127.0.0.1", "--port", str(dport), "--http-port", str(hport)])
-                ag = self.group.start(f"agent{s}_{r}", cli + [
+                ag = self.group.start(f"cube-agent-{s}-{r}", cli + [
                     "cube", "agent", "--host", "127.0.0.1", "--port", str(aport), "--server-http",
-                    f"http://127.0.0.1:{hport}", "--work-dir", str(self.base / f"agent{s}_{r}")])
+                    f"http://127.0.0.1:{hport}", "--work-dir", str(self.base / f"agent-{s}-{r}")])
                 self.servers[(s, r)], self.agents[(s, r)] = srv, ag
                 started += [(srv, dport), (srv, hport), (ag, aport)]
                 reps.append((f"127.0.0.1:{dport}", f"http://127.0.0.1:{hport}", f"http://127.0.0.1:{aport}"))
@@ -103,7 +120,7 @@ class LocalCubeCluster:
         if self.root_mode != "url":
             argv += ["--publish-url", self.root_url]
         self._transfer_argv, self._transfer_port = argv + self.extra_transfer_args, tr_port
-        self.transfer = self.group.start("transfer", self._transfer_argv)
+        self.transfer = self.group.start("cube-transfer", self._transfer_argv)
         self.transfer_url = f"http://127.0.0.1:{tr_port}"
         self._wait(self.transfer, tr_port)
 
@@ -111,7 +128,7 @@ class LocalCubeCluster:
         """Stops the transfer (SIGTERM, by PID) and starts it again with the same work dir."""
         self.group.stop(self.transfer)
         self.group.roles.remove(self.transfer)
-        self.transfer = self.group.start("transfer", self._transfer_argv)
+        self.transfer = self.group.start("cube-transfer", self._transfer_argv)
         self._wait(self.transfer, self._transfer_port)
 
     def info(self) -> dict:

@@ -4,7 +4,7 @@
    click rates; ``runtime.trainer.generator``) into ``data/upstream/``, the output of an
    upstream job; they land one by one in the data root ``data/hours/YYYYMMDD/HH/`` (a
    directory rename, ``_SUCCESS`` inside) while the training job runs;
-2. file server, cube (S shards x R replicas), cube transfer (``runtime.local.pipeline``);
+2. file server, cube (S shards x R replicas), cube transfer (``runtime.local.services``);
 3. ``train --local-cluster --mode continuous`` follows the data root: after each hour it
    exports a version, the first a base, the others patches (rows changed since the
    previous version); the transfer rolls each out to every shard and replica;
@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.local.pipeline import Waiter, _summary_line, transfer_dict_info, serving_version, start_services
+from runtime.local.services import start_client, start_serving, start_services
+from runtime.local.status import Waiter, serving_version, summary_line, transfer_dict_info
 
 START = "20261120/00"
 
@@ -105,10 +106,10 @@ def run(args, run_dir: Path, group, step) -> int:
                       expect_exit=True)
     step(f"data: generating {H + 1} hourly partitions of {args.rows_per_hour} rows from {START} (drifting hour "
          "to hour); they land one by one while the job trains")
-    svc = start_services(args, run_dir, group, cli)
+    svc = start_services(args, run_dir, group)
     step(f"file server {svc.root_url}; cube {args.shards} shards x {args.replicas} replicas; "
          f"transfer {svc.transfer_url}")
-    group.wait([gen], timeout_s=waiter.left())
+    waiter.wait([gen], "data generation")
     signal = json.loads((upstream / "signal.json").read_text())
     evals = [_eval_file(Path(h.location(str(upstream))) / "part-00000", data_dir / "eval" / f"{h.start:%Y%m%d-%H}.txt",
                         args.eval_rows) for h in hs]
@@ -133,7 +134,7 @@ def run(args, run_dir: Path, group, step) -> int:
     trainer = group.start("train", train_argv, expect_exit=True)
     step(f"continuous training started ({args.pservers} pserver, {args.trainers} trainers): a version per hour, "
          f"a base every {args.base_every} hours, patches between")
-    sv_url = f"http://127.0.0.1:{svc.serving_port}"
+    sv_url = svc.serving_url
 
     def dict_info() -> dict:
         return transfer_dict_info(svc.transfer_url)
@@ -143,15 +144,11 @@ def run(args, run_dir: Path, group, step) -> int:
         return min(recs, key=lambda x: x[1].id) if recs else None
 
     def client(name: str, data: Path, extra: list[str], concurrency: int, batch: int, wait: bool = True):
-        out = run_dir / f"{name}.json"
-        role = group.start(name, cli + ["client", "--url", sv_url, "--data", str(data), "--format", "criteo",
-                                        "--concurrency", str(concurrency), "--batch-size", str(batch),
-                                        "--json-out", str(out), "--predictions-out", str(run_dir / f"{name}.tsv")]
-                           + extra, expect_exit=True)
+        c = start_client(run_dir, group, name, sv_url, data, "criteo", concurrency, batch, extra)
         if wait:
-            group.wait([role], timeout_s=waiter.left())
-            return json.loads(out.read_text())
-        return role, out
+            waiter.wait([c.role], name)
+            return c.result()
+        return c
 
     versions: list[dict] = []
     failed = 0
@@ -165,12 +162,7 @@ def run(args, run_dir: Path, group, step) -> int:
         until(lambda: dict_info().get("version") == rec.id, f"cube rollout of {kind} {rec.id}", 180, 0.05)
         rollout_s = time.monotonic() - t_line
         if bg is None:
-            serving = group.start("serving", cli + [
-                "serve", "--topology", str(svc.topology), "--model-root", svc.root_url, "--transfer-url",
-                svc.transfer_url, "--host", "127.0.0.1", "--port", str(svc.serving_port), "--grpc-port",
-                str(svc.grpc_port), "--workers", str(args.serving_workers), "--threads", str(args.serving_threads),
-                "--work-dir", str(run_dir / "serving"), "--format", "criteo", "--poll-interval", "0.2"])
-            proc.wait_for_port("127.0.0.1", svc.serving_port, 120, serving.proc, serving.name, serving.log_path)
+            start_serving(args, run_dir, group, svc, "criteo")
             until(lambda: serving_version(sv_url) == rec.id, f"serving ready on {kind} {rec.id}", 120)
             step(f"serving ready on base {rec.id} at {sv_url}; a client keeps sending through every rollout")
             bg = client("client-rollout", evals[0], ["--until-file", str(stop_file), "--rate",
@@ -187,15 +179,15 @@ def run(args, run_dir: Path, group, step) -> int:
              f"AUC on {hs[t + 1]} (not trained yet) {served:.4f}")
         if t + 1 < H:
             land(hs[t + 1])
-    group.wait([trainer], timeout_s=waiter.left())
-    trec = _summary_line(trainer.log_path)
+    waiter.wait([trainer], "continuous training")
+    trec = summary_line(trainer.log_path)
     before = {p["hour"]: p.get("auc_before") for p in trec.get("partitions", [])}
     for v, h in zip(versions, hs[1:]):
         v["trainer_auc_next"] = before.get(str(h))
     time.sleep(0.5)
     stop_file.write_text("stop")
-    group.wait([bg[0]], timeout_s=waiter.left())
-    rollout = json.loads(bg[1].read_text())
+    waiter.wait([bg.role], "client during the rollouts")
+    rollout = bg.result()
     failed += rollout["failed_requests"]
     lat = client("client-latency", evals[0], ["--max-requests", str(args.latency_requests)], args.concurrency,
                  args.batch_size)

@@ -26,13 +26,11 @@ import argparse
 import json
 import os
 import re
-import secrets
 import sys
 import time
 from pathlib import Path
 
 DESCRIPTION = __doc__
-DICT_NAME = "ctr_embedding"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -89,18 +87,6 @@ class _Step:
 
     def __call__(self, msg: str) -> None:
         print(f"[{time.monotonic() - self.t0:6.1f}s] {msg}", flush=True)
-
-
-def _summary_line(log_path: Path) -> dict:
-    """The ``ELASTIC_CTR_SUMMARY {json}`` line a ``train --local-cluster`` run prints."""
-    rec: dict = {}
-    for ln in log_path.read_text(errors="replace").splitlines():
-        if ln.startswith("ELASTIC_CTR_SUMMARY "):
-            try:
-                rec = json.loads(ln.split(" ", 1)[1])
-            except ValueError:
-                pass
-    return rec
 
 
 def _split_user_data(files: list[str], out: Path, fmt: str) -> tuple[Path, Path, int, str]:
@@ -161,120 +147,17 @@ def main(args) -> int:
             print(f"elastic-ctr local: still running after shutdown: {left}", file=sys.stderr)
 
 
-class Waiter:
-    """Polling with the run's deadline: ``until(cond, what, timeout_s)`` returns the first
-    truthy ``cond()``, checking ``group`` (a failed role raises ``proc.RoleFailed``) between
-    polls; ``TimeoutError`` naming ``what`` after ``timeout_s`` s or past the deadline."""
-
-    def __init__(self, group, timeout_s: float):
-        self.group = group
-        self.deadline = time.monotonic() + timeout_s
-
-    def left(self) -> float:
-        """Seconds to the run's deadline (at least 1)."""
-        return max(1.0, self.deadline - time.monotonic())
-
-    def until(self, cond, what: str, timeout_s: float, poll_s: float = 0.1):
-        end = min(self.deadline, time.monotonic() + timeout_s)
-        while time.monotonic() < end:
-            self.group.check()
-            v = cond()
-            if v:
-                return v
-            time.sleep(poll_s)
-        raise TimeoutError(f"{what}: not after {timeout_s:.0f} s")
-
-
-def transfer_dict_info(transfer_url: str) -> dict:
-    """The transfer's ``/dict/info`` (``{}`` while it does not answer)."""
-    import requests
-
-    try:
-        return requests.get(transfer_url + "/dict/info", timeout=2).json()
-    except (requests.RequestException, ValueError):
-        return {}
-
-
-def serving_version(serving_url: str) -> int | None:
-    """The version serving answers with once ready (``/v2/health/ready``), else None."""
-    import requests
-
-    try:
-        r = requests.get(serving_url + "/v2/health/ready", timeout=2)
-        return int(r.json()["model_version"]) if r.status_code == 200 else None
-    except (requests.RequestException, ValueError, KeyError):
-        return None
-
-
-class Services:
-    """What ``start_services`` started: the file server (``root_url``, its root directory
-    ``fs_root``, the upload ``token_file``), the cube (``topology`` file) and the transfer
-    (``transfer_url``), plus the ports kept for serving (``serving_port``, ``grpc_port``)."""
-
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-
-def start_services(args, run_dir: Path, group, cli: list[str]) -> Services:
-    """Starts the file server, ``args.shards`` x ``args.replicas`` cube servers with their
-    agents, and the cube transfer, each a process of ``group`` on 127.0.0.1; waits until
-    every port answers. Raises ``proc.RoleFailed`` / ``TimeoutError``."""
-    from runtime import proc
-    from runtime.formats.topology import Topology
-
-    n_inst = args.shards * args.replicas
-    ports = proc.free_ports(3 * n_inst + 4)
-    fs_port, tr_port, sv_port, grpc_port = ports[-4:]
-    token = secrets.token_hex(16)
-    tok = run_dir / "upload.token"
-    tok.write_text(token)
-    os.chmod(tok, 0o600)
-    fs_root = run_dir / "fileserver"
-    root_url = f"http://127.0.0.1:{fs_port}"
-    fs = group.start("fileserver", cli + ["fileserver", "--root", str(fs_root), "--host", "127.0.0.1",
-                                          "--port", str(fs_port), "--upload-token-file", str(tok)])
-    addresses = []
-    waits = [(fs, fs_port)]
-    k = 0
-    for s in range(args.shards):
-        reps = []
-        for r in range(args.replicas):
-            dport, hport, aport = ports[3 * k:3 * k + 3]
-            k += 1
-            srv = group.start(f"cube-server-{s}-{r}", cli + [
-                "cube", "server", "--shard", str(s), "--shard-num", str(args.shards), "--dict-name",
-                DICT_NAME, "--host", "127.0.0.1", "--port", str(dport), "--http-port", str(hport)])
-            ag = group.start(f"cube-agent-{s}-{r}", cli + [
-                "cube", "agent", "--host", "127.0.0.1", "--port", str(aport), "--server-http",
-                f"http://127.0.0.1:{hport}", "--work-dir", str(run_dir / "cube" / f"agent-{s}-{r}")])
-            waits += [(srv, dport), (srv, hport), (ag, aport)]
-            reps.append((f"127.0.0.1:{dport}", f"http://127.0.0.1:{hport}", f"http://127.0.0.1:{aport}"))
-        addresses.append(reps)
-    topo_path = Topology.build(DICT_NAME, addresses).write(run_dir / "topology.json")
-    for role, port in waits:
-        proc.wait_for_port("127.0.0.1", port, 120, role.proc, role.name, role.log_path)
-    transfer = group.start("cube-transfer", cli + [
-        "cube", "transfer", "--topology", str(topo_path), "--root", root_url, "--work-dir",
-        str(run_dir / "cube" / "transfer"), "--host", "127.0.0.1", "--port", str(tr_port),
-        "--upload-token-file", str(tok), "--poll-interval", "0.2", "--phase-timeout", "120"])
-    proc.wait_for_port("127.0.0.1", tr_port, 120, transfer.proc, transfer.name, transfer.log_path)
-    return Services(fs_root=fs_root, root_url=root_url, token_file=tok, topology=topo_path,
-                    transfer_url=f"http://127.0.0.1:{tr_port}", serving_port=sv_port, grpc_port=grpc_port,
-                    transfer=transfer)
-
-
 def _pipeline(args, run_dir: Path, group, step) -> int:
     from runtime import proc
+    from runtime.local.services import start_client, start_serving, start_services
+    from runtime.local.status import Waiter, serving_version, summary_line, transfer_dict_info
 
     cli = proc.self_command()
     waiter = Waiter(group, args.timeout)
-    until = waiter.until
+    until, wait_roles = waiter.until, waiter.wait
     data_dir = run_dir / "data"
     logs = run_dir / "logs"
     signal_auc = None
-
-    def wait_roles(roles, what: str) -> None:
-        group.wait(roles, timeout_s=waiter.left())
 
     # -- 1. data ---------------------------------------------------------------------------
     slot_args: list[str] = []
@@ -295,9 +178,8 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
                         expect_exit=True)
         step(f"data: generating {args.rows} train + {args.test_rows} test rows (seed {args.seed})")
     # -- 2. file server, 3. cube (started while data is generated) ----------------------------
-    svc = start_services(args, run_dir, group, cli)
-    root_url, tok, topo_path = svc.root_url, svc.token_file, svc.topology
-    transfer_url, sv_port, grpc_port = svc.transfer_url, svc.serving_port, svc.grpc_port
+    svc = start_services(args, run_dir, group)
+    root_url, tok, transfer_url, sv_url = svc.root_url, svc.token_file, svc.transfer_url, svc.serving_url
     step(f"file server {root_url}; cube {args.shards} shards x {args.replicas} replicas (server + agent each); "
          f"transfer {transfer_url}")
     if not args.data:
@@ -327,38 +209,26 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
         return transfer_dict_info(transfer_url)
 
     def client(name: str, extra: list[str], concurrency: int, batch: int, wait: bool = True):
-        out = run_dir / f"{name}.json"
-        role = group.start(name, cli + ["client", "--url", sv_url, "--data", str(test), "--format", fmt,
-                                        "--concurrency", str(concurrency), "--batch-size", str(batch),
-                                        "--json-out", str(out), "--predictions-out", str(run_dir / f"{name}.tsv")]
-                           + slot_args + extra, expect_exit=True)
+        c = start_client(run_dir, group, name, sv_url, test, fmt, concurrency, batch, extra, slot_args)
         if wait:
-            wait_roles([role], name)
-            return json.loads(out.read_text())
-        return role, out
+            wait_roles([c.role], name)
+            return c.result()
+        return c
 
     rounds: list[dict] = []
     # -- 4. round 1 --------------------------------------------------------------------------
     t1 = train_round(1, args.epochs, 1, [train])
     wait_roles([t1], "training round 1")
-    rec1 = _summary_line(t1.log_path)
+    rec1 = summary_line(t1.log_path)
     v1 = int(rec1.get("version") or 0)
     if not v1:
         raise TimeoutError(f"training round 1 exported no version (see {t1.log_path})")
     step(f"round 1: version {v1} exported; test AUC {_fmt(rec1.get('test_auc'))}; waiting for the cube rollout")
     until(lambda: dict_info().get("version") == v1, f"cube rollout of version {v1}", 180)
     step(f"cube serves version {v1} on every shard and replica; starting serving")
-    sv_url = f"http://127.0.0.1:{sv_port}"
-    serving = group.start("serving", cli + [
-        "serve", "--topology", str(topo_path), "--model-root", root_url, "--transfer-url", transfer_url,
-        "--host", "127.0.0.1", "--port", str(sv_port), "--grpc-port", str(grpc_port),
-        "--workers", str(args.serving_workers),
-        "--threads", str(args.serving_threads),
-        "--work-dir", str(run_dir / "serving"), "--format", fmt, "--poll-interval", "0.2"] + slot_args)
-    proc.wait_for_port("127.0.0.1", sv_port, 120, serving.proc, serving.name, serving.log_path)
-    proc.wait_for_port("127.0.0.1", grpc_port, 120, serving.proc, serving.name, serving.log_path)
+    start_serving(args, run_dir, group, svc, fmt, slot_args)
     until(lambda: serving_version(sv_url) == v1, f"serving ready on version {v1}", 120)
-    step(f"serving ready on version {v1} at {sv_url} (HTTP) and 127.0.0.1:{grpc_port} (gRPC)")
+    step(f"serving ready on version {v1} at {sv_url} (HTTP) and 127.0.0.1:{svc.grpc_port} (gRPC)")
     # -- 5. client: score the test set, then latency at batch 1 ------------------------------
     s1 = client("client-score-1", [], args.concurrency, args.score_batch_size)
     rounds.append({"version": v1, "train_auc": rec1.get("test_auc"), "served_auc": s1["auc"],
@@ -374,7 +244,7 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
     # -- 6. round 2 under load ---------------------------------------------------------------
     if args.rounds == 2:
         stop_file = run_dir / "client-rollout.stop"
-        bg, bg_out = client("client-rollout", ["--until-file", str(stop_file), "--rate", str(args.rollout_rate)],
+        bg = client("client-rollout", ["--until-file", str(stop_file), "--rate", str(args.rollout_rate)],
                             args.rollout_concurrency, 1, wait=False)
         epochs2 = args.epochs_round2
         if epochs2 is None and len(train_round2) > 1:
@@ -383,7 +253,7 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
             epochs2 = max(1, (args.epochs or TrainConfig().epochs) // 2)
         t2 = train_round(2, epochs2 or args.epochs, 2, train_round2)
         wait_roles([t2], "training round 2")
-        rec2 = _summary_line(t2.log_path)
+        rec2 = summary_line(t2.log_path)
         v2 = int(rec2.get("version") or 0)
         if not v2:
             raise TimeoutError(f"training round 2 exported no version (see {t2.log_path})")
@@ -395,8 +265,8 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
         step(f"serving switched to version {v2}")
         time.sleep(1.0)
         stop_file.write_text("stop")
-        wait_roles([bg], "client during the rollout")
-        rollout = json.loads(bg_out.read_text())
+        wait_roles([bg.role], "client during the rollout")
+        rollout = bg.result()
         failed += rollout["failed_requests"]
         step(f"client during the rollout: {rollout['requests']} requests, versions seen {rollout['versions']}, "
              f"{rollout['failed_requests']} failed")

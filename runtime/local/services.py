@@ -1,0 +1,92 @@
+"""The long-running roles of ``elastic-ctr local`` and its clients, started the same way by
+both flows (``runtime.local.pipeline`` rounds, ``runtime.local.online``): the file server,
+the cube and the transfer (``runtime.cube.cluster.LocalCubeCluster`` in the run's process
+group), serving, and the demo client (``elastic-ctr client``).
+"""
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+
+DICT_NAME = "ctr_embedding"
+
+
+class Services:
+    """What ``start_services`` started: ``cube`` (the ``LocalCubeCluster``: file server, cube,
+    transfer), ``root_url`` (the file server), ``fs_root`` (its root directory),
+    ``token_file`` (the upload token), ``topology`` (topology.json path), ``transfer_url``,
+    and the ports kept for serving: ``serving_port`` (HTTP), ``grpc_port``; ``serving_url``."""
+
+    def __init__(self, cube, fs_root: Path, serving_port: int, grpc_port: int):
+        self.cube = cube
+        self.fs_root = fs_root
+        self.root_url = cube.root_url
+        self.token_file = cube.token_file
+        self.topology = cube.topology_path
+        self.transfer_url = cube.transfer_url
+        self.serving_port, self.grpc_port = serving_port, grpc_port
+        self.serving_url = f"http://127.0.0.1:{serving_port}"
+
+
+def start_services(args, run_dir: Path, group) -> Services:
+    """Starts the file server (root ``run_dir/fileserver``, a random upload token),
+    ``args.shards`` x ``args.replicas`` cube servers with their agents, and the cube
+    transfer (work dirs under ``run_dir/cube``), each a process of ``group`` on 127.0.0.1;
+    waits until every port answers. Raises ``proc.RoleFailed`` / ``TimeoutError``."""
+    from runtime import proc
+    from runtime.cube.cluster import LocalCubeCluster
+
+    fs_root = run_dir / "fileserver"
+    cube = LocalCubeCluster(run_dir / "cube", fs_root, shards=args.shards, replicas=args.replicas,
+                            dict_name=DICT_NAME, poll_interval_s=0.2, token=secrets.token_hex(16),
+                            start_timeout_s=120.0, group=group)
+    cube.start()
+    sv_port, grpc_port = proc.free_ports(2)
+    return Services(cube, fs_root, sv_port, grpc_port)
+
+
+def start_serving(args, run_dir: Path, group, svc: Services, fmt: str, slot_args: list[str] = ()):
+    """Starts ``elastic-ctr serve`` (``args.serving_workers`` workers x
+    ``args.serving_threads`` threads, rows in format ``fmt``) following the transfer of
+    ``svc``; waits until its HTTP and gRPC ports answer (120 s each). Returns the
+    ``proc.Role``. Raises ``proc.RoleFailed`` / ``TimeoutError``."""
+    from runtime import proc
+
+    serving = group.start("serving", proc.self_command() + [
+        "serve", "--topology", str(svc.topology), "--model-root", svc.root_url, "--transfer-url", svc.transfer_url,
+        "--host", "127.0.0.1", "--port", str(svc.serving_port), "--grpc-port", str(svc.grpc_port),
+        "--workers", str(args.serving_workers), "--threads", str(args.serving_threads),
+        "--work-dir", str(run_dir / "serving"), "--format", fmt, "--poll-interval", "0.2"] + list(slot_args))
+    for port in (svc.serving_port, svc.grpc_port):
+        proc.wait_for_port("127.0.0.1", port, 120, serving.proc, serving.name, serving.log_path)
+    return serving
+
+
+class Client:
+    """One run of the demo client (``elastic-ctr client``) as role ``name``: its result
+    (the client's ``--json-out``) at ``run_dir/<name>.json``, its predictions (``row\\tlabel
+    \\tprob\\tversion`` lines, ``--predictions-out``) at ``run_dir/<name>.tsv``."""
+
+    def __init__(self, role, json_path: Path, predictions: Path):
+        self.role, self.json_path, self.predictions = role, json_path, predictions
+
+    def result(self) -> dict:
+        """The client's JSON result (``requests``, ``failed_requests``, ``qps``, ``p50_ms``,
+        ``p99_ms``, ``versions``, ``auc``, ``rows_scored``, ...); after it exited."""
+        return json.loads(self.json_path.read_text())
+
+
+def start_client(run_dir: Path, group, name: str, url: str, data: Path, fmt: str, concurrency: int,
+                 batch: int, extra: list[str] = (), slot_args: list[str] = ()) -> Client:
+    """Starts the demo client against serving at ``url`` on the rows of ``data`` (format
+    ``fmt``): ``concurrency`` workers, ``batch`` rows per request, plus the client flags
+    ``extra``. Returns the ``Client`` (wait for ``client.role``, then read ``result()``)."""
+    from runtime import proc
+
+    out, pred = run_dir / f"{name}.json", run_dir / f"{name}.tsv"
+    role = group.start(name, proc.self_command() + [
+        "client", "--url", url, "--data", str(data), "--format", fmt, "--concurrency", str(concurrency),
+        "--batch-size", str(batch), "--json-out", str(out), "--predictions-out", str(pred)]
+        + list(slot_args) + list(extra), expect_exit=True)
+    return Client(role, out, pred)
