@@ -16,8 +16,6 @@ import base64
 import glob
 import hashlib
 import io
-import json
-import logging
 import os
 import shutil
 import tempfile
@@ -28,8 +26,6 @@ from urllib.parse import urljoin, urlparse
 import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
-
-log = logging.getLogger(__name__)
 
 TOKEN_ENV = "ELASTIC_CTR_UPLOAD_TOKEN"
 CHUNK = 1 << 20  # bytes per streamed chunk
@@ -320,51 +316,3 @@ def append_line(location: str, line: str, token: str | None = None) -> None:
         upload(tmp, location, token)
     finally:
         os.unlink(tmp)
-
-
-def parse_donefile(text: str, source: str = "donefile") -> tuple[list[dict], list[tuple[int, str, str]]]:
-    """Parses donefile text: one JSON object per line with integer ``id`` and ``key`` and a
-    string ``input`` (the layout of Paddle Serving's cube-transfer donefiles; this
-    project's lines also carry ``model``, ``dim``, ``count``: docs/contracts.md). Returns ``(records, errors)``: the valid records in file order (each
-    with ``_line``, its 1-based line number) and ``(line number, reason, line)`` for each
-    malformed line. Blank lines are ignored."""
-    records, errors = [], []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            if not isinstance(rec, dict):
-                raise ValueError("not a JSON object")
-            for k in ("id", "key", "input"):
-                if k not in rec:
-                    raise ValueError(f"missing field {k!r}")
-            for k in ("id", "key"):
-                v = rec[k]
-                if isinstance(v, bool) or not isinstance(v, (int, str)) or int(v) < 0:
-                    raise ValueError(f"field {k!r} is not a non-negative integer: {v!r}")
-                rec[k] = int(v)
-            if not isinstance(rec["input"], str) or not rec["input"]:
-                raise ValueError("field 'input' is not a non-empty string")
-        except (ValueError, TypeError) as exc:
-            errors.append((n, str(exc), line[:200]))
-            continue
-        rec["_line"] = n
-        records.append(rec)
-    return records, errors
-
-
-def read_donefile(location: str) -> list[dict]:
-    """Reads and parses a donefile (see ``parse_donefile``) at a path or URL.
-
-    A missing donefile is an empty list. A malformed line is logged with its line number
-    and skipped. Returns the valid records in file order.
-    """
-    try:
-        text = read_bytes(location).decode("utf-8", "replace")
-    except LocationError:
-        return []
-    records, errors = parse_donefile(text, location)
-    for n, why, line in errors:
-        log.warning("donefile %s line %d skipped: %s: %r", location, n, why, line)
-    return records

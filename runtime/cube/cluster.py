@@ -157,7 +157,11 @@ class LocalCubeCluster:
                         count: int | None = None) -> None:
         """Appends the donefile line of version ``vid`` in the standard layout (its files
         must already be under ``root/versions/<vid>/sparse``), as the trainer's export does:
-        last."""
-        rec = donefile.DonefileRecord(id=vid, key=key, input=donefile.sparse_dir(vid), model=donefile.dense_dir(vid),
-                                      dim=dim, count=count)
-        donefile.append(str(self.root), "patch" if patch else "base", rec)
+        last. A base's ``key`` is its own id; a patch's, its base's. Raises ``ValueError``
+        for a base with another key."""
+        if patch:
+            donefile.append(str(self.root), "patch", donefile.patch_record(vid, key, dim, count))
+        elif key != vid:
+            raise ValueError(f"base {vid}: key {key}, expected its own id")
+        else:
+            donefile.append(str(self.root), "base", donefile.base_record(vid, dim, count))

@@ -69,14 +69,16 @@ def dense_dir(version: int) -> str:
     return f"versions/{int(version)}/dense"
 
 
-def base_record(version: int, dim: int, count: int) -> DonefileRecord:
-    """The base line of ``version`` in the standard layout (key = its own id)."""
+def base_record(version: int, dim: int | None = None, count: int | None = None) -> DonefileRecord:
+    """The base line of ``version`` in the standard layout (key = its own id); ``dim``
+    floats per embedding and ``count`` keys, when known. Raises ``pydantic.ValidationError``."""
     return DonefileRecord(id=version, key=version, input=sparse_dir(version), model=dense_dir(version),
                           dim=dim, count=count)
 
 
-def patch_record(version: int, base: int, dim: int, count: int) -> DonefileRecord:
-    """The patch line of ``version``, applying to base ``base``, in the standard layout."""
+def patch_record(version: int, base: int, dim: int | None = None, count: int | None = None) -> DonefileRecord:
+    """The patch line of ``version``, applying to base ``base``, in the standard layout;
+    ``dim`` and ``count`` when known. Raises ``pydantic.ValidationError``."""
     return DonefileRecord(id=version, key=base, input=sparse_dir(version), model=dense_dir(version),
                           dim=dim, count=count)
 

@@ -1,7 +1,6 @@
 """Tests of runtime.storage on local paths (HTTP is covered with the file server)."""
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -24,15 +23,15 @@ def test_download_verifies_md5_and_leaves_nothing_on_mismatch(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ok.bin"]
 
 
-def test_donefile_append_and_skip_malformed(tmp_path):
-    df = str(tmp_path / "donefile" / "base.txt")
-    storage.append_line(df, json.dumps({"id": 1, "key": 1, "input": "versions/1/sparse"}))
+def test_append_line_adds_whole_lines(tmp_path):
+    """append_line creates the file, ends every line with a newline, and completes a last
+    line written without one (the donefile's reader: tests/formats/test_donefile.py)."""
+    df = tmp_path / "donefile" / "base.txt"
+    storage.append_line(str(df), "a")
     with open(df, "a") as f:
-        f.write("not json\n{\"id\": 2}\n")
-    storage.append_line(df, json.dumps({"id": 3, "key": 3, "input": "versions/3/sparse"}))
-    recs = storage.read_donefile(df)
-    assert [r["id"] for r in recs] == [1, 3]
-    assert storage.read_donefile(str(tmp_path / "missing.txt")) == []
+        f.write("b")
+    storage.append_line(str(df), "c\n")
+    assert df.read_text() == "a\nb\nc\n"
 
 
 def test_missing_location_is_a_clear_error(tmp_path):

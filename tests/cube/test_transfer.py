@@ -18,6 +18,7 @@ import pytest
 from runtime.cube.agent import Agent, create_app as agent_app
 from runtime.cube.transfer import Transfer
 from runtime.cube.transfer.app import create_app
+from runtime.formats import donefile
 from tests.helpers import FakeServer, ThreadedApp
 
 DICT = "d"
@@ -120,9 +121,8 @@ def add_version(root: Path, vid: int, key: int, patch: bool = False, data: bytes
     sparse.mkdir(parents=True, exist_ok=True)
     (sparse / "part-00000").write_bytes(data or b"v%d" % vid)
     (sparse / "_SUCCESS").write_bytes(b"")
-    line = json.dumps({"id": vid, "key": key, "input": f"versions/{vid}/sparse"})
-    with open(root / "donefile" / ("patch.txt" if patch else "base.txt"), "a") as f:
-        f.write(line + "\n")
+    rec = donefile.DonefileRecord(id=vid, key=key, input=donefile.sparse_dir(vid))
+    donefile.append(str(root), "patch" if patch else "base", rec)
 
 
 def make_transfer(cluster, root, work, **kw) -> Transfer:
@@ -260,8 +260,7 @@ def test_delta_with_wrong_base_refused(cluster, root, tmp_path):
 
 
 def test_missing_input_fails_building_and_transfer_keeps_running(cluster, root, tmp_path):
-    with open(root / "donefile" / "base.txt", "w") as f:
-        f.write(json.dumps({"id": 7, "key": 7, "input": "versions/7/nowhere"}) + "\n")
+    donefile.append(str(root), "base", donefile.DonefileRecord(id=7, key=7, input="versions/7/nowhere"))
     tr = make_transfer(cluster, root, tmp_path / "work", max_rollout_attempts=1)
     e = tr.poll_once()
     assert e["status"] == "failed" and e["error"].startswith("Building") and "versions/7/nowhere" in e["error"]

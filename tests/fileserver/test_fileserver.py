@@ -18,6 +18,7 @@ import requests
 
 from runtime import storage
 from runtime.fileserver.app import create_app, expected_digests
+from runtime.formats import donefile
 from runtime.webserver import WebServer
 
 TOKEN = "s3cret-token"
@@ -175,14 +176,14 @@ def test_expected_digests_parsing():
 
 
 def test_storage_upload_roundtrip(server, tree, tmp_path):
-    """runtime.storage.upload/append_line/read_donefile against the file server."""
+    """runtime.storage.upload/append_line and runtime.formats.donefile.read against the file server."""
     src = tmp_path / "f.bin"
     src.write_bytes(os.urandom(5000))
     storage.upload(src, server.url + "/versions/2/sparse/part-00000", token=TOKEN)
     assert (tree / "versions/2/sparse/part-00000").read_bytes() == src.read_bytes()
     storage.append_line(server.url + "/donefile/base.txt", '{"id": 2, "key": 2, "input": "x"}', TOKEN)
     storage.append_line(server.url + "/donefile/base.txt", '{"id": 3, "key": 3, "input": "y"}', TOKEN)
-    assert [r["id"] for r in storage.read_donefile(server.url + "/donefile/base.txt")] == [2, 3]
+    assert [r.id for r in donefile.read(server.url, "base")] == [2, 3]
     got = tmp_path / "back.bin"
     storage.download(server.url + "/versions/2/sparse/part-00000", got,
                      md5=hashlib.md5(src.read_bytes()).hexdigest())

@@ -52,3 +52,16 @@ def test_written_lines_read_back_exactly(tmp_path):
 def test_bad_kind():
     with pytest.raises(ValueError, match="base or patch"):
         donefile.location("/r", "delta")
+
+
+def test_lines_appended_after_malformed_ones_are_read(tmp_path):
+    """A malformed line in the middle (hand-edited, half-written) is skipped; the lines
+    appended after it are read, in file order."""
+    root = str(tmp_path)
+    donefile.append(root, "base", donefile.base_record(1, dim=4, count=2))
+    with open(tmp_path / "donefile" / "base.txt", "a") as f:
+        f.write('not json\n{"id": 2}\n')
+    donefile.append(root, "base", donefile.base_record(3, dim=4, count=2))
+    assert [(r.id, r.line) for r in donefile.read(root, "base")] == [(1, 1), (3, 4)]
+    assert donefile.read(root, "patch") == []
+
