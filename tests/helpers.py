@@ -16,7 +16,8 @@ import numpy as np
 import requests
 from flask import Flask, jsonify, request
 
-from runtime.cube.builder import build, part_name
+from runtime.cube.buildinfo import part_name
+from runtime.cube.builder import build
 from runtime.cube.server import CubeServer
 from runtime.formats import features
 from runtime.formats.seqfile import read_sequence_file, write_sequence_file

@@ -41,7 +41,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import tarfile
 import threading
@@ -53,6 +52,7 @@ from typing import Any, Callable
 import requests
 
 from runtime import storage
+from runtime.cube.buildinfo import parse_shard_tar_name
 
 log = logging.getLogger(__name__)
 
@@ -173,9 +173,6 @@ def dict_dir_of(unpacked: Path) -> Path:
     if len(entries) == 1 and entries[0].is_dir():
         return entries[0]
     return unpacked
-
-
-_PART_RE = re.compile(r"^(?P<dict>.+)_part\d+\.tar$")
 
 
 # --------------------------------------------------------------------------- the agent
@@ -355,8 +352,8 @@ class Agent:
         if mode == "delta" and base_version is None:
             return 400, {"step": "download", "error": "bad request: a delta needs base_version"}
         name = url.rstrip("/").rsplit("/", 1)[-1]
-        m = _PART_RE.match(name)
-        dict_name = str(req.get("dict_name") or (m.group("dict") if m else "dict"))
+        parsed = parse_shard_tar_name(name)
+        dict_name = str(req.get("dict_name") or (parsed[0] if parsed else "dict"))
         if "/" in dict_name or dict_name in ("", ".", ".."):
             return 400, {"step": "download", "error": f"bad request: dict_name {dict_name!r}"}
         with self._lock:

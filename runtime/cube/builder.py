@@ -1,12 +1,13 @@
 """Cube builder: SequenceFiles -> per-shard dicts, tars, md5s and a build record.
 
 ``build(inputs, output_dir, dict_name, shard_num, version, mode, base_version)`` writes
-(layout from docs/contracts.md; the reference is Paddle Serving's cube-builder)::
+(names and ``build.json`` owned by ``runtime/cube/buildinfo.py``; the reference is Paddle
+Serving's cube-builder)::
 
     <output_dir>/<dict_name>/<version>/<dict_name>_part<i>/        shard dict (runtime/cube/dictfile.py)
     <output_dir>/<dict_name>/<version>/<dict_name>_part<i>.tar     that directory as an uncompressed tar
     <output_dir>/<dict_name>/<version>/<dict_name>_part<i>.tar.md5 hex md5 of the tar
-    <output_dir>/<dict_name>/<version>/build.json                  the BuildResult
+    <output_dir>/<dict_name>/<version>/build.json                  the BuildRecord
 
 - Shard of a key: ``runtime.formats.topology.shard_rows`` (``key % shard_num``).
 - Duplicate keys (within a file or across files, inputs read in the order given):
@@ -30,13 +31,13 @@ import os
 import shutil
 import tarfile
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from runtime import storage
 from runtime.cube import dictfile
+from runtime.cube.buildinfo import FILE, BuildRecord, ShardBuild, md5_name, part_name, shard_tar_name
 from runtime.cube.kernel import KERNEL
 from runtime.formats.seqfile import iter_sequence_file
 from runtime.formats.topology import shard_rows
@@ -46,33 +47,6 @@ log = logging.getLogger(__name__)
 
 class BuildError(ValueError):
     """The inputs cannot be built (no files, dims differ, bad arguments); names the input."""
-
-
-@dataclass
-class BuildResult:
-    """What ``build`` wrote (also ``build.json``). ``shards``: one record per shard:
-    ``{"shard", "dir", "tar", "md5", "count", "bytes" (dict data bytes), "tar_bytes"}``;
-    paths relative to the version directory. ``count``: unique keys over all shards;
-    ``duplicates``: input records dropped by last-wins; ``seconds``: wall time."""
-
-    dict_name: str
-    version: int
-    mode: str
-    base_version: int | None
-    shard_num: int
-    dim: int
-    count: int
-    duplicates: int
-    input_records: int
-    inputs: list[str]
-    shards: list[dict] = field(default_factory=list)
-    output_dir: str = ""
-    seconds: float = 0.0
-
-
-def part_name(dict_name: str, shard: int) -> str:
-    """``<dict_name>_part<shard>``, the shard directory and tar stem."""
-    return f"{dict_name}_part{shard}"
 
 
 def expand_inputs(inputs: list[str]) -> list[str]:
@@ -159,8 +133,9 @@ def write_tar(src_dir: Path, tar_path: Path) -> tuple[str, int]:
 
 
 def build(inputs: list[str], output_dir: str | os.PathLike, dict_name: str, shard_num: int,
-          version: int, mode: str = "base", base_version: int | None = None) -> BuildResult:
-    """Builds one version (see the module docstring). Returns the ``BuildResult``.
+          version: int, mode: str = "base", base_version: int | None = None) -> BuildRecord:
+    """Builds one version (see the module docstring). Returns its ``BuildRecord``
+    (``runtime/cube/buildinfo.py``), as written to ``build.json``.
 
     Raises ``BuildError`` (bad arguments, no inputs, dims differ), ``SequenceFileError``
     (corrupt input, with file and byte offset), ``OSError``; nothing is published then."""
@@ -185,26 +160,27 @@ def build(inputs: list[str], output_dir: str | os.PathLike, dict_name: str, shar
     final = dict_root / str(version)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    result = BuildResult(dict_name=dict_name, version=version, mode=mode, base_version=base_version,
-                         shard_num=int(shard_num), dim=dim, count=0, duplicates=0,
-                         input_records=int(keys.shape[0]), inputs=files)
+    shards: list[ShardBuild] = []
+    duplicates = 0
     try:
         for shard, rows in enumerate(shard_rows(keys, shard_num)):
             k, last = dedup_last_wins(keys, rows)
             d = dictfile.make_shard_dict(k, values[last], dict_name=dict_name, shard=shard,
                                          shard_num=shard_num, version=version, mode=mode,
                                          base_version=base_version)
-            name = part_name(dict_name, shard)
+            name, tar = part_name(dict_name, shard), shard_tar_name(dict_name, shard)
             meta = dictfile.write_shard_dict(tmp / name, d)
-            md5, tar_bytes = write_tar(tmp / name, tmp / f"{name}.tar")
-            (tmp / f"{name}.tar.md5").write_text(md5 + "\n")
-            result.shards.append({"shard": shard, "dir": name, "tar": f"{name}.tar", "md5": md5,
-                                  "count": meta.count, "bytes": meta.bytes, "tar_bytes": tar_bytes})
-            result.count += meta.count
-            result.duplicates += int(rows.shape[0] - k.shape[0])
-        result.output_dir = str(final)
-        result.seconds = round(time.perf_counter() - t0, 4)
-        (tmp / "build.json").write_text(json.dumps(asdict(result), indent=1))
+            md5, tar_bytes = write_tar(tmp / name, tmp / tar)
+            (tmp / md5_name(tar)).write_text(md5 + "\n")
+            shards.append(ShardBuild(shard=shard, dir=name, tar=tar, md5=md5, count=meta.count,
+                                     bytes=meta.bytes, tar_bytes=tar_bytes))
+            duplicates += int(rows.shape[0] - k.shape[0])
+        result = BuildRecord(dict_name=dict_name, version=version, mode=mode, base_version=base_version,
+                             shard_num=int(shard_num), dim=dim, count=sum(s.count for s in shards),
+                             duplicates=duplicates, input_records=int(keys.shape[0]), inputs=files,
+                             shards=shards, output_dir=str(final),
+                             seconds=round(time.perf_counter() - t0, 4))
+        result.write(tmp / FILE)
         if final.exists():  # a rebuild of the same version: swap, then drop the old one
             old = dict_root / f".old-{version}-{os.getpid()}"
             os.rename(final, old)
@@ -222,7 +198,7 @@ def build(inputs: list[str], output_dir: str | os.PathLike, dict_name: str, shar
 
 
 def main(args) -> int:
-    """``elastic-ctr cube build``: prints the BuildResult as JSON; exit 1 on bad input."""
+    """``elastic-ctr cube build``: prints the BuildRecord as JSON; exit 1 on bad input."""
     from runtime.formats.seqfile import SequenceFileError
 
     try:
@@ -231,5 +207,5 @@ def main(args) -> int:
     except (BuildError, SequenceFileError, dictfile.DictFormatError, storage.LocationError) as exc:
         log.error("build failed, nothing published: %s", exc)
         return 1
-    print(json.dumps(asdict(res)))
+    print(json.dumps(res.model_dump()))
     return 0

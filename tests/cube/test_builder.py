@@ -4,12 +4,14 @@ from __future__ import annotations
 import hashlib
 import json
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from runtime import cli
 from runtime.cube import dictfile
+from runtime.cube.buildinfo import BuildRecord, BuildRecordError, parse_shard_tar_name, shard_tar_name
 from runtime.cube.builder import BuildError, build
 from runtime.formats.seqfile import SequenceFileError, write_sequence_file
 from runtime.formats.topology import shard_of
@@ -122,3 +124,25 @@ def test_cli_build(tmp_path, capsys):
     rc = cli.main(["cube", "build", "--input", str(tmp_path / "bad"), "--output", str(tmp_path / "out"),
                    "--dict", DICT, "--shards", "2", "--version", "12"])
     assert rc == 1 and not (tmp_path / "out" / DICT / "12").exists()
+
+
+def test_build_record_round_trip_and_errors(tmp_path):
+    keys, values = make_data(300, 2)
+    res = build_version(tmp_path, keys, values, version=7, shard_num=2)
+    vdir = Path(res.output_dir)
+    assert BuildRecord.read(vdir) == res
+    assert [s.tar for s in res.shards] == [shard_tar_name(DICT, 0), shard_tar_name(DICT, 1)]
+    assert parse_shard_tar_name("http://h/cube/d/7/" + res.shards[1].tar) == (DICT, 1)
+    assert parse_shard_tar_name("shard.tar") is None
+    doc = json.loads((vdir / "build.json").read_text())
+    del doc["shards"][1]["md5"]
+    (vdir / "build.json").write_text(json.dumps(doc))
+    with pytest.raises(BuildRecordError, match=r"build.json: invalid build record: shards\[1\].md5: Field required"):
+        BuildRecord.read(vdir)
+    doc["shards"].pop()
+    (vdir / "build.json").write_text(json.dumps(doc))
+    with pytest.raises(BuildRecordError, match=r"shards \[0\] are not 0..1"):
+        BuildRecord.read(vdir / "build.json")
+    (vdir / "build.json").write_text("{")
+    with pytest.raises(BuildRecordError, match="cannot read the build record"):
+        BuildRecord.read(vdir)

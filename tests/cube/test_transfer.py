@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from runtime.cube.agent import Agent, create_app as agent_app
+from runtime.cube.buildinfo import BuildRecord, ShardBuild, md5_name, part_name, shard_tar_name
 from runtime.cube.transfer import Transfer
 from runtime.cube.transfer.app import create_app
 from runtime.formats import donefile
@@ -31,22 +32,23 @@ def stub_build(inputs, output_dir, dict_name, shard_num, version, mode, base_ver
     payload = b"".join(Path(p).read_bytes() for p in inputs)
     shards = []
     for i in range(shard_num):
-        part = vdir / f"{dict_name}_part{i}"
+        part = vdir / part_name(dict_name, i)
         part.mkdir(exist_ok=True)
         (part / "data").write_bytes(payload + b"|%d|%d" % (i, version))
         # FakeServer checks it, as the real server checks a dict's meta
         (part / "meta.json").write_text(json.dumps({"shard": i, "shard_num": shard_num, "version": version}))
-        tar = vdir / f"{dict_name}_part{i}.tar"
+        tar = vdir / shard_tar_name(dict_name, i)
         with tarfile.open(tar, "w") as tf:
             tf.add(part, arcname=part.name)
         md5 = hashlib.md5(tar.read_bytes()).hexdigest()
         if i == bad_md5_shard:
             md5 = "f" * 32
-        Path(str(tar) + ".md5").write_text(md5 + "\n")
-        shards.append({"shard": i, "tar": str(tar), "md5": md5, "count": 1, "bytes": tar.stat().st_size})
-    (vdir / "build.json").write_text(json.dumps({
-        "dict_name": dict_name, "version": version, "mode": mode, "base_version": base_version,
-        "shard_num": shard_num, "dim": 2, "count": len(payload), "duplicates": 0, "shards": shards}))
+        (vdir / md5_name(tar.name)).write_text(md5 + "\n")
+        shards.append(ShardBuild(shard=i, dir=part.name, tar=tar.name, md5=md5, count=1,
+                                 bytes=tar.stat().st_size, tar_bytes=tar.stat().st_size))
+    BuildRecord(dict_name=dict_name, version=version, mode=mode, base_version=base_version,
+                shard_num=shard_num, dim=2, count=len(payload), duplicates=0, input_records=len(payload),
+                inputs=list(inputs), shards=shards).write(vdir)
 
 
 class Cluster:

@@ -9,7 +9,6 @@ the tars are published under ``ROOT/cube/<dict>/<version>/`` (a re-layout's unde
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 import logging
 import os
 import shutil
@@ -21,6 +20,8 @@ from typing import Callable
 import requests
 
 from runtime import storage
+from runtime.cube.buildinfo import FILE as BUILD_FILE
+from runtime.cube.buildinfo import BuildRecord, BuildRecordError, md5_name
 from runtime.cube.transfer.agents import RolloutError, Shipment
 from runtime.cube.transfer.planner import relayout_name
 from runtime.cube.transfer.state import Phase, Plan
@@ -108,13 +109,13 @@ class Builder:
         Raises ``RolloutError(Building)`` naming the input."""
         v = plan.version
         vdir = self.version_dir(plan)
-        meta = vdir / "build.json"
+        meta = vdir / BUILD_FILE
         if meta.exists():
             try:
                 done = self._read(vdir)
                 log.info("Building version=%d: reusing the finished build in %s", v, vdir)
                 return done
-            except (OSError, ValueError, KeyError, TypeError, RolloutError):
+            except (OSError, BuildRecordError, RolloutError):
                 shutil.rmtree(vdir, ignore_errors=True)
         location = storage.join(self.root, plan.input)
         try:
@@ -137,7 +138,7 @@ class Builder:
                 shutil.rmtree(fetched, ignore_errors=True)
         try:
             return self._read(vdir)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, BuildRecordError) as exc:
             raise RolloutError(Phase.BUILDING, f"version {v}: builder wrote no readable {meta}: {exc}") from exc
 
     def _fetch(self, urls: list[str], dest: Path, v: int) -> list[str]:
@@ -156,26 +157,18 @@ class Builder:
         return local
 
     def _read(self, vdir: Path) -> Build:
-        """The builder's ``build.json`` in ``vdir``, checked against the topology."""
-        rec = json.loads((vdir / "build.json").read_text())
-        shards = sorted(rec["shards"], key=lambda s: int(s["shard"]))
-        if int(rec.get("shard_num", len(shards))) != self.shard_num or \
-                [int(s["shard"]) for s in shards] != list(range(self.shard_num)):
-            raise RolloutError(Phase.BUILDING, f"{vdir}/build.json: shards {[s['shard'] for s in shards]} do not "
+        """The builder's ``build.json`` in ``vdir`` (``runtime/cube/buildinfo.py``), checked
+        against the topology. Raises ``BuildRecordError`` (unreadable or invalid record),
+        ``RolloutError(Building)`` (shard count differs) or ``OSError`` (a tar missing)."""
+        rec = BuildRecord.read(vdir)
+        if rec.shard_num != self.shard_num:
+            raise RolloutError(Phase.BUILDING, f"{vdir / BUILD_FILE}: {rec.shard_num} shards do not "
                                                f"match the topology's {self.shard_num}")
-        tars, md5s = [], []
-        for s in shards:
-            tar = Path(s.get("tar") or f"{self.dict_name}_part{s['shard']}.tar")
-            tar = tar if tar.is_absolute() else vdir / tar.name
+        tars = [vdir / s.tar for s in rec.shards]
+        for tar in tars:
             if not tar.exists():
-                raise ValueError(f"{tar}: missing")
-            md5 = s.get("md5")
-            if not md5:
-                md5f = Path(str(tar) + ".md5")
-                md5 = md5f.read_text().split()[0] if md5f.exists() else storage.md5_file(tar)
-            tars.append(tar)
-            md5s.append(md5)
-        return Build(dir=vdir, dim=rec.get("dim"), count=rec.get("count"), tars=tars, md5s=md5s)
+                raise FileNotFoundError(f"{tar}: missing")
+        return Build(dir=vdir, dim=rec.dim, count=rec.count, tars=tars, md5s=[s.md5 for s in rec.shards])
 
     def publish(self, build: Build, plan: Plan) -> Shipment:
         """Publishes each shard tar (and its ``.md5``), then ``build.json``, under
@@ -184,7 +177,7 @@ class Builder:
         v = plan.version
         name = relayout_name(v, plan.relayout.to) if plan.relayout else str(v)
         rel = f"cube/{self.dict_name}/{name}"
-        files = [f for tar in build.tars for f in (tar, Path(str(tar) + ".md5")) if f.exists()]
+        files = [f for tar in build.tars for f in (tar, tar.with_name(md5_name(tar.name))) if f.exists()]
         urls = [storage.join(self.publish_url, f"{rel}/{tar.name}") for tar in build.tars]
 
         def put(f: Path) -> None:
@@ -193,8 +186,8 @@ class Builder:
         try:  # in parallel (I/O bound); build.json last, once the tars are in place
             with cf.ThreadPoolExecutor(max_workers=min(4, len(files))) as ex:
                 list(ex.map(put, files))
-            if (build.dir / "build.json").exists():
-                put(build.dir / "build.json")
+            if (build.dir / BUILD_FILE).exists():
+                put(build.dir / BUILD_FILE)
         except (storage.LocationError, OSError) as exc:
             raise RolloutError(Phase.DEPLOYING, f"publishing version {v} under "
                                                 f"{storage.join(self.root, rel)}: {exc}") from exc
