@@ -124,7 +124,7 @@ def run_pserver(cfg: TrainConfig, role) -> None:
     at exit."""
     from paddle.distributed import fleet
 
-    from runtime.trainer.worker import build_ps_programs
+    from runtime.trainer.program import build_ps_programs
 
     build_ps_programs(cfg, cfg.slots(), continuous=cfg.mode == "continuous")
     log.info("pserver %s: serving (trainers %d)", role.endpoint, role.trainers)

@@ -2,7 +2,9 @@
 table it exports. ``PsWorker`` is a Fleet parameter-server trainer (async); ``SingleWorker``
 trains the same network alone with a local embedding table. The batch job
 (``runtime.trainer.train``) and the continuous job (``runtime.trainer.online``) drive them
-through the same methods.
+through the same methods. Beside it: ``runtime.trainer.program`` (the PS programs),
+``runtime.trainer.idmap`` (feasign -> row maps), ``runtime.trainer.metrics`` (AUC from the
+auc op's buckets), ``runtime.trainer.geo`` (GEO's table at an export point).
 
 A pass: the worker's shard of the input is staged as MultiSlot files
 (``runtime.trainer.dataset.stage``), loaded into an ``InMemoryDataset`` once, and each pass
@@ -39,6 +41,8 @@ import numpy as np
 
 from runtime.evaluation import auc
 from runtime.trainer import dataset, readers
+from runtime.trainer.idmap import Vocab, geo_rows
+from runtime.trainer.metrics import bucket_auc
 from runtime.trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -59,20 +63,6 @@ class PassStats:
     @property
     def examples_per_s(self) -> float:
         return self.examples / max(self.seconds, 1e-9)
-
-
-def bucket_auc(stat_pos: np.ndarray, stat_neg: np.ndarray) -> float:
-    """ROC AUC from the ``auc`` op's bucket counts (int64[..., T+1]: positives / negatives
-    per threshold bucket, bucket index = floor(p * T)), trapezoids over the buckets from the
-    highest threshold down, as ``paddle.distributed.fleet.metrics.auc`` integrates them.
-    Returns NaN when a class is absent."""
-    pos = np.asarray(stat_pos, dtype=np.float64).reshape(-1)[::-1]
-    neg = np.asarray(stat_neg, dtype=np.float64).reshape(-1)[::-1]
-    tp, fp = np.cumsum(pos), np.cumsum(neg)
-    if tp[-1] == 0 or fp[-1] == 0:
-        return float("nan")
-    area = np.sum((fp - np.r_[0.0, fp[:-1]]) * (tp + np.r_[0.0, tp[:-1]]) / 2.0)
-    return float(area / (tp[-1] * fp[-1]))
 
 
 def _handler_class():
@@ -128,42 +118,6 @@ def _feed(batch: readers.Batch, ids: np.ndarray) -> dict:
         feed[datafeed.slot_var(i)] = np.ascontiguousarray(v[:, i:i + 1])
     feed[datafeed.LABEL_VAR] = batch.labels.reshape(-1, 1).astype(np.int64)
     return feed
-
-
-class Vocab:
-    """feasign (uint64) -> row of the single-process embedding table; row 0 = unseen (the
-    zero vector). Rows are given in first-seen order and never change."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.index: dict[int, int] = {}
-
-    def __call__(self, fs: np.ndarray, grow: bool = True) -> np.ndarray:
-        """Maps uint64[n,S] feasigns to uint64[n,S] rows (0 = unseen when not growing).
-        Raises ``RuntimeError`` when the table is full."""
-        u, inv = np.unique(fs, return_inverse=True)
-        d = self.index
-        rows = np.empty(len(u), dtype=np.uint64)
-        for j, k in enumerate(u.tolist()):
-            r = d.get(k)
-            if r is None:
-                if grow:
-                    if len(d) + 1 >= self.capacity:
-                        raise RuntimeError(f"single-process vocabulary full ({self.capacity} rows): "
-                                           "raise --single-vocab-size")
-                    r = d[k] = len(d) + 1
-                else:
-                    r = 0
-            rows[j] = r
-        return rows[inv.reshape(fs.shape)]
-
-    def keys(self) -> np.ndarray:
-        """uint64[m]: the feasign of row ``i + 1`` at index ``i``."""
-        return np.fromiter(self.index.keys(), dtype=np.uint64, count=len(self.index))
-
-    def restore(self, keys: np.ndarray) -> None:
-        """Sets the mapping to ``keys`` (uint64[m], row ``i + 1`` = ``keys[i]``)."""
-        self.index = {int(k): i + 1 for i, k in enumerate(keys.tolist())}
 
 
 class Worker:
@@ -371,7 +325,7 @@ class PsWorker(Worker):
         from paddle.distributed import fleet
 
         from runtime import proc
-        from runtime.trainer import psflags
+        from runtime.trainer import program, psflags
 
         self.role = role
         self.who = f"trainer {role.trainer_id}/{role.trainers}"
@@ -379,7 +333,7 @@ class PsWorker(Worker):
         self.shard = (role.trainer_id, role.trainers)
         self.geo = cfg.ps_mode == "geo"
         self.collect_keys = self.geo
-        self.net, self.main, startup, test_origin = build_ps_programs(
+        self.net, self.main, startup, test_origin = program.build_ps_programs(
             cfg, self.slots, continuous=cfg.mode == "continuous")
         self.exe = paddle.static.Executor(paddle.CPUPlace())
         self.exe.run(startup)
@@ -438,7 +392,9 @@ class PsWorker(Worker):
         from runtime.trainer import export
 
         if self.geo:
-            return self._geo_table()
+            from runtime.trainer import geo
+
+            return geo.gather_table(self)
         t0 = time.monotonic()
         fleet.save_one_table(0, save_dir, 0)
         if not self.chief:
@@ -470,102 +426,9 @@ class PsWorker(Worker):
         self.sync()
         self._eval_exe = None
 
-    def _geo_table(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """Every trainer writes its distinct feasigns to ``<--table-dir>/elastic-ctr-keys-<n>/``
-        (``n``: a number the chief draws, summed over the trainers with gloo so all agree);
-        the chief reads them all and looks their rows up in its local table."""
-        import paddle
-        from paddle.distributed import fleet
-
-        from runtime.trainer import model
-        from runtime.trainer.config import TABLE_DIR_PREFIX
-
-        draw = float(np.random.default_rng().integers(1, 1 << 30)) if self.chief else 0.0
-        nonce = int(np.asarray(fleet.util.all_reduce(np.array([draw]), "sum")).ravel()[0])
-        base = self.cfg.table_dir or os.path.dirname(tempfile.mkdtemp(prefix=TABLE_DIR_PREFIX))
-        shared = os.path.join(base, f"elastic-ctr-keys-{nonce}")
-        os.makedirs(shared, exist_ok=True)
-        np.save(os.path.join(shared, f"keys-{self.role.trainer_id}.npy"), getattr(self, "keys_seen",
-                                                                                  np.zeros(0, np.uint64)))
-        self.barrier()
-        if not self.chief:
-            self.barrier()
-            return None
-        try:
-            parts = [np.load(os.path.join(shared, f"keys-{i}.npy")) for i in range(self.role.trainers)]
-        except OSError as exc:
-            raise RuntimeError(f"--ps-mode geo: the trainers' feasigns are not all in {shared} ({exc}): "
-                               "--table-dir must be a directory shared by every trainer") from None
-        finally:
-            self.barrier()
-            shutil.rmtree(shared, ignore_errors=True)
-        keys = np.unique(np.concatenate(parts))
-        table = np.array(paddle.static.global_scope().find_var(model.TABLE_NAME).get_tensor())
-        rows = geo_rows(self.cfg.geo_table_rows)(keys).astype(np.int64)
-        return keys, table[rows].astype(np.float32)
-
     def close(self) -> None:
         from paddle.distributed import fleet
 
         fleet.stop_worker()
 
-
-def geo_rows(rows: int):
-    """GEO's id map: uint64 feasigns -> rows ``1 + feasign mod (rows - 1)`` of a table of
-    ``rows`` rows (row 0 is the zero padding row). Feasigns that share a row share an
-    embedding: the cost of GEO's fixed-size table."""
-    m = np.uint64(rows - 1)
-
-    def f(feasigns: np.ndarray) -> np.ndarray:
-        return (np.asarray(feasigns, dtype=np.uint64) % m) + np.uint64(1)
-
-    return f
-
-
-def strategy(cfg: TrainConfig, continuous: bool = False):
-    """The ``DistributedStrategy``: async and the sparse table's ``shard_num`` (full proto
-    paths: a short key is silently ignored). All table keys in ONE assignment: every
-    assignment to ``sparse_table_configs`` adds a table. ``continuous`` changes nothing
-    today (patches are cut by comparing exports, ``runtime.trainer.online``).
-    ``--ps-mode geo``: ``a_sync_configs = {"k_steps": ...}`` (GEO-SGD) instead."""
-    from paddle.distributed import fleet
-
-    from runtime.trainer import model
-
-    s = fleet.DistributedStrategy()
-    s.a_sync = True
-    if cfg.ps_mode == "geo":
-        s.a_sync_configs = {"k_steps": int(cfg.geo_k_steps)}
-        return s
-    prefix = f"table_parameters.{model.TABLE_NAME}"
-    table = {f"{prefix}.shard_num": int(cfg.sparse_shards)}
-    s.sparse_table_configs = {model.TABLE_NAME: table}
-    return s
-
-
-def build_ps_programs(cfg: TrainConfig, slots, continuous: bool = False):
-    """Builds the parameter-server programs (every role builds the same ones). Returns
-    ``(net, main, startup, test_origin)``: the trainer program, its startup program and
-    the test program as cloned before ``minimize``."""
-    import paddle
-    from paddle.distributed import fleet
-
-    from runtime.trainer import model
-
-    paddle.enable_static()
-    paddle.seed(cfg.seed)
-    geo = cfg.ps_mode == "geo"
-    # GEO synchronizes a local table (its communicator cannot send a sparse_embedding's
-    # rows in Paddle 3.0.0: "The Variable type must be DenseTensor ... SelectedRows")
-    net = model.build_train(len(slots), cfg.embedding_dim, tuple(cfg.layers), ps=not geo,
-                            vocab_size=cfg.geo_table_rows)
-    test_origin = net.main.clone(for_test=True)
-    model.add_auc(net)
-    with paddle.static.program_guard(net.main, net.startup):
-        opt = fleet.distributed_optimizer(paddle.optimizer.Adam(cfg.lr, lazy_mode=geo), strategy(cfg, continuous))
-        opt.minimize(net.loss)
-        # The PS program builder replaces the programs: the trainer (or server) program is
-        # now loss.block.program and the startup program the (switched) default one.
-        startup = paddle.static.default_startup_program()
-    return net, net.loss.block.program, startup, test_origin
 

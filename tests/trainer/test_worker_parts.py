@@ -11,7 +11,8 @@ import pytest
 
 from runtime.evaluation import auc
 from runtime.trainer import config as tconfig
-from runtime.trainer.worker import bucket_auc, geo_rows
+from runtime.trainer.idmap import geo_rows
+from runtime.trainer.metrics import bucket_auc
 
 
 def test_bucket_auc_matches_rank_auc():
