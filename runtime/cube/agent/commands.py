@@ -1,40 +1,6 @@
-"""Cube agent: runs beside one cube server and carries out the transfer's commands.
-
-Commands (HTTP JSON; see docs/contracts.md, "Cube internals"), modelled on Paddle Serving's
-cube-agent (download / reload / enable / status):
-
-- ``POST /download {"url", "md5", "version", "mode": "base"|"delta", "base_version",
-  "dict_name"?, "wait"?}``: downloads the shard tar (a URL or a local path) through
-  ``runtime.storage.download``, which verifies the md5 before the file is kept, then
-  unpacks it safely into ``<work_dir>/<dict>/<version>/`` (a member escaping that
-  directory, a link, a device file or a truncated tar is an error; nothing partial is
-  left behind).
-- ``POST /reload {"version", "wait"?}``: asks the server to ``bg_load_base`` (or
-  ``bg_load_patch`` for a delta) the unpacked directory and polls the server's
-  ``GET /status`` until the background slot holds that version ``loaded`` (or ``failed``).
-- ``POST /enable {"version"}``: asks the server to ``enable`` (atomic switch); then
-  removes unpacked versions other than the one served and the previous one.
-- ``POST /bg_unload``: the transfer's abort; forwards to the server and marks pending
-  steps ``aborted``.
-- ``GET /status``: every step's state (``idle|running|done|failed|aborted``), version,
-  error and duration (s), plus the last step (``{"step", "state", "error"}`` at the top
-  level) and the server's own status.
-- ``GET /healthz``, ``GET /readyz``: liveness and readiness (``runtime.webserver``).
-
-Download and reload run in a background thread (one step at a time): the command answers
-``202`` while running, ``200`` when done, ``500`` with ``{"step", "error"}`` when failed.
-``"wait": S`` makes the command block up to S seconds for the outcome (the transfer uses
-this to avoid polling). Commands are idempotent: repeating a command for the version it
-already completed answers ``200`` at once; a command for the version running answers
-``202``; a different version while a step runs is ``409``. A download of a version already
-downloaded with another md5 (the same version id built for another shard count: a
-re-layout) is a new download, and it clears the finished ``reload``/``enable`` of that
-version, so they load and switch the new files instead of answering ``200`` at once;
-``enable`` switches whenever the server's background slot holds the version loaded, even
-if the server already serves that version id (from another build).
-
-HTTP: a Flask app served by ``runtime.webserver`` (one process, threads): the agent's
-state lives in memory and control traffic is a few requests per rollout.
+"""The cube agent's commands (download, reload, enable, bg_unload, status) on one cube
+server, and its state file ``<work_dir>/agent_state.json`` (versions unpacked, versions
+enabled). Protocol: ``runtime/cube/agent``'s package docstring.
 """
 from __future__ import annotations
 
@@ -42,143 +8,22 @@ import json
 import logging
 import os
 import shutil
-import tarfile
-import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import requests
 
 from runtime import storage
+from runtime.cube.agent.steps import STEPS, AgentError, StepMachine, StepState
+from runtime.cube.agent.tarsafe import dict_dir_of, safe_extract
 from runtime.cube.buildinfo import parse_shard_tar_name
 
-log = logging.getLogger(__name__)
-
-STEPS = ("download", "reload", "enable")
-TAR_BLOCK = 512  # bytes per tar block (POSIX ustar)
+log = logging.getLogger("runtime.cube.agent")
 
 
-class AgentError(RuntimeError):
-    """A command failed; ``step`` names the step (download, reload, enable, bg_unload)."""
-
-    def __init__(self, step: str, message: str, http_status: int = 500):
-        super().__init__(message)
-        self.step, self.http_status = step, http_status
-
-
-@dataclass
-class StepState:
-    """One step's state as reported by ``GET /status``. Times are unix seconds."""
-
-    state: str = "idle"          # idle | running | done | failed | aborted
-    version: int | None = None
-    error: str | None = None
-    started: float | None = None
-    finished: float | None = None
-    duration_s: float | None = None
-    detail: dict = field(default_factory=dict)
-
-
-# --------------------------------------------------------------------------- tar safety
-
-
-def check_tar_complete(path: str | os.PathLike) -> None:
-    """Raises ``AgentError(step="download")`` unless ``path`` looks like a whole tar: a size
-    that is a multiple of 512 bytes ending with the two zero blocks of the end-of-archive
-    marker (POSIX.1-1988 ustar; GNU tar and Python's tarfile both write it). This catches
-    a tar truncated at a member boundary, which tarfile itself would read as complete."""
-    size = os.path.getsize(path)
-    if size < 2 * TAR_BLOCK or size % TAR_BLOCK:
-        raise AgentError("download", f"{path}: truncated tar ({size} bytes, not a whole number "
-                                     f"of {TAR_BLOCK}-byte blocks with an end-of-archive marker)")
-    with open(path, "rb") as f:
-        # the end marker is two zero blocks, possibly followed by zero padding to a record
-        f.seek(max(0, size - 20 * TAR_BLOCK))
-        tailb = f.read()
-    stripped = tailb.rstrip(b"\0")
-    zeros = len(tailb) - len(stripped)
-    if zeros < 2 * TAR_BLOCK:
-        raise AgentError("download", f"{path}: truncated tar (no end-of-archive marker)")
-
-
-def safe_extract(tar_path: str | os.PathLike, dest: str | os.PathLike) -> list[str]:
-    """Unpacks ``tar_path`` into the new directory ``dest`` (which must not exist).
-
-    Every member is checked before anything is written: regular files and directories
-    only, relative names that stay inside ``dest`` (no absolute path, no ``..``, no link,
-    no device). Unpacks into a temporary sibling directory renamed to ``dest`` at the end,
-    so ``dest`` appears whole or not at all. Returns the member names.
-
-    Raises ``AgentError(step="download")`` naming the tar and the offending member, or
-    for a truncated/corrupt tar.
-    """
-    tar_path, dest = Path(tar_path), Path(dest)
-    check_tar_complete(tar_path)
-    tmp = dest.parent / f".{dest.name}.unpack-{os.getpid()}-{threading.get_ident()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    root = tmp.resolve()
-    try:
-        try:
-            with tarfile.open(tar_path, "r:") as tf:
-                members = tf.getmembers()
-                for m in members:
-                    name = m.name
-                    if not (m.isfile() or m.isdir()):
-                        raise AgentError("download", f"{tar_path}: member {name!r} is not a regular "
-                                                     "file or directory (links and devices are refused)")
-                    if name.startswith("/") or os.path.isabs(name) or ".." in Path(name).parts:
-                        raise AgentError("download", f"{tar_path}: member {name!r} escapes the "
-                                                     "unpack directory")
-                    target = (root / name).resolve()
-                    if target != root and root not in target.parents:
-                        raise AgentError("download", f"{tar_path}: member {name!r} escapes the "
-                                                     "unpack directory")
-                # the checks above are ours (clear errors); the "data" filter is a second guard
-                # where this Python has it (3.11.4+, 3.10.12+; Debian bookworm's 3.11.2 has not)
-                if hasattr(tarfile, "data_filter"):
-                    tf.extractall(root, members=members, filter="data")
-                else:
-                    for m in members:  # files and directories only, checked above
-                        m.mode = (m.mode & 0o755) | (0o700 if m.isdir() else 0o600)
-                        m.uid = m.gid = 0
-                        m.uname = m.gname = ""
-                    tf.extractall(root, members=members, numeric_owner=False)
-                # tarfile reads member data lazily: a short member raises ReadError above
-        except tarfile.TarError as exc:
-            raise AgentError("download", f"{tar_path}: corrupt or truncated tar: {exc}") from exc
-        except EOFError as exc:
-            raise AgentError("download", f"{tar_path}: truncated tar: {exc}") from exc
-        for m in members:
-            if m.isfile():
-                got = (root / m.name).stat().st_size
-                if got != m.size:
-                    raise AgentError("download", f"{tar_path}: member {m.name!r} truncated "
-                                                 f"({got} of {m.size} bytes)")
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-        return [m.name for m in members]
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def dict_dir_of(unpacked: Path) -> Path:
-    """The directory to hand to the server: the tar's single top-level directory
-    (``<dict>_part<i>/``, as the builder writes it) or the unpack root itself."""
-    entries = [p for p in unpacked.iterdir() if not p.name.startswith(".")]
-    if len(entries) == 1 and entries[0].is_dir():
-        return entries[0]
-    return unpacked
-
-
-# --------------------------------------------------------------------------- the agent
-
-
-class Agent:
+class Agent(StepMachine):
     """The agent's state and commands; the HTTP layer is ``create_app``.
 
     Args:
@@ -191,20 +36,15 @@ class Agent:
 
     def __init__(self, server_http: str, work_dir: str | os.PathLike, load_timeout_s: float = 300.0,
                  poll_s: float = 0.05, keep: int = 2, http_timeout_s: float = 10.0):
+        super().__init__()
         self.server_http = server_http.rstrip("/")
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.load_timeout_s, self.poll_s, self.keep = load_timeout_s, poll_s, keep
         self.http_timeout_s = http_timeout_s
-        self.steps: dict[str, StepState] = {s: StepState() for s in STEPS}
-        self.last_step: str | None = None
         # per downloaded version: {"dir", "dict_name", "mode", "base_version", "md5", "url"}
         self.versions: dict[int, dict] = {}
         self.enabled: list[int] = []  # versions enabled, oldest first
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._worker: threading.Thread | None = None
-        self._closing = False
         self._http = requests.Session()
         self._load_state()
 
@@ -244,93 +84,6 @@ class Agent:
             raise AgentError("status", f"cube server {self.server_http}/status: HTTP {r.status_code} "
                                        f"{r.text[:200]}")
         return r.json()
-
-    # ---------------------------------------------------------------- running steps
-
-    def _begin(self, step: str, version: int, restart_failed: bool = True) -> tuple[int, dict | None]:
-        """Decides what a command does (under the lock). Returns ``(http_status, body)``
-        when it is answered at once, or ``(0, None)`` when the caller must start it."""
-        st = self.steps[step]
-        busy = [s for s, v in self.steps.items() if v.state == "running"]
-        if st.version == version and st.state == "done":
-            return 200, asdict(st) | {"step": step}
-        if st.version == version and st.state == "running":
-            return 202, asdict(st) | {"step": step}
-        if busy:
-            other = self.steps[busy[0]]
-            return 409, {"step": step, "error": f"agent busy: {busy[0]} of version {other.version} "
-                                                f"is running"}
-        self.steps[step] = StepState(state="running", version=version, started=time.time())
-        self.last_step = step
-        return 0, None
-
-    def _finish(self, step: str, version: int, error: str | None, detail: dict | None = None,
-                state: str | None = None) -> None:
-        with self._cond:
-            st = self.steps[step]
-            if st.version != version or st.state == "aborted":
-                return
-            st.finished = time.time()
-            st.duration_s = round(st.finished - (st.started or st.finished), 3)
-            st.state = state or ("failed" if error else "done")
-            st.error = error
-            if detail:
-                st.detail = detail
-            self._cond.notify_all()
-
-    def _run_async(self, step: str, version: int, fn: Callable[[], dict | None],
-                   wait_s: float) -> tuple[int, dict]:
-        """Runs ``fn`` in a background thread as ``step`` of ``version``; waits up to
-        ``wait_s`` seconds for the outcome. Returns ``(http_status, body)``."""
-        with self._lock:
-            code, body = self._begin(step, version)
-            if code:
-                if code == 202 and wait_s > 0:
-                    pass  # fall through to waiting below
-                else:
-                    return code, body  # type: ignore[return-value]
-            else:
-                def target() -> None:
-                    try:
-                        detail = fn()
-                        self._finish(step, version, None, detail)
-                    except AgentError as exc:
-                        log.error("%s of version %s failed: %s", step, version, exc)
-                        self._finish(step, version, str(exc))
-                    except Exception as exc:  # noqa: BLE001 - reported, never crashes the agent
-                        log.exception("%s of version %s failed", step, version)
-                        self._finish(step, version, f"{type(exc).__name__}: {exc}")
-
-                self._worker = threading.Thread(target=target, name=f"agent-{step}", daemon=True)
-                self._worker.start()
-        return self._wait(step, version, wait_s)
-
-    def _wait(self, step: str, version: int, wait_s: float) -> tuple[int, dict]:
-        deadline = time.monotonic() + max(0.0, wait_s)
-        with self._cond:
-            while True:
-                st = self.steps[step]
-                if st.version != version:
-                    return 409, {"step": step, "error": f"{step} now runs version {st.version}"}
-                if st.state != "running":
-                    break
-                if self._closing:
-                    return 503, {"step": step, "error": "the agent is shutting down"}
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return 202, asdict(st) | {"step": step}
-                self._cond.wait(min(left, 1.0))
-            body = asdict(st) | {"step": step}
-        if st.state == "done":
-            return 200, body
-        return 500, body
-
-    def shutdown(self) -> None:
-        """The process is stopping: commands waiting for a step's outcome answer 503 now
-        (the transfer retries), so no request is left hanging."""
-        with self._cond:
-            self._closing = True
-            self._cond.notify_all()
 
     # ---------------------------------------------------------------- commands
 
@@ -576,63 +329,3 @@ class Agent:
         tmp.write_text(json.dumps({"versions": {str(k): v for k, v in self.versions.items()},
                                    "enabled": self.enabled}))
         os.replace(tmp, path)
-
-
-# --------------------------------------------------------------------------- HTTP
-
-
-def create_app(agent: Agent):
-    """The agent's Flask app (routes in the module docstring)."""
-    from flask import Flask, jsonify, request
-
-    app = Flask("cube-agent")
-
-    def body() -> dict:
-        data = request.get_json(silent=True)
-        return data if isinstance(data, dict) else {}
-
-    def wait_of(data: dict) -> float:
-        try:
-            return max(0.0, min(float(data.get("wait", 0) or 0), 600.0))
-        except (TypeError, ValueError):
-            return 0.0
-
-    @app.get("/status")
-    def status():
-        return jsonify(agent.status())
-
-    @app.post("/download")
-    def download():
-        data = body()
-        code, out = agent.download(data, wait_of(data))
-        return jsonify(out), code
-
-    @app.post("/reload")
-    def reload():
-        data = body()
-        code, out = agent.reload(data, wait_of(data))
-        return jsonify(out), code
-
-    @app.post("/enable")
-    def enable():
-        code, out = agent.enable(body())
-        return jsonify(out), code
-
-    @app.post("/bg_unload")
-    def bg_unload():
-        code, out = agent.bg_unload()
-        return jsonify(out), code
-
-    return app
-
-
-def main(args) -> int:
-    """``elastic-ctr cube agent``: serves the agent until SIGTERM, then readiness false,
-    ``--drain-seconds`` still answering, requests in flight finish, exit code 0; a step in
-    progress is abandoned (the transfer drives it again, on this agent after its restart or
-    on the rollout's retry)."""
-    from runtime.webserver import WebServer, serve_forever
-
-    agent = Agent(args.server_http, args.work_dir, load_timeout_s=args.load_timeout)
-    server = WebServer(create_app(agent), args.host, args.port, threads=8, name="cube-agent")
-    return serve_forever(server, on_stop=agent.shutdown, drain_s=args.drain_seconds)

@@ -1,0 +1,63 @@
+"""The cube agent's HTTP layer: a Flask app on ``runtime.webserver`` (one process, threads;
+routes in ``runtime/cube/agent``'s package docstring) and ``elastic-ctr cube agent``.
+"""
+from __future__ import annotations
+
+from runtime.cube.agent.commands import Agent
+
+
+def create_app(agent: Agent):
+    """The agent's Flask app (routes in the module docstring)."""
+    from flask import Flask, jsonify, request
+
+    app = Flask("cube-agent")
+
+    def body() -> dict:
+        data = request.get_json(silent=True)
+        return data if isinstance(data, dict) else {}
+
+    def wait_of(data: dict) -> float:
+        try:
+            return max(0.0, min(float(data.get("wait", 0) or 0), 600.0))
+        except (TypeError, ValueError):
+            return 0.0
+
+    @app.get("/status")
+    def status():
+        return jsonify(agent.status())
+
+    @app.post("/download")
+    def download():
+        data = body()
+        code, out = agent.download(data, wait_of(data))
+        return jsonify(out), code
+
+    @app.post("/reload")
+    def reload():
+        data = body()
+        code, out = agent.reload(data, wait_of(data))
+        return jsonify(out), code
+
+    @app.post("/enable")
+    def enable():
+        code, out = agent.enable(body())
+        return jsonify(out), code
+
+    @app.post("/bg_unload")
+    def bg_unload():
+        code, out = agent.bg_unload()
+        return jsonify(out), code
+
+    return app
+
+
+def main(args) -> int:
+    """``elastic-ctr cube agent``: serves the agent until SIGTERM, then readiness false,
+    ``--drain-seconds`` still answering, requests in flight finish, exit code 0; a step in
+    progress is abandoned (the transfer drives it again, on this agent after its restart or
+    on the rollout's retry)."""
+    from runtime.webserver import WebServer, serve_forever
+
+    agent = Agent(args.server_http, args.work_dir, load_timeout_s=args.load_timeout)
+    server = WebServer(create_app(agent), args.host, args.port, threads=8, name="cube-agent")
+    return serve_forever(server, on_stop=agent.shutdown, drain_s=args.drain_seconds)
