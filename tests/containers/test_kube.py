@@ -9,8 +9,10 @@ import os
 
 import pytest
 
-from tests.containers import kube
-from tests.containers.kube import Cluster, UnsupportedField, rewrite_value
+from tests.containers.kube import Cluster, UnsupportedField, dns, env, volumes
+from tests.containers.kube.containerspec import docker_run_args, rewrite_value
+from tests.containers.kube.manifests import REDACTED
+from tests.containers.kube.schema import IGNORED
 
 OVERRIDES = ["pservers=1", "trainers=2", "cubeShards=2", "cubeReplicas=2", "servingReplicas=2", "epochs=1"]
 
@@ -39,7 +41,7 @@ def test_every_rendered_field_is_played_or_allow_listed(cluster):
     ips = [p.ip for p in cluster.live_pods()]
     assert len(set(ips)) == len(ips) and all(ip.startswith("127.0.0.") for ip in ips)
     for path, reason in cluster.ignored:
-        assert reason in kube.IGNORED.values(), path
+        assert reason in IGNORED.values(), path
 
 
 @pytest.mark.parametrize("mutate,field", [
@@ -72,7 +74,7 @@ def test_an_unknown_kind_and_an_unknown_fieldref_are_refused(rendering, tmp_path
     c = Cluster(docs, tmp_path, {})
     pod = c.pods["ctr-train-pserver-0"]
     with pytest.raises(UnsupportedField, match="spec.nodeName"):
-        c._env(pod, pod.spec["containers"][0], "pserver")
+        env.resolve(c.store, pod, pod.spec["containers"][0], "pserver")
 
 
 def test_the_one_rewrite_touches_only_whole_bind_all_and_loopback_tokens():
@@ -87,9 +89,9 @@ def test_the_one_rewrite_touches_only_whole_bind_all_and_loopback_tokens():
 def test_docker_command_line_of_a_cube_pod(cluster, monkeypatch):
     monkeypatch.setattr(os, "chown", lambda *a: None)
     pod = cluster.pods["cube-shard-1-0"]
-    vols = cluster._volumes(pod)
+    vols = volumes.pod_volumes(cluster.store, pod)
     agent = pod.container("cube-agent")
-    args, client_env = cluster._docker_run_args(pod, agent, vols, cluster._hosts())
+    args, client_env = docker_run_args(cluster.store, cluster.docker, pod, agent, vols, dns.hosts(cluster.store))
     image_at = args.index("elastic-ctr-cube:dev")
     assert args[image_at + 1:] == ["cube", "agent", "--host", pod.ip, "--port", "8902", "--server-http",
                                    f"http://{pod.ip}:8901", "--work-dir", "/data/agent"]
@@ -107,24 +109,25 @@ def test_docker_command_line_of_a_cube_pod(cluster, monkeypatch):
 def test_volcano_plugins_and_the_upload_token(cluster, monkeypatch):
     monkeypatch.setattr(os, "chown", lambda *a: None)
     pod = cluster.pods["ctr-train-trainer-1"]
-    env, secret_names = cluster._env(pod, pod.spec["containers"][0], "trainer")
-    env = dict(env)
-    assert env["VC_PSERVER_HOSTS"] == "ctr-train-pserver-0.ctr-train" and env["VC_PSERVER_NUM"] == "1"
-    assert env["VC_TRAINER_HOSTS"] == "ctr-train-trainer-0.ctr-train,ctr-train-trainer-1.ctr-train"
-    assert env["VC_TASK_INDEX"] == env["VK_TASK_INDEX"] == "1" and env["POD_IP"] == pod.ip
+    pairs, secret_names = env.resolve(cluster.store, pod, pod.spec["containers"][0], "trainer")
+    environ = dict(pairs)
+    assert environ["VC_PSERVER_HOSTS"] == "ctr-train-pserver-0.ctr-train" and environ["VC_PSERVER_NUM"] == "1"
+    assert environ["VC_TRAINER_HOSTS"] == "ctr-train-trainer-0.ctr-train,ctr-train-trainer-1.ctr-train"
+    assert environ["VC_TASK_INDEX"] == environ["VK_TASK_INDEX"] == "1" and environ["POD_IP"] == pod.ip
     token = cluster.secrets["fileserver-upload-token"]["token"]
-    assert env["ELASTIC_CTR_UPLOAD_TOKEN"] == token and secret_names == {"ELASTIC_CTR_UPLOAD_TOKEN"}
-    assert token != kube.REDACTED and len(token) >= 16
-    vols = cluster._volumes(pod)
+    assert environ["ELASTIC_CTR_UPLOAD_TOKEN"] == token and secret_names == {"ELASTIC_CTR_UPLOAD_TOKEN"}
+    assert token != REDACTED and len(token) >= 16
+    vols = volumes.pod_volumes(cluster.store, pod)
     hosts = (vols["ctr-train-svc"][0] / "trainer.host").read_text()
     assert hosts == "ctr-train-trainer-0.ctr-train\nctr-train-trainer-1.ctr-train"
-    args, client_env = cluster._docker_run_args(pod, pod.init_containers[0], vols, cluster._hosts())
+    args, client_env = docker_run_args(cluster.store, cluster.docker, pod, pod.init_containers[0], vols,
+                                       dns.hosts(cluster.store))
     assert f"{vols['ctr-train-svc'][0]}:/etc/volcano:ro" in args
     assert ["--hostname", "ctr-train-trainer-1"] == args[args.index("--hostname"):args.index("--hostname") + 2]
     assert args[-4:] == ["data", "generate", "--out", "/data"]
     # the pservers and trainers share one claim directory
     ps = cluster.pods["ctr-train-pserver-0"]
-    assert cluster._volumes(ps)["shared"][0] == vols["shared"][0] == cluster.claims["ctr-train-shared"]
+    assert volumes.pod_volumes(cluster.store, ps)["shared"][0] == vols["shared"][0] == cluster.claims["ctr-train-shared"]
 
 
 def test_service_endpoints_follow_readiness_and_deletion(cluster):

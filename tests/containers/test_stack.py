@@ -1,5 +1,5 @@
 """The rendered dev stack (1 pserver x 2 trainers, cube 2 shards x 2 replicas, 2 serving
-pods) run as containers by ``tests/containers/kube.py``, the way Kubernetes and Volcano
+pods) run as containers by ``tests/containers/kube/``, the way Kubernetes and Volcano
 would run it, end to end and through its lifecycle:
 
 1. the training job's pods finish and export a version to the file server pod;
@@ -104,9 +104,13 @@ def transfer_url(c: Cluster) -> str:
 
 
 def dict_info(c: Cluster) -> dict:
+    """The transfer's ``/dict/info`` as JSON, read with its owner's reader (``{}`` while it
+    does not answer)."""
+    from runtime.cube.transfer.info import DictInfoError, fetch_dict_info
+
     try:
-        return requests.get(transfer_url(c) + "/dict/info", timeout=3).json()
-    except (requests.RequestException, ValueError, IndexError):
+        return fetch_dict_info(transfer_url(c), timeout_s=3).to_json()
+    except (DictInfoError, IndexError):
         return {}
 
 
@@ -173,9 +177,11 @@ def test_training_job_completes_and_exports_a_version(stack, say):
         say(f"training: the job controller stopped {t.summary()}")
     assert job.phase in ("Completing", "Completed"), "\n".join(c.errors) + "\n" + c.status()
     log = c.logs(f"{JOB}-trainer-0")
-    m = re.search(r"^ELASTIC_CTR_RESULT (\{.*\})$", log, re.M)
-    assert m, f"no result line in trainer 0's log:\n{log[-3000:]}"
-    rec = json.loads(m.group(1))
+    from runtime.formats.train_result import RESULT, TrainResult
+
+    res = TrainResult.find(log, RESULT, source=f"{JOB}-trainer-0 log")
+    assert res is not None, f"no result line in trainer 0's log:\n{log[-3000:]}"
+    rec = res.to_dict()
     version, auc = int(rec["version"]), float(rec["test_auc"][-1])
     fs = c.live_pods("fileserver")[0]
     base = requests.get(f"http://{fs.ip}:8080/donefile/base.txt", timeout=5)
