@@ -1,203 +1,118 @@
-"""Serving's data plane, independent of the transport: the model's signature, the checks of
-a request against it, the cube lookups pinned to the model's version, the predictor runs,
-and the combining of concurrent requests.
+"""Serving's data plane, independent of the transport and of any model (KServe's layout):
+the models served, found by name; the server's readiness and metadata; and the dispatch
+of model readiness, metadata and inference to the model named.
 
-Each request is answered by one version: the dense model current when it starts
-(``VersionWatcher.current``) and the cube embeddings of that same version
-(``CubeClient.seek(keys, version=v)``). Missing keys (feasigns never seen in training)
-are zero vectors, as in training.
-
-The model ``ctr`` takes either ``dense_features`` FP32 [n,13] (the raw integer features
-I1..I13; NaN/null = missing; serving applies the model's normalization) with
-``feasigns`` UINT64 [n,S] (the feasigns of the S slots, ``runtime.formats.features``), or
-``lines`` BYTES [n] (raw rows in the training format, the label optional); it answers
-``probability`` FP32 [n,1].
+A model (``Model``) owns everything about itself: its signature (inputs and outputs:
+names, datatypes, shapes), the checks of a request against it, its versions and how it
+predicts. The transports (``runtime.serving.rest``, ``runtime.serving.grpc_server``)
+decode a request with their codec into the protocol's data model
+(``runtime.serving.protocol``), call the data plane, and encode its answer.
 """
 from __future__ import annotations
 
-import threading
-from typing import Any, Callable, Optional
+import abc
+from typing import Any, Iterable, Optional
 
-import numpy as np
-
-from runtime.formats import features
 from runtime.serving.metrics import Metrics
-from runtime.serving.model import DenseModel, VersionWatcher
-from runtime.serving.protocol import (BadRequest, InferOutput, InferRequest, InferResponse, NotFound,
-                                      Unavailable, binary_outputs)
+from runtime.serving.protocol import InferRequest, InferResponse, NotFound
 
-MODEL_NAME = "ctr"
 SERVER_NAME = "elastic-ctr"
 SERVER_VERSION = "0.1.0"
 #: the protocol extensions served (Triton's names), on both transports where they apply
 EXTENSIONS = ["binary_tensor_data"]
-DENSE, FEASIGNS, LINES, PROBABILITY = "dense_features", "feasigns", "lines", "probability"
 
 
-class _Job:
-    __slots__ = ("dense", "fs", "n", "event", "result", "error", "lead")
+class Model(abc.ABC):
+    """A served model (KServe's ``Model``): ``name``, and what the data plane asks of it.
 
-    def __init__(self, dense: np.ndarray, fs: np.ndarray):
-        self.dense, self.fs, self.n = dense, fs, fs.shape[0]
-        self.event = threading.Event()
-        self.result = self.error = None
-        self.lead = False
-
-
-class Combiner:
-    """Combines concurrent requests for one model into one cube lookup and one predictor
-    run (dynamic batching, as Triton's dynamic batcher): the fixed cost of a predictor run
-    and of a cube round trip is paid once per combined batch instead of once per request.
-
-    No timer and no extra thread: a request that finds fewer than ``max_active`` batches
-    in flight runs at once with whatever requests are queued (up to ``max_rows`` rows);
-    the others queue, and when a batch finishes the oldest queued request leads the next
-    one. A lone request is never delayed. All requests of a batch use the same model,
-    hence the same version.
+    Versions are strings, as the protocol names them. Errors are the protocol's
+    (``runtime.serving.protocol``): ``BadRequest`` (400), ``NotFound`` (404),
+    ``Unavailable`` (503).
     """
 
-    def __init__(self, process: Callable[[np.ndarray, np.ndarray], np.ndarray], max_rows: int,
-                 max_active: int = 1):
-        self.process = process
-        self.max_rows = max_rows
-        self.max_active = max_active
-        self.lock = threading.Lock()
-        self.pending: list[_Job] = []
-        self.active = 0
-        self.batches = 0
-        self.requests = 0
+    name: str
 
-    def submit(self, dense: np.ndarray, fs: np.ndarray) -> np.ndarray:
-        """``dense`` float[n,13] raw, ``fs`` uint64[n,S] -> probabilities float32[n,1];
-        raises what ``process`` raised for its batch."""
-        job = _Job(dense, fs)
-        with self.lock:
-            if self.active < self.max_active:
-                self.active += 1
-                job.lead = True
-            else:
-                self.pending.append(job)
-        if not job.lead:
-            job.event.wait()
-        if job.lead and job.result is None and job.error is None:
-            self._run(job)
-        if job.error is not None:
-            raise job.error
-        return job.result
+    @abc.abstractmethod
+    def versions(self) -> list[str]:
+        """The versions answering now ([] while none is loaded)."""
 
-    def _run(self, me: _Job) -> None:
-        batch, rows = [me], me.n
-        with self.lock:
-            while self.pending and rows + self.pending[0].n <= self.max_rows:
-                j = self.pending.pop(0)
-                batch.append(j)
-                rows += j.n
-        try:
-            if len(batch) == 1:
-                me.result = self.process(me.dense, me.fs)
-            else:
-                out = self.process(np.concatenate([j.dense for j in batch]), np.concatenate([j.fs for j in batch]))
-                off = 0
-                for j in batch:
-                    j.result = out[off:off + j.n]
-                    off += j.n
-        except BaseException as exc:  # every request of the batch gets the error
-            for j in batch:
-                j.error = exc
-        self.batches += 1
-        self.requests += len(batch)
-        nxt = None
-        with self.lock:
-            if self.pending:
-                nxt = self.pending.pop(0)
-                nxt.lead = True  # leadership (and the active slot) passes on
-            else:
-                self.active -= 1
-        for j in batch[1:]:
-            j.event.set()
-        if nxt is not None:
-            nxt.event.set()
+    @abc.abstractmethod
+    def ready(self) -> tuple[bool, str]:
+        """``(ready, reason)``: whether it can answer now, and why not."""
+
+    @abc.abstractmethod
+    def metadata(self, version: Optional[str] = None) -> dict:
+        """The v2 model metadata (name, versions, platform, inputs, outputs). Raises
+        ``NotFound`` for a ``version`` not served."""
+
+    @abc.abstractmethod
+    def infer(self, req: InferRequest, version: Optional[str] = None) -> InferResponse:
+        """Answers a v2 inference request (with ``version``, or the one answering now).
+        Raises ``BadRequest``, ``NotFound``, ``Unavailable``."""
+
+    def predict_lines(self, lines: Any) -> tuple[Any, Any]:
+        """``POST /predict`` (raw rows, unchecked) -> ``(outputs, version)``, for a model
+        that takes raw rows. This one does not: raises ``NotFound``."""
+        raise NotFound(f"model {self.name!r} takes no raw rows (POST /predict)")
 
 
 class DataPlane:
-    """The prediction logic behind every transport.
+    """The prediction logic behind every transport (module docstring).
 
     Args:
-        watcher: a started ``VersionWatcher`` (its ``current`` model answers).
-        cube_factory: makes a cube client (``seek(keys uint64[m], version) -> result with
-            values float32[m,dim], found bool[m], version``); one per thread.
-        max_batch: largest batch accepted (samples).
-        fmt, slots: the raw-line format when the model's metadata does not say.
-        metrics: Prometheus metrics (default: new ones).
-        combine: combine concurrent requests (``Combiner``).
+        models: the models served; the first is the default (``default``).
+        metrics: the process's Prometheus metrics (the transports count requests in them;
+            default: new ones).
     """
 
-    def __init__(self, watcher: VersionWatcher, cube_factory: Callable[[], Any], max_batch: int = 4096,
-                 fmt: str = "criteo", slots: tuple[int, ...] = features.DEFAULT_SLOTS,
-                 metrics: Optional[Metrics] = None, combine: bool = True):
-        self.watcher = watcher
-        self.cube_factory = cube_factory
-        self.max_batch = int(max_batch)
-        self.fmt = fmt
-        self.slots = tuple(slots)
+    def __init__(self, models: Iterable[Model], metrics: Optional[Metrics] = None):
+        self.models: dict[str, Model] = {}
+        for m in models:
+            self.models[m.name] = m
+        if not self.models:
+            raise ValueError("a data plane needs at least one model")
         self.metrics = metrics or Metrics()
-        self.combine = combine
+        #: set once the process is stopping: readiness false from then on
         self.draining = False
-        self._comb_lock = threading.Lock()
-        self._local = threading.local()
-        self.cube_ok = True
-        self.cube_error: Optional[str] = None
-        watcher.on_switch.append(self._switched)
-        if watcher.current is not None:
-            self._switched(watcher.current)
 
-    def _switched(self, model: DenseModel) -> None:
-        self.metrics.version.set(model.version)
-        self.metrics.switches.inc()
+    @property
+    def default(self) -> Model:
+        """The first model: the one ``POST /predict`` and the readiness answer name."""
+        return next(iter(self.models.values()))
 
-    def cube(self):
-        """This thread's cube client."""
-        c = getattr(self._local, "cube", None)
-        if c is None:
-            c = self._local.cube = self.cube_factory()
-        return c
+    def model(self, name: str) -> Model:
+        """The model ``name``. Raises ``NotFound``."""
+        m = self.models.get(name)
+        if m is None:
+            have = ", ".join(repr(n) for n in self.models)
+            raise NotFound(f"model {name!r} not found (this server has {have})")
+        return m
 
     # -- health and metadata ---------------------------------------------------------------
     def ready(self) -> tuple[bool, str]:
-        """``(ready, reason)``: not draining, a version is loaded and cube answers a pinned
-        lookup."""
+        """``(ready, reason)``: not draining, and every model ready."""
         if self.draining:
             return False, "shutting down"
-        m = self.watcher.current
-        if m is None:
-            return False, self._no_version()
-        if not self.cube_ok:
-            try:
-                self._seek(np.array([features.missing_feasign(1)], dtype=np.uint64), m.version)
-            except Unavailable as exc:
-                return False, str(exc)
+        for m in self.models.values():
+            ok, why = m.ready()
+            if not ok:
+                return False, why
         return True, "ready"
 
-    def _no_version(self) -> str:
-        err = self.watcher.last_error
-        return "no model version loaded yet" + (f" ({err})" if err else "")
+    def not_served(self, name: str, version: Optional[str] = None) -> Optional[str]:
+        """Why model ``name`` cannot answer for ``version`` (None: any version) whatever
+        the server's readiness, or None when it can: that version is not being served.
+        Raises ``NotFound`` for an unknown model."""
+        m = self.model(name)
+        if version is not None and version not in m.versions():
+            return f"model {name!r} version {version!r} is not being served"
+        return None
 
-    def current(self) -> DenseModel:
-        """The model answering now. Raises ``Unavailable``."""
-        m = self.watcher.current
-        if m is None:
-            raise Unavailable(self._no_version())
-        return m
-
-    def model(self, name: str, version: Optional[str] = None) -> DenseModel:
-        """The model answering a request for ``name`` (and ``version``). Raises
-        ``NotFound`` (unknown name or a version not served) or ``Unavailable``."""
-        if name != MODEL_NAME:
-            raise NotFound(f"model {name!r} not found (this server has {MODEL_NAME!r})")
-        m = self.current()  # one read: the request uses this version throughout
-        if version is not None and version != str(m.version):
-            raise NotFound(f"model {name!r} version {version!r} is not being served (serving {m.version})")
-        return m
+    def model_ready(self, name: str, version: Optional[str] = None) -> tuple[bool, str]:
+        """``(ready, reason)`` of model ``name`` (and ``version``): ``not_served``, else the
+        server's readiness. Raises ``NotFound`` for an unknown model."""
+        why = self.not_served(name, version)
+        return (False, why) if why else self.ready()
 
     def server_metadata(self) -> dict:
         """The v2 server metadata."""
@@ -205,153 +120,10 @@ class DataPlane:
 
     def model_metadata(self, name: str, version: Optional[str] = None) -> dict:
         """The v2 model metadata. Raises ``NotFound``."""
-        if name != MODEL_NAME:
-            raise NotFound(f"model {name!r} not found (this server has {MODEL_NAME!r})")
-        m = self.watcher.current
-        versions = [str(m.version)] if m else []
-        if version is not None and version not in versions:
-            raise NotFound(f"model {name!r} version {version!r} is not being served (serving {versions})")
-        nslots = m.num_slots if m else features.NUM_SLOTS
-        return {
-            "name": MODEL_NAME, "versions": versions, "platform": "paddle_inference",
-            "inputs": [
-                {"name": DENSE, "datatype": "FP32", "shape": [-1, features.NUM_DENSE]},
-                {"name": FEASIGNS, "datatype": "UINT64", "shape": [-1, nslots]},
-                {"name": LINES, "datatype": "BYTES", "shape": [-1]},
-            ],
-            "outputs": [{"name": PROBABILITY, "datatype": "FP32", "shape": [-1, 1]}],
-            "parameters": {"note": f"give '{DENSE}' (raw I1..I13; null = missing) and '{FEASIGNS}' (the slots' "
-                                   f"feasigns), or '{LINES}' (raw rows) alone"},
-        }
+        return self.model(name).metadata(version)
 
     # -- inference -----------------------------------------------------------------------
     def infer(self, name: str, version: Optional[str], req: InferRequest) -> InferResponse:
-        """Answers a v2 inference request. Raises ``BadRequest``, ``NotFound``, ``Unavailable``."""
-        model = self.model(name, version)
-        if req.outputs is not None:
-            for j, o in enumerate(req.outputs):
-                if o.name != PROBABILITY:
-                    raise BadRequest(f"outputs[{j}].name: unknown output {o.name!r} (this model has "
-                                     f"{PROBABILITY!r})")
-        dense, fs = self._inputs(req, model)
-        probs = self.predict(model, dense, fs)
-        v = model.version
-        return InferResponse(model_name=MODEL_NAME, model_version=str(v), id=req.id,
-                             parameters={"model_version": v, "cube_version": v},
-                             outputs=[InferOutput(PROBABILITY, "FP32", [int(probs.shape[0]), 1], probs)],
-                             binary=binary_outputs(req, [PROBABILITY]))
-
-    def _inputs(self, req: InferRequest, model: DenseModel) -> tuple[np.ndarray, np.ndarray]:
-        """The request's rows: ``(dense float[n,13] raw, feasigns uint64[n,S])``."""
-        by_name = {inp.name: inp for inp in req.inputs}
-        for inp in req.inputs:
-            if inp.name not in (DENSE, FEASIGNS, LINES):
-                raise BadRequest(f"{inp.where}.name: unknown input {inp.name!r} (expected '{DENSE}' and "
-                                 f"'{FEASIGNS}', or '{LINES}')")
-        if LINES in by_name:
-            if len(by_name) > 1:
-                raise BadRequest(f"inputs: give either '{LINES}' or '{DENSE}' + '{FEASIGNS}', not both")
-            inp = by_name[LINES]
-            if inp.datatype != "BYTES":
-                raise BadRequest(f"{inp.where}.datatype: expected BYTES for '{LINES}', got {inp.datatype!r}")
-            if len(inp.shape) != 1:
-                raise BadRequest(f"{inp.where}.shape: expected [n] for '{LINES}', got {inp.shape}")
-            self.check_batch(inp.shape[0], f"{inp.where}.shape")
-            return self.parse_lines(model, list(inp.array()), f"{inp.where}.data")
-        for need in (DENSE, FEASIGNS):
-            if need not in by_name:
-                raise BadRequest(f"inputs: missing input {need!r} (or give raw rows as '{LINES}')")
-        d, f = by_name[DENSE], by_name[FEASIGNS]
-        if d.datatype != "FP32":
-            raise BadRequest(f"{d.where}.datatype: expected FP32 for '{DENSE}', got {d.datatype!r}")
-        if len(d.shape) != 2 or d.shape[1] != features.NUM_DENSE:
-            raise BadRequest(f"{d.where}.shape: expected [n,{features.NUM_DENSE}] for '{DENSE}' "
-                             f"({features.NUM_DENSE} dense features), got {d.shape}")
-        n = d.shape[0]
-        self.check_batch(n, f"{d.where}.shape")
-        dense = d.array().reshape(n, features.NUM_DENSE)
-        nslots = model.num_slots
-        if f.datatype != "UINT64":
-            raise BadRequest(f"{f.where}.datatype: expected UINT64 for '{FEASIGNS}', got {f.datatype!r}")
-        if len(f.shape) != 2 or f.shape[1] != nslots:
-            raise BadRequest(f"{f.where}.shape: expected [n,{nslots}] for '{FEASIGNS}' ({nslots} sparse slots), "
-                             f"got {f.shape}")
-        if f.shape[0] != n:
-            raise BadRequest(f"{f.where}.shape: batch {f.shape[0]} differs from {DENSE}' batch {n}")
-        return dense, f.array().reshape(n, nslots)
-
-    def check_batch(self, n: int, field: str) -> None:
-        """Raises ``BadRequest`` naming ``field`` for an empty or over-size batch."""
-        if n == 0:
-            raise BadRequest(f"{field}: empty batch (0 samples)")
-        if n > self.max_batch:
-            raise BadRequest(f"{field}: batch of {n} samples exceeds the limit of {self.max_batch}")
-
-    def parse_lines(self, model: DenseModel, lines: list, field: str) -> tuple[np.ndarray, np.ndarray]:
-        """Raw rows in the model's training format (the label optional) -> ``(dense
-        float32[n,13] raw, feasigns uint64[n,S])``. Raises ``BadRequest`` naming
-        ``field[i]`` for the first row that is not a sample."""
-        for i, ln in enumerate(lines):
-            if not isinstance(ln, str):
-                raise BadRequest(f"{field}[{i}]: expected a string, got {type(ln).__name__}")
-        spec = model.meta.features
-        batch = features.parse_lines([ln.rstrip("\r\n") for ln in lines], spec.format, spec.slots,
-                                     label_optional=True, strict=True)
-        if batch.bad:
-            i, why = batch.bad[0]
-            raise BadRequest(f"{field}[{i}]: {why}")
-        return batch.dense, batch.feasigns
-
-    def predict_lines(self, lines: Any) -> tuple[np.ndarray, int]:
-        """``POST /predict``: raw rows -> ``(probabilities float32[n,1], version)``."""
-        model = self.current()
-        if not isinstance(lines, list):
-            raise BadRequest("lines: expected an array of raw rows (strings)")
-        self.check_batch(len(lines), "lines")
-        dense, fs = self.parse_lines(model, lines, "lines")
-        return self.predict(model, dense, fs), model.version
-
-    def predict(self, model: DenseModel, dense_raw: np.ndarray, feasigns: np.ndarray) -> np.ndarray:
-        """``dense_raw`` float[n,13] (NaN = missing), ``feasigns`` uint64[n,S] ->
-        probabilities float32[n,1], with ``model`` and cube pinned to its version.
-        Concurrent calls for one model are combined (``Combiner``) when ``combine`` is on."""
-        if not self.combine:
-            return self._predict(model, dense_raw, feasigns)
-        comb = model.combiner
-        if comb is None:
-            with self._comb_lock:
-                comb = model.combiner
-                if comb is None:
-                    comb = model.combiner = Combiner(lambda d, f, m=model: self._predict(m, d, f),
-                                                     max(self.max_batch, 256))
-        return comb.submit(dense_raw, feasigns)
-
-    def _seek(self, keys: np.ndarray, version: int):
-        try:
-            res = self.cube().seek(keys, version=version)
-        except Exception as exc:  # CubeUnavailable, timeouts, version not held
-            self.cube_ok = False
-            self.cube_error = f"{exc.__class__.__name__}: {exc}"
-            raise Unavailable(f"cube lookup failed: {self.cube_error}") from exc
-        got = getattr(res, "version", version)
-        if got is not None and int(got) != version:
-            self.cube_ok = False
-            raise Unavailable(f"cube answered version {got}, request pinned to {version}")
-        self.cube_ok = True
-        return res
-
-    def _predict(self, model: DenseModel, dense_raw: np.ndarray, feasigns: np.ndarray) -> np.ndarray:
-        n = feasigns.shape[0]
-        self.metrics.runs.inc()
-        dense = features.normalize_dense(dense_raw, model.meta.normalization.clip_max)
-        keys = np.ascontiguousarray(feasigns.T).ravel()  # slot-major: slot s = rows s*n..s*n+n-1
-        res = self._seek(keys, model.version)
-        values = res.values
-        if values.dtype != np.float32 or not values.flags.c_contiguous:
-            values = np.ascontiguousarray(values, dtype=np.float32)
-        found = res.found
-        if found is not None and not found.all():
-            values = values.copy() if not values.flags.writeable else values
-            values[~found] = 0.0
-        self.metrics.samples.inc(n)
-        return model.predict(dense, values)
+        """Answers a v2 inference request with model ``name``. Raises ``BadRequest``,
+        ``NotFound``, ``Unavailable``."""
+        return self.model(name).infer(req, version)

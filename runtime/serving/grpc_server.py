@@ -1,16 +1,11 @@
 """Serving's gRPC transport: the Open Inference Protocol's ``inference.GRPCInferenceService``
-(stubs generated from ``proto/open_inference.proto`` at build time) over the data plane, so
-an answer has the same version guarantee as over HTTP: one version's dense model and that
-version's embeddings, named in ``model_version``.
+over the data plane (messages: ``runtime.serving.grpc_codec``), so an answer has the same
+version guarantee as over HTTP: one version's dense model and that version's embeddings,
+named in ``model_version``.
 
-``ModelInfer`` takes each input's data from ``raw_input_contents`` (one entry per input,
-row-major little-endian; BYTES length-prefixed) or from its typed ``contents``
-(``fp32_contents``, ``uint64_contents``, ``bytes_contents``, ...), not both; it answers in
-``raw_output_contents``, or in typed ``contents`` when the request's inputs came typed.
-Errors are gRPC statuses with the data plane's message: ``INVALID_ARGUMENT`` (bad input,
-over-size batch), ``NOT_FOUND`` (unknown model or version), ``UNAVAILABLE`` (no version
-loaded, cube unreachable), ``INTERNAL`` (anything else, logged). Every call is counted in
-serving's metrics under the endpoint ``grpc_<Method>``.
+Errors are gRPC statuses with the data plane's message (``grpc_codec.status_code``);
+anything unexpected is ``INTERNAL``, logged. Every call is counted in serving's metrics
+under the endpoint ``grpc_<Method>``.
 """
 from __future__ import annotations
 
@@ -21,106 +16,14 @@ from concurrent import futures
 from typing import Callable, Optional
 
 import grpc
-import numpy as np
 
+from runtime.serving import grpc_codec
 from runtime.serving.dataplane import DataPlane
 from runtime.serving.proto import open_inference_pb2 as pb
 from runtime.serving.proto import open_inference_pb2_grpc as pb_grpc
-from runtime.serving.protocol import (DATATYPES, BadRequest, InferenceError, InferInput, InferRequest,
-                                      InferResponse, RequestedOutput, tensor_bytes_of)
+from runtime.serving.protocol import InferenceError
 
 log = logging.getLogger(__name__)
-
-#: HTTP status of an ``InferenceError`` -> gRPC status code
-STATUS_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
-                413: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE}
-#: datatype -> the typed-contents field holding it (FP16 travels raw only)
-CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
-            "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
-            "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
-            "FP64": "fp64_contents", "BYTES": "bytes_contents"}
-
-
-def _param_value(p: pb.InferParameter):
-    kind = p.WhichOneof("parameter_choice")
-    return getattr(p, kind) if kind else None
-
-
-def _set_param(target: pb.InferParameter, value) -> None:
-    if isinstance(value, bool):
-        target.bool_param = value
-    elif isinstance(value, int):
-        target.int64_param = value
-    elif isinstance(value, float):
-        target.double_param = value
-    else:
-        target.string_param = str(value)
-
-
-def decode_request(req: pb.ModelInferRequest) -> tuple[InferRequest, bool]:
-    """A ``ModelInferRequest`` -> ``(InferRequest, typed)``: ``typed`` when the inputs came in
-    typed contents. Raises ``BadRequest`` naming the input."""
-    raw = list(req.raw_input_contents)
-    if raw and len(raw) != len(req.inputs):
-        raise BadRequest(f"raw_input_contents: {len(raw)} entries for {len(req.inputs)} inputs (one per input)")
-    inputs, names = [], set()
-    for i, t in enumerate(req.inputs):
-        where = f"inputs[{i}]"
-        if t.name in names:
-            raise BadRequest(f"{where}.name: input {t.name!r} given twice")
-        names.add(t.name)
-        if t.datatype not in DATATYPES:
-            raise BadRequest(f"{where}.datatype: unknown datatype {t.datatype!r} (the protocol's: "
-                             f"{', '.join(DATATYPES)})")
-        shape = list(t.shape)
-        if any(d < 0 for d in shape):
-            raise BadRequest(f"{where}.shape: expected non-negative sizes, got {shape}")
-        inp = InferInput(t.name, t.datatype, shape, parameters={k: _param_value(v) for k, v in t.parameters.items()},
-                         where=where)
-        has_contents = t.HasField("contents")
-        if raw:
-            if has_contents:
-                raise BadRequest(f"{where}.contents: give raw_input_contents or typed contents, not both")
-            inp.raw = raw[i]
-        elif has_contents:
-            field = CONTENTS.get(t.datatype)
-            if field is None:
-                raise BadRequest(f"{where}.contents: {t.datatype} travels in raw_input_contents only")
-            values = getattr(t.contents, field)
-            if t.datatype == "BYTES":
-                try:
-                    inp.data = np.array([v.decode("utf-8") for v in values], dtype=object)
-                except UnicodeDecodeError:
-                    raise BadRequest(f"{where}.contents.bytes_contents: not UTF-8 text") from None
-            else:
-                inp.data = np.array(values, dtype=DATATYPES[t.datatype])
-        else:
-            raise BadRequest(f"{where}: no data (raw_input_contents or contents)")
-        inputs.append(inp)
-    if not inputs:
-        raise BadRequest("inputs: expected at least one input tensor")
-    outputs = [RequestedOutput(o.name, {k: _param_value(v) for k, v in o.parameters.items()})
-               for o in req.outputs] or None
-    params = {k: _param_value(v) for k, v in req.parameters.items()}
-    return InferRequest(inputs=inputs, id=req.id or None, outputs=outputs, parameters=params), not raw
-
-
-def encode_response(resp: InferResponse, typed: bool) -> pb.ModelInferResponse:
-    """An ``InferResponse`` -> ``ModelInferResponse`` (raw contents, or typed when ``typed``)."""
-    out = pb.ModelInferResponse(model_name=resp.model_name, model_version=resp.model_version, id=resp.id or "")
-    for k, v in resp.parameters.items():
-        _set_param(out.parameters[k], v)
-    for o in resp.outputs:
-        t = out.outputs.add(name=o.name, datatype=o.datatype, shape=list(o.shape))
-        if typed and o.datatype in CONTENTS:
-            values = o.data.ravel()
-            if o.datatype == "BYTES":
-                values = [x if isinstance(x, bytes) else str(x).encode() for x in values]
-            getattr(t.contents, CONTENTS[o.datatype]).extend(values.tolist() if hasattr(values, "tolist")
-                                                              else values)
-        else:
-            out.raw_output_contents.append(tensor_bytes_of(o))
-    return out
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -138,7 +41,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return fn()
         except InferenceError as exc:
             code = exc.status
-            context.abort(STATUS_CODES.get(exc.status, grpc.StatusCode.INTERNAL), str(exc))
+            context.abort(grpc_codec.status_code(exc), str(exc))
         except Exception as exc:  # the client gets a status, never a traceback
             code = 500
             log.exception("gRPC %s: unexpected error", method)
@@ -156,35 +59,28 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def ModelReady(self, request, context):
         def run():
-            self.plane.model_metadata(request.name)  # NotFound for another model
-            m = self.plane.watcher.current
-            if request.version and (m is None or str(m.version) != request.version):
-                return pb.ModelReadyResponse(ready=False)
-            return pb.ModelReadyResponse(ready=self.plane.ready()[0])
+            ok, _ = self.plane.model_ready(request.name, request.version or None)  # NotFound: another model
+            return pb.ModelReadyResponse(ready=ok)
 
         return self._call("ModelReady", context, run)
 
     def ServerMetadata(self, request, context):
         def run():
-            meta = self.plane.server_metadata()
-            return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"],
-                                             extensions=meta["extensions"])
+            return grpc_codec.server_metadata_response(self.plane.server_metadata())
 
         return self._call("ServerMetadata", context, run)
 
     def ModelMetadata(self, request, context):
         def run():
-            meta = self.plane.model_metadata(request.name, request.version or None)
-            tensors = lambda ts: [pb.ModelMetadataResponse.TensorMetadata(**t) for t in ts]  # noqa: E731
-            return pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"],
-                                            inputs=tensors(meta["inputs"]), outputs=tensors(meta["outputs"]))
+            return grpc_codec.model_metadata_response(self.plane.model_metadata(request.name, request.version or None))
 
         return self._call("ModelMetadata", context, run)
 
     def ModelInfer(self, request, context):
         def run():
-            req, typed = decode_request(request)
-            return encode_response(self.plane.infer(request.model_name, request.model_version or None, req), typed)
+            req, typed = grpc_codec.decode_request(request)
+            resp = self.plane.infer(request.model_name, request.model_version or None, req)
+            return grpc_codec.encode_response(resp, typed)
 
         return self._call("ModelInfer", context, run)
 

@@ -1,14 +1,15 @@
-"""``elastic-ctr serve``: wires a serving process (cube client, version watcher, data
-plane) and runs both transports: HTTP under gunicorn, gRPC in every worker.
+"""``elastic-ctr serve``: wires a serving process (cube client, version watcher, the CTR
+model, data plane) and runs both transports: HTTP under gunicorn, gRPC in every worker.
 
 gunicorn's ``gthread`` workers: Paddle holds the GIL while a predictor runs, so several
 processes (``--workers``), not threads, use several cores; each worker loads the dense
 model and its own cube clients, and concurrent requests of one worker are combined
-(``runtime.serving.dataplane.Combiner``). Each worker also serves gRPC on ``--grpc-port``
-(``SO_REUSEPORT``: one port for all workers) over the same data plane, started after the
-worker loaded its app (gRPC must not run in a process that forks afterwards). Metrics
-are aggregated over the workers through ``PROMETHEUS_MULTIPROC_DIR`` (a temporary
-directory removed at exit).
+(``runtime.serving.batching.Combiner``). Each worker also serves gRPC on ``--grpc-port``
+(``SO_REUSEPORT``: one port for all workers) over the same data plane: the worker's
+``Transports`` hold its data plane, REST app and gRPC server side by side, the gRPC server
+started after the worker loaded its app (gRPC must not run in a process that forks
+afterwards). Metrics are aggregated over the workers through ``PROMETHEUS_MULTIPROC_DIR``
+(a temporary directory removed at exit).
 
 Stopping (SIGTERM to the master, as the kubelet sends it): the master closes its
 listening sockets and sends SIGTERM to every worker; a worker turns its readiness false
@@ -33,13 +34,20 @@ import signal
 import tempfile
 import threading
 import time
-from typing import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
 from runtime.formats import features
+from runtime.serving.ctr_model import CtrModel
 from runtime.serving.dataplane import DataPlane
+from runtime.serving.metrics import Metrics
 from runtime.serving.model import VersionWatcher
+
+if TYPE_CHECKING:
+    from runtime.serving.grpc_server import GrpcServer
+    from runtime.serving.rest import RestApp
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +56,10 @@ def build_dataplane(topology: str, model_root: str, transfer_url: str | None, wo
                     threads: int = 4, max_batch: int = 4096, poll_interval_s: float = 0.5,
                     cube_timeout_ms: float = 200.0, fmt: str = "criteo",
                     slots: tuple[int, ...] = features.DEFAULT_SLOTS, wait_s: float = 0.0) -> DataPlane:
-    """Wires the cube client factory, the version watcher and the data plane for one
-    process and starts following versions. ``wait_s``: wait up to this long for a first
-    version (the process serves anyway, answering 503 until one is loaded)."""
+    """Wires the cube client factory, the version watcher, the CTR model and the data
+    plane serving it for one process and starts following versions. ``wait_s``: wait up
+    to this long for a first version (the process serves anyway, answering 503 until one
+    is loaded)."""
     from runtime.cube.client import CubeClient
     from runtime.inference import import_paddle
 
@@ -62,7 +71,9 @@ def build_dataplane(topology: str, model_root: str, transfer_url: str | None, wo
         return CubeClient.from_topology(topology, timeout_ms=cube_timeout_ms, retries=2)
 
     watcher = VersionWatcher(model_root, transfer_url, work_dir, pool_size=threads, poll_interval_s=poll_interval_s)
-    plane = DataPlane(watcher, cube_factory, max_batch=max_batch, fmt=fmt, slots=slots)
+    metrics = Metrics()
+    model = CtrModel(watcher, cube_factory, max_batch=max_batch, fmt=fmt, slots=slots, metrics=metrics)
+    plane = DataPlane([model], metrics)
     probe_local = threading.local()  # the watcher's probe runs on its own thread: its own client
 
     def probe(v: int) -> None:
@@ -80,6 +91,17 @@ def build_dataplane(topology: str, model_root: str, transfer_url: str | None, wo
     return plane
 
 
+@dataclass
+class Transports:
+    """One worker's serving, side by side: the data ``plane``, the ``rest`` WSGI app over
+    it and the ``grpc`` server over it (None without ``--grpc-port``; started by
+    ``ServerHooks.post_worker_init``)."""
+
+    plane: DataPlane
+    rest: "RestApp"
+    grpc: Optional["GrpcServer"] = None
+
+
 class ServerHooks:
     """Serving's gunicorn server hooks (module docstring: stopping).
 
@@ -94,6 +116,14 @@ class ServerHooks:
         self.mp_dir = mp_dir
         self.grace_s = grace_s
         self.mark_process_dead = mark_process_dead
+        #: this worker's transports (``load``); None in the master
+        self.transports: Optional[Transports] = None
+
+    def load(self, make: Callable[[], Transports]):
+        """Worker (gunicorn's ``load``): makes the worker's transports, keeps them for the
+        hooks below and returns the WSGI app gunicorn serves."""
+        self.transports = make()
+        return self.transports.rest
 
     def child_exit(self, _server, worker) -> None:
         """Master, inside its SIGCHLD handler (re-entered when workers exit together, and
@@ -107,13 +137,13 @@ class ServerHooks:
     def post_worker_init(self, worker) -> None:
         """Worker, main thread, once the app (and Paddle) is loaded, before it serves:
         installs the worker's SIGTERM handler and starts its gRPC server."""
-        app = worker.wsgi
+        t = self.transports
         grace_s = self.grace_s
 
         def on_sigterm(signum, frame):
-            app.plane.draining = True  # readiness false first (REST and gRPC)
-            if app.grpc is not None:  # no new calls; those in flight get the grace (not waited for here)
-                app.grpc.stop(grace_s, wait=False)
+            t.plane.draining = True  # readiness false first (REST and gRPC)
+            if t.grpc is not None:  # no new calls; those in flight get the grace (not waited for here)
+                t.grpc.stop(grace_s, wait=False)
             worker.handle_exit(signum, frame)  # the worker's drain, then gunicorn's graceful stop
 
         # Ours, whatever was imported since gunicorn's init_signals (Paddle's import replaces
@@ -121,14 +151,13 @@ class ServerHooks:
         signal.signal(signal.SIGTERM, on_sigterm)
         signal.siginterrupt(signal.SIGTERM, False)  # as gunicorn: no EINTR in requests in flight
         signal.signal(signal.SIGABRT, worker.handle_abort)
-        if app.grpc is not None:
-            app.grpc.start()
+        if t.grpc is not None:
+            t.grpc.start()
 
     def worker_exit(self, _server, worker) -> None:
         """Worker, on its way out: gRPC calls in flight finish (within the grace)."""
-        app = getattr(worker, "wsgi", None)
-        if getattr(app, "grpc", None) is not None:
-            app.grpc.stop(self.grace_s)
+        if self.transports is not None and self.transports.grpc is not None:
+            self.transports.grpc.stop(self.grace_s)
 
 
 def main(args) -> int:
@@ -161,21 +190,20 @@ def main(args) -> int:
     # s, gunicorn's graceful_timeout: the master SIGKILLs a worker still running after it
     grace_s = int(args.graceful_timeout)
 
-    def make_app():
-        """Worker: the data plane and the REST app, and (not yet started) its gRPC server,
+    def make_transports() -> Transports:
+        """Worker: the data plane, the REST app and (not yet started) the gRPC server,
         imported here, in the worker, since gRPC must not run in a process that forks."""
         plane = build_dataplane(args.topology, args.model_root, args.transfer_url,
                                 os.path.join(work_dir, f"w{os.getpid()}"), threads=args.threads,
                                 max_batch=args.max_batch, poll_interval_s=args.poll_interval,
                                 cube_timeout_ms=args.cube_timeout_ms, fmt=args.format, slots=slots)
-        app = create_app(plane, args.max_body_bytes)
-        app.grpc = None
+        grpc_server = None
         if args.grpc_port:
             from runtime.serving.grpc_server import GrpcServer
 
-            app.grpc = GrpcServer(plane, args.host, args.grpc_port, threads=args.threads,
-                                  max_message_bytes=args.max_body_bytes)
-        return app
+            grpc_server = GrpcServer(plane, args.host, args.grpc_port, threads=args.threads,
+                                     max_message_bytes=args.max_body_bytes)
+        return Transports(plane, create_app(plane, args.max_body_bytes), grpc_server)
 
     hooks = ServerHooks(mp_dir, grace_s, multiprocess.mark_process_dead)
 
@@ -189,7 +217,7 @@ def main(args) -> int:
                 self.cfg.set(key, value)
 
         def load(self):
-            return make_app()
+            return hooks.load(make_transports)
 
     log.info("serving on http://%s:%d (pid %d; gunicorn, %d gthread workers x %d threads)%s", args.host,
              int(args.port), os.getpid(), args.workers, args.threads,

@@ -1,27 +1,24 @@
-"""The Open Inference Protocol (v2, as KServe and Triton define it): request and response
-data models, the errors serving answers with, and the REST transport's codec: JSON, and
-Triton's binary tensor data extension.
+"""The Open Inference Protocol (v2, as KServe and Triton define it), independent of the
+transport: the request and response data models, the errors serving answers with, and a
+tensor's data in the forms the transports carry it (JSON values, little-endian binary,
+typed arrays). The codecs: ``runtime.serving.rest_codec`` (REST: JSON and Triton's binary
+tensor data extension) and ``runtime.serving.grpc_codec`` (gRPC messages).
 
-Specifications: https://github.com/kserve/open-inference-protocol (``inference_rest.md``)
-and Triton's ``binary_data`` extension (``protocol/extension_binary_data.md``): after the
-JSON header (its length in the ``Inference-Header-Content-Length`` HTTP header) come the
-binary tensors, in the order of the inputs whose ``parameters.binary_data_size`` gives
-their length; a tensor is its elements row-major, little-endian, a BYTES element a 4-byte
-little-endian length then its bytes. An output is answered in binary when it is requested
-with ``parameters.binary_data: true`` or the request has ``parameters.binary_data_output:
-true``.
+Specification: https://github.com/kserve/open-inference-protocol. A tensor's binary form
+(REST's binary extension, gRPC's ``raw_input_contents``/``raw_output_contents``) is its
+elements row-major, little-endian, a BYTES element a 4-byte little-endian length then its
+bytes.
 
 A request's tensors are decoded in two steps: the codec checks the document's structure
-and keeps each input's data as sent (JSON values, binary bytes, or gRPC contents); the data
-plane checks the names, datatypes and shapes against the model and only then converts the
-data (``InferInput.array``), so an error names the first thing that is wrong. JSON has no
-NaN or infinity: ``NaN``/``Infinity`` literals are refused, and so are non-finite floats
-in binary or gRPC data, naming the input and the element; a missing value is ``null`` in
-JSON (read as NaN, as the model's features define missing).
+and keeps each input's data as sent (JSON values, binary bytes, or gRPC contents); the
+model checks the names, datatypes and shapes against its signature and only then
+converts the data (``InferInput.array``), so an error names the first thing that is
+wrong. JSON has no NaN or infinity: ``NaN``/``Infinity`` literals are refused, and so are
+non-finite floats in binary or gRPC data, naming the input and the element; a missing
+value is ``null`` in JSON (read as NaN, as the model's features define missing).
 """
 from __future__ import annotations
 
-import json
 import math
 import struct
 from dataclasses import dataclass, field
@@ -145,46 +142,13 @@ class InferOutput:
 
 @dataclass
 class InferResponse:
-    """An inference response (``model_version`` is a string, as the protocol says).
-    ``binary``: the names of the outputs to send as binary data."""
+    """An inference response (``model_version`` is a string, as the protocol says)."""
 
     model_name: str
     model_version: str
     outputs: list[InferOutput]
     id: Optional[str] = None
     parameters: dict = field(default_factory=dict)
-    binary: frozenset = frozenset()
-
-    def to_json(self) -> dict:
-        """The REST form with every output in JSON."""
-        return self._header(binary=False)
-
-    def _header(self, binary: bool) -> dict:
-        out: dict[str, Any] = {"model_name": self.model_name, "model_version": self.model_version}
-        if self.id is not None:
-            out["id"] = self.id
-        if self.parameters:
-            out["parameters"] = self.parameters
-        outs = []
-        for o in self.outputs:
-            t: dict[str, Any] = {"name": o.name, "datatype": o.datatype, "shape": list(o.shape)}
-            if binary and o.name in self.binary:
-                t["parameters"] = {"binary_data_size": int(tensor_bytes(o))}
-            else:
-                t["data"] = o.data.ravel().tolist()
-            outs.append(t)
-        out["outputs"] = outs
-        return out
-
-    def encode(self) -> tuple[bytes, Optional[int]]:
-        """The REST body: ``(body, header length)``; the header length is None when the
-        body is JSON alone, else the JSON part's length (``Inference-Header-Content-Length``)
-        and the binary outputs follow it."""
-        header = json.dumps(self._header(binary=True), separators=(",", ":")).encode()
-        blobs = [tensor_bytes_of(o) for o in self.outputs if o.name in self.binary]
-        if not blobs:
-            return header, None
-        return b"".join([header, *blobs]), len(header)
 
 
 def tensor_bytes_of(o: InferOutput) -> bytes:
@@ -206,14 +170,7 @@ def tensor_bytes(o: InferOutput) -> int:
     return int(o.data.size) * DATATYPES[o.datatype].itemsize
 
 
-def _shape(raw: Any, where: str) -> list[int]:
-    if not isinstance(raw, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                            for d in raw):
-        raise BadRequest(f"{where}.shape: expected a list of non-negative integers, got {raw!r}")
-    return raw
-
-
-class _NonFinite(float):
+class NonFinite(float):
     """A ``NaN``/``Infinity``/``-Infinity`` literal of a JSON body (not JSON; refused by the
     tensor decoders, which name the element)."""
 
@@ -221,113 +178,6 @@ class _NonFinite(float):
         obj = super().__new__(cls, literal.lower().replace("infinity", "inf"))
         obj.literal = literal
         return obj
-
-
-def _loads(text: bytes):
-    return json.loads(text, parse_constant=_NonFinite)
-
-
-def decode_rest_request(body: bytes, header_length: Optional[int] = None) -> InferRequest:
-    """Parses a REST inference request and checks its structure (module docstring).
-    ``header_length``: the ``Inference-Header-Content-Length`` header (None: the whole body
-    is JSON). Raises ``BadRequest`` naming the field."""
-    if header_length is not None:
-        if not 0 < header_length <= len(body):
-            raise BadRequest(f"Inference-Header-Content-Length: {header_length} is not within the body's "
-                             f"{len(body)} bytes")
-        head, blob = body[:header_length], memoryview(body)[header_length:]
-    else:
-        head, blob = body, None
-    try:
-        req = _loads(head)
-    except (ValueError, UnicodeDecodeError) as exc:
-        what = "request header" if header_length is not None else "request body"
-        raise BadRequest(f"{what}: not valid JSON ({exc})") from None
-    if not isinstance(req, dict):
-        raise BadRequest("request body: expected a JSON object")
-    rid = req.get("id")
-    if rid is not None and not isinstance(rid, str):
-        raise BadRequest("id: expected a string")
-    params = req.get("parameters") or {}
-    if not isinstance(params, dict):
-        raise BadRequest("parameters: expected a JSON object")
-    raw_inputs = req.get("inputs")
-    if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise BadRequest("inputs: expected a non-empty array of input tensors")
-    inputs, names, offset = [], set(), 0
-    for i, raw in enumerate(raw_inputs):
-        where = f"inputs[{i}]"
-        if not isinstance(raw, dict):
-            raise BadRequest(f"{where}: expected a JSON object")
-        name = raw.get("name")
-        if not isinstance(name, str):
-            raise BadRequest(f"{where}.name: expected a string")
-        if name in names:
-            raise BadRequest(f"{where}.name: input {name!r} given twice")
-        names.add(name)
-        datatype = raw.get("datatype")
-        if not isinstance(datatype, str):
-            raise BadRequest(f"{where}.datatype: expected a string")
-        if datatype not in DATATYPES:
-            raise BadRequest(f"{where}.datatype: unknown datatype {datatype!r} (the protocol's: "
-                             f"{', '.join(DATATYPES)})")
-        shape = _shape(raw.get("shape"), where)
-        ip = raw.get("parameters") or {}
-        if not isinstance(ip, dict):
-            raise BadRequest(f"{where}.parameters: expected a JSON object")
-        inp = InferInput(name, datatype, shape, parameters=ip, where=where)
-        size = ip.get("binary_data_size")
-        if size is not None:
-            if blob is None:
-                raise BadRequest(f"{where}.parameters.binary_data_size: binary data needs the "
-                                 "Inference-Header-Content-Length header")
-            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-                raise BadRequest(f"{where}.parameters.binary_data_size: expected a non-negative integer, "
-                                 f"got {size!r}")
-            if "data" in raw:
-                raise BadRequest(f"{where}: give either 'data' or binary data (binary_data_size), not both")
-            if offset + size > len(blob):
-                raise BadRequest(f"{where}.parameters.binary_data_size: {size} bytes at offset {offset}, "
-                                 f"but the binary part has {len(blob)} bytes")
-            inp.raw = bytes(blob[offset:offset + size])
-            offset += size
-        elif "data" not in raw:
-            raise BadRequest(f"{where}.data: missing")
-        else:
-            inp.data = raw["data"]
-        inputs.append(inp)
-    if blob is not None and offset != len(blob):
-        raise BadRequest(f"request body: {len(blob) - offset} bytes of binary data after the inputs' "
-                         f"binary_data_size ({offset} of {len(blob)} bytes used)")
-    outputs = None
-    raw_outputs = req.get("outputs")
-    if raw_outputs is not None:
-        if not isinstance(raw_outputs, list):
-            raise BadRequest("outputs: expected an array")
-        outputs = []
-        for j, o in enumerate(raw_outputs):
-            if not isinstance(o, dict) or not isinstance(o.get("name"), str):
-                raise BadRequest(f"outputs[{j}].name: expected an object with a string 'name'")
-            op = o.get("parameters") or {}
-            if not isinstance(op, dict):
-                raise BadRequest(f"outputs[{j}].parameters: expected a JSON object")
-            outputs.append(RequestedOutput(o["name"], op))
-    return InferRequest(inputs=inputs, id=rid, outputs=outputs, parameters=params)
-
-
-def decode_json_request(body: bytes) -> InferRequest:
-    """A REST request whose body is JSON alone (``decode_rest_request``)."""
-    return decode_rest_request(body, None)
-
-
-def binary_outputs(req: InferRequest, names: list[str]) -> frozenset:
-    """Which of the outputs ``names`` to answer in binary: those requested with
-    ``parameters.binary_data: true``; with ``parameters.binary_data_output: true`` on the
-    request, every output not requested with ``binary_data: false``."""
-    default = req.parameters.get("binary_data_output") is True
-    asked = {o.name: o.parameters.get("binary_data") for o in (req.outputs or [])}
-    return frozenset(n for n in names if asked.get(n, default) is True
-                     or (asked.get(n) is None and default))
 
 
 def _element(k: int, shape: list[int]) -> str:
@@ -392,8 +242,8 @@ def _json_tensor(data: Any, datatype: str, count: int, where: str, shape: list[i
         raise BadRequest(f"{where}: {len(flat)} elements, but shape needs {count}")
     dtype = DATATYPES[datatype]
     types = set(map(type, flat))
-    if _NonFinite in types:
-        k = next(i for i, x in enumerate(flat) if type(x) is _NonFinite)
+    if NonFinite in types:
+        k = next(i for i, x in enumerate(flat) if type(x) is NonFinite)
         raise BadRequest(f"{where}: {_element(k, shape)} is {flat[k].literal}, which JSON has no such number for "
                          "(NaN and infinities are not accepted; send null for a missing value)")
     if dtype is None:  # BYTES

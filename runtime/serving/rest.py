@@ -5,10 +5,12 @@ as a WSGI application over the data plane.
   ``GET /v2/models/ctr[/versions/<v>]/ready``: 200, or 400 when not ready (the protocol:
   "4xx indicates false", as Triton) with ``{"error": reason}``.
 - ``GET /v2/models/ctr[/versions/<v>]``: model metadata.
-- ``POST /v2/models/ctr[/versions/<v>]/infer``: inference (``runtime.serving.protocol``),
-  JSON or with binary tensors (Triton's binary tensor data extension).
+- ``POST /v2/models/ctr[/versions/<v>]/infer``: inference (codec:
+  ``runtime.serving.rest_codec``), JSON or with binary tensors (Triton's binary tensor data
+  extension).
 - ``POST /predict`` ``{"lines": [...]}`` or a text/plain body (one row per line) ->
-  ``{"probabilities": [...], "model_version": id}``.
+  ``{"probabilities": [...], "model_version": id}``, answered by the data plane's default
+  model (``runtime.serving.ctr_model.CtrModel.predict_lines``).
 - ``GET /metrics``: Prometheus text format.
 
 Every request goes through one path (``RestApp.__call__``): route, run the endpoint, turn
@@ -27,7 +29,8 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound as Rou
 from werkzeug.routing import Map, Rule
 
 from runtime.serving.dataplane import DataPlane
-from runtime.serving.protocol import BadRequest, InferenceError, PayloadTooLarge, decode_rest_request
+from runtime.serving.protocol import BadRequest, InferenceError, PayloadTooLarge
+from runtime.serving.rest_codec import HEADER_LENGTH, decode_predict_request, decode_rest_request, encode_response
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +56,6 @@ _ROUTES = Map([
 Answer = tuple
 JSON = "application/json"
 BINARY = "application/octet-stream"
-HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
 class RestApp:
@@ -120,15 +122,13 @@ class RestApp:
         ok, why = self.plane.ready()
         self.metrics.ready.set(1 if ok else 0)
         if ok:
-            return 200, {"ready": True, "model_version": str(self.plane.watcher.current.version)}, JSON
+            return 200, {"ready": True, "model_version": self.plane.default.versions()[0]}, JSON
         return 400, {"ready": False, "error": why}, JSON
 
     def model_ready(self, environ, name: str, version: str | None = None) -> Answer:
-        self.plane.model_metadata(name)  # NotFound for another model
-        if version is not None:
-            m = self.plane.watcher.current
-            if m is None or str(m.version) != version:
-                return 400, {"ready": False, "error": f"model {name!r} version {version!r} is not being served"}, JSON
+        why = self.plane.not_served(name, version)  # NotFound for another model
+        if why:
+            return 400, {"ready": False, "error": why}, JSON
         return self.ready(environ)
 
     def model_metadata(self, environ, name: str, version: str | None = None) -> Answer:
@@ -144,27 +144,19 @@ class RestApp:
         if environ.get("HTTP_CONTENT_ENCODING", "identity") not in ("identity", ""):
             raise BadRequest(f"Content-Encoding: {environ['HTTP_CONTENT_ENCODING']!r} is not supported (send the "
                              "body uncompressed)")
-        resp = self.plane.infer(name, version, decode_rest_request(self._body(environ), header))
-        body, header_length = resp.encode()
+        req = decode_rest_request(self._body(environ), header)
+        body, header_length = encode_response(self.plane.infer(name, version, req), req)
         if header_length is None:
             return 200, body, JSON
         return 200, body, BINARY, [(HEADER_LENGTH, str(header_length))]
 
     def predict(self, environ) -> Answer:
-        body = self._body(environ)
-        if environ.get("CONTENT_TYPE", "").split(";")[0].strip() == JSON:
-            try:
-                doc = json.loads(body)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise BadRequest(f"request body: not valid JSON ({exc})") from None
-            lines = doc.get("lines") if isinstance(doc, dict) else doc
-        else:
-            lines = [ln for ln in body.decode("utf-8", "replace").splitlines() if ln.strip()]
-        probs, version = self.plane.predict_lines(lines)
+        lines = decode_predict_request(self._body(environ), environ.get("CONTENT_TYPE", ""))
+        probs, version = self.plane.default.predict_lines(lines)
         return 200, {"probabilities": probs.ravel().tolist(), "model_version": version}, JSON
 
     def metrics_view(self, environ) -> Answer:
-        ok = self.plane.watcher.current is not None and self.plane.ready()[0]
+        ok = self.plane.ready()[0]
         self.metrics.ready.set(1 if ok else 0)
         data, ctype = self.metrics.exposition()
         return 200, data, ctype

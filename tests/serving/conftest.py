@@ -7,7 +7,9 @@ import pytest
 from werkzeug.test import Client
 
 from runtime.formats import features
+from runtime.serving.ctr_model import CtrModel
 from runtime.serving.dataplane import DataPlane
+from runtime.serving.metrics import Metrics
 from runtime.serving.model import VersionWatcher
 from runtime.serving.rest import create_app
 from tests.helpers import V1, V2, FakeCube, export_version, make_table, publish
@@ -21,6 +23,13 @@ def _rows(n: int, seed: int = 0) -> list[str]:
         cats = [("" if rng.random() < 0.1 else format(int(rng.integers(0, 40)), "x")) for _ in range(26)]
         out.append("\t".join([str(i % 2)] + dense + cats))
     return out
+
+
+def ctr_plane(watcher: VersionWatcher, cube, **kw) -> DataPlane:
+    """A data plane serving the CTR model over ``watcher`` and ``cube`` (one client for
+    every thread); ``kw`` go to ``CtrModel``."""
+    metrics = Metrics()
+    return DataPlane([CtrModel(watcher, lambda: cube, metrics=metrics, **kw)], metrics)
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +53,7 @@ def served(env, tmp_path):
     cube = FakeCube(dict(env["tables"]))
     watcher = VersionWatcher(str(root), None, tmp_path / "work", pool_size=4,
                              probe=lambda v: cube.seek(np.zeros(1, np.uint64), version=v))
-    plane = DataPlane(watcher, lambda: cube, max_batch=32)
+    plane = ctr_plane(watcher, cube, max_batch=32)
     assert watcher.poll_once()
     return {"root": root, "cube": cube, "watcher": watcher, "plane": plane, "client": Client(create_app(plane))}
 

@@ -13,10 +13,11 @@ import pytest
 from werkzeug.test import Client
 
 from runtime.evaluation import auc
-from runtime.serving.dataplane import Combiner, DataPlane
+from runtime.serving.batching import Combiner
 from runtime.serving.model import VersionWatcher
 from runtime.serving.rest import create_app
 from tests.helpers import V1, V2, FakeCube, offline_predict, publish as _publish
+from tests.serving.conftest import ctr_plane
 
 
 def v2_request(b, rows=slice(0, 3), flat=True, rid="r-1"):
@@ -200,7 +201,7 @@ def test_cube_down_is_503_and_not_ready(served, env):
 def test_no_version_yet_is_503(env, tmp_path):
     cube = FakeCube(env["tables"])
     watcher = VersionWatcher(str(tmp_path / "empty"), None, tmp_path / "work")
-    c = Client(create_app(DataPlane(watcher, lambda: cube)))
+    c = Client(create_app(ctr_plane(watcher, cube)))
     assert not watcher.poll_once()
     r = c.post("/v2/models/ctr/infer", json=v2_request(env["batch"]))
     assert r.status_code == 503 and "no model version" in r.json["error"]

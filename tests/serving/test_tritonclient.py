@@ -20,11 +20,11 @@ import pytest
 
 from werkzeug.test import Client
 
-from runtime.serving.dataplane import DataPlane
 from runtime.serving.grpc_server import GrpcServer
 from runtime.serving.rest import create_app
 from runtime.webserver import WebServer
 from tests.helpers import V1
+from tests.serving.conftest import ctr_plane
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("tritonclient_probe.py")
@@ -42,7 +42,7 @@ def probe(served, env, tmp_path):
     rows = tmp_path / "rows.json"
     rows.write_text(json.dumps({"dense": [[None if np.isnan(x) else float(x) for x in r] for r in b.dense],
                                 "feasigns": b.feasigns.tolist(), "lines": env["lines"]}))
-    plane = DataPlane(served["watcher"], lambda: served["cube"], max_batch=64)
+    plane = ctr_plane(served["watcher"], served["cube"], max_batch=64)
     app = create_app(plane)
     with WebServer(app, threads=4) as http:
         grpc_server = GrpcServer(plane, "127.0.0.1", 0, threads=4).start()

@@ -1,0 +1,270 @@
+"""The CTR model served (``ctr``): its signature, the checks of a request against it, the
+raw rows of ``POST /predict``, the cube lookups pinned to a version, and the predictor runs.
+
+Signature (the owner: the demo client and the benchmark build requests from these names):
+inputs either ``dense_features`` FP32 [n,13] (the raw integer features I1..I13; NaN/null =
+missing; the model's normalization is applied here) with ``feasigns`` UINT64 [n,S] (the
+feasigns of the S slots, ``runtime.formats.features``), or ``lines`` BYTES [n] (raw rows in
+the training format, the label optional); output ``probability`` FP32 [n,1].
+
+Each request is answered by one version: the dense model current when it starts
+(``VersionWatcher.current``) and the cube embeddings of that same version
+(``CubeClient.seek(keys, version=v)``). Missing keys (feasigns never seen in training) are
+zero vectors, as in training.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from runtime.formats import features
+from runtime.serving.batching import Combiner
+from runtime.serving.dataplane import Model
+from runtime.serving.metrics import Metrics
+from runtime.serving.model import DenseModel, VersionWatcher
+from runtime.serving.protocol import BadRequest, InferOutput, InferRequest, InferResponse, NotFound, Unavailable
+
+MODEL_NAME = "ctr"
+DENSE, FEASIGNS, LINES, PROBABILITY = "dense_features", "feasigns", "lines", "probability"
+
+
+def signature(num_slots: int = features.NUM_SLOTS) -> tuple[list[dict], list[dict]]:
+    """``(inputs, outputs)``: the model's tensors as the v2 metadata lists them (``name``,
+    ``datatype``, ``shape``; -1 = any batch size)."""
+    inputs = [
+        {"name": DENSE, "datatype": "FP32", "shape": [-1, features.NUM_DENSE]},
+        {"name": FEASIGNS, "datatype": "UINT64", "shape": [-1, num_slots]},
+        {"name": LINES, "datatype": "BYTES", "shape": [-1]},
+    ]
+    return inputs, [{"name": PROBABILITY, "datatype": "FP32", "shape": [-1, 1]}]
+
+
+class CtrModel(Model):
+    """The model ``ctr`` (module docstring) over the versions a ``VersionWatcher`` loads.
+
+    Args:
+        watcher: a ``VersionWatcher`` (its ``current`` model answers).
+        cube_factory: makes a cube client (``seek(keys uint64[m], version) -> result with
+            values float32[m,dim], found bool[m], version``); one per thread.
+        max_batch: largest batch accepted (samples).
+        fmt, slots: the raw-line format when the model's metadata does not say.
+        metrics: Prometheus metrics (samples, predictor runs, the version served;
+            default: new ones).
+        combine: combine concurrent requests (``runtime.serving.batching.Combiner``).
+    """
+
+    name = MODEL_NAME
+
+    def __init__(self, watcher: VersionWatcher, cube_factory: Callable[[], Any], max_batch: int = 4096,
+                 fmt: str = "criteo", slots: tuple[int, ...] = features.DEFAULT_SLOTS,
+                 metrics: Optional[Metrics] = None, combine: bool = True):
+        self.watcher = watcher
+        self.cube_factory = cube_factory
+        self.max_batch = int(max_batch)
+        self.fmt = fmt
+        self.slots = tuple(slots)
+        self.metrics = metrics or Metrics()
+        self.combine = combine
+        self._comb_lock = threading.Lock()
+        self._local = threading.local()
+        self.cube_ok = True
+        self.cube_error: Optional[str] = None
+        watcher.on_switch.append(self._switched)
+        if watcher.current is not None:
+            self._switched(watcher.current)
+
+    def _switched(self, model: DenseModel) -> None:
+        self.metrics.version.set(model.version)
+        self.metrics.switches.inc()
+
+    def cube(self):
+        """This thread's cube client."""
+        c = getattr(self._local, "cube", None)
+        if c is None:
+            c = self._local.cube = self.cube_factory()
+        return c
+
+    # -- versions, health and metadata -------------------------------------------------------
+    def versions(self) -> list[str]:
+        m = self.watcher.current
+        return [str(m.version)] if m is not None else []
+
+    def ready(self) -> tuple[bool, str]:
+        """``(ready, reason)``: a version is loaded and cube answers a pinned lookup."""
+        m = self.watcher.current
+        if m is None:
+            return False, self._no_version()
+        if not self.cube_ok:
+            try:
+                self._seek(np.array([features.missing_feasign(1)], dtype=np.uint64), m.version)
+            except Unavailable as exc:
+                return False, str(exc)
+        return True, "ready"
+
+    def _no_version(self) -> str:
+        err = self.watcher.last_error
+        return "no model version loaded yet" + (f" ({err})" if err else "")
+
+    def current(self) -> DenseModel:
+        """The dense model answering now. Raises ``Unavailable``."""
+        m = self.watcher.current
+        if m is None:
+            raise Unavailable(self._no_version())
+        return m
+
+    def _pinned(self, version: Optional[str]) -> DenseModel:
+        """The dense model answering a request for ``version`` (None: the current one).
+        Raises ``Unavailable`` or ``NotFound`` (a version not served)."""
+        m = self.current()  # one read: the request uses this version throughout
+        if version is not None and version != str(m.version):
+            raise NotFound(f"model {self.name!r} version {version!r} is not being served (serving {m.version})")
+        return m
+
+    def metadata(self, version: Optional[str] = None) -> dict:
+        m = self.watcher.current
+        versions = [str(m.version)] if m else []
+        if version is not None and version not in versions:
+            raise NotFound(f"model {self.name!r} version {version!r} is not being served (serving {versions})")
+        inputs, outputs = signature(m.num_slots if m else features.NUM_SLOTS)
+        return {
+            "name": self.name, "versions": versions, "platform": "paddle_inference",
+            "inputs": inputs, "outputs": outputs,
+            "parameters": {"note": f"give '{DENSE}' (raw I1..I13; null = missing) and '{FEASIGNS}' (the slots' "
+                                   f"feasigns), or '{LINES}' (raw rows) alone"},
+        }
+
+    # -- inference -----------------------------------------------------------------------
+    def infer(self, req: InferRequest, version: Optional[str] = None) -> InferResponse:
+        model = self._pinned(version)
+        if req.outputs is not None:
+            for j, o in enumerate(req.outputs):
+                if o.name != PROBABILITY:
+                    raise BadRequest(f"outputs[{j}].name: unknown output {o.name!r} (this model has "
+                                     f"{PROBABILITY!r})")
+        dense, fs = self._inputs(req, model)
+        probs = self.predict(model, dense, fs)
+        v = model.version
+        return InferResponse(model_name=self.name, model_version=str(v), id=req.id,
+                             parameters={"model_version": v, "cube_version": v},
+                             outputs=[InferOutput(PROBABILITY, "FP32", [int(probs.shape[0]), 1], probs)])
+
+    def _inputs(self, req: InferRequest, model: DenseModel) -> tuple[np.ndarray, np.ndarray]:
+        """The request's rows: ``(dense float[n,13] raw, feasigns uint64[n,S])``. Raises
+        ``BadRequest`` naming the first field that does not fit the signature."""
+        by_name = {inp.name: inp for inp in req.inputs}
+        for inp in req.inputs:
+            if inp.name not in (DENSE, FEASIGNS, LINES):
+                raise BadRequest(f"{inp.where}.name: unknown input {inp.name!r} (expected '{DENSE}' and "
+                                 f"'{FEASIGNS}', or '{LINES}')")
+        if LINES in by_name:
+            if len(by_name) > 1:
+                raise BadRequest(f"inputs: give either '{LINES}' or '{DENSE}' + '{FEASIGNS}', not both")
+            inp = by_name[LINES]
+            if inp.datatype != "BYTES":
+                raise BadRequest(f"{inp.where}.datatype: expected BYTES for '{LINES}', got {inp.datatype!r}")
+            if len(inp.shape) != 1:
+                raise BadRequest(f"{inp.where}.shape: expected [n] for '{LINES}', got {inp.shape}")
+            self.check_batch(inp.shape[0], f"{inp.where}.shape")
+            return self.parse_lines(model, list(inp.array()), f"{inp.where}.data")
+        for need in (DENSE, FEASIGNS):
+            if need not in by_name:
+                raise BadRequest(f"inputs: missing input {need!r} (or give raw rows as '{LINES}')")
+        d, f = by_name[DENSE], by_name[FEASIGNS]
+        if d.datatype != "FP32":
+            raise BadRequest(f"{d.where}.datatype: expected FP32 for '{DENSE}', got {d.datatype!r}")
+        if len(d.shape) != 2 or d.shape[1] != features.NUM_DENSE:
+            raise BadRequest(f"{d.where}.shape: expected [n,{features.NUM_DENSE}] for '{DENSE}' "
+                             f"({features.NUM_DENSE} dense features), got {d.shape}")
+        n = d.shape[0]
+        self.check_batch(n, f"{d.where}.shape")
+        dense = d.array().reshape(n, features.NUM_DENSE)
+        nslots = model.num_slots
+        if f.datatype != "UINT64":
+            raise BadRequest(f"{f.where}.datatype: expected UINT64 for '{FEASIGNS}', got {f.datatype!r}")
+        if len(f.shape) != 2 or f.shape[1] != nslots:
+            raise BadRequest(f"{f.where}.shape: expected [n,{nslots}] for '{FEASIGNS}' ({nslots} sparse slots), "
+                             f"got {f.shape}")
+        if f.shape[0] != n:
+            raise BadRequest(f"{f.where}.shape: batch {f.shape[0]} differs from {DENSE}' batch {n}")
+        return dense, f.array().reshape(n, nslots)
+
+    def check_batch(self, n: int, field: str) -> None:
+        """Raises ``BadRequest`` naming ``field`` for an empty or over-size batch."""
+        if n == 0:
+            raise BadRequest(f"{field}: empty batch (0 samples)")
+        if n > self.max_batch:
+            raise BadRequest(f"{field}: batch of {n} samples exceeds the limit of {self.max_batch}")
+
+    def parse_lines(self, model: DenseModel, lines: list, field: str) -> tuple[np.ndarray, np.ndarray]:
+        """Raw rows in the model's training format (the label optional) -> ``(dense
+        float32[n,13] raw, feasigns uint64[n,S])``. Raises ``BadRequest`` naming
+        ``field[i]`` for the first row that is not a sample."""
+        for i, ln in enumerate(lines):
+            if not isinstance(ln, str):
+                raise BadRequest(f"{field}[{i}]: expected a string, got {type(ln).__name__}")
+        spec = model.meta.features
+        batch = features.parse_lines([ln.rstrip("\r\n") for ln in lines], spec.format, spec.slots,
+                                     label_optional=True, strict=True)
+        if batch.bad:
+            i, why = batch.bad[0]
+            raise BadRequest(f"{field}[{i}]: {why}")
+        return batch.dense, batch.feasigns
+
+    def predict_lines(self, lines: Any) -> tuple[np.ndarray, int]:
+        """``POST /predict``: raw rows (a list of str) -> ``(probabilities float32[n,1],
+        version)``. Raises ``Unavailable`` (no version loaded) or ``BadRequest`` (not a
+        list, an empty or over-size batch, a row that is not a sample)."""
+        model = self.current()
+        if not isinstance(lines, list):
+            raise BadRequest("lines: expected an array of raw rows (strings)")
+        self.check_batch(len(lines), "lines")
+        dense, fs = self.parse_lines(model, lines, "lines")
+        return self.predict(model, dense, fs), model.version
+
+    def predict(self, model: DenseModel, dense_raw: np.ndarray, feasigns: np.ndarray) -> np.ndarray:
+        """``dense_raw`` float[n,13] (NaN = missing), ``feasigns`` uint64[n,S] ->
+        probabilities float32[n,1], with ``model`` and cube pinned to its version.
+        Concurrent calls for one version are combined (``Combiner``) when ``combine`` is on.
+        Raises ``Unavailable`` (cube lookup failed)."""
+        if not self.combine:
+            return self._predict(model, dense_raw, feasigns)
+        comb = model.combiner
+        if comb is None:
+            with self._comb_lock:
+                comb = model.combiner
+                if comb is None:
+                    comb = model.combiner = Combiner(lambda d, f, m=model: self._predict(m, d, f),
+                                                     max(self.max_batch, 256))
+        return comb.submit(dense_raw, feasigns)
+
+    def _seek(self, keys: np.ndarray, version: int):
+        try:
+            res = self.cube().seek(keys, version=version)
+        except Exception as exc:  # CubeUnavailable, timeouts, version not held
+            self.cube_ok = False
+            self.cube_error = f"{exc.__class__.__name__}: {exc}"
+            raise Unavailable(f"cube lookup failed: {self.cube_error}") from exc
+        got = getattr(res, "version", version)
+        if got is not None and int(got) != version:
+            self.cube_ok = False
+            raise Unavailable(f"cube answered version {got}, request pinned to {version}")
+        self.cube_ok = True
+        return res
+
+    def _predict(self, model: DenseModel, dense_raw: np.ndarray, feasigns: np.ndarray) -> np.ndarray:
+        n = feasigns.shape[0]
+        self.metrics.runs.inc()
+        dense = features.normalize_dense(dense_raw, model.meta.normalization.clip_max)
+        keys = np.ascontiguousarray(feasigns.T).ravel()  # slot-major: slot s = rows s*n..s*n+n-1
+        res = self._seek(keys, model.version)
+        values = res.values
+        if values.dtype != np.float32 or not values.flags.c_contiguous:
+            values = np.ascontiguousarray(values, dtype=np.float32)
+        found = res.found
+        if found is not None and not found.all():
+            values = values.copy() if not values.flags.writeable else values
+            values[~found] = 0.0
+        self.metrics.samples.inc(n)
+        return model.predict(dense, values)
