@@ -1,7 +1,10 @@
 """Stack configuration: every key, its type, default, allowed range and description, in one
 typed model (``StackConfig``, pydantic); ``Pulumi.yaml``'s ``config:`` block is generated
-from it (``make pulumi-yaml``; a test keeps the file in step). Training defaults come from
-the trainer's own (``runtime.trainer.config.TrainConfig``).
+from it (``make pulumi-yaml``; a test keeps the file in step). The training keys are the
+trainer's own settings under stack names (``TRAIN_KEYS``): their types, ranges and defaults are
+``runtime.trainer.config.TrainConfig``'s fields, and their cross-key rules are checked by
+building that model (``StackConfig.train_config()``); this module keeps only the rules of the
+stack itself (resources, replicas, generated data, secrets).
 
 ``load()`` reads the running stack's config through ``pulumi.Config`` and validates every
 key before the program declares anything: one ``ConfigError`` lists every problem, each
@@ -21,12 +24,12 @@ import pulumi
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from runtime.trainer.config import TrainConfig
+from runtime.trainer import config as train
+from runtime.trainer.config import TrainConfig, TrainConfigError
 
 PROJECT = "elastic-ctr"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROJECT_FILE = REPO_ROOT / "Pulumi.yaml"
-_TRAIN = TrainConfig()
 
 
 class ConfigError(ValueError):
@@ -100,11 +103,31 @@ def _pulumi_bool(v):
 Flag = Annotated[bool, BeforeValidator(_pulumi_bool)]
 PullPolicy = _choices("IfNotPresent", "Always", "Never")
 Platform = _choices("linux/amd64", "linux/arm64")
-DataFormat = _choices("criteo", "slot")
-PsMode = _choices("async", "async-merged", "geo")
-TrainingMode = _choices("batch", "continuous")
-_HOUR = re.compile(r"^\d{8}/\d{2}$")
-HourText = Annotated[str, _check(lambda v: v == "" or bool(_HOUR.fullmatch(v)), "empty or an hour YYYYMMDD/HH")]
+HourText = Annotated[str, _check(lambda v: v == "" or train.hour_ok(v), "empty or " + train.REAL_HOUR)]
+
+#: stack training key (snake_case field) -> the ``TrainConfig`` field it sets
+TRAIN_KEYS = {"epochs": "epochs", "batch_size": "batch_size", "learning_rate": "lr",
+              "embedding_dim": "embedding_dim", "sparse_shards": "sparse_shards", "ps_mode": "ps_mode",
+              "geo_k_steps": "geo_k_steps", "training_mode": "mode", "data_start_hour": "start_hour",
+              "data_end_hour": "end_hour", "patch_every": "patch_every", "base_every": "base_every",
+              "trainer_threads": "threads", "data_format": "format", "slot_file": "slot_file",
+              "data_source": "data_train", "data_test_source": "data_test"}
+#: ``TrainConfig`` field -> the stack key that sets it (``state_dir``: the component's volume)
+KEY_OF = {**{v: to_camel(k) for k, v in TRAIN_KEYS.items()}, "data_root": "dataSource",
+          "state_dir": "train --state-dir"}
+
+
+def _train(key: str, description: str, **kw):
+    """A training key's ``Field``: the trainer's default; ``{range}`` in ``description``
+    becomes the trainer's bounds (``1-1000``)."""
+    name = TRAIN_KEYS[key]
+    lo, hi, _ = train.bounds(name)
+    return Field(train.FIELDS[name].default, description=description.format(range=f"{lo}-{hi}"), **kw)
+
+
+def _t(key: str):
+    """The annotated type (with the trainer's constraints) of a training key."""
+    return train.field_type(TRAIN_KEYS[key])
 
 
 class StackConfig(BaseModel):
@@ -151,25 +174,25 @@ class StackConfig(BaseModel):
     pservers: _int(1, 32) = Field(1, description="Parameter-server pods in the training job (1-32).",
                                   json_schema_extra={"group": "training"})
     trainers: _int(1, 128) = Field(2, description="Trainer pods in the training job (1-128).")
-    epochs: _int(1, 1000) = Field(_TRAIN.epochs, description="Passes over the training data (1-1000).")
-    batch_size: _int(1, 65536) = Field(_TRAIN.batch_size, description="Examples per trainer batch (1-65536).")
-    learning_rate: Annotated[float, _check(lambda v: 0 < v <= 1, "a decimal number in (0, 1]")] = Field(
-        _TRAIN.lr, description="Adam learning rate, a decimal number in (0, 1].")
-    embedding_dim: _int(1, 512) = Field(_TRAIN.embedding_dim, description="Embedding dimension of each sparse slot (1-512).")
-    sparse_shards: _int(1, 256) = Field(
-        _TRAIN.sparse_shards, description="Shards of the parameter servers' sparse table (1-256; its shard_num): "
-                                          "the save writes one part file per shard. Independent of cubeShards.")
-    ps_mode: PsMode = Field(
-        _TRAIN.ps_mode, description="Parameter-server mode: async (every batch pushes; the default), async-merged "
-                                    "(Paddle's client merges up to 12 batches per push: less traffic, lower AUC) or geo "
-                                    "(GEO-SGD: local tables exchanged every geoKSteps batches; fastest, hashed table). "
-                                    "See docs/training.md.")
-    geo_k_steps: _int(1, 100000) = Field(_TRAIN.geo_k_steps, description="psMode geo: batches between exchanges (1-100000).")
-    training_mode: TrainingMode = Field(
-        "batch", description="batch: train dataSource once and export a base (the job completes); continuous: follow "
-                             "hourly partitions dataSource/YYYYMMDD/HH/ from dataStartHour, export a patch every "
-                             "patchEvery partitions and a base every baseEvery (the job runs until dataEndHour, or "
-                             "for ever; restarted pods resume from /shared/state). See docs/training.md.")
+    epochs: _t("epochs") = _train("epochs", "Passes over the training data ({range}).")
+    batch_size: _t("batch_size") = _train("batch_size", "Examples per trainer batch ({range}).")
+    learning_rate: _t("learning_rate") = _train(
+        "learning_rate", "Adam learning rate, " + train.allowed("lr") + ".")
+    embedding_dim: _t("embedding_dim") = _train("embedding_dim", "Embedding dimension of each sparse slot ({range}).")
+    sparse_shards: _t("sparse_shards") = _train(
+        "sparse_shards", "Shards of the parameter servers' sparse table ({range}; its shard_num): "
+                         "the save writes one part file per shard. Independent of cubeShards.")
+    ps_mode: _t("ps_mode") = _train(
+        "ps_mode", "Parameter-server mode: async (every batch pushes; the default), async-merged "
+                   "(Paddle's client merges up to 12 batches per push: less traffic, lower AUC) or geo "
+                   "(GEO-SGD: local tables exchanged every geoKSteps batches; fastest, hashed table). "
+                   "See docs/training.md.")
+    geo_k_steps: _t("geo_k_steps") = _train("geo_k_steps", "psMode geo: batches between exchanges ({range}).")
+    training_mode: _t("training_mode") = _train(
+        "training_mode", "batch: train dataSource once and export a base (the job completes); continuous: follow "
+                         "hourly partitions dataSource/YYYYMMDD/HH/ from dataStartHour, export a patch every "
+                         "patchEvery partitions and a base every baseEvery (the job runs until dataEndHour, or "
+                         "for ever; restarted pods resume from /shared/state). See docs/training.md.")
     data_start_hour: HourText = Field(
         "", description="First hourly partition, YYYYMMDD/HH (UTC): dataSource is then a partition root "
                         "ROOT/YYYYMMDD/HH/ (a partition is read once its _SUCCESS exists). Required when trainingMode "
@@ -177,17 +200,17 @@ class StackConfig(BaseModel):
     data_end_hour: HourText = Field(
         "", description="Last hourly partition, YYYYMMDD/HH; empty = follow the data (continuous). Required in batch "
                         "mode with dataStartHour.")
-    patch_every: _int(1, 1000) = Field(_TRAIN.patch_every, description="Continuous: partitions per exported version (1-1000).")
-    base_every: _int(1, 10000) = Field(
-        _TRAIN.base_every, description="Continuous: partitions between two base versions (1-10000); the versions between are patches.")
-    trainer_threads: _int(1, 64) = Field(
-        _TRAIN.threads, description="Dataset threads per trainer pod (1-64; train --threads); at most the trainer's CPUs.")
+    patch_every: _t("patch_every") = _train("patch_every", "Continuous: partitions per exported version ({range}).")
+    base_every: _t("base_every") = _train(
+        "base_every", "Continuous: partitions between two base versions ({range}); the versions between are patches.")
+    trainer_threads: _t("trainer_threads") = _train(
+        "trainer_threads", "Dataset threads per trainer pod ({range}; train --threads); at most the trainer's CPUs.")
     data_source: Locations = Field(
         "generated", description='Training data, comma-separated locations (paths, globs, HTTP(S) URLs); "generated" '
                                  "= the seeded Criteo-format generator run in each trainer pod.")
     data_test_source: str = Field(
         "", description='Test data, comma-separated locations; required unless dataSource is "generated".')
-    data_format: DataFormat = Field(_TRAIN.format, description="Input format, criteo or slot.")
+    data_format: _t("data_format") = _train("data_format", "Input format, criteo or slot.")
     slot_file: str = Field("", description="Slot list location; required when dataFormat is slot.")
     # --- cube
     cube_shards: _int(1, 64) = Field(
@@ -236,24 +259,10 @@ class StackConfig(BaseModel):
             errors.append(("dataTestSource", "", 'comma-separated locations (required unless dataSource is "generated")'))
         if self.generated and self.data_format == "slot":
             errors.append(("dataFormat", "slot", 'criteo with dataSource "generated" (the generator writes Criteo TSV)'))
-        if self.training_mode == "continuous":
-            if not self.data_start_hour:
-                errors.append(("dataStartHour", "", "an hour YYYYMMDD/HH (required when trainingMode is continuous)"))
-            if self.generated:
-                errors.append(("dataSource", "generated", "a partition root ROOT (with ROOT/YYYYMMDD/HH/) when "
-                                                          "trainingMode is continuous"))
-            if self.ps_mode == "geo":
-                errors.append(("psMode", "geo", "async or async-merged when trainingMode is continuous (GEO keeps "
-                                                "its table in the trainers: no resume)"))
-            if self.patch_every > self.base_every:
-                errors.append(("patchEvery", self.patch_every, f"at most baseEvery ({self.base_every})"))
-        elif self.data_start_hour and not self.data_end_hour:
-            errors.append(("dataEndHour", "", "an hour YYYYMMDD/HH (batch mode over partitions needs an end)"))
-        if self.data_start_hour and self.data_end_hour and self.data_end_hour < self.data_start_hour:
-            errors.append(("dataEndHour", self.data_end_hour, f"an hour not before dataStartHour "
-                                                              f"({self.data_start_hour})"))
-        if self.data_end_hour and not self.data_start_hour:
-            errors.append(("dataStartHour", "", "an hour YYYYMMDD/HH (dataEndHour is set)"))
+        if self.training_mode == "continuous" and self.generated:
+            errors.append(("dataSource", "generated", "a partition root ROOT (with ROOT/YYYYMMDD/HH/) when "
+                                                      "trainingMode is continuous"))
+        errors += self._training_problems()
         cores = cpu_cores(self.trainer_cpu)
         if cores is not None and self.trainer_threads > max(1, int(cores)):
             errors.append(("trainerThreads", self.trainer_threads,
@@ -261,6 +270,33 @@ class StackConfig(BaseModel):
         if errors:
             raise ValueError(_CrossKey(errors))
         return self
+
+    def train_config(self) -> TrainConfig:
+        """The trainer's settings this stack gives the training job (what its pods' ``train``
+        flags say; data locations as given, ``dataSource`` the partition root when an hour
+        is set or the mode is continuous). Raises ``TrainConfigError``."""
+        from components.training_job import STATE_DIR
+
+        hourly = bool(self.data_start_hour or self.data_end_hour) or self.training_mode == "continuous"
+        values = {name: getattr(self, key) for key, name in TRAIN_KEYS.items()}
+        values.update(start_hour=self.data_start_hour or None, end_hour=self.data_end_hour or None,
+                      slot_file=self.slot_file or None, data_train=[] if hourly else list(self.data_train()),
+                      data_root=self.data_train()[0] if hourly else None, data_test=list(self.data_test()),
+                      state_dir=STATE_DIR if self.training_mode == "continuous" else None)
+        return TrainConfig(**values)
+
+    def _training_problems(self) -> list[tuple[str, Any, str]]:
+        """The trainer's rules broken by this stack's training keys, as (stack key, value,
+        allowed) with the trainer's text naming stack keys."""
+        try:
+            self.train_config()
+        except TrainConfigError as exc:
+            def key(name: str) -> str:
+                return KEY_OF.get(name) or f"train {train.flag(name)}"
+
+            return [(key(p.field), getattr(self, FIELDS.get(key(p.field), ("",))[0], p.value), p.allowed_for(key))
+                    for p in exc.problems]
+        return []
 
     @property
     def generated(self) -> bool:
@@ -353,10 +389,14 @@ def parse(raw: Mapping[str, Any], secret_keys: frozenset[str] | set[str] = froze
                 continue
             key = str(err["loc"][0])
             value = err.get("input")
+            name = FIELDS[key][0]
+            if FIELDS[key][1].annotation in (int, float) and isinstance(value, str):
+                value = _coerced(value)
             if err["type"] == "value_error":
-                if FIELDS[key][1].annotation in (int, float) and isinstance(value, str):
-                    value = _coerced(value)
                 errors.append(f"{PROJECT}:{key}: {value!r} is invalid; allowed: {err['ctx']['error']}")
+            elif name in TRAIN_KEYS and not isinstance(value, str) or err["type"] == "literal_error":
+                # a training key out of the trainer's range or choices: the trainer's words
+                errors.append(f"{PROJECT}:{key}: {value!r} is invalid; allowed: {train.allowed(TRAIN_KEYS[name])}")
             else:
                 errors.append(f"{PROJECT}:{key}: {value!r} is not {_allowed(key)}")
     if errors:

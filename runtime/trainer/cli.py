@@ -18,16 +18,24 @@ GENERATE_ROWS = 100_000
 GENERATE_TEST_ROWS = 20_000
 
 
-def _with_default(help_text: str, field: str) -> str:
-    """``help_text`` plus the training default of ``field`` (``TrainConfig``: flags default
-    to None so that ``--config`` values apply where a flag is not given)."""
-    from runtime.trainer.config import TrainConfig
+def _add_train_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per ``TrainConfig`` field (``x_y`` -> ``--x-y``): type, choices, metavar and
+    help (with the default) from the field. Flags default to None so that ``--config``
+    values apply where a flag is not given."""
+    from runtime.trainer import config
 
-    value = getattr(TrainConfig(), field)
-    if value is None or value == []:
-        return help_text
-    shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
-    return f"{help_text} (default: {shown})"
+    for name, f in config.FIELDS.items():
+        kind = config.base_type(f.annotation)
+        kw = {"metavar": (f.json_schema_extra or {}).get("metavar"), "choices": config.choices(name)}
+        if getattr(kind, "__origin__", None) is list:
+            kw["nargs"] = "+"
+        elif kind in (int, float):
+            kw["type"] = kind
+        shown = f.default
+        if isinstance(shown, tuple):
+            shown = ",".join(map(str, shown))
+        help_text = f.description if shown in (None, []) else f"{f.description} (default: {shown})"
+        parser.add_argument(config.flag(name), help=help_text, **{k: v for k, v in kw.items() if v is not None})
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -63,70 +71,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
                     "PADDLE_PORT (or Volcano's VC_PSERVER_HOSTS, VC_TRAINER_NUM, VC_TASK_INDEX). "
                     "Trainer 0 exports the version to --output.")
     tr.add_argument("--config", help="YAML file with any of the options below (keys like the flags); flags win")
-    tr.add_argument("--data-train", nargs="+", metavar="LOC", help="training data: paths, globs, dirs or URLs")
-    tr.add_argument("--data-test", nargs="+", metavar="LOC", help="test data (test AUC after each pass)")
-    tr.add_argument("--format", choices=("criteo", "slot"), help=_with_default("input format", "format"))
-    tr.add_argument("--slot-file", help="slot list for --format slot (one slot id per line; default 1..26)")
-    tr.add_argument("--epochs", type=int, help=_with_default("passes over the training data", "epochs"))
-    tr.add_argument("--batch-size", type=int, help=_with_default("examples per batch per trainer", "batch_size"))
-    tr.add_argument("--lr", type=float, help=_with_default("Adam learning rate", "lr"))
-    tr.add_argument("--embedding-dim", type=int, help=_with_default("embedding width", "embedding_dim"))
-    tr.add_argument("--layers", help=_with_default("hidden layer widths, comma-separated", "layers"))
-    tr.add_argument("--sparse-shards", type=int, help=_with_default("sparse table shard_num", "sparse_shards"))
-    tr.add_argument("--output", help="version root: a directory or the file server's URL (export if set)")
-    tr.add_argument("--upload-token-file", help="file holding the upload token (else $ELASTIC_CTR_UPLOAD_TOKEN)")
-    tr.add_argument("--max-bad-lines", type=int, help=_with_default("malformed lines allowed before training stops", "max_bad_lines"))
-    tr.add_argument("--max-bad-fraction", type=float, help="malformed fraction allowed (default: not checked)")
-    tr.add_argument("--log-every-s", type=float, help=_with_default("seconds between progress lines", "log_every_s"))
-    tr.add_argument("--test-limit", type=int, help="evaluate on at most this many test rows")
-    tr.add_argument("--single-vocab-size", type=int, help=_with_default("--single: embedding rows", "single_vocab_size"))
-    tr.add_argument("--dump-predictions", help="save trainer 0's final test predictions (.npy) here")
-    tr.add_argument("--seed", type=int, help=_with_default("random seed of the initializers", "seed"))
-    tr.add_argument("--wait-pserver-s", type=float, help=_with_default("seconds a trainer waits for the pservers", "wait_pserver_s"))
-    tr.add_argument("--table-dir", metavar="DIR",
-                    help="base directory of the sparse-table save at export: the pservers write the table "
-                         "into a fresh subdirectory of DIR on their own file system, trainer 0 reads it "
-                         "back, then removes it (default: the system temp dir). In Kubernetes DIR must be "
-                         "a volume shared by the pserver and trainer pods (ReadWriteMany), mounted at the "
-                         "same path")
-    tr.add_argument("--threads", type=int,
-                    help=_with_default("dataset threads per trainer (train_from_dataset thread_num); the "
-                                       "trainer's shard is staged as this many files", "threads"))
-    tr.add_argument("--ps-mode", choices=("async", "async-merged", "geo"),
-                    help=_with_default("parameter-server flavour: async = every batch's gradients pushed as "
-                                       "they are; async-merged = Paddle's client defaults (up to 13 batches "
-                                       "summed into one push); geo = GEO-SGD, each trainer trains a local "
-                                       "hashed table and exchanges deltas every --geo-k-steps batches (batch "
-                                       "mode only). Measured figures: docs/training.md", "ps_mode"))
-    tr.add_argument("--geo-k-steps", type=int, help=_with_default("--ps-mode geo: batches between exchanges",
-                                                                  "geo_k_steps"))
-    tr.add_argument("--geo-table-rows", type=int,
-                    help=_with_default("--ps-mode geo: rows of the hashed table (feasign -> 1 + feasign mod "
-                                       "(rows - 1))", "geo_table_rows"))
-    tr.add_argument("--work-dir", metavar="DIR",
-                    help="where the trainer stages its shard as MultiSlot files before Paddle loads them "
-                         "(removed once loaded; default: the system temp dir)")
-    tr.add_argument("--mode", choices=("batch", "continuous"),
-                    help=_with_default("batch: --epochs passes over the training data, one base version; "
-                                       "continuous: hourly partitions of --data-root in order, each once, a "
-                                       "patch version every --patch-every and a base every --base-every",
-                                       "mode"))
-    tr.add_argument("--data-root", metavar="ROOT",
-                    help="hourly partitions ROOT/YYYYMMDD/HH/ (a directory or the file server's URL); a "
-                         "partition is read once its _SUCCESS marker exists")
-    tr.add_argument("--start-hour", metavar="YYYYMMDD/HH", help="first partition of --data-root")
-    tr.add_argument("--end-hour", metavar="YYYYMMDD/HH",
-                    help="last partition (included); continuous mode without it follows the data")
-    tr.add_argument("--poll-s", type=float,
-                    help=_with_default("continuous: seconds between looks for the next partition", "poll_s"))
-    tr.add_argument("--patch-every", type=int,
-                    help=_with_default("continuous: partitions per exported version", "patch_every"))
-    tr.add_argument("--base-every", type=int,
-                    help=_with_default("continuous: partitions per base version (the others are patches)",
-                                       "base_every"))
-    tr.add_argument("--state-dir", metavar="DIR",
-                    help="continuous: the state file and checkpoints a restarted job resumes from (in "
-                         "Kubernetes a volume shared by every pod of the job)")
+    _add_train_flags(tr)
     mode = tr.add_mutually_exclusive_group()
     mode.add_argument("--local-cluster", action="store_true",
                       help="start --pservers + --trainers processes on 127.0.0.1 and run the job")

@@ -1,54 +1,241 @@
-"""The training settings: ``TrainConfig`` (flags, or ``--config`` YAML keys), its checks,
-and the flags that reproduce it for a child process. Imports no Paddle, so the local
-pipeline, the Pulumi program and the CLI's ``--help`` can read the defaults."""
+"""The training settings and their rules: ``TrainConfig``, one pydantic model that owns every
+training rule (types, ranges, choices, the cross-field rules such as ``patch_every <=
+base_every`` in continuous mode, GEO vs continuous, the end hour not before the start hour).
+
+Both inputs build it: ``elastic-ctr train`` (its flags, their ``--help`` text and defaults
+come from the fields here; ``--config`` YAML keys are the flags with ``_`` for ``-``) and
+the stack config (``infra/config.py`` maps its camelCase keys onto these fields). An invalid
+value raises ``TrainConfigError``: a list of ``Problem`` s, each naming the field, the value
+and what is allowed; ``render`` names each field as its input does (``--patch-every`` for the
+CLI, ``patchEvery`` for the stack). Imports no Paddle and nothing of Pulumi, so ``--help``,
+the local pipeline and the Pulumi program can read the defaults."""
 from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from typing import Annotated, Any, Callable, Literal, NamedTuple, Optional, Union, get_args, get_origin
 
-from runtime.formats import features
+import annotated_types as at
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from runtime.formats import features, partitions
 from runtime.trainer import readers
 
+MODES = ("batch", "continuous")
+#: the parameter-server flavours (runtime.trainer.program.strategy)
+PS_MODES = ("async", "async-merged", "geo")
+HOUR = "an hour YYYYMMDD/HH"
+REAL_HOUR = HOUR + " (a real UTC date and hour, e.g. 20261120/00)"
+TABLE_DIR_PREFIX = "elastic-ctr-table-"
 
-@dataclass
-class TrainConfig:
-    """Everything ``train`` needs (flags or ``--config`` YAML keys with ``_`` for ``-``)."""
 
-    data_train: list = field(default_factory=list)
-    data_test: list = field(default_factory=list)
-    format: str = "criteo"
-    slot_file: str | None = None
-    epochs: int = 2
-    batch_size: int = 512
-    lr: float = 0.002
-    embedding_dim: int = 9
-    layers: tuple = (128, 64, 32)
-    sparse_shards: int = 8
-    output: str | None = None
-    upload_token_file: str | None = None
-    max_bad_lines: int | None = 100
-    max_bad_fraction: float | None = None
-    log_every_s: float = 5.0
-    test_limit: int | None = None
-    single_vocab_size: int = 1 << 20
-    dump_predictions: str | None = None
-    seed: int = 1
-    wait_pserver_s: float = 120.0
-    table_dir: str | None = None
-    threads: int = 1
-    work_dir: str | None = None
-    ps_mode: str = "async"
-    geo_k_steps: int = 100
-    geo_table_rows: int = 1 << 20
-    mode: str = "batch"
-    data_root: str | None = None
-    start_hour: str | None = None
-    end_hour: str | None = None
-    poll_s: float = 30.0
-    patch_every: int = 1
-    base_every: int = 24
-    state_dir: str | None = None
+class Problem(NamedTuple):
+    """One broken rule: ``field`` (a ``TrainConfig`` field name), the ``value`` given (None
+    when not set) and what is ``allowed``; ``allowed`` may name other fields as
+    ``{field_name}``, filled in by ``render`` with the input's own names."""
+
+    field: str
+    value: Any
+    allowed: str
+
+    def render(self, name: Callable[[str], str]) -> str:
+        """``'<name> <value> is invalid; allowed: <allowed>'`` (or ``'<name> is not set;
+        ...'``) with every field named by ``name(field)`` (e.g. ``flag``)."""
+        text = self.allowed_for(name)
+        if self.value in (None, "", [], ()):
+            return f"{name(self.field)} is not set; allowed: {text}"
+        return f"{name(self.field)} {self.value!r} is invalid; allowed: {text}"
+
+    def allowed_for(self, name: Callable[[str], str]) -> str:
+        """``allowed`` with every field it refers to named by ``name(field)``."""
+        return self.allowed.format_map(_Names(name))
+
+
+class _Names(dict):
+    def __init__(self, name: Callable[[str], str]):
+        super().__init__()
+        self.name = name
+
+    def __missing__(self, key: str) -> str:
+        return self.name(key)
+
+
+def flag(field: str) -> str:
+    """The ``train`` flag of a field: ``patch_every`` -> ``--patch-every``."""
+    return "--" + field.replace("_", "-")
+
+
+class TrainConfigError(ValueError):
+    """Invalid training settings; ``problems``: list[Problem]. ``str()`` names the flags."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = list(problems)
+        super().__init__("; ".join(p.render(flag) for p in self.problems))
+
+    @classmethod
+    def from_validation(cls, exc: ValidationError) -> "TrainConfigError":
+        """The problems of a failed ``TrainConfig`` validation (field errors: what the field
+        allows; cross-field errors: the model validator's problems)."""
+        problems = []
+        for err in exc.errors():
+            if not err["loc"]:
+                problems += err["ctx"]["error"].args[0]
+                continue
+            name = str(err["loc"][0])
+            text = str(err["ctx"]["error"]) if err["type"] == "value_error" else allowed(name)
+            problems.append(Problem(name, err.get("input"), text))
+        return cls(problems)
+
+
+def _hour(text: str | None) -> str | None:
+    if text is not None:
+        try:
+            partitions.Hour.parse(text)
+        except ValueError:
+            raise ValueError(REAL_HOUR) from None
+    return text
+
+
+def _local_dir(path: str | None) -> str | None:
+    if path is not None and "://" in str(path):
+        raise ValueError("a local directory, not a URL")
+    return path
+
+
+def _listed(v):
+    return [v] if isinstance(v, str) else v
+
+
+LAYERS = "positive widths, comma-separated (e.g. 128,64,32)"
+
+
+def _layers(v):
+    """``"128,64,32"`` -> (128, 64, 32); other values pass to the type check."""
+    if not isinstance(v, str):
+        return v
+    try:
+        return tuple(int(x) for x in v.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(LAYERS) from None
+
+
+Hour = Annotated[Optional[str], AfterValidator(_hour)]
+LocalDir = Annotated[Optional[str], AfterValidator(_local_dir)]
+Locations = Annotated[list[str], BeforeValidator(_listed)]
+
+
+def _f(default, description: str, **kw):
+    extra = {k: kw.pop(k) for k in ("metavar", "allowed") if k in kw}
+    return Field(default, description=description, json_schema_extra=extra or None, **kw)
+
+
+class TrainConfig(BaseModel):
+    """Everything ``train`` needs; field ``x_y`` is flag ``--x-y`` and ``--config`` key
+    ``x_y`` (or ``x-y``). Frozen; built only through validation (``TrainConfig(**values)``
+    raises ``TrainConfigError``). Durations in seconds (``*_s``); ``layers``: hidden widths.
+    Each field's ``description`` is its ``--help`` text."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    data_train: Locations = _f([], "training data: paths, globs, dirs or URLs", metavar="LOC")
+    data_test: Locations = _f([], "test data (test AUC after each pass)", metavar="LOC")
+    format: Literal[features.FORMATS] = _f("criteo", "input format")
+    slot_file: Optional[str] = _f(None, "slot list for --format slot (one slot id per line; default 1..26)")
+    epochs: int = _f(2, "passes over the training data", ge=1, le=1000)
+    batch_size: int = _f(512, "examples per batch per trainer", ge=1, le=65536)
+    lr: float = _f(0.002, "Adam learning rate", gt=0, le=1)
+    embedding_dim: int = _f(9, "embedding width", ge=1, le=512)
+    layers: Annotated[tuple[Annotated[int, at.Ge(1)], ...], BeforeValidator(_layers)] = _f(
+        (128, 64, 32), "hidden layer widths, comma-separated", min_length=1, allowed=LAYERS)
+    sparse_shards: int = _f(8, "sparse table shard_num", ge=1, le=256)
+    output: Optional[str] = _f(None, "version root: a directory or the file server's URL (export if set)")
+    upload_token_file: Optional[str] = _f(None, "file holding the upload token (else $ELASTIC_CTR_UPLOAD_TOKEN)")
+    max_bad_lines: Optional[int] = _f(100, "malformed lines allowed before training stops")
+    max_bad_fraction: Optional[float] = _f(None, "malformed fraction allowed (default: not checked)")
+    log_every_s: float = _f(5.0, "seconds between progress lines")
+    test_limit: Optional[int] = _f(None, "evaluate on at most this many test rows")
+    single_vocab_size: int = _f(1 << 20, "--single: embedding rows", ge=1)
+    dump_predictions: Optional[str] = _f(None, "save trainer 0's final test predictions (.npy) here")
+    seed: int = _f(1, "random seed of the initializers")
+    wait_pserver_s: float = _f(120.0, "seconds a trainer waits for the pservers")
+    table_dir: Optional[str] = _f(
+        None, "base directory of the sparse-table save at export: the pservers write the table into a fresh "
+              "subdirectory of DIR on their own file system, trainer 0 reads it back, then removes it (default: "
+              "the system temp dir). In Kubernetes DIR must be a volume shared by the pserver and trainer pods "
+              "(ReadWriteMany), mounted at the same path", metavar="DIR")
+    threads: int = _f(1, "dataset threads per trainer (train_from_dataset thread_num); the trainer's shard is "
+                         "staged as this many files", ge=1, le=64)
+    ps_mode: Literal[PS_MODES] = _f(
+        "async", "parameter-server flavour: async = every batch's gradients pushed as they are; async-merged = "
+                 "Paddle's client defaults (up to 13 batches summed into one push); geo = GEO-SGD, each trainer "
+                 "trains a local hashed table and exchanges deltas every --geo-k-steps batches (batch mode only). "
+                 "Measured figures: docs/training.md")
+    geo_k_steps: int = _f(100, "--ps-mode geo: batches between exchanges", ge=1, le=100000)
+    geo_table_rows: int = _f(1 << 20, "--ps-mode geo: rows of the hashed table (feasign -> 1 + feasign mod "
+                                      "(rows - 1))", ge=2)
+    work_dir: LocalDir = _f(None, "where the trainer stages its shard as MultiSlot files before Paddle loads them "
+                                  "(removed once loaded; default: the system temp dir)", metavar="DIR")
+    mode: Literal[MODES] = _f(
+        "batch", "batch: --epochs passes over the training data, one base version; continuous: hourly partitions "
+                 "of --data-root in order, each once, a patch version every --patch-every and a base every "
+                 "--base-every")
+    data_root: Optional[str] = _f(None, "hourly partitions ROOT/YYYYMMDD/HH/ (a directory or the file server's "
+                                        "URL); a partition is read once its _SUCCESS marker exists", metavar="ROOT")
+    start_hour: Hour = _f(None, "first partition of --data-root", metavar="YYYYMMDD/HH", allowed=REAL_HOUR)
+    end_hour: Hour = _f(None, "last partition (included); continuous mode without it follows the data",
+                        metavar="YYYYMMDD/HH", allowed=REAL_HOUR)
+    poll_s: float = _f(30.0, "continuous: seconds between looks for the next partition", gt=0)
+    patch_every: int = _f(1, "continuous: partitions per exported version", ge=1, le=1000)
+    base_every: int = _f(24, "continuous: partitions per base version (the others are patches)", ge=1, le=10000)
+    state_dir: LocalDir = _f(None, "continuous: the state file and checkpoints a restarted job resumes from (in "
+                                   "Kubernetes a volume shared by every pod of the job)", metavar="DIR")
+
+    def __init__(self, **values: Any) -> None:
+        """Validates ``values`` (field name -> value); raises ``TrainConfigError``."""
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise TrainConfigError.from_validation(exc) from None
+
+    @model_validator(mode="after")
+    def _rules(self) -> "TrainConfig":
+        """The cross-field rules; every broken one is reported (``Problem``)."""
+        out = []
+        if self.ps_mode == "geo" and self.mode == "continuous":
+            out.append(Problem("ps_mode", "geo", "async or async-merged when {mode} is continuous (GEO keeps its "
+                                                 "table in the trainers: no patch saves, no resume)"))
+        if self.data_root and self.data_train:
+            out.append(Problem("data_train", self.data_train, "empty when {data_root} is given (give one of them)"))
+        if self.mode == "continuous":
+            if not self.data_root:
+                out.append(Problem("data_root", None, "a partition root ROOT with hourly partitions "
+                                                      "ROOT/YYYYMMDD/HH/ (required when {mode} is continuous)"))
+            if not self.start_hour:
+                out.append(Problem("start_hour", None, HOUR + " (required when {mode} is continuous)"))
+            if not self.state_dir:
+                out.append(Problem("state_dir", None, "a local directory (required when {mode} is continuous: the "
+                                                      "state file and checkpoints that a restarted job resumes "
+                                                      "from; in Kubernetes a volume shared by every pod)"))
+            if self.patch_every > self.base_every:
+                out.append(Problem("patch_every", self.patch_every, f"at most {{base_every}} ({self.base_every})"))
+        elif self.data_root and self.start_hour and not self.end_hour:
+            out.append(Problem("end_hour", None, HOUR + " (batch mode over partitions needs an end)"))
+        if self.end_hour and not self.start_hour:
+            out.append(Problem("start_hour", None, HOUR + " ({end_hour} is set)"))
+        elif self.data_root and not self.start_hour and self.mode == "batch":
+            out.append(Problem("start_hour", None, HOUR + " (required with {data_root})"))
+        if (self.start_hour or self.end_hour) and not self.data_root:
+            out.append(Problem("data_root", None, "a partition root ROOT/YYYYMMDD/HH/ ({start_hour}/{end_hour} "
+                                                  "need {data_root})"))
+        if self.start_hour and self.end_hour and self.hours()[1] < self.hours()[0]:
+            out.append(Problem("end_hour", self.end_hour, f"an hour not before {{start_hour}} ({self.start_hour})"))
+        if out:
+            raise ValueError(out)
+        return self
+
+    def hours(self) -> tuple[partitions.Hour | None, partitions.Hour | None]:
+        """(first, last) partition hour, each None when not set."""
+        return tuple(partitions.Hour.parse(h) if h else None for h in (self.start_hour, self.end_hour))
 
     def slots(self) -> tuple[int, ...]:
         """The slot list (from ``slot_file`` for the slot format, else 1..26)."""
@@ -59,73 +246,88 @@ class TrainConfig:
         return features.DEFAULT_SLOTS
 
 
-MODES = ("batch", "continuous")
-#: the parameter-server flavours (runtime.trainer.worker.strategy)
-PS_MODES = ("async", "async-merged", "geo")
+FIELDS = TrainConfig.model_fields
+
+
+def base_type(annotation):
+    """``Optional[X]`` -> X."""
+    if get_origin(annotation) is Union:
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return args[0] if len(args) == 1 else annotation
+    return annotation
+
+
+def bounds(name: str) -> tuple[Any, Any, bool]:
+    """(lower, upper, lower excluded) of a numeric field; None where unbounded."""
+    lo = hi = None
+    open_lo = False
+    for m in FIELDS[name].metadata:
+        if isinstance(m, at.Ge):
+            lo = m.ge
+        elif isinstance(m, at.Gt):
+            lo, open_lo = m.gt, True
+        elif isinstance(m, at.Le):
+            hi = m.le
+    return lo, hi, open_lo
+
+
+def choices(name: str) -> tuple[str, ...] | None:
+    """The allowed values of a choice field (``Literal``), else None."""
+    ann = base_type(FIELDS[name].annotation)
+    return tuple(get_args(ann)) if get_origin(ann) is Literal else None
+
+
+def allowed(name: str) -> str:
+    """What field ``name`` allows, in words: ``an integer in [1, 1000]``, ``a decimal
+    number in (0, 1]``, ``async | async-merged | geo``, ..."""
+    f = FIELDS[name]
+    if isinstance(f.json_schema_extra, dict) and "allowed" in f.json_schema_extra:
+        return f.json_schema_extra["allowed"]
+    if choices(name):
+        return " | ".join(choices(name))
+    ann = base_type(f.annotation)
+    kind = {int: "an integer", float: "a decimal number"}.get(ann)
+    if kind is None:
+        return "a list of locations" if get_origin(ann) is list else "a string"
+    lo, hi, open_lo = bounds(name)
+    if lo is not None and hi is not None:
+        return f"{kind} in {'(' if open_lo else '['}{lo}, {hi}]"
+    if lo is not None:
+        return f"{kind} {'>' if open_lo else '>='} {lo}"
+    return kind
+
+
+def field_type(name: str):
+    """The annotated type of field ``name`` (its type and constraints), for a model that
+    takes the same value under another name (the stack config)."""
+    f = FIELDS[name]
+    return Annotated[(f.annotation, *f.metadata)] if f.metadata else f.annotation
+
+
+def hour_ok(text: str) -> bool:
+    """True when ``text`` is a real hour ``YYYYMMDD/HH``."""
+    try:
+        _hour(text)
+        return True
+    except ValueError:
+        return False
 
 
 def check_inputs(cfg: TrainConfig) -> tuple[list[str], list[str]]:
-    """Resolves train and test locations; raises ``storage.LocationError`` naming a missing
-    file or unreachable URL, ``ValueError`` (``PartitionError``) for bad settings. Call
-    before starting anything.
+    """Resolves train and test locations of a (valid) ``cfg``; raises
+    ``storage.LocationError`` naming a missing file or unreachable URL, ``ValueError`` for
+    no training data or a directory that cannot be used. Call before starting anything.
 
     Training data is ``--data-train`` (files, globs, URLs), or ``--data-root`` with
     ``--start-hour`` [``--end-hour``]: in batch mode every partition of the range, each of
     which must be complete; in continuous mode the partitions are found as they land
     (``runtime.trainer.online``), so the train list returned is empty."""
-    from runtime.formats import partitions
-
-    if cfg.mode not in MODES:
-        raise ValueError(f"--mode {cfg.mode!r}: expected one of {', '.join(MODES)}")
-    if cfg.format not in ("criteo", "slot"):
-        raise ValueError(f"--format {cfg.format!r}: expected criteo or slot")
-    if cfg.ps_mode not in PS_MODES:
-        raise ValueError(f"--ps-mode {cfg.ps_mode!r}: expected one of {', '.join(PS_MODES)}")
-    if cfg.ps_mode == "geo" and cfg.mode == "continuous":
-        raise ValueError("--ps-mode geo: continuous training needs the parameter server's own sparse table "
-                         "(patch saves, resume); use --ps-mode async")
-    if cfg.geo_table_rows < 2:
-        raise ValueError(f"--geo-table-rows must be >= 2 (got {cfg.geo_table_rows})")
-    for name in ("epochs", "batch_size", "embedding_dim", "sparse_shards", "threads", "patch_every",
-                 "base_every", "geo_k_steps"):
-        if int(getattr(cfg, name)) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(cfg, name)})")
-    if cfg.poll_s <= 0:
-        raise ValueError(f"--poll-s must be > 0 (got {cfg.poll_s})")
-    if cfg.data_root and cfg.data_train:
-        raise ValueError("--data-train and --data-root: give one of them")
-    start = end = None
-    if cfg.data_root:
-        if not cfg.start_hour:
-            raise ValueError("--data-root needs --start-hour YYYYMMDD/HH")
-        start = partitions.Hour.parse(cfg.start_hour, "--start-hour")
-        if cfg.end_hour:
-            end = partitions.Hour.parse(cfg.end_hour, "--end-hour")
-            if end < start:
-                raise ValueError(f"--end-hour {end} is before --start-hour {start}")
-    elif cfg.start_hour or cfg.end_hour:
-        raise ValueError("--start-hour/--end-hour need --data-root (a partitioned layout)")
-    if cfg.mode == "continuous":
-        if not cfg.data_root:
-            raise ValueError("--mode continuous needs --data-root ROOT (hourly partitions ROOT/YYYYMMDD/HH)")
-        if not cfg.state_dir:
-            raise ValueError("--mode continuous needs --state-dir DIR (the state file and checkpoints that "
-                             "a restarted job resumes from; in Kubernetes a volume shared by every pod)")
-        if "://" in str(cfg.state_dir):
-            raise ValueError(f"--state-dir {cfg.state_dir}: expected a local directory, not a URL")
-        if cfg.patch_every > cfg.base_every:
-            raise ValueError(f"--patch-every {cfg.patch_every} is larger than --base-every {cfg.base_every}")
-    elif not cfg.data_train and not cfg.data_root:
+    if not cfg.data_train and not cfg.data_root:
         raise ValueError("--data-train: no training data given (or --data-root with --start-hour/--end-hour)")
-    if cfg.lr <= 0:
-        raise ValueError(f"--lr must be > 0 (got {cfg.lr})")
-    if not cfg.layers or any(int(x) < 1 for x in cfg.layers):
-        raise ValueError(f"--layers: positive widths expected (got {cfg.layers})")
     if cfg.mode == "continuous":
         train = []
     elif cfg.data_root:
-        if end is None:
-            raise ValueError("--data-root in batch mode needs --end-hour (continuous mode follows the data)")
+        start, end = cfg.hours()
         train = [f for h in partitions.hours(start, end) for f in partitions.files(cfg.data_root, h)]
     else:
         train = readers.resolve(cfg.data_train)
@@ -137,18 +339,12 @@ def check_inputs(cfg: TrainConfig) -> tuple[list[str], list[str]]:
     if cfg.table_dir:
         check_table_dir(cfg.table_dir)
     if cfg.work_dir:
-        if "://" in str(cfg.work_dir):
-            raise ValueError(f"--work-dir {cfg.work_dir}: expected a local directory, not a URL")
         try:
             os.makedirs(cfg.work_dir, exist_ok=True)
             os.rmdir(tempfile.mkdtemp(prefix="elastic-ctr-check-", dir=cfg.work_dir))
         except OSError as exc:
             raise ValueError(f"--work-dir {cfg.work_dir}: cannot create a directory in it ({exc})") from None
     return train, test
-
-
-
-TABLE_DIR_PREFIX = "elastic-ctr-table-"
 
 
 def check_table_dir(base: str) -> None:
@@ -169,8 +365,9 @@ def check_table_dir(base: str) -> None:
 
 def config_from_args(args) -> TrainConfig:
     """Merges ``--config FILE`` (YAML mapping; keys like the flags, ``-`` or ``_``) with
-    flags given on the command line (flags win). Raises ``ValueError`` on unknown keys."""
-    cfg = TrainConfig()
+    flags given on the command line (flags win; a flag left out is None). Raises
+    ``ValueError`` on unknown keys, ``TrainConfigError`` (naming the flags) on bad values."""
+    values: dict[str, Any] = {}
     if getattr(args, "config", None):
         import yaml
 
@@ -179,35 +376,16 @@ def config_from_args(args) -> TrainConfig:
         data = yaml.safe_load(storage.read_bytes(args.config)) or {}
         if not isinstance(data, dict):
             raise ValueError(f"--config {args.config}: expected a YAML mapping")
-        known = set(asdict(cfg))
         for k, v in data.items():
             key = str(k).replace("-", "_")
-            if key not in known:
-                raise ValueError(f"--config {args.config}: unknown key {k!r} (known: {sorted(known)})")
-            setattr(cfg, key, v)
-    for k in asdict(cfg):
+            if key not in FIELDS:
+                raise ValueError(f"--config {args.config}: unknown key {k!r} (known: {sorted(FIELDS)})")
+            values[key] = v
+    for k in FIELDS:
         v = getattr(args, k, None)
         if v is not None:
-            setattr(cfg, k, v)
-    if isinstance(cfg.layers, str):
-        cfg.layers = parse_layers(cfg.layers)
-    cfg.layers = tuple(int(x) for x in cfg.layers)
-    for k in ("data_train", "data_test"):
-        v = getattr(cfg, k)
-        if isinstance(v, str):
-            setattr(cfg, k, [v])
-    return cfg
-
-
-def parse_layers(text: str) -> tuple[int, ...]:
-    """``"128,64,32"`` -> (128, 64, 32); raises ``ValueError`` naming the bad value."""
-    try:
-        out = tuple(int(x) for x in str(text).split(",") if x.strip())
-    except ValueError:
-        raise ValueError(f"--layers {text!r}: expected comma-separated integers") from None
-    if not out or any(x < 1 for x in out):
-        raise ValueError(f"--layers {text!r}: expected positive widths")
-    return out
+            values[k] = v
+    return TrainConfig(**values)
 
 
 def train_argv(cfg: TrainConfig) -> list[str]:
@@ -229,12 +407,9 @@ def train_argv(cfg: TrainConfig) -> list[str]:
         argv += ["--max-bad-lines", str(cfg.max_bad_lines)]
     if cfg.max_bad_fraction is not None:
         argv += ["--max-bad-fraction", str(cfg.max_bad_fraction)]
-    for flag, v in (("--slot-file", cfg.slot_file), ("--output", cfg.output),
-                    ("--upload-token-file", cfg.upload_token_file), ("--test-limit", cfg.test_limit),
-                    ("--dump-predictions", cfg.dump_predictions), ("--table-dir", cfg.table_dir),
-                    ("--work-dir", cfg.work_dir), ("--data-root", cfg.data_root),
-                    ("--start-hour", cfg.start_hour), ("--end-hour", cfg.end_hour),
-                    ("--state-dir", cfg.state_dir)):
+    for name in ("slot_file", "output", "upload_token_file", "test_limit", "dump_predictions", "table_dir",
+                 "work_dir", "data_root", "start_hour", "end_hour", "state_dir"):
+        v = getattr(cfg, name)
         if v is not None:
-            argv += [flag, str(v)]
+            argv += [flag(name), str(v)]
     return argv

@@ -159,3 +159,76 @@ def test_all_errors_reported_together():
     keys = {e.split(":")[1] for e in errors}
     assert {"trainers", "cubeShards", "servingCpu", "namespace"} <= keys
     assert len(errors) == 4
+
+
+# ---------------------------------------------------------------- one source for the training rules
+def _train_cli(argv: list[str]):
+    """``elastic-ctr train ARGV`` parsed and turned into the trainer's settings (what the
+    ``train`` command does before anything starts)."""
+    import argparse
+
+    from runtime.trainer import cli
+    from runtime.trainer.config import config_from_args
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="command"))
+    return config_from_args(parser.parse_args(["train", *argv]))
+
+
+_CONT = ["--mode", "continuous", "--data-root", "/d", "--start-hour", "20261120/00", "--state-dir", "/s"]
+_STACK_CONT = {"trainingMode": "continuous", "dataSource": "/d", "dataStartHour": "20261120/00"}
+
+
+@pytest.mark.parametrize("argv,raw,flag_message,key_message", [
+    ([*_CONT, "--patch-every", "5", "--base-every", "4"], {**_STACK_CONT, "patchEvery": "5", "baseEvery": "4"},
+     "--patch-every 5 is invalid; allowed: at most --base-every (4)",
+     "elastic-ctr:patchEvery: 5 is invalid; allowed: at most baseEvery (4)"),
+    ([*_CONT, "--ps-mode", "geo"], {**_STACK_CONT, "psMode": "geo"},
+     "--ps-mode 'geo' is invalid; allowed: async or async-merged when --mode is continuous",
+     "elastic-ctr:psMode: 'geo' is invalid; allowed: async or async-merged when trainingMode is continuous"),
+    (["--data-root", "/d", "--start-hour", "20261120/05", "--end-hour", "20261120/01"],
+     {"dataSource": "/d", "dataStartHour": "20261120/05", "dataEndHour": "20261120/01"},
+     "--end-hour '20261120/01' is invalid; allowed: an hour not before --start-hour (20261120/05)",
+     "elastic-ctr:dataEndHour: '20261120/01' is invalid; allowed: an hour not before dataStartHour (20261120/05)"),
+    (["--data-root", "/d", "--start-hour", "20261120/05"], {"dataSource": "/d", "dataStartHour": "20261120/05"},
+     "--end-hour is not set; allowed: an hour YYYYMMDD/HH (batch mode over partitions needs an end)",
+     "elastic-ctr:dataEndHour: '' is invalid; allowed: an hour YYYYMMDD/HH (batch mode over partitions needs an end)"),
+    (["--data-train", "x", "--epochs", "0"], {"epochs": "0"},
+     "--epochs 0 is invalid; allowed: an integer in [1, 1000]",
+     "elastic-ctr:epochs: 0 is invalid; allowed: an integer in [1, 1000]"),
+    (["--data-train", "x", "--lr", "1.5"], {"learningRate": "1.5"},
+     "--lr 1.5 is invalid; allowed: a decimal number in (0, 1]",
+     "elastic-ctr:learningRate: 1.5 is invalid; allowed: a decimal number in (0, 1]"),
+    (["--data-train", "x", "--threads", "65"], {"trainerThreads": "65", "trainerCpu": "64"},
+     "--threads 65 is invalid; allowed: an integer in [1, 64]",
+     "elastic-ctr:trainerThreads: 65 is invalid; allowed: an integer in [1, 64]"),
+])
+def test_one_training_rule_fails_the_cli_and_the_stack_with_the_owners_words(argv, raw, flag_message, key_message):
+    """A training rule is written once (``TrainConfig``): the same invalid settings fail
+    ``elastic-ctr train`` naming the flag and the stack naming its key, with one text."""
+    from runtime.trainer.config import TrainConfigError
+
+    with pytest.raises(TrainConfigError) as exc:
+        _train_cli(argv)
+    assert flag_message in str(exc.value), str(exc.value)
+    errors = errors_of({**OK, **raw})
+    assert any(key_message in e for e in errors), errors
+
+
+def test_stack_training_keys_are_the_trainers_fields():
+    """The stack has no copy of a training range or default: each training key takes the
+    trainer field's type, constraints and default; its cross-key rules are the trainer's
+    (a valid stack builds a valid ``TrainConfig``)."""
+    from infra.config import TRAIN_KEYS
+    from runtime.trainer.config import FIELDS as TRAIN
+
+    for key, name in TRAIN_KEYS.items():
+        if key.startswith("data_") or key == "slot_file":  # stack strings: locations, "" for not set
+            continue
+        f = StackConfig.model_fields[key]
+        assert (f.annotation, f.metadata, f.default) == (TRAIN[name].annotation, TRAIN[name].metadata,
+                                                         TRAIN[name].default), key
+    cfg = parse({**OK, **_STACK_CONT, "patchEvery": "2", "baseEvery": "6"}, SECRET).train_config()
+    assert (cfg.mode, cfg.data_root, cfg.start_hour, cfg.patch_every, cfg.base_every, cfg.data_train) == (
+        "continuous", "/d", "20261120/00", 2, 6, [])
+    assert parse(OK, SECRET).train_config() == TrainConfig(data_train=["generated"], state_dir=None)

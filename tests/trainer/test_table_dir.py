@@ -73,14 +73,14 @@ def test_bad_table_dir_fails_before_training(tmp_path):
         config.check_inputs(cfg)
     blocker = tmp_path / "file"
     blocker.write_text("")
-    cfg.table_dir = str(blocker / "table")  # a path under a regular file cannot be created
+    # a path under a regular file cannot be created (TrainConfig is frozen: a new one)
+    cfg = config.TrainConfig(data_train=[str(data)], table_dir=str(blocker / "table"))
     with pytest.raises(ValueError, match="--table-dir .*: cannot create a directory in it"):
         config.check_inputs(cfg)
     with pytest.raises(ValueError, match="--table-dir"):
         with publish.table_save_dir(cfg.table_dir):
             pass
-    cfg.table_dir = str(tmp_path / "ok")
-    config.check_inputs(cfg)
+    config.check_inputs(config.TrainConfig(data_train=[str(data)], table_dir=str(tmp_path / "ok")))
     assert (tmp_path / "ok").is_dir() and list((tmp_path / "ok").iterdir()) == []
 
 
