@@ -29,6 +29,7 @@ import numpy as np
 from runtime.evaluation import auc
 from runtime import storage
 from runtime.formats import features
+from runtime.serving.ctr_model import DENSE, FEASIGNS, LINES, MODEL_NAME
 
 log = logging.getLogger(__name__)
 
@@ -77,20 +78,21 @@ def load_rows(locations: list[str], fmt: str = "auto", slots=features.DEFAULT_SL
 
 
 def encode_batches(rows: Rows, batch_size: int, mode: str = "features") -> list[tuple[bytes, int, int]]:
-    """One pre-encoded v2 request body per batch: list of (body, first row, row count)."""
+    """One pre-encoded v2 request body per batch for the CTR model (its signature:
+    ``runtime.serving.ctr_model``): list of (body, first row, row count)."""
     out = []
     n = len(rows.labels)
     for start in range(0, n, batch_size):
         end = min(n, start + batch_size)
         m = end - start
         if mode == "lines":
-            req = {"inputs": [{"name": "lines", "datatype": "BYTES", "shape": [m], "data": rows.lines[start:end]}]}
+            req = {"inputs": [{"name": LINES, "datatype": "BYTES", "shape": [m], "data": rows.lines[start:end]}]}
         else:
             d = rows.dense[start:end].astype(np.float64).ravel()
             dl = [None if x != x else x for x in d.tolist()]  # NaN -> null (missing)
             req = {"inputs": [
-                {"name": "dense_features", "datatype": "FP32", "shape": [m, features.NUM_DENSE], "data": dl},
-                {"name": "feasigns", "datatype": "UINT64", "shape": [m, rows.feasigns.shape[1]],
+                {"name": DENSE, "datatype": "FP32", "shape": [m, features.NUM_DENSE], "data": dl},
+                {"name": FEASIGNS, "datatype": "UINT64", "shape": [m, rows.feasigns.shape[1]],
                  "data": rows.feasigns[start:end].ravel().tolist()}]}
         out.append((json.dumps(req, separators=(",", ":")).encode(), start, m))
     return out
@@ -190,7 +192,7 @@ def _worker(k: int, n_workers: int, url: str, bodies: list, total: int | None, d
 
 def run_load(url: str, bodies: list[tuple[bytes, int, int]], labels: np.ndarray, concurrency: int = 4,
              max_requests: int | None = None, duration_s: float | None = None, until_file: str | None = None,
-             timeout_s: float = 10.0, model: str = "ctr", rate: float = 0.0) -> RunResult:
+             timeout_s: float = 10.0, model: str = MODEL_NAME, rate: float = 0.0) -> RunResult:
     """Sends ``bodies`` with ``concurrency`` worker processes (each with one keep-alive
     connection: a GIL-bound pool of threads would measure the client, not the server).
     Stops after one pass, or ``max_requests`` requests, or ``duration_s`` seconds, or
