@@ -1,16 +1,16 @@
 """A local cube cluster as processes on 127.0.0.1: file server, S shards x R replicas
 (cube server + agent each) and the transfer. Used by ``elastic-ctr local``
-(``runtime.local``), the rollout end-to-end tests and ``bench/bench_rollout.py``; every process runs the same ``elastic-ctr`` subcommands as
-the pods, is supervised by ``runtime.proc.ProcessGroup`` and stopped by PID on exit.
+(``runtime.local``), the rollout end-to-end tests and ``bench/bench_rollout.py``; every
+process runs the same ``elastic-ctr`` subcommands as the pods, is supervised by
+``runtime.proc.ProcessGroup`` and stopped by PID on exit.
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-import requests
-
 from runtime import proc
+from runtime.cube.transfer.info import DictInfo, DictInfoError, fetch_dict_info
 from runtime.formats import donefile
 from runtime.formats.topology import Topology
 
@@ -131,23 +131,23 @@ class LocalCubeCluster:
         self.transfer = self.group.start("cube-transfer", self._transfer_argv)
         self._wait(self.transfer, self._transfer_port)
 
-    def info(self) -> dict:
-        """The transfer's ``/dict/info``."""
-        return requests.get(f"{self.transfer_url}/dict/info", timeout=5).json()
+    def info(self) -> DictInfo:
+        """The transfer's ``/dict/info``. Raises ``DictInfoError`` (naming the URL)."""
+        return fetch_dict_info(self.transfer_url, timeout_s=5)
 
     def wait_version(self, version: int, timeout_s: float = 120.0, poll_s: float = 0.05) -> float:
         """Blocks until the transfer reports ``version`` served by every instance; returns
         the monotonic time it was seen. Raises ``TimeoutError`` (with the transfer's last
-        rollout) or ``RoleFailed`` if a process died."""
+        ``/dict/info``) or ``RoleFailed`` if a process died."""
         deadline = time.monotonic() + timeout_s
-        info: dict = {}
+        info: DictInfo | str | None = None
         while time.monotonic() < deadline:
             self.group.check()
             try:
                 info = self.info()
-            except requests.RequestException:
-                info = {}
-            if info.get("version") == version:
+            except DictInfoError as exc:
+                info = str(exc)
+            if isinstance(info, DictInfo) and info.version == version:
                 return time.monotonic()
             time.sleep(poll_s)
         raise TimeoutError(f"version {version} not served after {timeout_s:.0f} s; transfer says {info}; "

@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from runtime.local.services import start_client, start_serving, start_services
-from runtime.local.status import Waiter, serving_version, summary_line, transfer_dict_info
+from runtime.cube.transfer.info import served_version as cube_version
+from runtime.local.status import Waiter, serving_version, summary_line
 
 START = "20261120/00"
 
@@ -136,9 +137,6 @@ def run(args, run_dir: Path, group, step) -> int:
          f"a base every {args.base_every} hours, patches between")
     sv_url = svc.serving_url
 
-    def dict_info() -> dict:
-        return transfer_dict_info(svc.transfer_url)
-
     def new_line(after: int):
         recs = [(k, r) for k in ("base", "patch") for r in donefile.read(str(svc.fs_root), k) if r.id > after]
         return min(recs, key=lambda x: x[1].id) if recs else None
@@ -159,7 +157,7 @@ def run(args, run_dir: Path, group, step) -> int:
         kind, rec = until(lambda: new_line(last_id), f"the version exported after partition {hs[t]}", 300)
         last_id = rec.id
         t_line = time.monotonic()
-        until(lambda: dict_info().get("version") == rec.id, f"cube rollout of {kind} {rec.id}", 180, 0.05)
+        until(lambda: cube_version(svc.transfer_url) == rec.id, f"cube rollout of {kind} {rec.id}", 180, 0.05)
         rollout_s = time.monotonic() - t_line
         if bg is None:
             start_serving(args, run_dir, group, svc, "criteo")

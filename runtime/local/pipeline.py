@@ -150,7 +150,8 @@ def main(args) -> int:
 def _pipeline(args, run_dir: Path, group, step) -> int:
     from runtime import proc
     from runtime.local.services import start_client, start_serving, start_services
-    from runtime.local.status import Waiter, serving_version, summary_line, transfer_dict_info
+    from runtime.cube.transfer.info import served_version as cube_version
+    from runtime.local.status import Waiter, serving_version, summary_line
 
     cli = proc.self_command()
     waiter = Waiter(group, args.timeout)
@@ -205,9 +206,6 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
         step(f"round {i}: training ({args.pservers} pserver, {args.trainers} trainers), exporting to the file server")
         return group.start(f"train{i}", argv, expect_exit=True)
 
-    def dict_info() -> dict:
-        return transfer_dict_info(transfer_url)
-
     def client(name: str, extra: list[str], concurrency: int, batch: int, wait: bool = True):
         c = start_client(run_dir, group, name, sv_url, test, fmt, concurrency, batch, extra, slot_args)
         if wait:
@@ -224,7 +222,7 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
     if not v1:
         raise TimeoutError(f"training round 1 exported no version (see {t1.log_path})")
     step(f"round 1: version {v1} exported; test AUC {_fmt(rec1.get('test_auc'))}; waiting for the cube rollout")
-    until(lambda: dict_info().get("version") == v1, f"cube rollout of version {v1}", 180)
+    until(lambda: cube_version(svc.transfer_url) == v1, f"cube rollout of version {v1}", 180)
     step(f"cube serves version {v1} on every shard and replica; starting serving")
     start_serving(args, run_dir, group, svc, fmt, slot_args)
     until(lambda: serving_version(sv_url) == v1, f"serving ready on version {v1}", 120)
@@ -259,7 +257,7 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
             raise TimeoutError(f"training round 2 exported no version (see {t2.log_path})")
         step(f"round 2: version {v2} exported; test AUC {_fmt(rec2.get('test_auc'))}; rolling out while the "
              "client keeps sending")
-        until(lambda: dict_info().get("version") == v2, f"cube rollout of version {v2}", 180)
+        until(lambda: cube_version(svc.transfer_url) == v2, f"cube rollout of version {v2}", 180)
         step(f"cube serves version {v2}")
         until(lambda: serving_version(sv_url) == v2, f"serving switch to version {v2}", 120)
         step(f"serving switched to version {v2}")

@@ -4,7 +4,6 @@ local`` (``runtime.local.pipeline`` rounds, ``runtime.local.online``).
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -55,22 +54,10 @@ def serving_version(serving_url: str) -> int | None:
 
 def summary_line(log_path: Path) -> dict:
     """The last ``ELASTIC_CTR_SUMMARY {json}`` line a ``train --local-cluster`` run printed
-    to ``log_path`` (written by ``runtime.trainer.cli``), as a dict; ``{}`` if none."""
-    rec: dict = {}
-    for ln in log_path.read_text(errors="replace").splitlines():
-        if ln.startswith("ELASTIC_CTR_SUMMARY "):
-            try:
-                rec = json.loads(ln.split(" ", 1)[1])
-            except ValueError:
-                pass
-    return rec
+    to ``log_path`` (``runtime.formats.train_result``), as a dict; ``{}`` if none. Raises
+    ``TrainResultError`` naming the log when the line is malformed."""
+    from runtime.formats.train_result import SUMMARY, TrainResult
 
+    rec = TrainResult.find(log_path.read_text(errors="replace"), SUMMARY, source=str(log_path))
+    return rec.to_dict() if rec is not None else {}
 
-def transfer_dict_info(transfer_url: str) -> dict:
-    """The transfer's ``/dict/info`` (``{}`` while it does not answer)."""
-    import requests
-
-    try:
-        return requests.get(transfer_url + "/dict/info", timeout=2).json()
-    except (requests.RequestException, ValueError):
-        return {}

@@ -39,7 +39,7 @@ def test_resize_relayouts_the_served_version(tmp_path):
         expected.update(table_from_files(write_version(root, PATCH, pk, pv, parts=1)))
         c2.publish_version(PATCH, BASE, patch=True, dim=DIM)
         c2.wait_version(PATCH, timeout_s=60)
-        assert c2.info()["served_shard_num"] == 2
+        assert c2.info().served_shard_num == 2
     # everything stopped; restarted with 3 shards, same root, same work dirs
     with LocalCubeCluster(run, root, shards=3, replicas=1, poll_interval_s=0.1) as c3:
         deadline = time.monotonic() + 90
@@ -47,12 +47,12 @@ def test_resize_relayouts_the_served_version(tmp_path):
         while time.monotonic() < deadline:
             c3.group.check()
             info = c3.info()
-            if info["served_shard_num"] == 3 and info["relayout"] is None and info["version"] == PATCH:
+            if info.served_shard_num == 3 and info.relayout is None and info.version == PATCH:
                 break
             time.sleep(0.1)
         else:
             pytest.fail(f"not re-laid out: {info}")
-        assert (info["shard_num"], info["base_id"], info["patch_id"]) == (3, BASE, PATCH)
+        assert (info.shard_num, info.base_id, info.patch_id) == (3, BASE, PATCH)
         hist = requests.get(f"{c3.transfer_url}/dict/deploy/history", timeout=5).json()["history"]
         relayout = [(h["version"], h["status"]) for h in hist if h.get("reason") == "relayout 2->3 shards"]
         assert relayout == [(BASE, "finished"), (PATCH, "finished")]

@@ -58,13 +58,13 @@ def test_base_then_patch_every_key(cluster):
         assert len(expected) == N + 1000
         check_all(client, expected, PATCH1)
     info = cluster.info()
-    assert (info["version"], info["base_id"], info["patch_id"]) == (PATCH1, BASE1, PATCH1)
+    assert (info.version, info.base_id, info.patch_id) == (PATCH1, BASE1, PATCH1)
 
 
 def test_rollout_under_continuous_seeks(cluster):
     from runtime.cube.client import CubeClient
 
-    assert cluster.info()["version"] == PATCH1  # after the previous test
+    assert cluster.info().version == PATCH1  # after the previous test
     with CubeClient.from_topology(cluster.topology, timeout_ms=2000) as client:
         # what PATCH1 serves, read back once (checked key by key by the previous test)
         keys = np.concatenate([np.fromiter(table_from_files(sorted((cluster.root / "versions" / str(v) / "sparse").iterdir())).keys(), np.uint64)
@@ -114,7 +114,7 @@ def test_bad_version_and_restart_keep_serving(cluster):
 
     from runtime.cube.client import CubeClient
 
-    assert cluster.info()["version"] == BASE2  # after the previous test
+    assert cluster.info().version == BASE2  # after the previous test
     with open(cluster.root / "donefile" / "base.txt", "a") as f:
         f.write("{not json\n")  # malformed: logged and skipped
     # a version whose SequenceFile is truncated: Building fails, nothing is published
@@ -125,11 +125,11 @@ def test_bad_version_and_restart_keep_serving(cluster):
     cluster.publish_version(1004, 1004, dim=DIM)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        last = cluster.info()["last_rollout"]
-        if last and last["version"] == 1004:
+        last = cluster.info().last_rollout
+        if last and last.version == 1004:
             break
         time.sleep(0.1)
-    assert last["status"] == "failed" and "Building" in last["error"] and "part-00000" in last["error"]
+    assert last.status == "failed" and "Building" in last.error and "part-00000" in last.error
     assert not (cluster.root / "cube" / "ctr_embedding" / "1004").exists()
     with CubeClient.from_topology(cluster.topology, timeout_ms=2000) as client:
         assert client.seek(keys[:10]).version == BASE2
@@ -139,7 +139,7 @@ def test_bad_version_and_restart_keep_serving(cluster):
 
     # a restarted transfer resumes from its state: nothing redeployed, the same version served
     cluster.restart_transfer()
-    assert cluster.info()["version"] == BASE2
+    assert cluster.info().version == BASE2
     time.sleep(1.0)  # ~10 polls
     hist = requests.get(f"{cluster.transfer_url}/dict/deploy/history", timeout=5).json()["history"]
     assert [h["version"] for h in hist if h["status"] == "finished"] == finished

@@ -19,6 +19,7 @@ from runtime.cube.agent import Agent, create_app as agent_app
 from runtime.cube.buildinfo import BuildRecord, ShardBuild, md5_name, part_name, shard_tar_name
 from runtime.cube.transfer import Transfer
 from runtime.cube.transfer.app import create_app
+from runtime.cube.transfer.info import DictInfo
 from runtime.formats import donefile
 from tests.helpers import FakeServer, ThreadedApp
 
@@ -143,7 +144,7 @@ def test_base_then_patch_and_malformed_lines(cluster, root, tmp_path):
     with open(root / "donefile" / "base.txt", "a") as f:
         f.write("garbage line\n")  # malformed: logged, skipped; the last *valid* line is the newest
     tr = make_transfer(cluster, root, tmp_path / "work")
-    assert tr.info()["version"] is None and tr.info()["status"] == "empty"
+    assert tr.info().version is None and tr.info().status == "empty"
     e = tr.poll_once()
     assert e["status"] == "finished", e
     assert cluster.versions() == [100] * 4
@@ -159,8 +160,8 @@ def test_base_then_patch_and_malformed_lines(cluster, root, tmp_path):
     for s in cluster.servers:
         assert s.enables == [100, 101, 102]
     info = tr.info()
-    assert (info["version"], info["base_id"], info["patch_id"]) == (102, 100, 102)
-    assert (info["shard_num"], info["replica_num"], info["dim"]) == (2, 2, 2)
+    assert (info.version, info.base_id, info.patch_id) == (102, 100, 102)
+    assert (info.shard_num, info.replica_num, info.dim) == (2, 2, 2)
     # a newer base supersedes older ones; patches of the old base are not applied to it
     add_version(root, 200, 200)
     add_version(root, 300, 300)
@@ -179,7 +180,7 @@ def test_restart_does_not_repeat_a_finished_rollout(cluster, root, tmp_path):
         pass
     assert cluster.versions() == [11] * 4
     tr2 = make_transfer(cluster, root, tmp_path / "work")  # "restarted": state from disk
-    assert tr2.info()["version"] == 11
+    assert tr2.info().version == 11
     assert tr2.poll_once() is None
     for s in cluster.servers:
         assert s.enables == [10, 11]
@@ -204,7 +205,7 @@ def test_interrupted_rollout_is_resumed_once(cluster, root, tmp_path):
     for ag in cluster.agents[:2]:
         assert ag.enable({"version": 20})[0] == 200
     tr2 = make_transfer(cluster, root, tmp_path / "work")
-    assert tr2.info()["status"] == "rolling_out"
+    assert tr2.info().status == "rolling_out"
     e = tr2.poll_once()
     assert e["status"] == "finished" and e["resumed"] and sorted(e["skipped"]) == [
         "shard0/replica0", "shard0/replica1"]
@@ -225,7 +226,7 @@ def test_failure_in_one_instance_aborts_and_old_version_serves(cluster, root, tm
     assert cluster.versions() == [1] * 4  # nothing enabled: the barrier held
     assert all(s.enables == [1] for s in cluster.servers)
     assert all(s.unloads >= 1 for s in cluster.servers) and all(s.bg_version is None for s in cluster.servers)
-    assert tr.info()["version"] == 1 and tr.info()["last_rollout"]["status"] == "failed"
+    assert tr.info().version == 1 and tr.info().last_rollout.status == "failed"
     e = tr.poll_once()  # second and last attempt
     assert e["status"] == "failed" and e["given_up"]
     assert tr.poll_once() is None  # given up: not retried forever
@@ -305,6 +306,7 @@ def test_http_api(cluster, root, tmp_path):
     c = create_app(tr).test_client()
     info = c.get("/dict/info").json
     assert info["version"] == 5 and info["dict_name"] == DICT and info["status"] == "serving"
+    assert DictInfo.from_json(info) == tr.info().model_copy(update={"last_poll": info["last_poll"]})
     inst = c.get("/instance/status").json
     assert inst["consistent"] and [i["version"] for i in inst["instances"]] == [5] * 4
     hist = c.get("/dict/deploy/history").json["history"]
@@ -316,6 +318,39 @@ def test_http_api(cluster, root, tmp_path):
 # ------------------------------------------------------------------------- resize
 
 
+
+def test_dict_info_reader_names_the_url_and_the_field(cluster, root, tmp_path):
+    """``fetch_dict_info`` reads what the transfer answers; a body that is not a
+    ``DictInfo`` or a transfer that does not answer is a ``DictInfoError`` naming the URL
+    (and the field); ``served_version`` is then None."""
+    from flask import Flask, jsonify
+
+    from runtime import proc
+    from runtime.cube.transfer.info import DictInfoError, fetch_dict_info, served_version
+
+    add_version(root, 5, 5)
+    tr = make_transfer(cluster, root, tmp_path / "work")
+    tr.poll_once()
+    good = ThreadedApp(create_app(tr))
+    bad_app = Flask("bad")
+    bad_app.get("/dict/info")(lambda: jsonify({"dict_name": DICT, "version": "five", "status": "serving"}))
+    bad = ThreadedApp(bad_app)
+    try:
+        got = fetch_dict_info(good.url)
+        assert got.version == 5 and got.dict_name == DICT and served_version(good.url) == 5
+        with pytest.raises(DictInfoError) as e:
+            fetch_dict_info(bad.url)
+        msg = str(e.value)
+        assert bad.url + "/dict/info" in msg and "version" in msg and "shard_num: Field required" in msg
+        assert served_version(bad.url) is None
+        nobody = f"http://127.0.0.1:{proc.free_ports(1)[0]}"
+        with pytest.raises(DictInfoError, match=nobody + "/dict/info"):
+            fetch_dict_info(nobody, timeout_s=1)
+        assert served_version(nobody, timeout_s=1) is None
+    finally:
+        good.close()
+        bad.close()
+
 def served_chain_2shards(cluster, root, work) -> Transfer:
     """Base 10, patches 11 and 12 served on the 2-shard cluster."""
     add_version(root, 10, 10)
@@ -325,7 +360,7 @@ def served_chain_2shards(cluster, root, work) -> Transfer:
     while tr.poll_once():
         pass
     assert cluster.versions() == [12] * 4
-    assert tr.info()["served_shard_num"] == 2
+    assert tr.info().served_shard_num == 2
     return tr
 
 
@@ -352,7 +387,7 @@ def test_resize_relayouts_the_served_chain(cluster, root, tmp_path, legacy_state
     assert cluster.versions() == [None] * 8
     tr = make_transfer(cluster, root, work)  # the transfer restarts with the new topology
     info = tr.info()
-    assert (info["version"], info["shard_num"], info["served_shard_num"]) == (12, 4, 2)
+    assert (info.version, info.shard_num, info.served_shard_num) == (12, 4, 2)
     assert tr.reconcile() == []  # the served chain's tars are for 2 shards: no reconcile
     entries = drain(tr)
     assert [(e["version"], e["mode"], e["status"]) for e in entries] == [
@@ -364,9 +399,9 @@ def test_resize_relayouts_the_served_chain(cluster, root, tmp_path, legacy_state
     for s in cluster.servers:  # every server (FakeServer checks the dict meta) loaded 4-shard dicts
         assert s.enables == [10, 11, 12] and s.lineage == [10, 11, 12] and s.shard_num == 4
     info = tr.info()
-    assert (info["version"], info["base_id"], info["patch_id"]) == (12, 10, 12)
-    assert (info["shard_num"], info["served_shard_num"], info["relayout"]) == (4, 4, None)
-    assert info["status"] == "serving"
+    assert (info.version, info.base_id, info.patch_id) == (12, 10, 12)
+    assert (info.shard_num, info.served_shard_num, info.relayout) == (4, 4, None)
+    assert info.status == "serving"
     # published beside the 2-shard tars of the same ids, which are untouched
     for v in (10, 11, 12):
         assert (root / "cube" / DICT / f"{v}-4shards" / f"{DICT}_part3.tar").exists()
@@ -389,7 +424,7 @@ def test_no_relayout_when_the_shard_count_is_unchanged(cluster, root, tmp_path):
     served_chain_2shards(cluster, root, work)
     n_hist = len(json.loads((work / "transfer_state.json").read_text())["history"])
     tr = make_transfer(cluster, root, work)  # restarted, same topology
-    assert tr.info()["relayout"] is None
+    assert tr.info().relayout is None
     assert tr.poll_once() is None
     assert len(tr.history()) == n_hist
     for s in cluster.servers:
@@ -419,7 +454,7 @@ def test_relayout_waits_for_servers_to_restart_and_retries_failures(cluster, roo
     add_version(root, 11, 10, patch=True)  # held back until the re-layout is done
     for _ in range(3):  # waits: no rollout, no attempt used
         assert tr.poll_once() is None
-    assert tr.info()["waiting_for"] == ["shard1/replica0"] and tr.info()["relayout"]["done"] == 0
+    assert tr.info().waiting_for == ["shard1/replica0"] and tr.info().relayout.done == 0
     assert tr.history()[-1]["version"] == 10 and "reason" not in tr.history()[-1]
     assert tr.reconcile() == []  # does not fight the re-layout
     assert all(s.enables == [] for s in cluster.servers if s is not stale)
@@ -434,7 +469,7 @@ def test_relayout_waits_for_servers_to_restart_and_retries_failures(cluster, roo
     entries = drain(tr)
     assert [(e["version"], e["status"], e.get("reason")) for e in entries] == [
         (10, "finished", "relayout 2->4 shards"), (11, "finished", None)]
-    assert cluster.versions() == [11] * 8 and tr.info()["waiting_for"] == []
+    assert cluster.versions() == [11] * 8 and tr.info().waiting_for == []
     assert all(s.enables == [10, 11] for s in cluster.servers)
 
 
@@ -446,5 +481,5 @@ def test_relayout_superseded_by_a_newer_base_and_back_to_old_count(cluster, root
     add_version(root, 20, 20)  # a newer base: built for 3 shards, no re-layout needed
     e = tr.poll_once()
     assert (e["version"], e["status"], e.get("reason"), e["shard_num"]) == (20, "finished", None, 3)
-    assert tr.poll_once() is None and tr.info()["relayout"] is None
+    assert tr.poll_once() is None and tr.info().relayout is None
     assert cluster.versions() == [20] * 6

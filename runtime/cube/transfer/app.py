@@ -24,7 +24,7 @@ def create_app(transfer: Transfer):
 
     @app.get("/dict/info")
     def dict_info():
-        return jsonify(transfer.info())
+        return jsonify(transfer.info().to_json())
 
     @app.get("/instance/status")
     def instance_status():

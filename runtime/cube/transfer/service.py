@@ -31,6 +31,7 @@ from runtime import storage
 from runtime.cube.transfer import planner
 from runtime.cube.transfer.agents import AgentClient, PartialEnable, RolloutError, Shipment
 from runtime.cube.transfer.build import Builder, BuildFn, default_build
+from runtime.cube.transfer.info import DictInfo, LastRollout, RelayoutInfo, RolloutInfo
 from runtime.cube.transfer.planner import Event
 from runtime.cube.transfer.state import STATE_FILE, Phase, Plan, TransferState
 from runtime.formats import donefile
@@ -366,38 +367,37 @@ class Transfer:
 
     # ---------------------------------------------------------------- HTTP views
 
-    def info(self) -> dict:
-        """``GET /dict/info``: ``version`` is the id every instance serves (None before the
-        first rollout; serving follows it); ``shard_num`` the topology's shard count,
-        ``served_shard_num`` the one the served version was rolled out for (they differ
-        until a re-layout is done); ``relayout``: None or ``{"from", "to", "target", "done",
-        "links", "given_up", "error"}``; ``waiting_for``: instances whose server runs with
-        another ``--shard-num``."""
+    def info(self) -> DictInfo:
+        """``GET /dict/info`` (``runtime.cube.transfer.info``): ``version`` is the id every
+        instance serves (None before the first rollout; serving follows it); ``shard_num``
+        the topology's shard count, ``served_shard_num`` the one the served version was
+        rolled out for (they differ until a re-layout is done); ``relayout``: None or its
+        progress; ``waiting_for``: instances whose server runs with another ``--shard-num``."""
         with self.lock:
             st = self.state
             served = st.served
             cur = st.current
             last = st.history[-1] if st.history else None
             rl = st.relayout
-            return {
-                "dict_name": self.dict_name, "version": served.version if served else None,
-                "base_id": served.base_id if served else None, "patch_id": served.patch_id if served else None,
-                "shard_num": self.shard_num, "replica_num": min(len(s.replicas) for s in self.topology.shards),
-                "replicas": [len(s.replicas) for s in self.topology.shards],
-                "dim": served.dim if served else None, "count": served.count if served else None,
-                "model": served.model if served else None, "enabled_at": served.enabled_at if served else None,
-                "status": "rolling_out" if cur else ("serving" if served else "empty"),
-                "rollout": None if cur is None else {
-                    "version": cur.version, "mode": cur.mode, "phase": cur.phase.value, "attempt": cur.attempt,
-                    "started": cur.started, "reason": cur.reason},
-                "served_shard_num": st.served_shard_num(),
-                "relayout": None if rl is None else {
-                    "from": rl.from_, "to": rl.to, "target": rl.target, "done": rl.next, "links": len(rl.links),
-                    "given_up": rl.given_up, "error": rl.error},
-                "waiting_for": list(self.waiting_for),
-                "last_rollout": None if last is None else {
-                    "version": last.version, "status": last.status, "error": last.error, "reason": last.reason},
-                "last_poll": self.last_poll, "last_error": self.last_error}
+            return DictInfo(
+                dict_name=self.dict_name, version=served.version if served else None,
+                base_id=served.base_id if served else None, patch_id=served.patch_id if served else None,
+                shard_num=self.shard_num, replica_num=min(len(s.replicas) for s in self.topology.shards),
+                replicas=[len(s.replicas) for s in self.topology.shards],
+                dim=served.dim if served else None, count=served.count if served else None,
+                model=served.model if served else None, enabled_at=served.enabled_at if served else None,
+                status="rolling_out" if cur else ("serving" if served else "empty"),
+                rollout=None if cur is None else RolloutInfo(
+                    version=cur.version, mode=cur.mode, phase=cur.phase.value, attempt=cur.attempt,
+                    started=cur.started, reason=cur.reason),
+                served_shard_num=st.served_shard_num(),
+                relayout=None if rl is None else RelayoutInfo(
+                    from_=rl.from_, to=rl.to, target=rl.target, done=rl.next, links=len(rl.links),
+                    given_up=rl.given_up, error=rl.error),
+                waiting_for=list(self.waiting_for),
+                last_rollout=None if last is None else LastRollout(
+                    version=last.version, status=last.status, error=last.error, reason=last.reason),
+                last_poll=self.last_poll, last_error=self.last_error)
 
     def instance_status(self) -> dict:
         """``GET /instance/status``: every instance's agent status (queried now, 2 s timeout)."""
