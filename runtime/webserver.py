@@ -11,6 +11,9 @@ Every app served here also answers, ahead of its own routes:
 - ``GET /readyz``: 200 ``{"ready": true}`` while serving, 503 ``{"ready": false, "reason"}``
   once it is stopping (readiness), so a load balancer takes it out before it goes.
 
+``json_errors(app)`` makes a Flask app answer every HTTP error (unknown path 404, wrong
+method 405, ``abort(...)``) as JSON ``{"error": "..."}``, as the roles' own errors are.
+
 ``serve_forever`` runs a role's server in the main thread's stead until SIGTERM or
 SIGINT: readiness turns false, ``on_stop`` runs (the role stops its own work), requests
 in flight finish (up to ``shutdown_timeout_s``), and it returns so the process exits 0.
@@ -32,6 +35,30 @@ def _json(start_response, status: str, body: dict) -> list[bytes]:
     data = json.dumps(body).encode()
     start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
     return [data]
+
+
+def json_errors(app):
+    """Registers on the Flask ``app`` one handler for every werkzeug ``HTTPException``: the
+    answer is its status (and headers, e.g. ``Allow`` on a 405) with the JSON body
+    ``{"error": "<METHOD> <path>: <what>"}``, ``<what>`` being the description given to
+    ``abort`` or else the status name in lower case (``not found``, ``method not
+    allowed``). Returns ``app``. Handlers the app registers for a specific status or
+    exception class still take precedence (Flask picks the most specific)."""
+    from flask import jsonify, request
+    from werkzeug.exceptions import HTTPException
+
+    @app.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException):
+        custom = exc.description and exc.description != type(exc).description
+        what = exc.description if custom else exc.name.lower()
+        resp = jsonify(error=f"{request.method} {request.path}: {what}")
+        resp.status_code = exc.code or 500
+        for name, value in exc.get_headers():
+            if name.lower() != "content-type":
+                resp.headers[name] = value
+        return resp
+
+    return app
 
 
 class WebServer:

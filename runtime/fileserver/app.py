@@ -49,6 +49,8 @@ from urllib.parse import quote
 
 from flask import Flask, Response, jsonify, request, send_file
 
+from runtime.webserver import json_errors
+
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20  # bytes per streamed read/write
@@ -192,7 +194,7 @@ def create_app(root: str | os.PathLike, token: str | None = None,
     """
     root_real = os.path.realpath(root)
     os.makedirs(root_real, exist_ok=True)
-    app = Flask(__name__)
+    app = json_errors(Flask(__name__))
     app.config["MAX_CONTENT_LENGTH"] = None
     app.url_map.merge_slashes = False  # '//' is handled (ignored) by resolve(), not redirected
     app.url_map.strict_slashes = False
@@ -300,20 +302,8 @@ def create_app(root: str | os.PathLike, token: str | None = None,
         resp.status_code = 200 if existed else 201
         return resp
 
-    @app.errorhandler(404)
-    def not_found(_e):
-        return err(404, "not found")
-
-    @app.errorhandler(405)
-    def not_allowed(_e):
-        return err(405, "method not allowed")
-
     @app.errorhandler(Exception)
-    def internal(e):
-        from werkzeug.exceptions import HTTPException
-
-        if isinstance(e, HTTPException):
-            return err(e.code or 500, e.description or e.name)
+    def internal(e):  # HTTP errors (404, 405, abort) are json_errors'
         log.exception("unhandled error")
         return err(500, f"internal error: {e.__class__.__name__}")
 

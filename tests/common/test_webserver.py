@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from runtime.webserver import WebServer
+from runtime.webserver import WebServer, json_errors
 
 
 def _app(environ, start_response):
@@ -53,3 +53,43 @@ def test_stop_lets_requests_in_flight_finish():
     assert out == {i: (200, b"ok") for i in range(3)}
     with pytest.raises(requests.ConnectionError):
         requests.get(w.url + "/healthz", timeout=2)  # no new connections after the stop
+
+
+def test_json_errors_for_http_errors():
+    from flask import Flask, abort
+
+    app = json_errors(Flask("t"))
+
+    @app.get("/gone")
+    def gone():
+        abort(410, "version 3 was removed")
+
+    c = app.test_client()
+    r = c.get("/nope")
+    assert r.status_code == 404 and r.json == {"error": "GET /nope: not found"}
+    r = c.post("/gone")
+    assert r.status_code == 405 and r.json == {"error": "POST /gone: method not allowed"}
+    assert "GET" in r.headers["Allow"]
+    r = c.get("/gone")
+    assert r.status_code == 410 and r.json == {"error": "GET /gone: version 3 was removed"}
+
+
+def _control_apps(tmp_path):
+    """Every Flask control app served by ``WebServer``: (name, app, a route without DELETE)."""
+    from runtime.cube.agent import Agent, create_app as agent_app
+    from runtime.cube.transfer.app import create_app as transfer_app
+    from runtime.fileserver.app import create_app as fileserver_app
+
+    yield "agent", agent_app(Agent("http://127.0.0.1:9", tmp_path / "agent")), "/status"
+    yield "transfer", transfer_app(object()), "/dict/info"
+    yield "fileserver", fileserver_app(tmp_path), "/x"
+
+
+def test_control_apps_answer_404_and_405_in_json(tmp_path):
+    for name, app, get_only in _control_apps(tmp_path):
+        c = app.test_client()
+        r = c.get("/no/such/route/")
+        assert r.status_code == 404 and r.is_json and "error" in r.json, name
+        if get_only:
+            r = c.delete(get_only)
+            assert r.status_code == 405 and r.json == {"error": f"DELETE {get_only}: method not allowed"}, name

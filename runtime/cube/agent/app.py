@@ -4,13 +4,14 @@ routes in ``runtime/cube/agent``'s package docstring) and ``elastic-ctr cube age
 from __future__ import annotations
 
 from runtime.cube.agent.commands import Agent
+from runtime.webserver import json_errors
 
 
 def create_app(agent: Agent):
     """The agent's Flask app (routes in the module docstring)."""
     from flask import Flask, jsonify, request
 
-    app = Flask("cube-agent")
+    app = json_errors(Flask("cube-agent"))
 
     def body() -> dict:
         data = request.get_json(silent=True)

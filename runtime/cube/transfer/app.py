@@ -11,6 +11,7 @@ import threading
 
 from runtime import storage
 from runtime.cube.transfer.service import Transfer
+from runtime.webserver import json_errors
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +21,7 @@ def create_app(transfer: Transfer):
     from flask import Flask, Response, jsonify
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    app = Flask("cube-transfer")
+    app = json_errors(Flask("cube-transfer"))
 
     @app.get("/dict/info")
     def dict_info():
