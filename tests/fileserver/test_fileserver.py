@@ -181,8 +181,8 @@ def test_storage_upload_roundtrip(server, tree, tmp_path):
     src.write_bytes(os.urandom(5000))
     storage.upload(src, server.url + "/versions/2/sparse/part-00000", token=TOKEN)
     assert (tree / "versions/2/sparse/part-00000").read_bytes() == src.read_bytes()
-    storage.append_line(server.url + "/donefile/base.txt", '{"id": 2, "key": 2, "input": "x"}', TOKEN)
-    storage.append_line(server.url + "/donefile/base.txt", '{"id": 3, "key": 3, "input": "y"}', TOKEN)
+    for vid, rel in ((2, "x"), (3, "y")):  # donefile.append: storage.append_line through the file server
+        donefile.append(server.url, "base", donefile.DonefileRecord(id=vid, key=vid, input=rel), TOKEN)
     assert [r.id for r in donefile.read(server.url, "base")] == [2, 3]
     got = tmp_path / "back.bin"
     storage.download(server.url + "/versions/2/sparse/part-00000", got,
