@@ -28,6 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from runtime.formats.train_result import RESULT, SUMMARY, TrainResult  # noqa: E402
+
 #: PS 1x2 examples/s of the per-batch loop at these settings (b16fb5e, measured 2026-11-23)
 OLD_PS_EXAMPLES_S = 7383.0
 
@@ -37,11 +39,11 @@ def _run_single(args: list[str]) -> dict:
     r = subprocess.run([sys.executable, "-m", "runtime.cli", "train", "--single", *args], capture_output=True,
                        text=True, cwd=REPO)
     wall = time.monotonic() - t0
-    for line in r.stdout.splitlines():
-        if line.startswith("ELASTIC_CTR_SUMMARY "):
-            rec = json.loads(line.split(" ", 1)[1])
-            rec["wall_s"] = round(wall, 1)
-            return rec
+    found = TrainResult.find(r.stdout, SUMMARY, source="train --single stdout")
+    if found is not None:
+        rec = found.to_dict()
+        rec["wall_s"] = round(wall, 1)
+        return rec
     raise SystemExit(f"train failed (rc {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
 
 
@@ -118,10 +120,9 @@ def _run_ps(data: Path, out: Path, epochs: int, threads: int, ps_mode: str) -> t
     per = []
     logs = Path(rec["log_dir"])
     for i, pid in enumerate(order):
-        examples = 0
-        for line in (logs / f"trainer-{i}.log").read_text(errors="replace").splitlines():
-            if line.startswith("ELASTIC_CTR_RESULT "):
-                examples = json.loads(line.split(" ", 1)[1])["examples"]
+        res = TrainResult.find((logs / f"trainer-{i}.log").read_text(errors="replace"), RESULT,
+                               source=f"trainer-{i}.log")
+        examples = (res.examples or 0) if res is not None else 0
         sent, recv = traffic.get(pid, (0, 0))
         per.append({"trainer": i, "examples": examples, "sent": sent, "received": recv})
     return rec, per

@@ -12,6 +12,8 @@ writer writes (docs/contracts.md describes each one):
 - ``seqfile``: the Hadoop SequenceFile holding a version's embeddings.
 - ``partitions``: the hourly training-data partitions (``ROOT/YYYYMMDD/HH/``, ``_SUCCESS``)
   landed by ``data generate --hours`` or an upstream job and read by the trainer.
+- ``train_result``: the trainer's result lines (``ELASTIC_CTR_RESULT``,
+  ``ELASTIC_CTR_SUMMARY``) read by the local-cluster launcher, the local pipeline and tests.
 
 ``_validation`` is private: it turns the models' validation errors into one message.
 

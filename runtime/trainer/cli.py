@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 
-import json
 import logging
 import sys
 
@@ -116,6 +115,13 @@ def _generate(args) -> int:
     return 0
 
 
+def _summary_line(rec: dict) -> str:
+    """The job's ``ELASTIC_CTR_SUMMARY`` line (``runtime.formats.train_result``)."""
+    from runtime.formats.train_result import SUMMARY, TrainResult
+
+    return TrainResult.of(rec).format(SUMMARY)
+
+
 def _train(args) -> int:
     from runtime import proc, storage
     from runtime.trainer import config, readers, roles, set_paddle_flags, train
@@ -149,10 +155,10 @@ def _train(args) -> int:
                   f"{len(rec.get('partitions') or [])} partition(s), "
                   f"{sum(e['kind'] == 'base' for e in ex)} base(s) and {sum(e['kind'] == 'patch' for e in ex)} "
                   f"patch(es) exported; AUC before training on each partition {[round(a, 4) for a in auc]}")
-            print("ELASTIC_CTR_SUMMARY " + json.dumps(rec))
+            print(_summary_line(rec))
             return 0
         print(f"{rec.get('mode')} training done: test auc per pass {[round(a, 4) for a in auc]}, "
               f"{rec.get('examples_per_s_total') or rec.get('examples_per_s')} examples/s"
               + (f", version {rec['version']} exported to {cfg.output}" if rec.get("version") else ""))
-        print("ELASTIC_CTR_SUMMARY " + json.dumps(rec))
+        print(_summary_line(rec))
     return 0

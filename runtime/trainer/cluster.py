@@ -8,7 +8,6 @@ process is stopped and ``RoleFailed`` (with the failing role's log tail) is rais
 """
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from runtime import proc
+from runtime.formats.train_result import RESULT, TrainResult, TrainResultError
 from runtime.trainer import PADDLE_FLAGS
 from runtime.trainer.config import TrainConfig, check_inputs, train_argv
 
@@ -26,7 +26,8 @@ def run_local_cluster(cfg: TrainConfig, pservers: int = 1, trainers: int = 2,
                       log_dir: str | None = None, timeout_s: float | None = None,
                       on_started: Callable[[list[str], list[int]], None] | None = None) -> dict:
     """Runs the job; returns trainer 0's result record (``test_auc``, ``version``, ...)
-    plus ``wall_seconds`` and ``log_dir``. ``on_started(pserver_endpoints, trainer_pids)``
+    plus ``wall_seconds``, ``log_dir`` and the totals (``job_totals``), the fields of
+    ``runtime.formats.train_result.TrainResult`` as a dict. ``on_started(pserver_endpoints, trainer_pids)``
     is called once every role is started (benchmarks sample the trainers' sockets).
     Raises ``proc.RoleFailed`` / ``TimeoutError``."""
     if pservers < 1 or trainers < 1:
@@ -55,21 +56,32 @@ def run_local_cluster(cfg: TrainConfig, pservers: int = 1, trainers: int = 2,
         for r in ps_roles:  # as Volcano's CompleteJob: SIGTERM, then SIGKILL after the grace period
             group.stop(r)
         pserver_exit_codes = [r.proc.returncode for r in ps_roles]
-    rec = {}
-    for line in (logs / "trainer-0.log").read_text(errors="replace").splitlines():
-        if line.startswith("ELASTIC_CTR_RESULT "):
-            rec = json.loads(line.split(" ", 1)[1])
-    per_trainer = []
-    for i in range(trainers):
-        for line in (logs / f"trainer-{i}.log").read_text(errors="replace").splitlines():
-            if line.startswith("ELASTIC_CTR_RESULT "):
-                per_trainer.append(json.loads(line.split(" ", 1)[1]))
-    # the job's rate: every trainer's examples over the slowest trainer's time
-    examples = sum(r.get("examples", 0) for r in per_trainer)
-    train_s = max((r.get("train_seconds", 0.0) for r in per_trainer), default=0.0)
-    with_load_s = max((r.get("train_seconds", 0.0) + r.get("load_seconds", 0.0) for r in per_trainer), default=0.0)
+    # a trainer stopped by a signal before the end prints no line (nothing exported)
+    found = [_result(logs / f"trainer-{i}.log") for i in range(trainers)]
+    per_trainer = [r for r in found if r is not None]
+    rec = found[0].to_dict() if found[0] is not None else {}
     rec.update(wall_seconds=round(time.monotonic() - t0, 2), log_dir=str(logs), pserver_exit_codes=pserver_exit_codes,
-               examples_total=examples,
-               examples_per_s_total=round(examples / train_s, 1) if train_s else 0.0,
-               examples_per_s_with_load_total=round(examples / with_load_s, 1) if with_load_s else 0.0)
+               **job_totals(per_trainer))
     return rec
+
+
+def _result(log_path: Path) -> TrainResult | None:
+    """A trainer's ``ELASTIC_CTR_RESULT`` record from its log (None if it printed none).
+    Raises ``RuntimeError`` naming the log when the line is malformed."""
+    try:
+        return TrainResult.find(log_path.read_text(errors="replace"), RESULT, source=str(log_path))
+    except TrainResultError as exc:
+        raise RuntimeError(str(exc)) from None
+
+
+def job_totals(per_trainer: list[TrainResult]) -> dict:
+    """The job's rate from every trainer's record: ``examples_total`` (sum of their
+    ``examples``), ``examples_per_s_total`` (over the slowest trainer's ``train_seconds``)
+    and ``examples_per_s_with_load_total`` (over the slowest ``train_seconds +
+    load_seconds``); rates are 0.0 when no trainer reports seconds."""
+    examples = sum(r.examples or 0 for r in per_trainer)
+    train_s = max((r.train_seconds or 0.0 for r in per_trainer), default=0.0)
+    with_load_s = max(((r.train_seconds or 0.0) + (r.load_seconds or 0.0) for r in per_trainer), default=0.0)
+    return {"examples_total": examples,
+            "examples_per_s_total": round(examples / train_s, 1) if train_s else 0.0,
+            "examples_per_s_with_load_total": round(examples / with_load_s, 1) if with_load_s else 0.0}

@@ -24,13 +24,13 @@ same data path, same export.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 
 import numpy as np
 
+from runtime.formats.train_result import RESULT, TrainResult
 from runtime.trainer import readers, roles
 from runtime.trainer.publish import publish, table_save_dir
 from runtime.trainer.stop import StopSignal
@@ -40,8 +40,10 @@ log = logging.getLogger(__name__)
 
 
 def result_line(record: dict) -> None:
-    """Prints the machine-readable result line (parsed by the local-cluster launcher)."""
-    print("ELASTIC_CTR_RESULT " + json.dumps(record), flush=True)
+    """Prints this process's ``ELASTIC_CTR_RESULT`` line (``runtime.formats.train_result``;
+    read by the local-cluster launcher). Raises ``TrainResultError`` naming a field the
+    record may not hold."""
+    print(TrainResult.of(record).format(RESULT), flush=True)
 
 
 def load_test(cfg: TrainConfig, test_files: list[str], slots) -> readers.Batch | None:

@@ -2,7 +2,6 @@
 whose base + patches equal the trainer's table bit for bit, resume after a killed trainer."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,6 +16,7 @@ import pytest
 from runtime.formats import donefile, partitions
 from runtime.formats.model_meta import ModelMeta
 from runtime.formats.seqfile import read_sequence_file
+from runtime.formats.train_result import SUMMARY, TrainResult
 from runtime.trainer import generator, online, readers
 from tests.helpers import CliProcess
 
@@ -76,9 +76,9 @@ def _run(args, tmp, timeout=400):
 
 
 def _summary(r):
-    for line in r.stdout.splitlines():
-        if line.startswith("ELASTIC_CTR_SUMMARY "):
-            return json.loads(line.split(" ", 1)[1])
+    rec = TrainResult.find(r.stdout, SUMMARY, source="train stdout")
+    if rec is not None:
+        return rec.to_dict()
     raise AssertionError(f"no summary; rc={r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
 
 
@@ -152,7 +152,7 @@ def test_continuous_waits_for_the_done_marker(tmp_path):
     p.wait_for(f"waiting for partition {late}: no _SUCCESS")
     partitions.mark_complete(d)
     assert p.wait() == 0
-    s = json.loads([ln for ln in p.lines if ln.startswith("ELASTIC_CTR_SUMMARY ")][0].split(" ", 1)[1])
+    s = TrainResult.find("\n".join(p.lines), SUMMARY).to_dict()
     assert [p["hour"] for p in s["partitions"]] == [START, str(late)]
 
 

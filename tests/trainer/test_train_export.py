@@ -2,7 +2,6 @@
 from the SequenceFiles predicts what the trained program predicted on the same rows."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import pytest
 from runtime.formats import donefile
 from runtime.formats.model_meta import ModelMeta
 from runtime.formats.seqfile import read_sequence_file
+from runtime.formats.train_result import SUMMARY, TrainResult
 from runtime.inference import DensePredictor
 from runtime.trainer import generator, readers
 
@@ -34,9 +34,9 @@ def _train(args, tmp, timeout=240):
 
 
 def _summary(r):
-    for line in r.stdout.splitlines():
-        if line.startswith("ELASTIC_CTR_SUMMARY "):
-            return json.loads(line.split(" ", 1)[1])
+    rec = TrainResult.find(r.stdout, SUMMARY, source="train stdout")
+    if rec is not None:
+        return rec.to_dict()
     raise AssertionError(f"no summary; rc={r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
 
 
