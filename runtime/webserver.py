@@ -154,6 +154,17 @@ class StopSignal:
         return signal.Signals(self._received[0]).name
 
 
+DRAIN_HELP = ("on SIGTERM, keep answering this long with readiness false before stopping "
+              "(time for load balancers and clients to notice)")
+
+
+def add_drain_seconds(parser) -> None:
+    """Adds ``--drain-seconds`` (float seconds, default 0) to the ``argparse`` ``parser`` of
+    a role that stops gracefully: the ``drain_s`` of ``serve_forever`` (the cube server's
+    data plane drains the same way)."""
+    parser.add_argument("--drain-seconds", type=float, default=0.0, help=DRAIN_HELP)
+
+
 def serve_forever(server: WebServer, on_stop: Callable[[], None] | None = None, drain_s: float = 0.0) -> int:
     """Serves ``server`` until SIGTERM or SIGINT, then stops gracefully: readiness turns
     false, ``drain_s`` seconds pass (still answering, while load balancers notice),

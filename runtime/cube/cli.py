@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from runtime.cli import HelpFormatter
+from runtime.webserver import add_drain_seconds
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -59,9 +60,7 @@ def register_server(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--no-verify", action="store_true", help="skip the crc32 check of loaded dicts")
     p.add_argument("--io-mode", choices=("epoll", "threads"), default="epoll",
                    help="data-plane I/O: one epoll thread for every connection, or a thread each")
-    p.add_argument("--drain-seconds", type=float, default=0.0,
-                   help="on SIGTERM, keep answering this long with readiness false before stopping "
-                   "(time for load balancers and clients to notice)")
+    add_drain_seconds(p)
     p.add_argument("--stop-timeout", type=float, default=10.0,
                    help="on SIGTERM, after the drain: seconds the lookups already received get to be "
                    "answered before the remaining connections are closed")
@@ -87,9 +86,7 @@ def register_agent(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--work-dir", required=True, help="directory for downloaded and unpacked versions")
     p.add_argument("--load-timeout", type=float, default=300.0,
                    help="seconds to wait for the server's background load")
-    p.add_argument("--drain-seconds", type=float, default=0.0,
-                   help="on SIGTERM, keep answering this long with readiness false before stopping "
-                   "(time for load balancers and clients to notice)")
+    add_drain_seconds(p)
 
     def handler(args: argparse.Namespace) -> int:
         from runtime.cube import agent
@@ -129,9 +126,7 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--stop-timeout", type=float, default=20.0,
                    help="on SIGTERM, seconds to wait for the step in progress before exiting (its rollout "
                         "resumes at the next start)")
-    p.add_argument("--drain-seconds", type=float, default=0.0,
-                   help="on SIGTERM, keep answering this long with readiness false before stopping "
-                   "(time for load balancers and clients to notice)")
+    add_drain_seconds(p)
     p.add_argument("--once", action="store_true", help="roll out what the donefile holds, then exit")
 
     def handler(args: argparse.Namespace) -> int:

@@ -3,10 +3,11 @@ token-authenticated uploads, until SIGTERM."""
 from __future__ import annotations
 
 import argparse
-
-from runtime.cli import HelpFormatter
 import logging
 import os
+
+from runtime.cli import HelpFormatter
+from runtime.webserver import add_drain_seconds
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +28,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--threads", type=int, default=8, help="worker threads")
     p.add_argument("--max-upload-bytes", type=int, default=None,
                    help="refuse uploads larger than this many bytes (default: unlimited)")
-    p.add_argument("--drain-seconds", type=float, default=0.0,
-                   help="on SIGTERM, keep answering this long with readiness false before stopping")
+    add_drain_seconds(p)
     p.set_defaults(handler=_run)
 
 

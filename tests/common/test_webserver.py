@@ -93,3 +93,14 @@ def test_control_apps_answer_404_and_405_in_json(tmp_path):
         if get_only:
             r = c.delete(get_only)
             assert r.status_code == 405 and r.json == {"error": f"DELETE {get_only}: method not allowed"}, name
+
+
+def test_every_graceful_role_takes_drain_seconds():
+    from runtime.cli import build_parser
+
+    parser = build_parser()
+    for argv in (["fileserver", "--root", "r"], ["cube", "server", "--shard", "0"],
+                 ["cube", "agent", "--work-dir", "w"], ["cube", "transfer", "--topology", "t", "--root", "r",
+                                                          "--work-dir", "w"]):
+        assert parser.parse_args(argv).drain_seconds == 0.0
+        assert parser.parse_args(argv + ["--drain-seconds", "1.5"]).drain_seconds == 1.5
