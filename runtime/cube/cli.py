@@ -45,7 +45,7 @@ def register_build(cube_sub: "argparse._SubParsersAction") -> None:
 
 
 def register_server(cube_sub: "argparse._SubParsersAction") -> None:
-    """``cube server``: one shard over the binary data plane, HTTP control (runtime/cube/server.py)."""
+    """``cube server``: one shard over the binary data plane, HTTP control (runtime/cube/server/)."""
     p = cube_sub.add_parser("server", formatter_class=HelpFormatter, help="serve one shard (binary data plane + HTTP control/metrics)")
     p.add_argument("--shard", type=int, required=True, help="this server's shard index")
     p.add_argument("--shard-num", type=int, default=1, help="shard count")

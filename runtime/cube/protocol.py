@@ -48,12 +48,12 @@ import numpy as np
 
 MAGIC = 0x45425543  # b"CUBE" little-endian
 OP_SEEK = 1
-FLAG_VERSION = 1
+FLAG_VERSION = 1  # request flags bit 0: the ``version`` field is set
 
 LEN = struct.Struct("<I")
 REQ_HEADER = struct.Struct("<IBBHIIIQ")   # magic, op, flags, rsv, request_id, count, rsv, version
 REP_HEADER = struct.Struct("<IBBHIIIQQ")  # magic, status, flags, rsv, request_id, count, dim, version, other
-REP_FRAME = struct.Struct("<IIBBHIIIQQ")  # length + REP_HEADER, packed in one call by the server
+REP_FRAME = struct.Struct("<IIBBHIIIQQ")  # length + REP_HEADER, packed in one call by the server (OK replies)
 REQ_PREFIX = LEN.size + REQ_HEADER.size   # 32: offset of the keys in a request frame
 REP_PREFIX = LEN.size + REP_HEADER.size   # 40: offset of the found mask in a reply frame
 
@@ -69,21 +69,34 @@ STATUS_NAMES = {OK: "OK", VERSION_UNAVAILABLE: "VERSION_UNAVAILABLE", NOT_READY:
 DEFAULT_MAX_KEYS = 1 << 20
 
 
-def pad8(n: int) -> int:
-    """``n`` rounded up to a multiple of 8."""
-    return (n + 7) & ~7
+def request_size(count: int) -> int:
+    """Bytes of a request frame (length prefix included) for ``count`` keys; its length
+    field holds ``request_size(count) - LEN.size``."""
+    return REQ_PREFIX + 8 * count
+
+
+def reply_layout(count: int, dim: int) -> tuple[int, int]:
+    """An OK reply for ``count`` keys of ``dim`` floats -> ``(values_offset, frame_size)``,
+    bytes from the start of the frame (length prefix included): the found mask
+    ``u8[count]`` starts at ``REP_PREFIX``, zero-padded to a multiple of 8 bytes, the
+    values ``f32[count * dim]`` at ``values_offset``, and the frame ends at
+    ``frame_size``. The server writes replies and ``decode_reply`` reads them by this
+    layout (the one place the padding is computed)."""
+    at = REP_PREFIX + ((count + 7) & ~7)
+    return at, at + 4 * count * dim
 
 
 def reply_size(count: int, dim: int) -> int:
     """Bytes of an OK reply frame (length prefix included) for ``count`` keys of ``dim`` floats."""
-    return REP_PREFIX + pad8(count) + 4 * count * dim
+    return reply_layout(count, dim)[1]
 
 
 def encode_request(keys: np.ndarray, version: int | None = None, request_id: int = 0) -> bytes:
-    """``keys: uint64[n]`` -> one request frame (bytes)."""
+    """``keys: uint64[n]`` -> one request frame (bytes); ``version`` set (not None/0) sets
+    ``FLAG_VERSION`` (answer from that version or refuse)."""
     keys = np.ascontiguousarray(keys, dtype="<u8")
     n = keys.shape[0]
-    head = LEN.pack(REQ_HEADER.size + 8 * n) + REQ_HEADER.pack(
+    head = LEN.pack(request_size(n) - LEN.size) + REQ_HEADER.pack(
         MAGIC, OP_SEEK, FLAG_VERSION if version else 0, 0, request_id & 0xFFFFFFFF, n, 0,
         int(version or 0))
     return head + keys.tobytes()
@@ -115,8 +128,9 @@ def decode_reply(frame: memoryview | bytes) -> tuple[int, int, int, np.ndarray, 
         raise ValueError(f"malformed reply (magic {magic:#x}, length {length}, frame {len(frame)})")
     if status != OK:
         raise ReplyError(status, version, other, bytes(frame[REP_PREFIX:]).decode("utf-8", "replace"))
-    if len(frame) != reply_size(count, dim):
+    values_at, size = reply_layout(count, dim)
+    if len(frame) != size:
         raise ValueError(f"reply of {len(frame)} bytes for {count} keys x dim {dim}")
     found = np.frombuffer(frame, np.bool_, count, REP_PREFIX)
-    values = np.frombuffer(frame, np.float32, count * dim, REP_PREFIX + pad8(count)).reshape(count, dim)
+    values = np.frombuffer(frame, np.float32, count * dim, values_at).reshape(count, dim)
     return rid, version, other, found, values

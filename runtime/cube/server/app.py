@@ -1,0 +1,115 @@
+"""The cube server's HTTP control app (Flask) and its Prometheus collector.
+
+Routes (docs/contracts.md): ``GET /status``, ``POST /bg_load_base {"dir", "version"}``
+(202), ``POST /bg_load_patch {"dir", "version", "base_version"}`` (202; 409 unless
+``base_version`` is the served version), ``POST /enable {"version"}`` (409 unless the bg
+slot holds it, loaded; 200 when it is already served), ``POST /bg_unload``, ``GET
+/metrics`` (Prometheus text format). ``/healthz`` and ``/readyz`` come from
+``runtime/webserver.py``. Errors are JSON ``{"error"}``: 400 for a bad body, 404, 405, 409.
+"""
+from __future__ import annotations
+
+from runtime.cube.server.versions import Conflict
+
+
+def create_control_app(server):
+    """The control app of ``server`` (a ``CubeServer``, ``core.py``: its ``status()`` and
+    ``versions``) -> a Flask app (routes in the module docstring)."""
+    from flask import Flask, Response, jsonify, request
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    versions = server.versions
+
+    class _Collector:
+        def collect(self):
+            st = server.status()
+            yield CounterMetricFamily("cube_requests", "seek requests answered", value=st["requests"])
+            yield CounterMetricFamily("cube_keys", "keys looked up", value=st["keys_looked_up"])
+            yield CounterMetricFamily("cube_hits", "keys found", value=st["hits"])
+            e = CounterMetricFamily("cube_errors", "error replies by status", labels=["status"])
+            for k, v in st["errors"].items():
+                e.add_metric([k], v)
+            yield e
+            yield GaugeMetricFamily("cube_version", "served version id (0 = none)", value=st["version"] or 0)
+            yield GaugeMetricFamily("cube_prev_version", "previous version still answered",
+                                    value=st["prev_version"] or 0)
+            yield GaugeMetricFamily("cube_dict_keys", "keys in the served version", value=st["keys"])
+            yield GaugeMetricFamily("cube_connections", "open data-plane connections", value=st["connections"])
+            lo = CounterMetricFamily("cube_loads", "background loads by result", labels=["result"])
+            for k, v in versions.loads.items():
+                lo.add_metric([k], v)
+            yield lo
+            yield CounterMetricFamily("cube_enables", "version switches", value=versions.enables)
+
+    registry = CollectorRegistry()
+    registry.register(_Collector())
+    ProcessCollector(registry=registry)
+    app = Flask("cube-server")
+
+    def body() -> dict:
+        data = request.get_json(silent=True) if request.content_length else {}
+        if not isinstance(data, dict):
+            raise ValueError("body must be a JSON object")
+        return data
+
+    @app.get("/status")
+    def status():
+        return jsonify(server.status())
+
+    @app.get("/metrics")
+    def metrics():
+        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+
+    @app.post("/bg_load_base")
+    def bg_load_base():
+        b = body()
+        versions.bg_load(_req_str(b, "dir"), _req_int(b, "version"))
+        return jsonify(accepted=True, version=b["version"]), 202
+
+    @app.post("/bg_load_patch")
+    def bg_load_patch():
+        b = body()
+        versions.bg_load(_req_str(b, "dir"), _req_int(b, "version"), _req_int(b, "base_version"))
+        return jsonify(accepted=True, version=b["version"]), 202
+
+    @app.post("/enable")
+    def enable():
+        return jsonify(versions.enable(_req_int(body(), "version")))
+
+    @app.post("/bg_unload")
+    def bg_unload():
+        versions.bg_unload()
+        return jsonify(ok=True)
+
+    @app.errorhandler(Conflict)
+    def conflict(exc):
+        return jsonify(error=str(exc)), 409
+
+    @app.errorhandler(ValueError)
+    def bad_request(exc):
+        return jsonify(error=f"bad request to {request.path}: {exc}"), 400
+
+    @app.errorhandler(404)
+    def not_found(_exc):
+        return jsonify(error=f"no such path {request.path}"), 404
+
+    @app.errorhandler(405)
+    def not_allowed(_exc):
+        return jsonify(error=f"{request.method} {request.path}: method not allowed"), 405
+
+    return app
+
+
+def _req_int(body: dict, key: str) -> int:
+    v = body.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).isdigit():
+        raise ValueError(f"field {key!r} must be a non-negative integer, got {v!r}")
+    return int(v)
+
+
+def _req_str(body: dict, key: str) -> str:
+    v = body.get(key)
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"field {key!r} must be a non-empty string, got {v!r}")
+    return v

@@ -1,0 +1,33 @@
+"""``elastic-ctr cube server``: runs one ``CubeServer`` until SIGTERM/SIGINT, then stops it
+gracefully (the package docstring: readiness false, ``--drain-seconds``, lookups received
+are answered within ``--stop-timeout``). Options: ``runtime/cube/cli.py``."""
+from __future__ import annotations
+
+import logging
+import time
+
+from runtime.cube.server.core import CubeServer
+
+log = logging.getLogger(__name__)
+
+
+def main(args) -> int:
+    """Serves with ``args`` (the ``cube server`` options) until a stop signal; returns the
+    exit code (0)."""
+    from runtime.webserver import StopSignal
+
+    srv = CubeServer(args.shard, args.shard_num, args.dict_name, host=args.host, port=args.port,
+                     http_port=args.http_port, data_dir=args.data_dir, max_keys=args.max_keys,
+                     verify=not args.no_verify, io_mode=args.io_mode)
+    stop = StopSignal()
+    srv.start()
+    name = stop.wait()
+    drain_s, grace_s = float(args.drain_seconds), float(args.stop_timeout)
+    log.info("cube server: %s received, stopping (readiness false, draining %.1f s, then up to %.1f s for the "
+             "lookups in flight)", name, drain_s, grace_s)
+    srv.unready("terminating")
+    if drain_s > 0:
+        time.sleep(drain_s)
+    srv.stop(grace_s=max(grace_s, 0.001))
+    log.info("cube server stopped")
+    return 0
