@@ -96,6 +96,26 @@ def test_not_ready_then_load_enable_seek(any_server, data):
     c.close()
 
 
+def test_frame_sizes_follow_the_protocol(server, data):
+    """Every batch size (found mask padding 0..7 bytes): the request is ``request_size``
+    bytes and the server's reply is exactly ``reply_layout``'s frame (protocol.py owns both)."""
+    tmp, keys, values, base = data
+    load_and_enable(server, shard_dir(base, 0), 100)
+    c = Conn(server)
+    for n in (0, 1, 7, 8, 9, 15, 16, 17, 1000):
+        frame = protocol.encode_request(keys[:n], 100, n)
+        assert len(frame) == protocol.request_size(n)
+        c.s.sendall(frame)
+        reply = c.recv_frame()
+        values_at, size = protocol.reply_layout(n, 4)
+        assert len(reply) == size == protocol.reply_size(n, 4) and (values_at - protocol.REP_PREFIX) % 8 == 0
+        assert values_at - protocol.REP_PREFIX - n < 8
+        rid, version, _, found, vals = protocol.decode_reply(reply)
+        assert (rid, version) == (n, 100) and found.all()
+        np.testing.assert_array_equal(vals, values[:n])
+    c.close()
+
+
 def test_switch_keeps_previous_version_and_patch_cow(server, data):
     tmp, keys, values, base = data
     load_and_enable(server, shard_dir(base, 0), 100)
