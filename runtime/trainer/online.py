@@ -47,6 +47,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.formats import donefile, partitions
+from runtime.formats.train_result import PartitionResult
 from runtime.trainer import publish
 from runtime.trainer.config import TrainConfig
 
@@ -70,19 +71,6 @@ class ExportRecord(BaseModel):
     hour: str
     rows: int
     seconds: float = 0.0
-
-
-class PartitionRecord(BaseModel):
-    """One trained partition: rows trained by this job, the AUC of the model before
-    training on it (trainer 0's rows; ``None`` for the first), the pass's train AUC."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    hour: str
-    rows: int
-    auc_before: Optional[float] = None
-    train_auc: Optional[float] = None
-    version: Optional[int] = None
 
 
 class OnlineState(BaseModel):
@@ -224,14 +212,17 @@ def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
         _finish_pending(worker, cfg, state, ckroot)
     hour = partitions.Hour.parse(next_hour, "state next_hour")
     since_export = 0
-    records: list[PartitionRecord] = []
+    records: list[PartitionResult] = []
+    load_s = 0.0
     t_job = time.monotonic()
     while (end is None or hour <= end) and not stop.requested:
         if not _wait_for(cfg, hour, stop):
             break
         files = partitions.files(cfg.data_root, hour)
+        t_load = time.monotonic()
         ds, staged = worker.load(files, keep_rows=worker.chief)
-        rec = PartitionRecord(hour=str(hour), rows=staged.rows)
+        load_s += time.monotonic() - t_load
+        rec = PartitionResult(hour=str(hour), rows=staged.rows)
         if worker.chief and staged.holdout is not None and (state.exports or ckpt is not None or records):
             hold = staged.holdout
             n = min(len(hold), EVAL_ROWS)
@@ -246,7 +237,7 @@ def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
         worker.barrier()
         st = worker.train_pass(ds, f"partition {hour}", staged.rows)
         ds.release_memory()
-        rec.train_auc = round(st.train_auc, 6)
+        rec.train_auc, rec.seconds = round(st.train_auc, 6), st.seconds
         worker.sync()
         records.append(rec)
         state.since_base += 1
@@ -261,8 +252,14 @@ def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
                 snapshot = ver[1]
             since_export = 0
     worker.budget.finish()
+    # every partition is one pass over its rows (train_pass checks the count)
+    examples = sum(r.rows for r in records)
+    train_s = sum(r.seconds or 0.0 for r in records)
     out = {**job, "mode_online": "continuous", "next_hour": str(hour),
-           "partitions": [r.model_dump() for r in records],
+           "partitions": [r.model_dump() for r in records], "examples": examples, "rows": examples,
+           "load_seconds": round(load_s, 3), "train_seconds": round(train_s, 3),
+           "examples_per_s": round(examples / max(train_s, 1e-9), 1),
+           "examples_per_s_with_load": round(examples / max(train_s + load_s, 1e-9), 1),
            "wall_seconds_online": round(time.monotonic() - t_job, 1)}
     if worker.chief:
         final = OnlineState.load(cfg.state_dir) or state

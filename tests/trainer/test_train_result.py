@@ -79,3 +79,67 @@ def test_job_totals_sum_examples_over_the_slowest_trainer():
                                 "examples_per_s_with_load_total": 600.0}
     assert job_totals([]) == {"examples_total": 0, "examples_per_s_total": 0.0,
                               "examples_per_s_with_load_total": 0.0}
+
+
+class _FakeWorker:
+    """Just enough of ``runtime.trainer.worker.Worker`` for ``online.run`` without Paddle:
+    each partition is ``rows`` rows trained in ``seconds``."""
+
+    who, chief, shard = "fake", True, (0, 1)
+
+    def __init__(self, rows: int, seconds: float):
+        from types import SimpleNamespace
+
+        self.rows, self.seconds = rows, seconds
+        self.slots = [1]
+        self.budget = SimpleNamespace(finish=lambda: None)
+
+    def load(self, files, keep_rows=False):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(release_memory=lambda: None), SimpleNamespace(rows=self.rows, holdout=None)
+
+    def train_pass(self, ds, label, expected_rows):
+        from runtime.trainer.worker import PassStats
+
+        return PassStats(expected_rows, self.seconds, 0.7, 0.5)
+
+    def barrier(self):
+        pass
+
+    def sync(self):
+        pass
+
+    def full_table(self, save_dir):
+        import numpy as np
+
+        return np.arange(3, dtype=np.uint64), np.ones((3, 9), np.float32)
+
+    def checkpoint(self, directory):
+        import os
+
+        os.makedirs(directory, exist_ok=True)
+
+
+def test_continuous_job_reports_its_examples_and_rate(tmp_path):
+    """The summary of a continuous job counts every partition's rows (it reported
+    ``examples_total 0`` and ``examples_per_s_total 0.0``)."""
+    from runtime.formats import partitions
+    from runtime.trainer import online
+    from runtime.trainer.config import TrainConfig
+
+    for h in ("20261120/00", "20261120/01", "20261120/02"):
+        d = tmp_path / "data" / h
+        d.mkdir(parents=True)
+        (d / "part-0.txt").write_text("")
+        partitions.mark_complete(d)
+    cfg = TrainConfig(mode="continuous", data_root=str(tmp_path / "data"), start_hour="20261120/00",
+                      end_hour="20261120/02", state_dir=str(tmp_path / "state"), patch_every=3,
+                      table_dir=str(tmp_path / "table"))
+    job = {"mode": "ps", "trainers": 1, "pservers": 1, "trainer_id": 0}
+    rec = TrainResult.of(online.run(_FakeWorker(rows=500, seconds=0.25), cfg, [], job))
+    assert rec.examples == 1500 and rec.rows == 1500 and rec.train_seconds == pytest.approx(0.75)
+    assert [p.seconds for p in rec.partitions] == [0.25, 0.25, 0.25]
+    totals = job_totals([rec])
+    assert totals["examples_total"] == 1500 and totals["examples_per_s_total"] == 2000.0
+    assert 0 < totals["examples_per_s_with_load_total"] <= 2000.0
