@@ -90,9 +90,21 @@ def test_control_apps_answer_404_and_405_in_json(tmp_path):
         c = app.test_client()
         r = c.get("/no/such/route/")
         assert r.status_code == 404 and r.is_json and "error" in r.json, name
-        if get_only:
-            r = c.delete(get_only)
-            assert r.status_code == 405 and r.json == {"error": f"DELETE {get_only}: method not allowed"}, name
+        r = c.delete(get_only)
+        assert r.status_code == 405 and r.json == {"error": f"DELETE {get_only}: method not allowed"}, name
+
+
+def test_cube_server_control_answers_404_and_405_in_json():
+    from tests.helpers import http, start_server
+
+    s = start_server()
+    try:
+        r = requests.get(http(s) + "/nope", timeout=5)
+        assert r.status_code == 404 and r.json() == {"error": "GET /nope: not found"}
+        r = requests.delete(http(s) + "/status", timeout=5)
+        assert r.status_code == 405 and r.json() == {"error": "DELETE /status: method not allowed"}
+    finally:
+        s.stop()
 
 
 def test_every_graceful_role_takes_drain_seconds():

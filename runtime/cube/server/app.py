@@ -10,6 +10,7 @@ slot holds it, loaded; 200 when it is already served), ``POST /bg_unload``, ``GE
 from __future__ import annotations
 
 from runtime.cube.server.versions import Conflict
+from runtime.webserver import json_errors
 
 
 def create_control_app(server):
@@ -45,7 +46,7 @@ def create_control_app(server):
     registry = CollectorRegistry()
     registry.register(_Collector())
     ProcessCollector(registry=registry)
-    app = Flask("cube-server")
+    app = json_errors(Flask("cube-server"))
 
     def body() -> dict:
         data = request.get_json(silent=True) if request.content_length else {}
@@ -89,14 +90,6 @@ def create_control_app(server):
     @app.errorhandler(ValueError)
     def bad_request(exc):
         return jsonify(error=f"bad request to {request.path}: {exc}"), 400
-
-    @app.errorhandler(404)
-    def not_found(_exc):
-        return jsonify(error=f"no such path {request.path}"), 404
-
-    @app.errorhandler(405)
-    def not_allowed(_exc):
-        return jsonify(error=f"{request.method} {request.path}: method not allowed"), 405
 
     return app
 
