@@ -29,8 +29,9 @@ Reply body (``REP_HEADER``, 36 bytes after the length)::
     u64 version    version answered from (on an error: the version currently served, 0 = none)
     u64 other      the other version held (the previous one), 0 = none
     then, when status == OK:
-        u8  found[count], zero-padded to a multiple of 8 bytes   (1 = hit, 0 = miss)
-        f32 values[count * dim]                                  (zeros for a miss)
+        u8  found[count]         1 = hit, 0 = miss; then padding to a multiple of 8 bytes
+                                 (its content is unspecified: readers skip it)
+        f32 values[count * dim]  zeros for a miss
     else: a UTF-8 error message (the rest of the frame)
 
 Errors: ``VERSION_UNAVAILABLE`` (the wanted version is neither the current nor the
@@ -78,7 +79,7 @@ def request_size(count: int) -> int:
 def reply_layout(count: int, dim: int) -> tuple[int, int]:
     """An OK reply for ``count`` keys of ``dim`` floats -> ``(values_offset, frame_size)``,
     bytes from the start of the frame (length prefix included): the found mask
-    ``u8[count]`` starts at ``REP_PREFIX``, zero-padded to a multiple of 8 bytes, the
+    ``u8[count]`` starts at ``REP_PREFIX``, padded to a multiple of 8 bytes, the
     values ``f32[count * dim]`` at ``values_offset``, and the frame ends at
     ``frame_size``. The server writes replies and ``decode_reply`` reads them by this
     layout (the one place the padding is computed)."""
