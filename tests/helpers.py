@@ -37,7 +37,7 @@ def make_data(n: int, dim: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarr
 
 def build_version(tmp: Path, keys, values, version: int, shard_num: int = 1, mode: str = "base",
                   base_version: int | None = None):
-    """Writes one SequenceFile of (keys, values) and builds it; returns the BuildResult."""
+    """Writes one SequenceFile of (keys, values) and builds it; returns its BuildRecord."""
     src = Path(tmp) / f"src-{version}"
     src.mkdir(parents=True, exist_ok=True)
     write_sequence_file(src / "part-00000", keys, values)
