@@ -295,6 +295,9 @@ class DataPlane:
 
     # ------------------------------------------------------------------ requests
     def _error(self, c: Conn, status: int, rid: int, msg: str, close: bool = True) -> None:
+        """Sends ``c`` an error reply (``protocol.encode_error``: ``status`` != OK, request
+        id ``rid``, the versions held, ``msg``) and counts it; ``close``: logged, the caller
+        then closes the connection. A failed send is ignored."""
         c.st.errors[status] = c.st.errors.get(status, 0) + 1
         cur, prev = self.versions.served
         frame = protocol.encode_error(status, rid, cur.version if cur else 0, prev.version if prev else 0, msg)
