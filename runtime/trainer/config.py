@@ -82,7 +82,10 @@ class TrainConfigError(ValueError):
                 problems += err["ctx"]["error"].args[0]
                 continue
             name = str(err["loc"][0])
-            text = str(err["ctx"]["error"]) if err["type"] == "value_error" else allowed(name)
+            if name not in FIELDS:
+                text = f"no such setting (known: {', '.join(FIELDS)})"
+            else:
+                text = str(err["ctx"]["error"]) if err["type"] == "value_error" else allowed(name)
             problems.append(Problem(name, err.get("input"), text))
         return cls(problems)
 
