@@ -451,7 +451,8 @@ _HEADER = """\
 # Generated from infra/config.py (make pulumi-yaml); edit the model there, not this file.
 # Every key the program reads is declared here with its type, default and description.
 # Stack files set them as `elastic-ctr:<key>`; `pulumi config set <key> <value>` does that.
-# Ranges and cross-key rules are checked by infra/config.py before anything is declared.
+# Ranges and cross-key rules are checked by infra/config.py before anything is declared;
+# the training keys' by the trainer's own model (runtime/trainer/config.py, TrainConfig).
 name: elastic-ctr
 description: CTR recommendation pipeline (Paddle parameter-server training, cube sparse-parameter service, serving) on Kubernetes
 runtime:
