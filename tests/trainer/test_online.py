@@ -193,6 +193,8 @@ def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
     assert first.next_hour == "20261120/02" and [e.hour for e in first.exports] == ["20261120/00", "20261120/01"]
     rec = run_local_cluster(cfg, 1, 2, log_dir=str(tmp_path / "logs2"), timeout_s=300)
     assert [p["hour"] for p in rec["partitions"]] == ["20261120/02", "20261120/03"]
+    # the job's rate counts both trainers' rows of 02 and 03 (it reported 0)
+    assert rec["examples_total"] == 2 * 6000 and rec["examples_per_s_total"] > 0
     final = online.OnlineState.load(str(state))
     assert [e.hour for e in final.exports] == ["20261120/00", "20261120/01", "20261120/02", "20261120/03"]
     assert [e.kind for e in final.exports] == ["base", "patch", "patch", "base"]
