@@ -44,7 +44,7 @@ def serving(tmp_path_factory):
             try:
                 if requests.get(url + "/v2/health/ready", timeout=2).status_code == 200:
                     break
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # workers still loading: the backlog holds it
                 pass
             time.sleep(0.2)
         proc.wait_for_port("127.0.0.1", grpc_port, 30, role.proc, role.name, role.log_path)
