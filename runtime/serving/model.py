@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from runtime import storage
+from runtime.cube.transfer.info import fetch_dict_info
 from runtime.formats import donefile
 from runtime.formats.model_meta import FILE as META_FILE
 from runtime.formats.model_meta import ModelMeta, ModelMetaError
@@ -131,10 +132,7 @@ class VersionWatcher:
     def target(self) -> int | None:
         """The version that should be served now (None if none is known yet)."""
         if self.transfer_url:
-            r = storage.session().get(self.transfer_url + "/dict/info", timeout=2)
-            r.raise_for_status()
-            v = r.json().get("version")
-            return int(v) if v not in (None, "", 0, -1) else None
+            return fetch_dict_info(self.transfer_url, timeout_s=2, session=storage.session()).version
         return max((r.id for r in self._records()), default=None)
 
     def _model_rel(self, version: int) -> str:

@@ -17,7 +17,7 @@ import pytest
 
 from runtime.cube.agent import Agent, create_app as agent_app
 from runtime.cube.buildinfo import BuildRecord, ShardBuild, md5_name, part_name, shard_tar_name
-from runtime.cube.transfer import Transfer
+from runtime.cube.transfer.service import Transfer
 from runtime.cube.transfer.app import create_app
 from runtime.cube.transfer.info import DictInfo
 from runtime.formats import donefile

@@ -7,8 +7,7 @@ continuously with its HTTP API kept).
 - ``build``: Building and Deploying (builder, publishing the shard tars);
 - ``agents``: driving the agents through Downloading, Reloading, Enabling;
 - ``service``: the ``Transfer`` loop, reconcile and the views;
-- ``app``: the HTTP API and the process entry point.
+- ``app``: the HTTP API and the process entry point;
+- ``info``: the ``/dict/info`` body and its reader (imported by serving and the local
+  pipeline, so this package imports nothing at import time).
 """
-from runtime.cube.transfer.service import Transfer
-
-__all__ = ["Transfer"]
