@@ -23,27 +23,27 @@ COPY requirements/ requirements/
 FROM builder AS build-trainer
 # dependencies first, in their own layer: a code change does not reinstall Paddle
 RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install -r requirements/base.txt -r requirements/paddle.txt -c requirements/constraints.txt
+ && /opt/venv/bin/pip install -r requirements/base.txt -r requirements/s3.txt -r requirements/paddle.txt -c requirements/constraints.txt
 COPY pyproject.toml setup.py README.md ./
 COPY runtime/ runtime/
-RUN /opt/venv/bin/pip install ".[trainer]" -c requirements/constraints.txt \
+RUN /opt/venv/bin/pip install ".[trainer,s3]" -c requirements/constraints.txt \
  && /opt/venv/bin/python -m compileall -q /opt/venv/lib
 
 FROM builder AS build-cube
 RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install -r requirements/base.txt -r requirements/cube.txt -c requirements/constraints.txt
+ && /opt/venv/bin/pip install -r requirements/base.txt -r requirements/s3.txt -r requirements/cube.txt -c requirements/constraints.txt
 COPY pyproject.toml setup.py README.md ./
 COPY runtime/ runtime/
-RUN /opt/venv/bin/pip install ".[cube]" -c requirements/constraints.txt \
+RUN /opt/venv/bin/pip install ".[cube,s3]" -c requirements/constraints.txt \
  && /opt/venv/bin/python -m compileall -q /opt/venv/lib
 
 FROM builder AS build-serving
 RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install -r requirements/base.txt -r requirements/paddle.txt -r requirements/serving.txt \
+ && /opt/venv/bin/pip install -r requirements/base.txt -r requirements/s3.txt -r requirements/paddle.txt -r requirements/serving.txt \
       -c requirements/constraints.txt
 COPY pyproject.toml setup.py README.md ./
 COPY runtime/ runtime/
-RUN /opt/venv/bin/pip install ".[serving]" -c requirements/constraints.txt \
+RUN /opt/venv/bin/pip install ".[serving,s3]" -c requirements/constraints.txt \
  && /opt/venv/bin/python -m compileall -q /opt/venv/lib
 
 # ---------------------------------------------------------------- runtime stages

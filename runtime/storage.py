@@ -1,4 +1,6 @@
-"""Locations: a local path or an HTTP(S) URL, read, listed, downloaded and uploaded alike.
+"""Locations: a local path, an HTTP(S) URL, or an object store / HDFS location (``s3://``,
+``gs://``, ``hdfs://``, ``webhdfs://``: through fsspec, ``runtime.objectstore``), read,
+listed, downloaded and uploaded alike.
 
 Used by the trainer (input data, export upload), the cube transfer (donefile, SequenceFile
 inputs, publishing shard tars), the cube agent (downloads) and serving (dense model).
@@ -27,6 +29,8 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
+from runtime import objectstore
+
 TOKEN_ENV = "ELASTIC_CTR_UPLOAD_TOKEN"
 CHUNK = 1 << 20  # bytes per streamed chunk
 
@@ -42,6 +46,26 @@ def _umask_mode() -> int:
 
 class LocationError(OSError):
     """A location (path or URL) could not be read or written; the message names it."""
+
+
+class LocationNotFound(LocationError):
+    """The location does not exist (a missing file, HTTP 404, a missing object or bucket)."""
+
+
+def is_store(location: str) -> bool:
+    """True for object-store and HDFS locations (``s3://``, ``gs://``, ``hdfs://``, ...)."""
+    return objectstore.is_store(location)
+
+
+def is_remote(location: str) -> bool:
+    """True for every location that is not a local path (HTTP(S) or a store): one that
+    must be downloaded to be used as a file."""
+    return is_url(location) or is_store(location)
+
+
+def _store_error(location: str, exc: BaseException, what: str = "") -> LocationError:
+    cls = LocationNotFound if isinstance(exc, FileNotFoundError) else LocationError
+    return cls(f"{what}{location}: {objectstore.describe(exc)}")
 
 
 def is_url(location: str) -> bool:
@@ -70,10 +94,12 @@ def join(base: str, *parts: str) -> str:
     out = str(base)
     for p in parts:
         p = str(p)
-        if is_url(p) or os.path.isabs(p):
+        if is_remote(p) or os.path.isabs(p):
             out = p
         elif is_url(out):
             out = urljoin(out.rstrip("/") + "/", p)
+        elif is_store(out):
+            out = out.rstrip("/") + "/" + p.lstrip("/")
         else:
             out = os.path.join(out, p)
     return out
@@ -93,7 +119,11 @@ def read_token(token_file: str | None = None) -> str | None:
 
 def check_readable(location: str, timeout_s: float = 10.0) -> None:
     """Raises ``LocationError`` naming ``location`` unless it exists (HEAD for URLs,
-    a glob match for paths)."""
+    a glob match for paths, an object or a prefix with objects for stores)."""
+    if is_store(location):
+        if not expand(location):
+            raise LocationNotFound(f"{location}: no such object (or the prefix/glob matches none)")
+        return
     if is_url(location):
         try:
             r = session().head(location, timeout=timeout_s, allow_redirects=True)
@@ -109,6 +139,11 @@ def check_readable(location: str, timeout_s: float = 10.0) -> None:
 def exists(location: str, timeout_s: float = 10.0) -> bool:
     """True if the file ``location`` exists (HTTP: ``HEAD`` answers 2xx; 404 = False).
     Raises ``LocationError`` for an unreachable server or another HTTP error."""
+    if is_store(location):
+        try:
+            return objectstore.exists(location)
+        except Exception as exc:  # noqa: BLE001 - every store error names the location
+            raise _store_error(location, exc) from exc
     if not is_url(location):
         return os.path.isfile(location)
     try:
@@ -128,7 +163,14 @@ def list_dir(location: str, timeout_s: float = 10.0) -> list[tuple[str, str]]:
     A URL must be a directory of the project's file server, which lists a directory as
     JSON (``GET <dir>/?format=json``, ``runtime.fileserver.app``). Raises
     ``LocationError`` for a missing directory, an unreachable server or another listing.
+    A store location is a prefix, listed through fsspec (its "directories" are the common
+    prefixes).
     """
+    if is_store(location):
+        try:
+            return objectstore.list_dir(location)
+        except Exception as exc:  # noqa: BLE001
+            raise _store_error(location, exc, "cannot list ") from exc
     if not is_url(location):
         try:
             with os.scandir(location) as it:
@@ -151,7 +193,14 @@ def list_dir(location: str, timeout_s: float = 10.0) -> list[tuple[str, str]]:
 
 def expand(pattern: str) -> list[str]:
     """A path or glob -> the sorted list of matching regular files; a directory expands to
-    the files directly inside it. URLs are returned as they are."""
+    the files directly inside it. URLs are returned as they are. A store location, prefix
+    or glob expands to the full locations of its objects (``s3://b/k``); raises
+    ``LocationError`` for a store error (a missing bucket, denied access)."""
+    if is_store(pattern):
+        try:
+            return objectstore.expand(pattern)
+        except Exception as exc:  # noqa: BLE001
+            raise _store_error(pattern, exc) from exc
     if is_url(pattern):
         return [pattern]
     if os.path.isdir(pattern):
@@ -162,8 +211,14 @@ def expand(pattern: str) -> list[str]:
 def open_stream(location: str, timeout_s: float = 30.0) -> IO[bytes]:
     """Opens a path or URL for streamed binary reading (a URL is never loaded whole).
 
-    Raises ``LocationError`` naming the location if it is missing or unreachable.
+    Raises ``LocationError`` naming the location if it is missing or unreachable
+    (``LocationNotFound`` if it is missing).
     """
+    if is_store(location):
+        try:
+            return objectstore.open_read(location)
+        except Exception as exc:  # noqa: BLE001
+            raise _store_error(location, exc) from exc
     if is_url(location):
         try:
             r = session().get(location, stream=True, timeout=timeout_s)
@@ -171,11 +226,14 @@ def open_stream(location: str, timeout_s: float = 30.0) -> IO[bytes]:
             raise LocationError(f"{location}: unreachable ({exc})") from exc
         if r.status_code >= 400:
             r.close()
-            raise LocationError(f"{location}: HTTP {r.status_code}")
+            cls = LocationNotFound if r.status_code == 404 else LocationError
+            raise cls(f"{location}: HTTP {r.status_code}")
         r.raw.decode_content = True
         return r.raw  # type: ignore[return-value]
     try:
         return open(location, "rb")
+    except FileNotFoundError as exc:
+        raise LocationNotFound(f"{location}: {exc.strerror or exc}") from exc
     except OSError as exc:
         raise LocationError(f"{location}: {exc.strerror or exc}") from exc
 
@@ -198,17 +256,26 @@ def iter_lines(location: str, encoding: str = "utf-8") -> Iterator[str]:
 
 
 def read_bytes(location: str, timeout_s: float = 30.0) -> bytes:
-    """The whole content of a small path or URL (donefiles, metadata)."""
+    """The whole content of a small path or URL (donefiles, metadata). Raises
+    ``LocationNotFound`` if it does not exist, ``LocationError`` for other failures."""
+    if is_store(location):
+        try:
+            return objectstore.read_bytes(location)
+        except Exception as exc:  # noqa: BLE001
+            raise _store_error(location, exc) from exc
     if is_url(location):
         try:
             r = session().get(location, timeout=timeout_s)
         except requests.RequestException as exc:
             raise LocationError(f"{location}: unreachable ({exc})") from exc
         if r.status_code >= 400:
-            raise LocationError(f"{location}: HTTP {r.status_code}")
+            cls = LocationNotFound if r.status_code == 404 else LocationError
+            raise cls(f"{location}: HTTP {r.status_code}")
         return r.content
     try:
         return Path(location).read_bytes()
+    except FileNotFoundError as exc:
+        raise LocationNotFound(f"{location}: {exc.strerror or exc}") from exc
     except OSError as exc:
         raise LocationError(f"{location}: {exc.strerror or exc}") from exc
 
@@ -256,8 +323,15 @@ def upload(local: str | os.PathLike, location: str, token: str | None = None,
 
     URL: ``PUT`` streamed with ``Authorization: Bearer <token>`` and ``Content-MD5``.
     Path: copied to a temporary file beside the target and renamed into place, so a
-    reader never sees a half-written file. Raises ``LocationError`` on failure.
+    reader never sees a half-written file. Store: one object, published whole
+    (``objectstore.put_file``). Raises ``LocationError`` on failure.
     """
+    if is_store(location):
+        try:
+            objectstore.put_file(local, location)
+        except Exception as exc:  # noqa: BLE001
+            raise _store_error(location, exc, f"upload {local} -> ") from exc
+        return
     if is_url(location):
         digest = base64.b64encode(bytes.fromhex(md5_file(local))).decode()
         headers = {"Content-MD5": digest}
@@ -301,7 +375,15 @@ def append_line(location: str, line: str, token: str | None = None) -> None:
     The file is rewritten whole (read, append, write to a temp, rename / PUT), so a
     reader sees either the old content or the new, never a partial line. Donefiles are
     written by one exporter at a time (trainer 0), so read-modify-write is safe.
+    A store location is appended with conditional writes and never twice
+    (``objectstore.append_line``).
     """
+    if is_store(location):
+        try:
+            objectstore.append_line(location, line)
+        except Exception as exc:  # noqa: BLE001
+            raise _store_error(location, exc, "append to ") from exc
+        return
     try:
         old = read_bytes(location)
     except LocationError:

@@ -66,10 +66,11 @@ def fetch_model(model_root: str, rel: str, version: int, work_dir: str | os.Path
 
     A local directory is used in place. From a URL, ``model_meta.json`` is downloaded first
     and then the files its ``model_files`` names, into ``work_dir/<version>/`` (a temporary
-    directory renamed into place once complete). Returns the local directory.
+    directory renamed into place once complete); an object-store location alike.
+    Returns the local directory.
     Raises ``ModelLoadError``."""
     loc = storage.join(model_root, rel)
-    if not storage.is_url(loc):
+    if not storage.is_remote(loc):
         if not os.path.isdir(loc):
             raise ModelLoadError(f"{loc}: no such directory")
         return Path(loc)

@@ -41,12 +41,14 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Literal, Optional
+from typing import Optional
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.formats import donefile, partitions
+# an export entry of the state file is the result line's record (one definition)
+from runtime.formats.train_result import ExportResult as ExportRecord
 from runtime.formats.train_result import PartitionResult
 from runtime.trainer import publish
 from runtime.trainer.config import TrainConfig
@@ -57,20 +59,6 @@ STATE_FILE = "online-state.json"
 CHECKPOINTS = "checkpoints"
 SNAPSHOT = "exported.npz"  # trainer 0's copy of the last exported table, beside the checkpoint
 EVAL_ROWS = 20_000
-
-
-class ExportRecord(BaseModel):
-    """One exported version: ``id``, ``kind``, its ``base``, the ``hour`` trained last,
-    ``rows`` (sparse rows in the version), ``seconds`` (export wall time)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: int
-    kind: Literal["base", "patch"]
-    base: int
-    hour: str
-    rows: int
-    seconds: float = 0.0
 
 
 class OnlineState(BaseModel):

@@ -86,7 +86,8 @@ def resolve(locations: Sequence[str]) -> list[str]:
     """Expands paths/globs/directories to files and checks every one is readable.
 
     Raises ``storage.LocationError`` naming the first location that is missing, matches
-    nothing, or is unreachable (URLs: HTTP HEAD). Returns the file list in order.
+    nothing, or is unreachable (URLs: HTTP HEAD). A store location, prefix or glob
+    (``s3://...``) expands to its objects. Returns the file list in order.
     """
     files: list[str] = []
     for loc in locations:

@@ -43,7 +43,8 @@ def default_build(inputs, output_dir, dict_name, shard_num, version, mode, base_
 def list_inputs(location: str, timeout_s: float = 30.0) -> list[str]:
     """The SequenceFile parts at ``location``: a local file, directory or glob, or a file
     server directory URL listed through its JSON listing (``GET <dir>/?format=json`` ->
-    ``{"entries": [{"name", "type", "size"}]}``). Names starting with ``.`` or ``_``
+    ``{"entries": [{"name", "type", "size"}]}``), or an object-store prefix
+    (``s3://...``, listed through fsspec). Names starting with ``.`` or ``_``
     (``_SUCCESS``, temporaries) and ``.crc``/``.md5`` files are skipped. Raises
     ``storage.LocationError`` naming the location if nothing is found."""
     def keep(name: str) -> bool:
@@ -123,7 +124,7 @@ class Builder:
         except storage.LocationError as exc:
             raise RolloutError(Phase.BUILDING, f"input of version {v}: {exc}") from exc
         fetched = None
-        if any(storage.is_url(i) for i in inputs):
+        if any(storage.is_remote(i) for i in inputs):
             fetched = self.work_dir / "inputs" / str(v)
             inputs = self._fetch(inputs, fetched, v)
         log.info("Building version=%d mode=%s from %d part files at %s", v, plan.mode, len(inputs), location)

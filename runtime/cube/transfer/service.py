@@ -146,7 +146,7 @@ class Transfer:
         try:
             text = storage.read_bytes(loc).decode("utf-8", "replace")
         except storage.LocationError as exc:
-            if storage.is_url(loc) and "HTTP 404" not in str(exc):
+            if storage.is_remote(loc) and not isinstance(exc, storage.LocationNotFound):
                 self._log_once(("read", loc, str(exc)), logging.WARNING, "donefile %s: %s", loc, exc)
             return []
         records, errors = donefile.parse(text)
