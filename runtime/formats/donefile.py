@@ -15,6 +15,14 @@ Paddle Serving's cube-transfer donefiles; this project adds ``model`` (the dense
 directory), ``dim`` and ``count``. Ids are integers (numeric strings are accepted, as
 Paddle Serving's own tools write them). Every file of a version is written before its
 line is appended, so a reader never sees a half-written version.
+
+On an object store (``R = s3://bucket/prefix``) the donefile is one object rewritten whole
+by a conditional write (``If-Match`` on the ETag read, ``If-None-Match: *`` for the first
+line; ``runtime.objectstore.append_line``) rather than one object per line: readers keep
+reading one file, exactly as Paddle Serving's transfer reads its donefile, a stale or
+concurrent writer gets 412 and re-reads instead of overwriting a line, and a line already
+present is not appended again, so a writer restarted mid-append repeats its append
+without duplicating it.
 """
 from __future__ import annotations
 

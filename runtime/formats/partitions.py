@@ -7,8 +7,10 @@ Layout (ElasticCTR's ``DATASET_PATH/<YYYYMMDD>/<HH>``, Hadoop's done marker)::
     ROOT/20261120/00/_SUCCESS         written LAST: the partition is complete
     ROOT/20261120/01/...
 
-``ROOT`` is a local directory or the file server's URL (listed through its JSON directory
-listing, ``runtime.storage.list_dir``). An hour is written ``YYYYMMDD/HH`` (UTC), as in
+``ROOT`` is a local directory, the file server's URL (listed through its JSON directory
+listing) or an object-store / HDFS prefix (``s3://bucket/hours``, listed through fsspec),
+all through ``runtime.storage``. An object store has no directories and no rename: the
+partition's objects may appear one by one, so only the ``_SUCCESS`` object makes it count. An hour is written ``YYYYMMDD/HH`` (UTC), as in
 ElasticCTR's ``START_DATE_HR`` / ``END_DATE_HR``. A partition without ``_SUCCESS`` is never
 read, whatever files it already holds; a complete partition with no data file is an
 error (an upstream job that wrote only the marker).
