@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TRITON_VENV ?= .venv-tritonclient
 PYTEST_ARGS ?=
 
-.PHONY: install constraints demo test test-fast bench-train bench-cube bench-rollout bench-serving bench render golden pulumi-yaml clean
+.PHONY: install constraints demo test test-fast bench-train bench-cube bench-rollout bench-serving bench-storage bench render golden pulumi-yaml clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,9 @@ bench-rollout: install
 
 bench-serving: install
 	$(BIN)/python bench/bench_serving.py
+
+bench-storage: install
+	$(BIN)/python bench/bench_storage.py
 
 bench: bench-cube bench-rollout bench-serving bench-train
 
