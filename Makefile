@@ -16,7 +16,7 @@ $(BIN)/python:
 
 # Re-installs only when a requirements file or pyproject.toml changed.
 $(STAMP): $(BIN)/python pyproject.toml $(wildcard requirements/*.txt) runtime/cube/kernel.c runtime/trainer/_signals.c runtime/serving/proto/open_inference.proto setup.py
-	$(BIN)/pip install -q -c requirements/constraints.txt -e ".[trainer,serving,cube,infra,dev,s3]"
+	$(BIN)/pip install -q -c requirements/constraints.txt -e ".[trainer,serving,cube,infra,dev,s3,tracking-server]"
 	touch $(STAMP)
 
 $(TRITON_VENV)/.installed: requirements/tritonclient.txt
@@ -29,7 +29,7 @@ install: $(STAMP) $(TRITON_VENV)/.installed
 
 ## Re-pins requirements/constraints.txt to what .venv holds (after changing a range).
 constraints: $(BIN)/python
-	$(BIN)/pip install -q -e ".[trainer,serving,cube,infra,dev,s3]"
+	$(BIN)/pip install -q -e ".[trainer,serving,cube,infra,dev,s3,tracking-server]"
 	{ sed -n '1,/^# Refresh/p' requirements/constraints.txt; $(BIN)/pip freeze --exclude-editable | grep -viE '^(py-spy|elastic-ctr)=='; } > requirements/constraints.txt.new
 	mv requirements/constraints.txt.new requirements/constraints.txt
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 import logging
+import os
 import sys
 
 from runtime.cli import HelpFormatter
@@ -79,6 +80,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
     tr.add_argument("--trainers", type=int, default=2, help="--local-cluster: trainers")
     tr.add_argument("--log-dir", help="--local-cluster: directory for the roles' logs (default: a temp dir)")
     tr.add_argument("--timeout-s", type=float, help="--local-cluster: give up after this many seconds")
+    tr.add_argument("--tracking-uri", default=None,
+                    help="MLflow tracking URI to log the job to (runtime/tracking.py); default: "
+                         "$MLFLOW_TRACKING_URI; none: no tracking")
     tr.set_defaults(handler=_train)
 
 
@@ -127,6 +131,10 @@ def _train(args) -> int:
     from runtime.trainer import config, readers, roles, set_paddle_flags, train
 
     _setup_logging(getattr(args, "log_level", "INFO"))
+    if args.tracking_uri:  # the roles (and --local-cluster's children) read it from the environment
+        from runtime import tracking
+
+        os.environ[tracking.URI_ENV] = args.tracking_uri
     try:
         cfg = config.config_from_args(args)
         config.check_inputs(cfg)  # a bad flag or a missing file fails before anything starts

@@ -46,6 +46,7 @@ from typing import Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from runtime import tracking
 from runtime.formats import donefile, partitions
 # an export entry of the state file is the result line's record (one definition)
 from runtime.formats.train_result import ExportResult as ExportRecord
@@ -199,6 +200,19 @@ def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
     if worker.chief and state.pending is not None:
         _finish_pending(worker, cfg, state, ckroot)
     hour = partitions.Hour.parse(next_hour, "state next_hour")
+    tr = tracking.start_training(cfg, job)
+    try:
+        out = _follow(worker, cfg, test_files, job, state, hour, end, ckpt, ckroot, snapshot, tr, stop)
+    except BaseException:
+        tr.close(status="FAILED")
+        raise
+    tr.close()
+    return out
+
+
+def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState, hour: partitions.Hour, end,
+            ckpt, ckroot: str, snapshot, tr, stop) -> dict:
+    """``run``'s loop over the partitions from ``hour`` (logging to the tracker ``tr``)."""
     since_export = 0
     records: list[PartitionResult] = []
     load_s = 0.0
@@ -228,6 +242,8 @@ def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
         rec.train_auc, rec.seconds = round(st.train_auc, 6), st.seconds
         worker.sync()
         records.append(rec)
+        step = tracking.partition_step(cfg.start_hour, rec.hour)
+        tracking.log_partition(tr, step, rec, st.loss)
         state.since_base += 1
         since_export += 1
         hour = hour.next()
@@ -238,6 +254,7 @@ def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
             if ver is not None:
                 rec.version = ver[0].id
                 snapshot = ver[1]
+                tracking.log_version(tr, step, ver[0].model_dump(), tracking.published_model_meta(cfg.output, rec.version))
             since_export = 0
     worker.budget.finish()
     # every partition is one pass over its rows (train_pass checks the count)

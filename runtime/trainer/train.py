@@ -30,6 +30,7 @@ import time
 
 import numpy as np
 
+from runtime import tracking
 from runtime.formats.train_result import RESULT, TrainResult
 from runtime.trainer import readers, roles
 from runtime.trainer.publish import publish, table_save_dir
@@ -58,7 +59,19 @@ def run_batch(worker, cfg: TrainConfig, train_files: list[str], test_files: list
     """Trains ``cfg.epochs`` passes over ``train_files`` (loaded once), evaluates on the
     chief after each pass, saves and (chief, with ``--output``) exports. ``job``: the
     record's fields that describe the job (``mode``, ``trainers``, ``pservers``...).
-    Returns the result record; every process of the job calls it."""
+    Returns the result record; every process of the job calls it. Logs to MLflow when a
+    tracking URI is set (``runtime.tracking``)."""
+    tr = tracking.start_training(cfg, job)
+    try:
+        rec = _run_batch(worker, cfg, train_files, test_files, job, tr)
+    except BaseException:
+        tr.close(status="FAILED")
+        raise
+    tr.close()
+    return rec
+
+
+def _run_batch(worker, cfg: TrainConfig, train_files: list[str], test_files: list[str], job: dict, tr) -> dict:
     t_start = time.monotonic()
     ds, staged = worker.load(train_files)
     load_s = time.monotonic() - t_start
@@ -74,10 +87,13 @@ def run_batch(worker, cfg: TrainConfig, train_files: list[str], test_files: list
         st = worker.train_pass(ds, f"pass {epoch + 1}/{cfg.epochs}", staged.rows)
         passes.append(st)
         worker.sync()
+        a = None
         if test is not None:
             a, _ = worker.evaluate(test)
             aucs.append(a)
             log.info("%s pass %d/%d: test auc %.5f (%d rows)", worker.who, epoch + 1, cfg.epochs, a, len(test))
+        tr.log_metrics({"train_auc": st.train_auc, "loss": tracking.finite(st.loss), "test_auc": a,
+                        "examples_per_s": st.examples_per_s, "seconds": st.seconds}, step=epoch)
     ds.release_memory()
     worker.budget.finish()
     examples = sum(p.examples for p in passes)
@@ -98,6 +114,11 @@ def run_batch(worker, cfg: TrainConfig, train_files: list[str], test_files: list
             keys, values = table
             ver = publish(cfg, worker.slots, keys, values, rec)
             rec.update(version=ver.id, export_seconds=round(time.monotonic() - t_save, 3))
+            tracking.log_version(tr, None, {"id": ver.id, "kind": "base", "base": ver.id, "hour": None,
+                                            "rows": int(len(keys)), "seconds": rec["export_seconds"]},
+                                 tracking.published_model_meta(cfg.output, ver.id))
+    tr.log_metrics({k: rec[k] for k in ("examples", "load_seconds", "train_seconds", "examples_per_s",
+                                        "examples_per_s_with_load")})
     return rec
 
 

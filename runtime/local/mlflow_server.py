@@ -1,0 +1,103 @@
+"""A real ``mlflow server`` on 127.0.0.1 for ``elastic-ctr local`` (the demo) and the tests:
+backend store ``sqlite:///<root>/mlflow.db``, artifacts served by the server from
+``<root>/artifacts`` (``--serve-artifacts``), so clients need only HTTP (``mlflow-skinny``).
+
+Needs the full ``mlflow`` distribution (the ``tracking-server`` extra). The server runs
+as a role of a ``runtime.proc.ProcessGroup`` (its own process group, stopped by PID with
+the group: SIGTERM, then SIGKILL after the group's grace period).
+
+Page addresses of the MLflow UI (a JavaScript app): ``run_url`` (the run's overview) and
+``metrics_url`` (the run's metric charts), as MLflow 3's UI routes them.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+START_TIMEOUT_S = 120.0  # measured: /health answers after ~21 s on a cold 2-core machine
+
+
+class MlflowServerError(RuntimeError):
+    """The server could not be started (the message says why and where its log is)."""
+
+
+def available() -> bool:
+    """True when the full ``mlflow`` (with its server) is installed in this interpreter."""
+    try:
+        import mlflow.server  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class MlflowServer:
+    """One ``mlflow server`` process.
+
+    Args:
+        root: directory of the backend store (``mlflow.db``) and ``artifacts/``; created.
+        group: the ``runtime.proc.ProcessGroup`` that starts and stops it.
+        port: TCP port on 127.0.0.1 (0: a free one).
+        name: the role's name in the group (its log: ``<group.log_dir>/<name>.log``).
+    """
+
+    def __init__(self, root: str | Path, group, port: int = 0, name: str = "mlflow-server"):
+        from runtime import proc
+
+        self.root = Path(root)
+        self.group = group
+        self.port = port or proc.free_ports(1)[0]
+        self.name = name
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.role = None
+
+    def argv(self) -> list[str]:
+        """The server's command line."""
+        return [sys.executable, "-m", "mlflow", "server",
+                "--backend-store-uri", f"sqlite:///{self.root.resolve() / 'mlflow.db'}",
+                "--artifacts-destination", str((self.root / "artifacts").resolve()),
+                "--serve-artifacts", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> "MlflowServer":
+        """Starts the server and waits until ``/health`` answers 200. Raises
+        ``MlflowServerError`` when mlflow's server is not installed, the process exits, or
+        ``timeout_s`` passes (the message holds the log's tail)."""
+        if not available():
+            raise MlflowServerError("the full mlflow package is not installed (pip install "
+                                    "'elastic-ctr[tracking-server]'); mlflow-skinny has no server")
+        from runtime import proc
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.role = self.group.start(self.name, self.argv())
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            rc = self.role.proc.poll()
+            if rc is not None:
+                raise MlflowServerError(f"mlflow server exited with code {rc}; log {self.role.log_path}:\n"
+                                        + proc.tail(self.role.log_path))
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise MlflowServerError(f"mlflow server at {self.url} did not answer /health within {timeout_s:.0f} s; "
+                                f"log {self.role.log_path}:\n" + proc.tail(self.role.log_path))
+
+    def stop(self) -> None:
+        """Stops the server (SIGTERM to its process group, SIGKILL after the grace period)."""
+        if self.role is not None:
+            self.group.stop(self.role)
+
+    def run_url(self, experiment_id: str, run_id: str) -> str:
+        """The run's page in the UI."""
+        return f"{self.url}/#/experiments/{experiment_id}/runs/{run_id}"
+
+    def metrics_url(self, experiment_id: str, run_id: str) -> str:
+        """The run's metric charts in the UI."""
+        return self.run_url(experiment_id, run_id) + "/model-metrics"
+
+

@@ -1,0 +1,176 @@
+"""runtime.tracking against a real ``mlflow server`` on loopback (tests/tracking/conftest.py):
+what a continuous job logs equals its summary line partition by partition, a resumed job
+continues its run, a server that goes away mid-job costs a warning and nothing of the
+model, and a tracker never blocks its caller."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from runtime import tracking
+from runtime.formats import partitions
+from runtime.trainer import generator, online
+from tests.trainer.test_online import START, _chain, _run, _summary
+
+
+def _client(server):
+    import mlflow
+
+    return mlflow.MlflowClient(server.url)
+
+
+def _history(client, run_id: str, key: str) -> dict[int, float]:
+    return {m.step: m.value for m in client.get_metric_history(run_id, key)}
+
+
+def test_no_uri_is_a_null_tracker_and_imports_nothing(monkeypatch):
+    monkeypatch.delenv(tracking.URI_ENV, raising=False)
+    tr = tracking.start(None, "x")
+    assert isinstance(tr, tracking.NullTracker) and tr.close() == 0
+    monkeypatch.setenv(tracking.URI_ENV, "http://127.0.0.1:1")
+    assert tracking.tracking_uri() == "http://127.0.0.1:1"
+    assert tracking.tracking_uri("file:/x") == "file:/x"
+
+
+def test_tracker_logs_params_metrics_tags_and_artifact(mlflow_server, tmp_path):
+    rfile = tracking.RunIdFile(str(tmp_path), "t")
+    tr = tracking.Tracker(mlflow_server.url, "unit", tags={"elastic_ctr.trainer_id": 0}, run_id_file=rfile)
+    tr.log_params({"lr": 0.01, "layers": "8,4"})
+    for i in range(3):
+        tr.log_metrics({"auc": 0.5 + i / 10, "skipped": None}, step=i)
+    tr.set_tags({"version.7.kind": "base"})
+    tr.log_dict({"id": 7}, "versions/7.json")
+    assert tr.wait_idle(60) and tr.close() == 0
+    c = _client(mlflow_server)
+    run = c.get_run(tr.run_id)
+    assert run.data.params == {"lr": "0.01", "layers": "8,4"}
+    assert run.data.tags["version.7.kind"] == "base" and run.data.tags["elastic_ctr.trainer_id"] == "0"
+    assert "skipped" not in run.data.metrics and run.info.status == "FINISHED"
+    assert _history(c, tr.run_id, "auc") == pytest.approx({0: 0.5, 1: 0.6, 2: 0.7})
+    assert [f.path for f in c.list_artifacts(tr.run_id, "versions")] == ["versions/7.json"]
+    # a second tracker with the same run id file continues the run
+    again = tracking.Tracker(mlflow_server.url, "unit", run_id_file=rfile)
+    again.log_metrics({"auc": 0.9}, step=3)
+    assert again.wait_idle(60) and again.close() == 0
+    assert again.run_id == tr.run_id and _history(c, tr.run_id, "auc")[3] == pytest.approx(0.9)
+    # a changed param is refused by the server: dropped with a count, the rest still goes
+    again = tracking.Tracker(mlflow_server.url, "unit", run_id_file=rfile)
+    again.log_params({"lr": 0.5})
+    again.log_metrics({"auc": 0.95}, step=4)
+    again.wait_idle(60)
+    assert again.close() == 1 and _history(c, tr.run_id, "auc")[4] == pytest.approx(0.95)
+
+
+def test_a_down_server_never_blocks_and_drops_with_a_count(caplog):
+    tr = tracking.Tracker("http://127.0.0.1:9", "down", queue_size=5)  # nothing listens on port 9
+    t0 = time.monotonic()
+    for i in range(20):
+        tr.log_metrics({"a": i}, step=i)
+    assert time.monotonic() - t0 < 0.1  # enqueue only
+    t0 = time.monotonic()
+    assert tr.close(timeout_s=3) >= 15  # 5 queued at most, the rest dropped at once
+    assert time.monotonic() - t0 < 4
+    assert "failed" in caplog.text and "dropped" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def hours4(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hours")
+    generator.generate_hours(root, 4, START, 3000, seed=5)
+    return root
+
+
+def _online(root, tmp, out, state, end, uri=None, extra=()):
+    args = ["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START,
+            "--end-hour", end, "--state-dir", str(state), "--output", str(out), "--base-every", "3",
+            "--poll-s", "0.2", "--threads", "1", *extra]
+    if uri:
+        args += ["--tracking-uri", uri]
+    return _run(args, tmp)
+
+
+def test_continuous_job_metrics_equal_its_summary_and_resume_continues_the_run(mlflow_server, hours4, tmp_path):
+    out, state = tmp_path / "out", tmp_path / "state"
+    r = _online(hours4, tmp_path, out, state, "20261120/02", mlflow_server.url)
+    s = _summary(r)
+    rid = tracking.RunIdFile(str(state), "trainer-0").read(mlflow_server.url)
+    assert rid, r.stderr[-2000:]
+    c = _client(mlflow_server)
+    run = c.get_run(rid)
+    assert run.info.status == "FINISHED" and run.data.tags["elastic_ctr.role"] == "trainer"
+    assert run.data.params["mode"] == "continuous" and run.data.params["trainers"] == "1"
+    for key in ("auc_before", "train_auc", "rows", "seconds"):
+        logged = _history(c, rid, key)
+        want = {tracking.partition_step(START, p["hour"]): p[key] for p in s["partitions"] if p.get(key) is not None}
+        assert logged == pytest.approx(want), key
+    assert sorted(_history(c, rid, "auc_before")) == [1, 2]  # none before the first partition
+    exports = s["exports"]
+    assert _history(c, rid, "version_id") == {tracking.partition_step(START, e["hour"]): e["id"] for e in exports}
+    assert _history(c, rid, "export_rows") == {tracking.partition_step(START, e["hour"]): e["rows"]
+                                               for e in exports}
+    for e in exports:
+        assert run.data.tags[f"version.{e['id']}.kind"] == e["kind"]
+        art = c.download_artifacts(rid, f"versions/{e['id']}.json", str(tmp_path / "dl"))
+        import json
+
+        doc = json.loads(open(art).read())
+        assert doc["id"] == e["id"] and doc["kind"] == e["kind"] and doc["model_meta"]["sparse"]["kind"] == e["kind"]
+    # resumed: the same run goes on with the next partition
+    r2 = _online(hours4, tmp_path, out, state, "20261120/03", mlflow_server.url)
+    s2 = _summary(r2)
+    assert [p["hour"] for p in s2["partitions"]] == ["20261120/03"]
+    assert tracking.RunIdFile(str(state), "trainer-0").read(mlflow_server.url) == rid
+    assert _history(c, rid, "auc_before")[3] == pytest.approx(s2["partitions"][0]["auc_before"])
+
+
+@pytest.mark.slow
+def test_server_stopped_mid_job_same_model_and_a_warning(hours4, tmp_path):
+    """Two identical single-process jobs (one thread: deterministic): one without tracking,
+    one whose tracking server is killed after its first partition is logged."""
+    from runtime import proc
+    from runtime.local.mlflow_server import MlflowServer
+
+    ref_out = tmp_path / "ref"
+    _summary(_online(hours4, tmp_path, ref_out, tmp_path / "ref-state", "20261120/02"))
+    with proc.ProcessGroup(tmp_path / "logs") as group:
+        server = MlflowServer(tmp_path / "store", group).start()
+        out, state = tmp_path / "out", tmp_path / "state"
+        # the partitions land one by one: the server goes away once the first one is logged
+        import shutil
+
+        late = tmp_path / "late"
+        shutil.copytree(hours4, late)
+        for h in ("01", "02"):
+            (late / "20261120" / h / partitions.DONE_MARKER).unlink()
+        from tests.helpers import CliProcess
+
+        p = CliProcess(["train", "--single", "--mode", "continuous", "--data-root", str(late), "--start-hour",
+                        START, "--end-hour", "20261120/02", "--state-dir", str(state), "--output", str(out),
+                        "--base-every", "3", "--poll-s", "0.2", "--threads", "1", "--tracking-uri", server.url],
+                       tmp_path)
+        p.wait_for("waiting for partition 20261120/01")
+        c = _client(server)
+        rid = None
+        deadline = time.monotonic() + 60
+        while rid is None and time.monotonic() < deadline:
+            rid = tracking.RunIdFile(str(state), "trainer-0").read(server.url)
+            time.sleep(0.2)
+        deadline = time.monotonic() + 60
+        while not _history(c, rid, "train_auc") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert 0 in _history(c, rid, "train_auc")
+        server.stop()
+        t0 = time.monotonic()
+        for h in ("01", "02"):
+            partitions.mark_complete(late / "20261120" / h)
+        assert p.wait() == 0
+        wall = time.monotonic() - t0
+    text = p.text()
+    assert "tracking" in text and "failed" in text and "dropped" in text
+    assert wall < 120
+    ref, got = _chain(ref_out), _chain(out)
+    assert [c[0] for c in got] == [c[0] for c in ref] == ["base", "patch", "patch"]
+    for (_, _, rk, rv), (_, _, gk, gv) in zip(ref, got):
+        assert np.array_equal(rk, gk) and np.array_equal(rv.view(np.uint32), gv.view(np.uint32))
