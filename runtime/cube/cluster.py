@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from runtime import proc
+from runtime import proc, storage
 from runtime.cube.transfer.info import DictInfo, DictInfoError, fetch_dict_info
 from runtime.formats import donefile
 from runtime.formats.topology import Topology
@@ -21,7 +21,10 @@ class LocalCubeCluster:
     Args:
         base_dir: scratch directory (agent/transfer work dirs, topology.json, upload.token;
             logs in ``base_dir/logs`` unless ``group`` is given).
-        root: version root served by the file server (the trainer's export target).
+        root: version root served by the file server (the trainer's export target), or an
+            object-store location (``s3://bucket/prefix``): then no file server is started,
+            the transfer reads and publishes there and the agents download from there
+            (``root_url`` is that location).
         shards, replicas: topology size.
         dict_name: cube dict name.
         poll_interval_s: the transfer's donefile poll interval (s).
@@ -45,7 +48,8 @@ class LocalCubeCluster:
                  token: str = "test-token", start_timeout_s: float = 60.0, extra_transfer_args=(),
                  group: proc.ProcessGroup | None = None):
         self.base = Path(base_dir)
-        self.root = Path(root)
+        self.store = storage.is_store(str(root))
+        self.root = str(root) if self.store else Path(root)
         self.shards, self.replicas, self.dict_name = shards, replicas, dict_name
         self.poll_interval_s, self.root_mode, self.token = poll_interval_s, root_mode, token
         self.start_timeout_s = start_timeout_s
@@ -79,16 +83,22 @@ class LocalCubeCluster:
 
         cli = proc.self_command()
         self.base.mkdir(parents=True, exist_ok=True)
-        self.root.mkdir(parents=True, exist_ok=True)
+        if not self.store:
+            self.root.mkdir(parents=True, exist_ok=True)
         n = self.shards * self.replicas
         ports = proc.free_ports(3 * n + 2)
         fs_port, tr_port = ports[-2], ports[-1]
         tok = self.token_file = self.base / "upload.token"
         tok.write_text(self.token)
         os.chmod(tok, 0o600)
-        fs = self.group.start("fileserver", cli + ["fileserver", "--root", str(self.root), "--host", "127.0.0.1",
-                                                   "--port", str(fs_port), "--upload-token-file", str(tok)])
-        self.root_url = f"http://127.0.0.1:{fs_port}"
+        fs = None
+        if self.store:
+            self.root_url = str(self.root)
+        else:
+            fs = self.group.start("fileserver", cli + ["fileserver", "--root", str(self.root), "--host",
+                                                       "127.0.0.1", "--port", str(fs_port), "--upload-token-file",
+                                                       str(tok)])
+            self.root_url = f"http://127.0.0.1:{fs_port}"
         addresses = []
         k = 0
         started = []
@@ -109,15 +119,16 @@ class LocalCubeCluster:
             addresses.append(reps)
         self.topology = Topology.build(self.dict_name, addresses)
         self.topology_path = self.topology.write(self.base / "topology.json")
-        self._wait(fs, fs_port)
+        if fs is not None:
+            self._wait(fs, fs_port)
         for role, port in started:
             self._wait(role, port)
-        root_arg = self.root_url if self.root_mode == "url" else str(self.root)
+        root_arg = self.root_url if self.root_mode == "url" or self.store else str(self.root)
         argv = cli + ["cube", "transfer", "--topology", str(self.topology_path), "--root", root_arg,
                       "--work-dir", str(self.base / "transfer"), "--host", "127.0.0.1", "--port", str(tr_port),
                       "--upload-token-file", str(tok), "--poll-interval", str(self.poll_interval_s),
                       "--phase-timeout", "120"]
-        if self.root_mode != "url":
+        if self.root_mode != "url" and not self.store:
             argv += ["--publish-url", self.root_url]
         self._transfer_argv, self._transfer_port = argv + self.extra_transfer_args, tr_port
         self.transfer = self.group.start("cube-transfer", self._transfer_argv)

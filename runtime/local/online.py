@@ -3,8 +3,11 @@
 1. ``data generate --hours H+1``: H+1 hourly partitions with drift (new feasigns, moving
    click rates; ``runtime.trainer.generator``) into ``data/upstream/``, the output of an
    upstream job; they land one by one in the data root ``data/hours/YYYYMMDD/HH/`` (a
-   directory rename, ``_SUCCESS`` inside) while the training job runs;
+   directory rename, ``_SUCCESS`` inside) while the training job runs; with
+   ``--data-root s3://...`` they are uploaded there, data objects first, ``_SUCCESS`` last;
 2. file server, cube (S shards x R replicas), cube transfer (``runtime.local.services``);
+   with ``--model-root s3://...`` no file server: the trainer publishes its versions there,
+   the transfer its shard tars, and agents and serving download from there;
 3. ``train --local-cluster --mode continuous`` follows the data root: after each hour it
    exports a version, the first a base, the others patches (rows changed since the
    previous version); the transfer rolls each out to every shard and replica;
@@ -13,7 +16,9 @@
    before that hour lands;
 5. freshness: the last hour's next hour is scored by serving (the latest patch) and,
    offline, by the base alone (its dense model and SequenceFiles);
-6. a summary table per version (kind, sparse rows, rollout seconds, the trainer's and the
+6. a chart of the AUC per hour and the rollout seconds per version
+   (``runtime.local.plot``), the job's run in a local MLflow server
+   (``runtime.local.demo_tracking``, unless ``--no-tracking``), and a summary table per version (kind, sparse rows, rollout seconds, the trainer's and the
    served AUC on the next hour) and the line
    ``demo: versions=<n> auc=<served next-hour AUC of the last version> failed_requests=<n>
    qps=<x> p99_ms=<y> patches=<n>``.
@@ -27,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.local import demo_tracking, plot
 from runtime.local.services import start_client, start_serving, start_services
 from runtime.cube.transfer.info import served_version as cube_version
 from runtime.local.status import Waiter, serving_version, summary_line
@@ -87,16 +93,31 @@ def offline_auc(version_dir: Path, data: Path) -> float:
     return auc(b.labels, p)
 
 
+def _version_dir(svc, version: int, scratch: Path) -> Path:
+    """A local directory holding ``versions/<version>/`` (dense and sparse): the file
+    server's own directory, or a copy downloaded from the store ``--model-root``."""
+    from runtime import storage
+
+    if svc.fs_root is not None:
+        return svc.fs_root / "versions" / str(version)
+    dest = scratch / str(version)
+    for sub in ("dense", "sparse"):
+        for loc in storage.expand(storage.join(svc.root, "versions", str(version), sub)):
+            storage.download(loc, dest / sub / loc.rsplit("/", 1)[-1])
+    return dest
+
+
 def run(args, run_dir: Path, group, step) -> int:
     """Runs the online demo (module docstring); returns 0 when no request failed."""
-    from runtime import proc
+    from runtime import proc, storage
     from runtime.formats import donefile, partitions
 
     cli = proc.self_command()
     waiter = Waiter(group, args.timeout)
     until = waiter.until
     data_dir, logs = run_dir / "data", run_dir / "logs"
-    upstream, hours_root = data_dir / "upstream", data_dir / "hours"
+    upstream = data_dir / "upstream"
+    hours_root = str(args.data_root or data_dir / "hours")
     H = int(args.hours)
     if H < 2:
         raise ValueError(f"--hours must be >= 2 (a base and at least one patch; got {H})")
@@ -107,8 +128,10 @@ def run(args, run_dir: Path, group, step) -> int:
                       expect_exit=True)
     step(f"data: generating {H + 1} hourly partitions of {args.rows_per_hour} rows from {START} (drifting hour "
          "to hour); they land one by one while the job trains")
+    server = demo_tracking.launch(args, run_dir, group)
     svc = start_services(args, run_dir, group)
-    step(f"file server {svc.root_url}; cube {args.shards} shards x {args.replicas} replicas; "
+    step(f"{'file server' if svc.fs_root else 'version root (no file server)'} {svc.root_url}; "
+         f"cube {args.shards} shards x {args.replicas} replicas; "
          f"transfer {svc.transfer_url}")
     waiter.wait([gen], "data generation")
     signal = json.loads((upstream / "signal.json").read_text())
@@ -116,18 +139,27 @@ def run(args, run_dir: Path, group, step) -> int:
                         args.eval_rows) for h in hs]
 
     def land(h) -> None:
-        dst = Path(h.location(str(hours_root)))
+        src = Path(h.location(str(upstream)))
+        if storage.is_store(hours_root):  # no rename on an object store: data first, _SUCCESS last
+            for f in sorted(src.iterdir(), key=lambda p: p.name == partitions.DONE_MARKER):
+                storage.upload(f, storage.join(h.location(hours_root), f.name))
+            return
+        dst = Path(h.location(hours_root))
         dst.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(h.location(str(upstream)), dst)  # complete (its _SUCCESS inside) the moment it appears
+        os.rename(src, dst)  # complete (its _SUCCESS inside) the moment it appears
 
     land(hs[0])
     step(f"partition {hs[0]} landed")
     train_argv = cli + ["train", "--local-cluster", "--pservers", str(args.pservers), "--trainers",
-                        str(args.trainers), "--mode", "continuous", "--data-root", str(hours_root),
+                        str(args.trainers), "--mode", "continuous", "--data-root", hours_root,
                         "--start-hour", START, "--end-hour", str(hs[H - 1]), "--state-dir",
                         str(run_dir / "train-state"), "--output", svc.root_url, "--upload-token-file",
                         str(svc.token_file), "--poll-s", "0.2", "--patch-every", "1", "--base-every",
                         str(args.base_every), "--seed", str(args.seed), "--log-dir", str(logs / "train")]
+    if server is not None:
+        server.wait_ready()
+        train_argv += ["--tracking-uri", server.url]
+        step(f"MLflow server {server.url} (store {server.root}); the job logs to it")
     if args.embedding_dim:
         train_argv += ["--embedding-dim", str(args.embedding_dim)]
     if args.batch_size_train:
@@ -138,7 +170,7 @@ def run(args, run_dir: Path, group, step) -> int:
     sv_url = svc.serving_url
 
     def new_line(after: int):
-        recs = [(k, r) for k in ("base", "patch") for r in donefile.read(str(svc.fs_root), k) if r.id > after]
+        recs = [(k, r) for k in ("base", "patch") for r in donefile.read(svc.root, k) if r.id > after]
         return min(recs, key=lambda x: x[1].id) if recs else None
 
     def client(name: str, data: Path, extra: list[str], concurrency: int, batch: int, wait: bool = True):
@@ -191,8 +223,18 @@ def run(args, run_dir: Path, group, step) -> int:
                  args.batch_size)
     failed += lat["failed_requests"]
     base = versions[0]
-    base_alone = offline_auc(svc.fs_root / "versions" / str(base["version"]), evals[H])
+    base_dir = _version_dir(svc, base["version"], run_dir / "versions")
+    base_alone_h = [offline_auc(base_dir, evals[t + 1]) for t in range(H)]  # the base alone on every hour
+    base_alone = base_alone_h[-1]
     latest = versions[-1]
+    true_logit = [h["true_logit_auc"] for h in signal["hours"]][1:H + 1]
+    scored = [str(h) for h in hs[1:]]
+    chart = plot.write_chart(run_dir / plot.CHART, scored, [v["trainer_auc_next"] for v in versions],
+                             [v["served_auc_next"] for v in versions], base_alone_h, true_logit,
+                             [v["version"] for v in versions], [v["kind"] for v in versions],
+                             [v["rollout_s"] for v in versions])
+    run_rec = (demo_tracking.log_demo(server, run_dir / "train-state", START, versions, scored, base_alone_h,
+                                      true_logit) if server is not None else None)
     # -- summary -------------------------------------------------------------------------------
     print("\n== elastic-ctr local (online): summary ==")
     print(f"{'version':>12} {'kind':>6} {'after hour':>12} {'sparse rows':>12} {'rollout s':>10} "
@@ -213,11 +255,14 @@ def run(args, run_dir: Path, group, step) -> int:
           f"{lat['qps']} requests/s, p50 {lat['p50_ms']} ms, p99 {lat['p99_ms']} ms")
     print(f"failed requests: {failed}")
     print(f"logs: {logs}")
+    print(f"chart: {chart}")
     patches = sum(v["kind"] == "patch" for v in versions)
     (run_dir / "summary.json").write_text(json.dumps({
-        "mode": "online", "versions": versions, "base_alone_auc_last": base_alone, "failed_requests": failed,
+        "mode": "online", "versions": versions, "base_alone_auc_last": base_alone, "base_alone_auc": base_alone_h,
+        "chart": str(chart), "tracking": run_rec, "failed_requests": failed,
         "latency": lat, "rollout": rollout, "signal": signal, "eval_files": [str(e) for e in evals],
         "trainer": trec}, indent=1))
     print(f"demo: versions={len(versions)} auc={latest['served_auc_next']:.4f} failed_requests={failed} "
           f"qps={lat['qps']} p99_ms={lat['p99_ms']} patches={patches}", flush=True)
+    demo_tracking.linger(args, group, server, run_rec)
     return 0 if failed == 0 else 1

@@ -77,6 +77,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="online: rows of the next hour each version is scored on")
     p.add_argument("--base-every", type=int, default=24, help="online: partitions between two bases")
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
+    from runtime.local import demo_tracking
+
+    demo_tracking.add_arguments(p)
+    p.add_argument("--data-root", default=None, metavar="ROOT",
+                   help="online: where the hourly partitions land (ROOT/YYYYMMDD/HH/, data then _SUCCESS): a "
+                        "directory or an object-store location such as s3://bucket/hours (credentials and "
+                        "endpoint from the standard AWS_* variables); default RUN_DIR/data/hours")
+    p.add_argument("--model-root", default=None, metavar="ROOT",
+                   help="online: the version root (donefiles, versions, shard tars) on an object store, e.g. "
+                        "s3://bucket/model, instead of the file server (which is then not started)")
 
 
 class _Step:
@@ -114,6 +124,21 @@ def _split_user_data(files: list[str], out: Path, fmt: str) -> tuple[Path, Path,
     return train, test, len(lines), fmt
 
 
+def _check_roots(args) -> None:
+    """``--data-root`` / ``--model-root``: online mode only; ``--model-root`` must be an
+    object-store location. Raises ``ValueError`` naming the flag."""
+    from runtime import storage
+
+    roots = {"--data-root": getattr(args, "data_root", None), "--model-root": getattr(args, "model_root", None)}
+    for flag, value in roots.items():
+        if value and (args.mode != "online" or args.data):
+            raise ValueError(f"{flag} {value}: only with --mode online on generated data (no --data)")
+    mr = roots["--model-root"]
+    if mr and not storage.is_store(mr):
+        raise ValueError(f"--model-root {mr}: expected an object-store location (s3://bucket/prefix); "
+                         "leave it out to use the file server")
+
+
 def main(args) -> int:
     """Runs the pipeline; returns 0 on success (zero failed requests), 1 otherwise."""
     from runtime import proc, storage
@@ -126,6 +151,7 @@ def main(args) -> int:
     group = proc.ProcessGroup(logs, grace_s=5.0)
     try:
         with group:
+            _check_roots(args)
             if args.mode == "online" and not args.data:
                 from runtime.local import online
 

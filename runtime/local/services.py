@@ -14,13 +14,16 @@ DICT_NAME = "ctr_embedding"
 
 class Services:
     """What ``start_services`` started: ``cube`` (the ``LocalCubeCluster``: file server, cube,
-    transfer), ``root_url`` (the file server), ``fs_root`` (its root directory),
+    transfer), ``root_url`` (the file server, or the ``--model-root`` store location),
+    ``fs_root`` (the file server's root directory; None with a store ``--model-root``),
+    ``root`` (where versions and donefiles are: ``fs_root`` or the store location),
     ``token_file`` (the upload token), ``topology`` (topology.json path), ``transfer_url``,
     and the ports kept for serving: ``serving_port`` (HTTP), ``grpc_port``; ``serving_url``."""
 
     def __init__(self, cube, fs_root: Path, serving_port: int, grpc_port: int):
         self.cube = cube
-        self.fs_root = fs_root
+        self.fs_root = None if cube.store else fs_root
+        self.root = str(cube.root)
         self.root_url = cube.root_url
         self.token_file = cube.token_file
         self.topology = cube.topology_path
@@ -30,7 +33,8 @@ class Services:
 
 
 def start_services(args, run_dir: Path, group) -> Services:
-    """Starts the file server (root ``run_dir/fileserver``, a random upload token),
+    """Starts the file server (root ``run_dir/fileserver``, a random upload token; none when
+    ``args.model_root`` is an object-store location: versions go there),
     ``args.shards`` x ``args.replicas`` cube servers with their agents, and the cube
     transfer (work dirs under ``run_dir/cube``), each a process of ``group`` on 127.0.0.1;
     waits until every port answers. Raises ``proc.RoleFailed`` / ``TimeoutError``."""
@@ -38,7 +42,8 @@ def start_services(args, run_dir: Path, group) -> Services:
     from runtime.cube.cluster import LocalCubeCluster
 
     fs_root = run_dir / "fileserver"
-    cube = LocalCubeCluster(run_dir / "cube", fs_root, shards=args.shards, replicas=args.replicas,
+    model_root = getattr(args, "model_root", None)
+    cube = LocalCubeCluster(run_dir / "cube", model_root or fs_root, shards=args.shards, replicas=args.replicas,
                             dict_name=DICT_NAME, poll_interval_s=0.2, token=secrets.token_hex(16),
                             start_timeout_s=120.0, group=group)
     cube.start()
