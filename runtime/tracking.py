@@ -34,9 +34,10 @@ What the pipeline logs (names are the contract with readers: tests, ``runtime.lo
   0), ``examples_per_s``; at the end ``examples_per_s`` etc. without step and the
   version's tags and artifact.
 * The cube transfer (``start_transfer``): one run per transfer (``elastic_ctr.role`` =
-  ``transfer``), per rolled-out version (step = its ordinal in the run): ``rollout_seconds``
-  and ``<phase>_seconds`` for each phase (build, publish, download, reload, enable),
-  ``version_id``; tag ``version.<id>.kind``.
+  ``transfer``, name ``transfer-<dict>``, continued after a restart through its work
+  dir), per rolled-out version (step = the version id): ``rollout_seconds`` and
+  ``<phase>_seconds`` for each phase (``building``, ``deploying``, ``downloading``,
+  ``reloading``, ``enabling``); tag ``version.<id>.kind``.
 
 Environment: ``MLFLOW_TRACKING_URI`` (no URI: ``start_*`` return ``NullTracker``, nothing
 imported), ``MLFLOW_EXPERIMENT_NAME`` (default ``DEFAULT_EXPERIMENT``).
@@ -68,7 +69,6 @@ RUN_DIR = "tracking"
 PARTITION_METRICS = ("auc_before", "train_auc", "loss", "rows", "seconds", "examples_per_s")
 #: per-export metrics of a continuous job
 EXPORT_METRICS = ("export_rows", "export_seconds", "version_id")
-ROLLOUT_PHASES = ("build", "publish", "download", "reload", "enable")
 
 
 def tracking_uri(explicit: Optional[str] = None) -> Optional[str]:
@@ -121,6 +121,14 @@ class RunIdFile:
 
     def __init__(self, state_dir: str, name: str):
         self.path = os.path.join(state_dir, RUN_DIR, f"{name}.json")
+
+    def record(self) -> Optional[dict]:
+        """The file's ``{"run_id", "experiment_id", "uri"}``, or None when there is none."""
+        try:
+            with open(self.path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
 
     def read(self, uri: str) -> Optional[str]:
         """The stored run id for ``uri``, or None (no file, another URI, or unreadable: warned)."""
@@ -430,3 +438,24 @@ def published_model_meta(output: Optional[str], version: int) -> Optional[dict]:
     except (OSError, ValueError) as exc:
         log.warning("tracking: %s not read (%s); the version's artifact has no model_meta", where, exc)
         return None
+
+
+# -- what the cube transfer logs (module docstring) ---------------------------------------
+def start_transfer(work_dir: str, dict_name: str, uri: Optional[str] = None) -> "Tracker | NullTracker":
+    """The cube transfer's tracker: one run per transfer (``transfer-<dict>``), its id
+    kept in ``<work_dir>/tracking/transfer.json`` so a restarted transfer continues it."""
+    uri = tracking_uri(uri)
+    if not uri:
+        return NullTracker()
+    return Tracker(uri, f"transfer-{dict_name}", tags={"elastic_ctr.role": "transfer", "elastic_ctr.dict": dict_name},
+                   run_id_file=RunIdFile(str(work_dir), "transfer"))
+
+
+def log_rollout(tr, version: int, mode: str, seconds: float, phases: Mapping[str, float]) -> None:
+    """One finished rollout, step = the version id: ``rollout_seconds`` and
+    ``<phase>_seconds`` per phase (``runtime.cube.transfer.state.Phase`` values, lower
+    case: ``building``, ``deploying``, ``downloading``, ``reloading``, ``enabling``), and the
+    tag ``version.<id>.kind`` (``mode``: base/patch)."""
+    tr.log_metrics({"rollout_seconds": seconds, **{f"{k.lower()}_seconds": s for k, s in phases.items()}},
+                   step=int(version))
+    tr.set_tags({f"version.{int(version)}.kind": mode})

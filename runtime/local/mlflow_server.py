@@ -61,16 +61,25 @@ class MlflowServer:
                 "--serve-artifacts", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> "MlflowServer":
-        """Starts the server and waits until ``/health`` answers 200. Raises
-        ``MlflowServerError`` when mlflow's server is not installed, the process exits, or
-        ``timeout_s`` passes (the message holds the log's tail)."""
+        """Starts the server and waits until ``/health`` answers 200 (``launch`` +
+        ``wait_ready``). Raises ``MlflowServerError``."""
+        return self.launch().wait_ready(timeout_s)
+
+    def launch(self) -> "MlflowServer":
+        """Starts the process without waiting (``wait_ready`` waits). Raises
+        ``MlflowServerError`` when mlflow's server is not installed."""
         if not available():
             raise MlflowServerError("the full mlflow package is not installed (pip install "
                                     "'elastic-ctr[tracking-server]'); mlflow-skinny has no server")
-        from runtime import proc
-
         self.root.mkdir(parents=True, exist_ok=True)
         self.role = self.group.start(self.name, self.argv())
+        return self
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> "MlflowServer":
+        """Waits until ``/health`` answers 200. Raises ``MlflowServerError`` when the
+        process exits or ``timeout_s`` passes (the message holds the log's tail)."""
+        from runtime import proc
+
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             rc = self.role.proc.poll()

@@ -141,7 +141,7 @@ def test_local_online_loop_base_then_patches(tmp_path):
 
     run_dir = tmp_path / "run"
     p, demo = _run_local(run_dir, "--hours", "3", "--rows-per-hour", "12000", "--eval-rows", "2000",
-                         "--latency-requests", "300", timeout=480)
+                         "--latency-requests", "300", "--no-wait", timeout=480)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     _no_process_left(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -165,3 +165,33 @@ def test_local_online_loop_base_then_patches(tmp_path):
         diff = float(np.abs(served - want).max())
         assert diff < 1e-5, (v, diff)
     assert summary["versions"][-1]["served_auc_next"] > summary["base_alone_auc_last"]
+    _check_tracking(run_dir, summary, p.stdout)
+
+
+def _check_tracking(run_dir: Path, summary: dict, stdout: str) -> None:
+    """The demo's MLflow server (stopped at once: --no-wait) holds the job's run with the
+    demo's figures and the transfer's run with each version's rollout; the chart is a PNG."""
+    import mlflow
+
+    from runtime import tracking
+
+    chart = Path(summary["chart"])
+    assert chart.parent == run_dir and chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rec = summary["tracking"]
+    assert rec and f"MLflow run: {rec['uri']}/#/experiments/{rec['experiment_id']}/runs/{rec['run_id']}" in stdout
+    client = mlflow.MlflowClient(f"sqlite:///{run_dir / 'mlflow' / 'mlflow.db'}")  # the store, read directly
+
+    def hist(run_id, key):
+        return {m.step: m.value for m in client.get_metric_history(run_id, key)}
+
+    start = summary["versions"][0]["hour"]
+    served = hist(rec["run_id"], "served_auc_next")
+    assert served == pytest.approx({t: v["served_auc_next"] for t, v in enumerate(summary["versions"], start=1)})
+    assert sorted(hist(rec["run_id"], "auc_before")) == [1, 2]  # the trainer's, beside the served AUC
+    assert hist(rec["run_id"], "base_alone_auc")[3] == pytest.approx(summary["base_alone_auc_last"])
+    assert hist(rec["run_id"], "version_id") == {tracking.partition_step(start, v["hour"]): v["version"]
+                                                 for v in summary["versions"]}
+    (transfer,) = client.search_runs([rec["experiment_id"]], "tags.`elastic_ctr.role` = 'transfer'")
+    rollouts = hist(transfer.info.run_id, "rollout_seconds")
+    assert sorted(rollouts) == [v["version"] for v in summary["versions"]]
+    assert set(hist(transfer.info.run_id, "enabling_seconds")) == set(rollouts)

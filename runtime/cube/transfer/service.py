@@ -107,6 +107,9 @@ class Transfer:
         self._logged: set[tuple] = set()
         self.after_phase: Optional[Callable[[Phase, Plan], None]] = None  # test hook
         self.metrics = Metrics()
+        from runtime import tracking  # MLflow only when $MLFLOW_TRACKING_URI is set
+
+        self.tracker = tracking.start_transfer(str(self.work_dir), self.dict_name)
         if self.state.served is not None:
             self.metrics.version.set(self.state.served.version)
 
@@ -209,6 +212,7 @@ class Transfer:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 log.exception("transfer poll failed")
             self.stop.wait(self.poll_interval_s)
+        self.tracker.close()
 
     # ---------------------------------------------------------------- a rollout
 
@@ -282,6 +286,9 @@ class Transfer:
                  f" ({plan.reason})" if plan.reason else "", len(self.instances), total,
                  ", ".join(f"{k} {s:.2f} s" for k, s in phases.items()))
         self._emit(events)
+        from runtime import tracking
+
+        tracking.log_rollout(self.tracker, v, plan.mode, total, phases)
         self.builder.cleanup(keep_relayout=self.state.relayout is not None)
         return entry.to_json()
 

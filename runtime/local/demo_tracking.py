@@ -1,0 +1,82 @@
+"""Tracking in the online demo (``elastic-ctr local``, ``make demo``): a real ``mlflow
+server`` under ``<run dir>/mlflow/`` (``runtime.local.mlflow_server``) that the training
+job logs to (``train --tracking-uri``), the demo's own figures added to the job's run, the
+chart (``runtime.local.plot``), and the server left browsable after the demo until Ctrl-C
+(``--no-wait``: stopped at once, as the tests do; ``--no-tracking``: none of it).
+
+The demo's figures in the job's run (``runtime.tracking`` names; step = the partition
+index from the start hour, as the trainer's): ``served_auc_next`` at the scored hour's
+step (beside the trainer's ``auc_before`` of that hour), ``base_alone_auc`` and
+``true_logit_auc`` at the same step, ``rollout_seconds`` at the version's own step.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+from runtime.local.mlflow_server import MlflowServer
+
+
+def add_arguments(p) -> None:
+    """``--no-tracking`` and ``--no-wait``."""
+    p.add_argument("--no-tracking", action="store_true",
+                   help="online: no MLflow server, no tracking (the chart is still written)")
+    p.add_argument("--no-wait", action="store_true",
+                   help="online: stop the MLflow server as soon as the demo is done (default: it stays "
+                        "browsable until Ctrl-C)")
+
+
+def launch(args, run_dir: Path, group) -> Optional[MlflowServer]:
+    """Starts the demo's server (not waiting for it) and sets ``$MLFLOW_TRACKING_URI`` for
+    the roles started next; None with ``--no-tracking``."""
+    if getattr(args, "no_tracking", False):
+        return None
+    from runtime import tracking
+
+    server = MlflowServer(run_dir / "mlflow", group).launch()
+    os.environ[tracking.URI_ENV] = server.url  # the roles started after this (transfer, trainers) log to it
+    return server
+
+
+def log_demo(server: MlflowServer, state_dir: Path, start_hour: str, versions: list[dict],
+             scored_hours: list[str], base_alone: list[float], true_logit: list[float]) -> Optional[dict]:
+    """Adds the demo's figures (module docstring) to the job's run (its id from the
+    trainer's run id file under ``state_dir``); returns the run id file's record, or None
+    when the job's run is unknown (the server was down: warned by the trainer)."""
+    from runtime import tracking
+
+    rfile = tracking.RunIdFile(str(state_dir), "trainer-0")
+    rec = rfile.record()
+    if not rec or rec.get("uri") != server.url:
+        return None
+    tr = tracking.Tracker(server.url, "demo", run_id_file=rfile)
+    for v, h, b, t in zip(versions, scored_hours, base_alone, true_logit):
+        tr.log_metrics({"served_auc_next": v["served_auc_next"], "base_alone_auc": b, "true_logit_auc": t},
+                       step=tracking.partition_step(start_hour, h))
+        tr.log_metrics({"rollout_seconds": v["rollout_s"]}, step=tracking.partition_step(start_hour, v["hour"]))
+    tr.close(timeout_s=30)
+    return rec
+
+
+def linger(args, group, server: Optional[MlflowServer], rec: Optional[dict]) -> None:
+    """Prints the UI's and the run's addresses; unless ``--no-wait``, stops every other
+    role and keeps the server up until Ctrl-C (or SIGTERM); then returns."""
+    if server is None:
+        return
+    print(f"MLflow UI: {server.url}", flush=True)
+    if rec:
+        print(f"MLflow run: {server.run_url(rec['experiment_id'], rec['run_id'])} "
+              f"(charts: {server.metrics_url(rec['experiment_id'], rec['run_id'])})", flush=True)
+    if getattr(args, "no_wait", False):
+        return
+    for r in list(group.roles):
+        if r is not server.role:
+            group.stop(r)
+    print("the MLflow server stays up for browsing; Ctrl-C stops it", flush=True)
+    try:
+        while server.role.proc.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("\nstopping the MLflow server", flush=True)
