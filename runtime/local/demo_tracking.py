@@ -2,7 +2,8 @@
 server`` under ``<run dir>/mlflow/`` (``runtime.local.mlflow_server``) that the training
 job logs to (``train --tracking-uri``), the demo's own figures added to the job's run, the
 chart (``runtime.local.plot``), and the server left browsable after the demo until Ctrl-C
-(``--no-wait``: stopped at once, as the tests do; ``--no-tracking``: none of it).
+when the demo runs from a terminal (``--no-wait``, or no terminal on stdin: stopped at
+once, as the tests do; ``--no-tracking``: none of it).
 
 The demo's figures in the job's run (``runtime.tracking`` names; step = the partition
 index from the start hour, as the trainer's): ``served_auc_next`` at the scored hour's
@@ -12,6 +13,7 @@ step (beside the trainer's ``auc_before`` of that hour), ``base_alone_auc`` and
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -24,8 +26,8 @@ def add_arguments(p) -> None:
     p.add_argument("--no-tracking", action="store_true",
                    help="online: no MLflow server, no tracking (the chart is still written)")
     p.add_argument("--no-wait", action="store_true",
-                   help="online: stop the MLflow server as soon as the demo is done (default: it stays "
-                        "browsable until Ctrl-C)")
+                   help="online: stop the MLflow server as soon as the demo is done (default, from a "
+                        "terminal: it stays browsable until Ctrl-C)")
 
 
 def launch(args, run_dir: Path, group) -> Optional[MlflowServer]:
@@ -61,15 +63,16 @@ def log_demo(server: MlflowServer, state_dir: Path, start_hour: str, versions: l
 
 
 def linger(args, group, server: Optional[MlflowServer], rec: Optional[dict]) -> None:
-    """Prints the UI's and the run's addresses; unless ``--no-wait``, stops every other
-    role and keeps the server up until Ctrl-C (or SIGTERM); then returns."""
+    """Prints the UI's and the run's addresses; when run from a terminal and without
+    ``--no-wait``, stops every other role and keeps the server up until Ctrl-C (or
+    SIGTERM); then returns. (Not from a terminal, e.g. a test or CI: stops at once.)"""
     if server is None:
         return
     print(f"MLflow UI: {server.url}", flush=True)
     if rec:
         print(f"MLflow run: {server.run_url(rec['experiment_id'], rec['run_id'])} "
               f"(charts: {server.metrics_url(rec['experiment_id'], rec['run_id'])})", flush=True)
-    if getattr(args, "no_wait", False):
+    if getattr(args, "no_wait", False) or not sys.stdin.isatty():  # no one at a terminal to press Ctrl-C
         return
     for r in list(group.roles):
         if r is not server.role:
