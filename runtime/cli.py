@@ -28,19 +28,37 @@ class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpForm
     """``HelpFormatter`` keeping the description's own line breaks."""
 
 
-# Role modules that contribute subcommands, in the order they appear in --help.
-_ROLE_MODULES = (
-    "runtime.trainer.cli",     # data, train
-    "runtime.fileserver.cli",  # fileserver
-    "runtime.cube.cli",        # cube build|server|agent|transfer
-    "runtime.serving.cli",     # serve, client
-    "runtime.local.cli",       # local
-    "infra.cli",               # render
-)
+# Role modules and the top-level subcommands each contributes, in the order they appear in
+# --help.
+_ROLE_MODULES = {
+    "runtime.trainer.cli": ("data", "train"),
+    "runtime.fileserver.cli": ("fileserver",),
+    "runtime.cube.cli": ("cube",),
+    "runtime.serving.cli": ("serve", "client"),
+    "runtime.local.cli": ("local",),
+    "infra.cli": ("render",),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Builds the top-level parser with every role's subcommands registered."""
+def command_of(argv: list[str]) -> str | None:
+    """The subcommand named in ``argv`` (the first word that is not a top-level option or
+    its value), or None when there is none (``--help``, no arguments)."""
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--log-level":
+            skip = True
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Builds the top-level parser. With ``command`` (a subcommand name) only the role module
+    that contributes it is imported and registered, so a role starts without importing the
+    others (e.g. the cube server never imports the trainer's config model); with None, or a
+    name no module contributes (argparse then names the choices), every role's."""
     parser = argparse.ArgumentParser(
         prog="elastic-ctr", formatter_class=HelpFormatter,
         description="CTR pipeline: Paddle parameter-server training, the cube sparse-parameter "
@@ -53,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in _ROLE_MODULES:
+    modules = [m for m, cmds in _ROLE_MODULES.items() if command in cmds] or list(_ROLE_MODULES)
+    for name in modules:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:  # a role not installed in this image
@@ -71,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         from runtime.trainer.stop import StopSignal  # before any import starts a thread
 
         StopSignal().install()
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    parser = build_parser(command_of(raw))
+    args = parser.parse_args(raw)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
