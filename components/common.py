@@ -31,12 +31,17 @@ class DeployContext:
         instance: value of ``app.kubernetes.io/instance`` (``<project>-<stack>``).
         image_pull_secrets: names of ``kubernetes.io/dockerconfigjson`` Secrets for pods.
         image_pull_policy: ``IfNotPresent`` | ``Always`` | ``Never``.
+        store_env: environment of the containers that reach an object store (endpoint,
+            region, access keys through secretKeyRef; ``ObjectStoreAccess.env``).
+        service_account: the ServiceAccount of those pods (workload identity), or None.
     """
 
     namespace: pulumi.Input[str]
     instance: str
     image_pull_secrets: Sequence[pulumi.Input[str]] = field(default_factory=tuple)
     image_pull_policy: pulumi.Input[str] = "IfNotPresent"
+    store_env: Sequence[k8s.core.v1.EnvVarArgs] = field(default_factory=tuple)
+    service_account: Optional[pulumi.Input[str]] = None
 
     def svc_host(self, service: pulumi.Input[str]) -> pulumi.Output[str]:
         """Cluster DNS name of ``service`` in this namespace (``<svc>.<ns>.svc.cluster.local``)."""
@@ -143,11 +148,13 @@ def home_env() -> k8s.core.v1.EnvVarArgs:
     return k8s.core.v1.EnvVarArgs(name="HOME", value=TMP_DIR)
 
 
-def base_env(log_level: str = "INFO") -> list[k8s.core.v1.EnvVarArgs]:
-    """Environment every container gets: log level, HOME on the writable /tmp."""
+def base_env(log_level: str = "INFO", dep: Optional[DeployContext] = None) -> list[k8s.core.v1.EnvVarArgs]:
+    """Environment every container gets: log level, HOME on the writable /tmp; with ``dep``
+    (containers that read or write locations), its object-store variables too."""
     return [
         k8s.core.v1.EnvVarArgs(name="ELASTIC_CTR_LOG_LEVEL", value=log_level),
         home_env(),
+        *(dep.store_env if dep is not None else ()),
     ]
 
 

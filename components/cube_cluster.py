@@ -145,7 +145,7 @@ class CubeCluster(pulumi.ComponentResource):
                   "--server-http", f"http://127.0.0.1:{SERVER_HTTP_PORT}",
                   "--work-dir", f"{DATA_DIR}/agent"],
             ports=[k8s.core.v1.ContainerPortArgs(name="agent", container_port=AGENT_PORT)],
-            env=common.base_env(),
+            env=common.base_env(dep=dep),
             resources=common.resources(args.agent_cpu, args.agent_memory),
             readiness_probe=common.http_probe("/readyz", "agent", period_s=5),
             liveness_probe=common.http_probe("/healthz", "agent", period_s=10, failures=6),
@@ -165,6 +165,7 @@ class CubeCluster(pulumi.ComponentResource):
                     spec=k8s.core.v1.PodSpecArgs(
                         security_context=common.pod_security(),
                         image_pull_secrets=dep.pull_secrets() or None,
+                        service_account_name=dep.service_account,
                         # replicas of one shard on different nodes where possible
                         affinity=k8s.core.v1.AffinityArgs(
                             pod_anti_affinity=k8s.core.v1.PodAntiAffinityArgs(

@@ -31,7 +31,8 @@ class CubeTransferArgs:
         topology_configmap: name of the ConfigMap holding ``topology.json``.
         topology_checksum: sha256 of that file (pod-template annotation).
         root: ROOT of versions and donefiles (the file server's URL).
-        upload_token_secret / upload_token_key: Secret with the token for publishing tars.
+        upload_token_secret / upload_token_key: Secret with the token for publishing tars
+            (None: the root is an object store, reached with ``deployment.store_env``).
         cpu / memory: requests = limits. state_size: PVC size.
         storage_class: StorageClass name; ``None`` = cluster default.
         poll_interval_s: seconds between donefile polls.
@@ -42,7 +43,7 @@ class CubeTransferArgs:
     topology_configmap: pulumi.Input[str]
     topology_checksum: pulumi.Input[str]
     root: pulumi.Input[str]
-    upload_token_secret: pulumi.Input[str]
+    upload_token_secret: Optional[pulumi.Input[str]]
     upload_token_key: pulumi.Input[str]
     cpu: pulumi.Input[str]
     memory: pulumi.Input[str]
@@ -85,8 +86,9 @@ class CubeTransfer(pulumi.ComponentResource):
                   "--work-dir", STATE_DIR, "--host", "0.0.0.0", "--port", str(PORT),
                   "--poll-interval", str(args.poll_interval_s)],
             ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT)],
-            env=[*common.base_env(),
-                 common.token_env(args.upload_token_secret, args.upload_token_key)],
+            env=[*common.base_env(dep=dep),
+                 *([common.token_env(args.upload_token_secret, args.upload_token_key)]
+                   if args.upload_token_secret is not None else [])],
             resources=common.resources(args.cpu, args.memory),
             readiness_probe=common.http_probe("/readyz", "http", period_s=5),
             liveness_probe=common.http_probe("/healthz", "http", failures=6),
@@ -108,6 +110,7 @@ class CubeTransfer(pulumi.ComponentResource):
                     spec=k8s.core.v1.PodSpecArgs(
                         security_context=common.pod_security(),
                         image_pull_secrets=dep.pull_secrets() or None,
+                        service_account_name=dep.service_account,
                         containers=[container],
                         volumes=[
                             k8s.core.v1.VolumeArgs(

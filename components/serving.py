@@ -88,7 +88,7 @@ class Serving(pulumi.ComponentResource):
                   *(["--slot-file", args.slot_file] if args.slot_file else [])],
             ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT),
                    k8s.core.v1.ContainerPortArgs(name="grpc", container_port=GRPC_PORT)],
-            env=common.base_env(),
+            env=common.base_env(dep=dep),
             resources=common.resources(args.cpu, args.memory),
             readiness_probe=common.http_probe("/v2/health/ready", "http", period_s=5),
             liveness_probe=common.http_probe("/v2/health/live", "http", failures=6),
@@ -115,6 +115,7 @@ class Serving(pulumi.ComponentResource):
                     spec=k8s.core.v1.PodSpecArgs(
                         security_context=common.pod_security(),
                         image_pull_secrets=dep.pull_secrets() or None,
+                        service_account_name=dep.service_account,
                         containers=[container],
                         volumes=[topo_vol, tmp_vol],
                     ),

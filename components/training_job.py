@@ -66,7 +66,8 @@ class TrainingJobArgs:
             for data generated in the pod by ``elastic-ctr data generate``.
         data_format: ``criteo`` | ``slot``; ``slot_file`` required for ``slot``.
         output: ROOT the trainer exports to (the file server's URL).
-        upload_token_secret / upload_token_key: Secret holding the upload token.
+        upload_token_secret / upload_token_key: Secret holding the upload token (None: the
+            version root is an object store, reached with ``deployment.store_env``).
         shared_storage_class: StorageClass of the ``training-shared`` ReadWriteMany claim
             (must support RWX); ``None`` = the cluster default.
         shared_size: its requested size, a Kubernetes quantity (e.g. ``"5Gi"``); holds one
@@ -92,7 +93,7 @@ class TrainingJobArgs:
     data_test: Sequence[str]
     data_format: str
     output: pulumi.Input[str]
-    upload_token_secret: pulumi.Input[str]
+    upload_token_secret: Optional[pulumi.Input[str]]
     upload_token_key: pulumi.Input[str]
     slot_file: Optional[str] = None
     ps_mode: str = "async"
@@ -196,8 +197,8 @@ class TrainingJob(pulumi.ComponentResource):
             env.append(k8s.core.v1.EnvVarArgs(
                 name="POD_IP", value_from=k8s.core.v1.EnvVarSourceArgs(
                     field_ref=k8s.core.v1.ObjectFieldSelectorArgs(field_path="status.podIP"))))
-        env += common.base_env()
-        if is_trainer:  # only trainer 0 uploads; pservers never see the token
+        env += common.base_env(dep=dep)
+        if is_trainer and args.upload_token_secret is not None:  # only trainer 0 uploads; pservers never see it
             env.append(common.token_env(args.upload_token_secret, args.upload_token_key))
         cpu, mem = ((args.trainer_cpu, args.trainer_memory) if is_trainer
                     else (args.pserver_cpu, args.pserver_memory))
@@ -246,6 +247,7 @@ class TrainingJob(pulumi.ComponentResource):
                 restart_policy="Never",  # failures are handled by the job's policies
                 security_context=common.pod_security(),
                 image_pull_secrets=dep.pull_secrets() or None,
+                service_account_name=dep.service_account,
                 init_containers=init_containers,
                 containers=[container],
                 volumes=[

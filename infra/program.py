@@ -17,7 +17,9 @@ import pulumi_kubernetes as k8s
 from components import (CubeCluster, CubeClusterArgs, CubeTransfer, CubeTransferArgs, DeployContext, FileServer,
                         FileServerArgs, Images, ImagesArgs, Serving, ServingArgs, TrainingJob, TrainingJobArgs,
                         common)
+from components.object_store import ObjectStoreAccess, ObjectStoreAccessArgs
 from infra.config import PROJECT, REPO_ROOT, Secrets, StackConfig, load
+from infra.config_storage import annotations
 
 REGISTRY_SECRET = "registry-credentials"
 
@@ -56,12 +58,23 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
     dep = DeployContext(namespace=namespace, instance=instance, image_pull_secrets=pull_secrets,
                         image_pull_policy=cfg.image_pull_policy)
     storage_class = cfg.storage_class or None
+    store_secrets = secrets.storage.env_secrets()
+    if cfg.env() or store_secrets or cfg.storage_service_account_annotations:
+        store = ObjectStoreAccess("object-store", ObjectStoreAccessArgs(
+            deployment=dep, env=cfg.env(), secret_env=store_secrets,
+            service_account_annotations=annotations(cfg.storage_service_account_annotations)))
+        dep = DeployContext(namespace=namespace, instance=instance, image_pull_secrets=pull_secrets,
+                            image_pull_policy=cfg.image_pull_policy, store_env=tuple(store.env),
+                            service_account=store.service_account)
 
-    files = FileServer("fileserver", FileServerArgs(
+    files = None if cfg.uses_store() else FileServer("fileserver", FileServerArgs(
         deployment=dep, image=images.cube, upload_token=secrets.upload_token,
         cpu=cfg.file_server_cpu, memory=cfg.file_server_memory,
         storage_size=cfg.file_server_storage_size, storage_class=storage_class,
         expose=cfg.expose_file_server))
+    # the version root: the file server, or the object store (then nothing uploads with a token)
+    root = files.url if files else cfg.model_root
+    token_secret, token_key = (files.token_secret, files.token_key) if files else (None, "")
 
     training = TrainingJob("ctr-train", TrainingJobArgs(
         deployment=dep, image=images.trainer, queue=cfg.volcano_queue,
@@ -75,7 +88,7 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         patch_every=cfg.patch_every, base_every=cfg.base_every,
         data_train=cfg.data_train(), data_test=cfg.data_test(),
         data_format=cfg.data_format, slot_file=cfg.slot_file or None,
-        output=files.url, upload_token_secret=files.token_secret, upload_token_key=files.token_key,
+        output=root, upload_token_secret=token_secret, upload_token_key=token_key,
         shared_storage_class=cfg.training_shared_storage_class or None,
         shared_size=cfg.training_shared_size))
 
@@ -87,14 +100,14 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
 
     transfer = CubeTransfer("cube-transfer", CubeTransferArgs(
         deployment=dep, image=images.cube, topology_configmap=cube.topology_configmap,
-        topology_checksum=cube.topology_checksum, root=files.url,
-        upload_token_secret=files.token_secret, upload_token_key=files.token_key,
+        topology_checksum=cube.topology_checksum, root=root,
+        upload_token_secret=token_secret, upload_token_key=token_key,
         cpu=cfg.transfer_cpu, memory=cfg.transfer_memory,
         state_size=cfg.transfer_storage_size, storage_class=storage_class))
 
     serving = Serving("serving", ServingArgs(
         deployment=dep, image=images.serving, topology_configmap=cube.topology_configmap,
-        topology_checksum=cube.topology_checksum, model_root=files.url,
+        topology_checksum=cube.topology_checksum, model_root=root,
         transfer_url=transfer.url, replicas=cfg.serving_replicas,
         max_replicas=cfg.serving_max_replicas,
         target_cpu_utilization=cfg.serving_target_cpu_utilization,
@@ -105,8 +118,8 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         "namespace": namespace,
         "servingUrl": serving.url,
         "servingGrpcTarget": serving.grpc_target,
-        "fileServerUrl": files.external_url,
-        "fileServerClusterUrl": files.url,
+        **({"fileServerUrl": files.external_url, "fileServerClusterUrl": files.url} if files else
+           {"modelRoot": root}),
         "transferStatusUrl": transfer.status_url,
         "cubeTopology": cube.topology,
         "trainingJob": pulumi.Output.concat(namespace, "/", training.job_name),

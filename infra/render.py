@@ -30,7 +30,7 @@ SECRET_PLACEHOLDER = "render-placeholder-not-a-secret"
 
 #: apply order of kinds; unknown kinds sort last (99)
 KIND_ORDER = {
-    "Namespace": 0, "Secret": 1, "ConfigMap": 2, "PersistentVolumeClaim": 3, "Service": 4,
+    "Namespace": 0, "Secret": 1, "ServiceAccount": 1, "ConfigMap": 2, "PersistentVolumeClaim": 3, "Service": 4,
     "StatefulSet": 5, "Deployment": 6, "PodDisruptionBudget": 7,
     "HorizontalPodAutoscaler": 8, "Job": 9,
 }

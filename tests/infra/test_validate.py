@@ -22,6 +22,10 @@ STACKS = [
      "storageClass=fast-ssd", "trainingSharedStorageClass=nfs-client", "trainingSharedSize=50Gi",
      "dataFormat=slot", "slotFile=/data/slots.txt",
      "dataSource=/data/train/*", "dataTestSource=/data/test/*"),
+    # data and versions on an object store, a workload identity: no file server
+    ("dev", "modelRoot=s3://ctr-bucket/model", "storageEndpointUrl=http://minio.storage:9000",
+     "storageServiceAccountAnnotations=eks.amazonaws.com/role-arn=arn:aws:iam::123456789012:role/ctr",
+     "dataSource=s3://ctr-bucket/hours", "trainingMode=continuous", "dataStartHour=20261120/00"),
 ]
 
 
