@@ -131,3 +131,42 @@ def test_local_root_flags_are_checked():
         _check_roots(Namespace(mode="online", data=None, data_root=None, model_root="/tmp/m"))
     with pytest.raises(ValueError, match="--data-root s3://b/h: only with --mode online"):
         _check_roots(Namespace(mode="rounds", data=None, data_root="s3://b/h", model_root=None))
+
+
+def test_wrong_credentials_are_named_and_never_read_as_missing(tmp_path, monkeypatch):
+    """A server that checks signatures and IAM keys (moto after its first
+    INITIAL_NO_AUTH_ACTION_COUNT requests): the right keys read and write; a wrong secret
+    or an unknown key id fails naming the location and the credentials, also for
+    ``exists`` (a 403 is never taken for a missing object)."""
+    import json
+
+    import boto3
+    from s3fs import S3FileSystem
+
+    from tests.s3server import S3Server
+
+    with S3Server(tmp_path, server_env={"INITIAL_NO_AUTH_ACTION_COUNT": "4"}) as s3:
+        kw = dict(endpoint_url=s3.endpoint, aws_access_key_id="setup", aws_secret_access_key="setup",
+                  region_name="us-east-1")
+        iam = boto3.client("iam", **kw)  # the 4 unauthenticated requests: a user, its policy and key, a bucket
+        iam.create_user(UserName="ctr")
+        iam.put_user_policy(UserName="ctr", PolicyName="s3", PolicyDocument=json.dumps({
+            "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+        key = iam.create_access_key(UserName="ctr")["AccessKey"]
+        boto3.client("s3", **kw).create_bucket(Bucket="ctr-auth")
+        for k, v in {**s3.env(), "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+                     "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}.items():
+            monkeypatch.setenv(k, v)
+        S3FileSystem.clear_instance_cache()
+        src = tmp_path / "x.txt"
+        src.write_text("hi\n")
+        storage.upload(src, "s3://ctr-auth/x.txt")
+        assert storage.read_bytes("s3://ctr-auth/x.txt") == b"hi\n"
+        for name, value in (("AWS_SECRET_ACCESS_KEY", "wrong"), ("AWS_ACCESS_KEY_ID", "AKIANOSUCHKEY0000000")):
+            monkeypatch.setenv(name, value)
+            S3FileSystem.clear_instance_cache()
+            with pytest.raises(storage.LocationError, match="s3://ctr-auth/x.txt: access denied: check the credentials"):
+                storage.read_bytes("s3://ctr-auth/x.txt")
+            with pytest.raises(storage.LocationError, match="access denied"):
+                storage.exists("s3://ctr-auth/x.txt")
+        S3FileSystem.clear_instance_cache()
