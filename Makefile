@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TRITON_VENV ?= .venv-tritonclient
 PYTEST_ARGS ?=
 
-.PHONY: install constraints demo test test-fast bench-train bench-cube bench-rollout bench-serving bench-storage bench render golden pulumi-yaml clean
+.PHONY: install browser constraints demo test test-fast bench-train bench-cube bench-rollout bench-serving bench-storage bench render golden pulumi-yaml clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,11 @@ $(TRITON_VENV)/.installed: requirements/tritonclient.txt
 	$(TRITON_VENV)/bin/pip install -q -r requirements/tritonclient.txt
 	touch $@
 
-install: $(STAMP) $(TRITON_VENV)/.installed
+## Headless Chromium + chromedriver (Debian packages) for the browser test of the MLflow UI.
+browser:
+	bash scripts/install-browser.sh
+
+install: $(STAMP) $(TRITON_VENV)/.installed browser
 
 ## Re-pins requirements/constraints.txt to what .venv holds (after changing a range).
 constraints: $(BIN)/python
