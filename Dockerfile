@@ -3,6 +3,9 @@
 #   docker build --target trainer -t elastic-ctr-trainer .   # data generate, train (Paddle)
 #   docker build --target cube    -t elastic-ctr-cube .      # cube build|server|agent|transfer, fileserver
 #   docker build --target serving -t elastic-ctr-serving .   # serve, client (Paddle)
+#   docker build --target tracking -t elastic-ctr-tracking . # mlflow server (the stack's TrackingServer)
+# The trainer and cube images get MLflow's client only (mlflow-skinny, requirements/tracking.txt);
+# the full server (pandas, pyarrow, SQLAlchemy...) only goes into the tracking image.
 # Each installs the project with its role's extra (pyproject.toml), at the exact versions
 # the tests ran with (requirements/constraints.txt); the entrypoint is the `elastic-ctr`
 # console script, run as the non-root user 10001.
@@ -23,7 +26,8 @@ COPY requirements/ requirements/
 FROM builder AS build-trainer
 # dependencies first, in their own layer: a code change does not reinstall Paddle
 RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install -r requirements/base.txt -r requirements/s3.txt -r requirements/paddle.txt -c requirements/constraints.txt
+ && /opt/venv/bin/pip install -r requirements/base.txt -r requirements/s3.txt -r requirements/paddle.txt \
+      -r requirements/tracking.txt -c requirements/constraints.txt
 COPY pyproject.toml setup.py README.md ./
 COPY runtime/ runtime/
 RUN /opt/venv/bin/pip install ".[trainer,s3]" -c requirements/constraints.txt \
@@ -31,7 +35,8 @@ RUN /opt/venv/bin/pip install ".[trainer,s3]" -c requirements/constraints.txt \
 
 FROM builder AS build-cube
 RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install -r requirements/base.txt -r requirements/s3.txt -r requirements/cube.txt -c requirements/constraints.txt
+ && /opt/venv/bin/pip install -r requirements/base.txt -r requirements/s3.txt -r requirements/cube.txt \
+      -r requirements/tracking.txt -c requirements/constraints.txt
 COPY pyproject.toml setup.py README.md ./
 COPY runtime/ runtime/
 RUN /opt/venv/bin/pip install ".[cube,s3]" -c requirements/constraints.txt \
@@ -44,6 +49,12 @@ RUN python -m venv /opt/venv \
 COPY pyproject.toml setup.py README.md ./
 COPY runtime/ runtime/
 RUN /opt/venv/bin/pip install ".[serving,s3]" -c requirements/constraints.txt \
+ && /opt/venv/bin/python -m compileall -q /opt/venv/lib
+
+FROM builder AS build-tracking
+# the MLflow server alone (not this project): its entrypoint is `mlflow`
+RUN python -m venv /opt/venv \
+ && /opt/venv/bin/pip install -r requirements/tracking-server.txt -c requirements/constraints.txt \
  && /opt/venv/bin/python -m compileall -q /opt/venv/lib
 
 # ---------------------------------------------------------------- runtime stages
@@ -74,3 +85,9 @@ USER 10001:10001
 FROM paddle-runtime AS trainer
 COPY --from=build-trainer /opt/venv /opt/venv
 USER 10001:10001
+
+FROM runtime AS tracking
+COPY --from=build-tracking /opt/venv /opt/venv
+USER 10001:10001
+ENTRYPOINT ["mlflow"]
+CMD ["server", "--help"]

@@ -5,10 +5,11 @@ from components.cube_transfer import CubeTransfer, CubeTransferArgs
 from components.file_server import FileServer, FileServerArgs
 from components.images import Images, ImagesArgs
 from components.serving import Serving, ServingArgs
+from components.tracking_server import TrackingServer, TrackingServerArgs
 from components.training_job import TrainingJob, TrainingJobArgs
 
 __all__ = [
     "DeployContext", "CubeCluster", "CubeClusterArgs", "CubeTransfer", "CubeTransferArgs",
     "FileServer", "FileServerArgs", "Images", "ImagesArgs", "Serving", "ServingArgs",
-    "TrainingJob", "TrainingJobArgs",
+    "TrackingServer", "TrackingServerArgs", "TrainingJob", "TrainingJobArgs",
 ]

@@ -16,6 +16,7 @@ import pulumi_kubernetes as k8s
 
 from components import common
 from components.common import DeployContext
+from components.tracking_server import tracking_env
 
 PORT = 8910
 STATE_DIR = "/var/lib/cube-transfer"
@@ -36,6 +37,9 @@ class CubeTransferArgs:
         cpu / memory: requests = limits. state_size: PVC size.
         storage_class: StorageClass name; ``None`` = cluster default.
         poll_interval_s: seconds between donefile polls.
+        tracking_uri / tracking_experiment: ``MLFLOW_TRACKING_URI`` and
+            ``MLFLOW_EXPERIMENT_NAME`` of the transfer (each rollout's phases and seconds;
+            ``runtime.tracking``); None = no tracking.
     """
 
     deployment: DeployContext
@@ -50,6 +54,8 @@ class CubeTransferArgs:
     state_size: pulumi.Input[str]
     storage_class: Optional[pulumi.Input[str]] = None
     poll_interval_s: int = 10
+    tracking_uri: Optional[pulumi.Input[str]] = None
+    tracking_experiment: str = "elastic-ctr"
 
 
 class CubeTransfer(pulumi.ComponentResource):
@@ -88,7 +94,8 @@ class CubeTransfer(pulumi.ComponentResource):
             ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT)],
             env=[*common.base_env(dep=dep),
                  *([common.token_env(args.upload_token_secret, args.upload_token_key)]
-                   if args.upload_token_secret is not None else [])],
+                   if args.upload_token_secret is not None else []),
+                 *tracking_env(args.tracking_uri, args.tracking_experiment)],
             resources=common.resources(args.cpu, args.memory),
             readiness_probe=common.http_probe("/readyz", "http", period_s=5),
             liveness_probe=common.http_probe("/healthz", "http", failures=6),

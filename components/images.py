@@ -29,6 +29,8 @@ class ImagesArgs:
         username / password: registry credentials (``password`` a Pulumi secret), or None
             to use the Docker client's existing login.
         platform: target platform, e.g. ``linux/amd64`` (Paddle's wheels are x86-64).
+        tracking: also build the ``tracking`` image (the MLflow server), for a stack that
+            deploys one.
     """
 
     repo_root: Path
@@ -37,6 +39,7 @@ class ImagesArgs:
     username: Optional[pulumi.Input[str]] = None
     password: Optional[pulumi.Input[str]] = None
     platform: pulumi.Input[str] = "linux/amd64"
+    tracking: bool = False
 
 
 def image_name(registry: str, role: str, tag: str) -> str:
@@ -46,7 +49,8 @@ def image_name(registry: str, role: str, tag: str) -> str:
 
 
 class Images(pulumi.ComponentResource):
-    """Outputs ``trainer``, ``cube``, ``serving``: the references pods should run.
+    """Outputs ``trainer``, ``cube``, ``serving`` (and ``tracking``, or None): the references
+    pods should run.
 
     When pushed, the reference is the registry digest (``repo@sha256:...``), so every
     rebuild rolls the pods; when not pushed, the local ``name:tag``. Children are named
@@ -67,7 +71,7 @@ class Images(pulumi.ComponentResource):
                 server=args.registry.split("/")[0], username=args.username,
                 password=pulumi.Output.secret(args.password))
         self.refs: dict[str, pulumi.Output[str]] = {}
-        for role in ROLES:
+        for role in ROLES + (("tracking",) if args.tracking else ()):
             image = docker.Image(
                 f"{name}-{role}",
                 image_name=pulumi.Output.from_input(args.tag).apply(lambda tag, r=role: image_name(args.registry, r, tag)),
@@ -85,4 +89,5 @@ class Images(pulumi.ComponentResource):
         self.trainer = self.refs["trainer"]
         self.cube = self.refs["cube"]
         self.serving = self.refs["serving"]
+        self.tracking = self.refs.get("tracking")
         self.register_outputs(dict(self.refs))

@@ -27,6 +27,7 @@ import pulumi_kubernetes as k8s
 
 from components import common
 from components.common import DeployContext
+from components.tracking_server import tracking_env
 
 PADDLE_PORT = 8200
 #: pserver 0 serves Paddle's gloo HTTP store here (trainer barriers); ``runtime.trainer.roles``
@@ -73,6 +74,8 @@ class TrainingJobArgs:
         shared_size: its requested size, a Kubernetes quantity (e.g. ``"5Gi"``); holds one
             sparse-table save (text, gzip) at a time.
         scratch_size: size limit of each pod's ``/data`` emptyDir.
+        tracking_uri / tracking_experiment: the trainers' ``MLFLOW_TRACKING_URI`` and
+            ``MLFLOW_EXPERIMENT_NAME`` (``runtime.tracking``); None = no tracking.
     """
 
     deployment: DeployContext
@@ -107,6 +110,8 @@ class TrainingJobArgs:
     shared_storage_class: Optional[pulumi.Input[str]] = None
     shared_size: pulumi.Input[str] = "5Gi"
     scratch_size: pulumi.Input[str] = "10Gi"
+    tracking_uri: Optional[pulumi.Input[str]] = None
+    tracking_experiment: str = "elastic-ctr"
 
 
 class TrainingJob(pulumi.ComponentResource):
@@ -198,6 +203,8 @@ class TrainingJob(pulumi.ComponentResource):
                 name="POD_IP", value_from=k8s.core.v1.EnvVarSourceArgs(
                     field_ref=k8s.core.v1.ObjectFieldSelectorArgs(field_path="status.podIP"))))
         env += common.base_env(dep=dep)
+        if is_trainer:  # the trainers log to MLflow (runtime.tracking); pservers never do
+            env += tracking_env(args.tracking_uri, args.tracking_experiment)
         if is_trainer and args.upload_token_secret is not None:  # only trainer 0 uploads; pservers never see it
             env.append(common.token_env(args.upload_token_secret, args.upload_token_key))
         cpu, mem = ((args.trainer_cpu, args.trainer_memory) if is_trainer

@@ -24,7 +24,7 @@ import pulumi
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from infra import config_storage
+from infra import config_storage, config_tracking
 from runtime.trainer import config as train
 from runtime.trainer.config import TrainConfig, TrainConfigError
 
@@ -131,7 +131,7 @@ def _t(key: str):
     return train.field_type(TRAIN_KEYS[key])
 
 
-class StackConfig(config_storage.StorageKeys):
+class StackConfig(config_storage.StorageKeys, config_tracking.TrackingKeys):
     """Every key of the stack (camelCase in Pulumi, snake_case here). Quantities are
     Kubernetes quantity strings (``500m`` CPU, ``512Mi`` memory, ``20Gi`` storage); data
     locations are comma-separated (``data_train()``/``data_test()`` split them). Each
@@ -332,7 +332,7 @@ SECRETS: dict[str, tuple[str, int]] = {
     "uploadToken": ("Bearer token for uploads to the file server (required; pulumi config set --secret uploadToken "
                     "\"$(openssl rand -hex 32)\"). Reaches pods only via the file server's upload-token Secret.", 16),
     "registryPassword": ("Registry password or token (pulumi config set --secret registryPassword ...); it reaches "
-                         "pods only as an imagePullSecret.", 0), **config_storage.SECRETS,
+                         "pods only as an imagePullSecret.", 0), **config_storage.SECRETS, **config_tracking.SECRETS,
 }
 REQUIRED_SECRETS = ("uploadToken",)
 FIELDS = {f.alias: (name, f) for name, f in StackConfig.model_fields.items()}
@@ -424,6 +424,7 @@ class Secrets:
         self.upload_token = config.require_secret("uploadToken")
         self.registry_password = config.get_secret("registryPassword") or None
         self.storage = config_storage.StorageSecrets(config)
+        self.tracking = config_tracking.TrackingSecrets(config)
 
 
 def load() -> tuple[StackConfig, Secrets]:

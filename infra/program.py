@@ -15,9 +15,10 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components import (CubeCluster, CubeClusterArgs, CubeTransfer, CubeTransferArgs, DeployContext, FileServer,
-                        FileServerArgs, Images, ImagesArgs, Serving, ServingArgs, TrainingJob, TrainingJobArgs,
-                        common)
+                        FileServerArgs, Images, ImagesArgs, Serving, ServingArgs, TrackingServer, TrackingServerArgs,
+                        TrainingJob, TrainingJobArgs, common)
 from components.object_store import ObjectStoreAccess, ObjectStoreAccessArgs
+from infra import config_tracking
 from infra.config import PROJECT, REPO_ROOT, Secrets, StackConfig, load
 from infra.config_storage import annotations
 
@@ -37,7 +38,7 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
     images = Images("images", ImagesArgs(
         repo_root=REPO_ROOT, registry=cfg.image_registry, tag=cfg.image_tag,
         username=cfg.registry_username or None, password=secrets.registry_password,
-        platform=cfg.build_platform))
+        platform=cfg.build_platform, tracking=cfg.tracking_server))
 
     ns = k8s.core.v1.Namespace(
         cfg.namespace,
@@ -75,6 +76,13 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
     # the version root: the file server, or the object store (then nothing uploads with a token)
     root = files.url if files else cfg.model_root
     token_secret, token_key = (files.token_secret, files.token_key) if files else (None, "")
+    tracker = TrackingServer("tracking", TrackingServerArgs(
+        deployment=dep, image=images.tracking, cpu=cfg.tracking_cpu, memory=cfg.tracking_memory,
+        storage_size=cfg.tracking_storage_size, storage_class=storage_class,
+        backend_store_uri=secrets.tracking.backend_store_uri,
+        artifacts_destination=cfg.tracking_artifacts_destination or None)) if cfg.tracking_server else None
+    track = {"tracking_uri": config_tracking.tracking_uri(cfg, tracker.url if tracker else None),
+             "tracking_experiment": cfg.tracking_experiment}
 
     training = TrainingJob("ctr-train", TrainingJobArgs(
         deployment=dep, image=images.trainer, queue=cfg.volcano_queue,
@@ -90,7 +98,7 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         data_format=cfg.data_format, slot_file=cfg.slot_file or None,
         output=root, upload_token_secret=token_secret, upload_token_key=token_key,
         shared_storage_class=cfg.training_shared_storage_class or None,
-        shared_size=cfg.training_shared_size))
+        shared_size=cfg.training_shared_size, **track))
 
     cube = CubeCluster("cube", CubeClusterArgs(
         deployment=dep, image=images.cube, shards=cfg.cube_shards, replicas=cfg.cube_replicas,
@@ -103,7 +111,7 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         topology_checksum=cube.topology_checksum, root=root,
         upload_token_secret=token_secret, upload_token_key=token_key,
         cpu=cfg.transfer_cpu, memory=cfg.transfer_memory,
-        state_size=cfg.transfer_storage_size, storage_class=storage_class))
+        state_size=cfg.transfer_storage_size, storage_class=storage_class, **track))
 
     serving = Serving("serving", ServingArgs(
         deployment=dep, image=images.serving, topology_configmap=cube.topology_configmap,
@@ -124,6 +132,7 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         "cubeTopology": cube.topology,
         "trainingJob": pulumi.Output.concat(namespace, "/", training.job_name),
         "images": images.refs,
+        **({"trackingUrl": tracker.url} if tracker else {}),
     }
 
 

@@ -20,7 +20,7 @@
 #      cache it builds all the stages and the other two targets then come from the cache.
 #   5. Remove the untagged role images that earlier builds of these tags left behind.
 #
-# Usage: build-images.sh [ROLE...]    build these roles (default: trainer cube serving)
+# Usage: build-images.sh [ROLE...]    build these roles (default: trainer cube serving tracking)
 #        build-images.sh --roles      print the roles (Dockerfile targets) it builds by default
 # Environment:
 #   IMAGE_TAG                   tag (default dev): elastic-ctr-<role>:<IMAGE_TAG>
@@ -44,7 +44,7 @@ if [[ -z ${ELASTIC_CTR_CACHE:-} ]]; then
 fi
 export ELASTIC_CTR_CACHE
 CACHE=$ELASTIC_CTR_CACHE
-ROLES=(trainer cube serving)
+ROLES=(trainer cube serving tracking)
 TAG=${IMAGE_TAG:-dev}
 LOCAL_BASE=${ELASTIC_CTR_BASE_IMAGE:-elastic-ctr/python:3.11-bookworm}
 PULL_TIMEOUT=${ELASTIC_CTR_PULL_TIMEOUT:-120}

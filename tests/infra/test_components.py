@@ -24,12 +24,12 @@ def kinds(r) -> Counter:
 
 def test_dev_stack_resource_counts(rendered):
     r = rendered("dev")
-    assert kinds(r) == {"Namespace": 1, "Secret": 1, "ConfigMap": 1, "PersistentVolumeClaim": 3,
-                        "Service": 5, "StatefulSet": 2, "Deployment": 3,
+    assert kinds(r) == {"Namespace": 1, "Secret": 1, "ConfigMap": 1, "PersistentVolumeClaim": 4,
+                        "Service": 6, "StatefulSet": 2, "Deployment": 4,
                         "PodDisruptionBudget": 2, "Job": 1}
     types = Counter(x["type"] for x in r.resources)
-    assert types["docker:index/image:Image"] == 3
-    for name in ("Images", "TrainingJob", "CubeCluster", "CubeTransfer", "FileServer", "Serving"):
+    assert types["docker:index/image:Image"] == 4
+    for name in ("Images", "TrainingJob", "CubeCluster", "CubeTransfer", "FileServer", "Serving", "TrackingServer"):
         assert types[f"elastic-ctr:index:{name}"] == 1
 
 
@@ -258,7 +258,7 @@ def test_optional_parts(rendered):
 def test_images_pushed_only_with_a_registry(rendered):
     local = {x["name"].removeprefix("images-"): x["inputs"] for x in rendered("dev").resources
              if x["type"] == "docker:index/image:Image"}
-    assert set(local) == {"trainer", "cube", "serving"}
+    assert set(local) == {"trainer", "cube", "serving", "tracking"}
     for role, img in local.items():
         assert img["skipPush"] is True and img["imageName"] == f"elastic-ctr-{role}:dev"
         assert img["build"]["dockerfile"].endswith("/Dockerfile") and img["build"]["target"] == role

@@ -1,0 +1,153 @@
+"""TrackingServer: an MLflow tracking server (``mlflow server``) the training job and the cube
+transfer log to (``runtime.tracking``; their pods get ``MLFLOW_TRACKING_URI`` = ``url``).
+
+Named after the component (``<name>``): a single-replica Deployment (``Recreate``: the
+volume is ReadWriteOnce) running the ``tracking`` image (the Dockerfile's target: the full
+``mlflow`` distribution; its entrypoint is ``mlflow``), a ClusterIP Service on ``PORT``,
+and where the stores live:
+
+* by default a PersistentVolumeClaim mounted at ``STORE``: the backend store
+  ``sqlite:////mlflow/mlflow.db`` and the artifacts ``/mlflow/artifacts``, served by the
+  server itself (``--serve-artifacts``: clients need only HTTP);
+* or, with ``backend_store_uri`` (a database URI such as
+  ``postgresql://user:pw@host/db``, a secret), a Secret ``<name>-backend-store`` whose key
+  reaches the pod only as ``MLFLOW_BACKEND_STORE_URI`` (secretKeyRef), and, with
+  ``artifacts_destination`` (e.g. ``s3://bucket/mlflow``; the image must hold that
+  store's client), no claim at all when both are set.
+
+The server answers only the Host headers of its Service's names (``MLFLOW_SERVER_ALLOWED_HOSTS``:
+DNS-rebinding protection of MLflow 3) and localhost (the probes, a port-forward).
+Probes: ``GET /health``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components import common
+from components.common import DeployContext
+
+PORT = 5000
+STORE = "/mlflow"
+URI_KEY = "uri"
+
+
+@dataclass(frozen=True)
+class TrackingServerArgs:
+    """Inputs of :class:`TrackingServer`.
+
+    Attributes:
+        deployment: namespace, instance, pull secrets.
+        image: the tracking image reference.
+        cpu / memory: requests = limits.
+        storage_size: the claim's size (quantity, e.g. ``5Gi``), when a claim is needed.
+        storage_class: StorageClass name; ``None`` = the cluster default.
+        backend_store_uri: a database URI (secret Output), or None = SQLite on the claim.
+        artifacts_destination: where artifacts go (URI), or None = the claim.
+    """
+
+    deployment: DeployContext
+    image: pulumi.Input[str]
+    cpu: pulumi.Input[str]
+    memory: pulumi.Input[str]
+    storage_size: pulumi.Input[str]
+    storage_class: Optional[pulumi.Input[str]] = None
+    backend_store_uri: Optional[pulumi.Input[str]] = None
+    artifacts_destination: Optional[str] = None
+
+
+class TrackingServer(pulumi.ComponentResource):
+    """Outputs: ``url`` (in-cluster, ``http://<name>.<ns>.svc.cluster.local:5000``)."""
+
+    url: pulumi.Output[str]
+
+    def __init__(self, name: str, args: TrackingServerArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("elastic-ctr:index:TrackingServer", name, None, opts)
+        dep = args.deployment
+        lbls = common.labels(dep, name, "tracking")
+        sel = common.selector(lbls)
+        env = [*common.base_env()]
+        volumes, mounts = [], []
+        tmp_vol, tmp_mount = common.tmp_volume()
+        if args.backend_store_uri is not None:
+            secret_name = f"{name}-backend-store"
+            secret = k8s.core.v1.Secret(
+                secret_name, metadata=common.metadata(dep, secret_name, lbls), type="Opaque",
+                string_data={URI_KEY: pulumi.Output.secret(args.backend_store_uri)}, opts=common.child(self))
+            env.append(k8s.core.v1.EnvVarArgs(name="MLFLOW_BACKEND_STORE_URI", value_from=k8s.core.v1.EnvVarSourceArgs(
+                secret_key_ref=k8s.core.v1.SecretKeySelectorArgs(
+                    name=secret.metadata.apply(lambda m: m.name), key=URI_KEY))))
+        else:
+            env.append(k8s.core.v1.EnvVarArgs(name="MLFLOW_BACKEND_STORE_URI", value=f"sqlite:///{STORE}/mlflow.db"))
+        env.append(k8s.core.v1.EnvVarArgs(name="MLFLOW_ARTIFACTS_DESTINATION",
+                                          value=args.artifacts_destination or f"{STORE}/artifacts"))
+        if args.backend_store_uri is None or args.artifacts_destination is None:
+            pvc = k8s.core.v1.PersistentVolumeClaim(
+                name, metadata=common.metadata(dep, name, lbls),
+                spec=k8s.core.v1.PersistentVolumeClaimSpecArgs(
+                    access_modes=["ReadWriteOnce"], storage_class_name=args.storage_class or None,
+                    resources=k8s.core.v1.VolumeResourceRequirementsArgs(requests={"storage": args.storage_size})),
+                opts=common.child(self))
+            volumes.append(k8s.core.v1.VolumeArgs(
+                name="store", persistent_volume_claim=k8s.core.v1.PersistentVolumeClaimVolumeSourceArgs(
+                    claim_name=pvc.metadata.apply(lambda m: m.name))))
+            mounts.append(k8s.core.v1.VolumeMountArgs(name="store", mount_path=STORE))
+        host = dep.svc_host(name)
+        env.append(k8s.core.v1.EnvVarArgs(name="MLFLOW_SERVER_ALLOWED_HOSTS", value=pulumi.Output.concat(
+            name, ",", name, f":{PORT},", host, ",", host, f":{PORT},", name, ".", dep.namespace, f":{PORT},",
+            f"localhost:{PORT},127.0.0.1:{PORT},localhost,127.0.0.1")))
+        container = k8s.core.v1.ContainerArgs(
+            name="mlflow",
+            image=args.image,
+            image_pull_policy=dep.image_pull_policy,
+            args=["server", "--serve-artifacts", "--host", "0.0.0.0", "--port", str(PORT), "--workers", "1"],
+            ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT)],
+            env=env,
+            resources=common.resources(args.cpu, args.memory),
+            # a cold start (database migrations) takes ~20 s on 2 cores
+            readiness_probe=common.http_probe("/health", "http", period_s=5),
+            liveness_probe=common.http_probe("/health", "http", failures=6, initial_delay_s=60),
+            security_context=common.container_security(),
+            volume_mounts=[*mounts, tmp_mount],
+        )
+        k8s.apps.v1.Deployment(
+            name,
+            metadata=common.metadata(dep, name, lbls),
+            spec=k8s.apps.v1.DeploymentSpecArgs(
+                replicas=1,
+                strategy=k8s.apps.v1.DeploymentStrategyArgs(type="Recreate"),
+                selector=k8s.meta.v1.LabelSelectorArgs(match_labels=sel),
+                template=k8s.core.v1.PodTemplateSpecArgs(
+                    metadata=k8s.meta.v1.ObjectMetaArgs(labels=lbls),
+                    spec=k8s.core.v1.PodSpecArgs(
+                        security_context=common.pod_security(),
+                        image_pull_secrets=dep.pull_secrets() or None,
+                        containers=[container],
+                        volumes=[*volumes, tmp_vol],
+                    ),
+                ),
+            ),
+            opts=common.child(self),
+        )
+        self.service = k8s.core.v1.Service(
+            name,
+            metadata=common.metadata(dep, name, lbls),
+            spec=k8s.core.v1.ServiceSpecArgs(
+                type="ClusterIP", selector=sel,
+                ports=[k8s.core.v1.ServicePortArgs(name="http", port=PORT, target_port="http")]),
+            opts=common.child(self),
+        )
+        self.url = dep.svc_url(self.service.metadata.apply(lambda m: m.name), PORT)
+        self.register_outputs({"url": self.url})
+
+
+def tracking_env(uri: Optional[pulumi.Input[str]], experiment: str) -> list[k8s.core.v1.EnvVarArgs]:
+    """``MLFLOW_TRACKING_URI`` and ``MLFLOW_EXPERIMENT_NAME`` for a pod that logs (the
+    training job, the transfer); empty when ``uri`` is None (tracking off)."""
+    if uri is None:
+        return []
+    return [k8s.core.v1.EnvVarArgs(name="MLFLOW_TRACKING_URI", value=uri),
+            k8s.core.v1.EnvVarArgs(name="MLFLOW_EXPERIMENT_NAME", value=experiment)]
