@@ -15,6 +15,8 @@ import pulumi
 import pulumi_docker as docker
 
 ROLES = ("trainer", "cube", "serving")
+#: the MLflow server's image (built only for a stack that deploys one: ``ImagesArgs.tracking``)
+TRACKING = "tracking"
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ class Images(pulumi.ComponentResource):
                 server=args.registry.split("/")[0], username=args.username,
                 password=pulumi.Output.secret(args.password))
         self.refs: dict[str, pulumi.Output[str]] = {}
-        for role in ROLES + (("tracking",) if args.tracking else ()):
+        for role in ROLES + ((TRACKING,) if args.tracking else ()):
             image = docker.Image(
                 f"{name}-{role}",
                 image_name=pulumi.Output.from_input(args.tag).apply(lambda tag, r=role: image_name(args.registry, r, tag)),
@@ -89,5 +91,5 @@ class Images(pulumi.ComponentResource):
         self.trainer = self.refs["trainer"]
         self.cube = self.refs["cube"]
         self.serving = self.refs["serving"]
-        self.tracking = self.refs.get("tracking")
+        self.tracking = self.refs.get(TRACKING)
         self.register_outputs(dict(self.refs))

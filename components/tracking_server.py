@@ -82,6 +82,8 @@ class TrackingServer(pulumi.ComponentResource):
                     name=secret.metadata.apply(lambda m: m.name), key=URI_KEY))))
         else:
             env.append(k8s.core.v1.EnvVarArgs(name="MLFLOW_BACKEND_STORE_URI", value=f"sqlite:///{STORE}/mlflow.db"))
+        # no background job runner (MLflow's GenAI jobs, unused here)
+        env.append(k8s.core.v1.EnvVarArgs(name="MLFLOW_SERVER_ENABLE_JOB_EXECUTION", value="false"))
         env.append(k8s.core.v1.EnvVarArgs(name="MLFLOW_ARTIFACTS_DESTINATION",
                                           value=args.artifacts_destination or f"{STORE}/artifacts"))
         if args.backend_store_uri is None or args.artifacts_destination is None:

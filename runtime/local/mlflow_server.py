@@ -72,7 +72,9 @@ class MlflowServer:
             raise MlflowServerError("the full mlflow package is not installed (pip install "
                                     "'elastic-ctr[tracking-server]'); mlflow-skinny has no server")
         self.root.mkdir(parents=True, exist_ok=True)
-        self.role = self.group.start(self.name, self.argv())
+        # no background job runner (MLflow's GenAI jobs, unused here): its consumers would
+        # outlive the server process
+        self.role = self.group.start(self.name, self.argv(), env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
         return self
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> "MlflowServer":

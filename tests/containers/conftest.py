@@ -20,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
 #: the Pulumi Images component's roles (tests check that this, the script and the component agree)
-ROLES = ("trainer", "cube", "serving")
+ROLES = ("trainer", "cube", "serving", "tracking")
 #: seconds allowed for engine.sh start (it may install docker.io) and for the image builds
 ENGINE_TIMEOUT = 900
 BUILD_TIMEOUT = int(os.environ.get("ELASTIC_CTR_BUILD_TIMEOUT", "3600"))

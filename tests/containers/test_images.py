@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.containers, pytest.mark.slow,
 
 #: upper bounds on the image sizes (bytes), about 1.5x what they measured (trainer 1161 MB, cube
 #: 311 MB, serving 1182 MB on the local Debian base): the cube image carries no Paddle
-MAX_SIZE = {"trainer": 1_800_000_000, "cube": 500_000_000, "serving": 1_800_000_000}
+MAX_SIZE = {"trainer": 1_800_000_000, "cube": 500_000_000, "serving": 1_800_000_000, "tracking": 1_500_000_000}
 
 #: what a pod's container runs (the same `elastic-ctr` entrypoint and subcommands)
 RUNS = [
@@ -30,6 +30,10 @@ RUNS = [
     ("serving", ["--help"]),
     ("serving", ["serve", "--help"]),
     ("serving", ["python", "-c", "import paddle"]),
+    # MLflow's client only where the roles log (mlflow-skinny: no pandas, no server)
+    ("trainer", ["python", "-c", "import mlflow, importlib.util as u; assert u.find_spec('pandas') is None"]),
+    ("cube", ["python", "-c", "import mlflow, importlib.util as u; assert u.find_spec('pandas') is None"]),
+    ("tracking", ["server", "--help"]),
 ]
 #: how the pods' security context runs them: non-root, read-only root file system, /tmp writable
 POD_LIKE = ["run", "--rm", "--network", "host", "--read-only", "--tmpfs", "/tmp", "--user", "10001:10001"]
@@ -40,17 +44,17 @@ def test_build_uses_the_targets_the_pulumi_images_component_declares():
     Dockerfile with the repository root as context; build-images.sh builds the same targets of the
     same Dockerfile, and tags them as the component names its local (unpushed) images."""
     from components.images import ROLES as COMPONENT_ROLES
-    from components.images import Images, ImagesArgs, image_name
+    from components.images import TRACKING, Images, ImagesArgs, image_name
     from infra.render import run_program
 
     def program():
-        Images("images", ImagesArgs(repo_root=REPO, registry="", tag="dev"))
+        Images("images", ImagesArgs(repo_root=REPO, registry="", tag="dev", tracking=True))
         return {}
 
     resources, _ = run_program({}, set(), "dev", program=program)
     builds = {r["name"].removeprefix("images-"): r["inputs"] for r in resources
               if r["type"] == "docker:index/image:Image"}
-    assert set(builds) == set(COMPONENT_ROLES) == set(ROLES)
+    assert set(builds) == {*COMPONENT_ROLES, TRACKING} == set(ROLES)
     declared = {}
     for role, inputs in builds.items():
         declared[role] = inputs["build"]["target"]
@@ -100,7 +104,7 @@ def test_image_runs_as_user_10001_by_default(engine, images, role):
     proc = engine.docker("run", "--rm", "--network", "host", "--read-only", "--entrypoint", "id", image, "-u")
     assert proc.stdout.strip() == "10001"
     entrypoint = engine.docker("image", "inspect", "--format", "{{json .Config.Entrypoint}}", image).stdout.strip()
-    assert entrypoint == '["elastic-ctr"]'
+    assert entrypoint == ('["mlflow"]' if role == "tracking" else '["elastic-ctr"]')
 
 
 def test_engine_started_here_has_host_networking_only(engine):

@@ -233,6 +233,56 @@ def test_transfer_rolls_the_version_out_to_every_cube_pod(stack, say):
     check_no_errors(c)
 
 
+# ----------------------------------------------------------------------------- 2b. tracking
+def _mlflow(c: Cluster, path: str, **params) -> dict:
+    """GET ``/api/2.0/mlflow/<path>`` of the tracking pod (its Service's name as the Host header,
+    as the trainers and the transfer reach it)."""
+    pod = c.live_pods("tracking")[0]
+    r = requests.get(f"http://{pod.ip}:5000/api/2.0/mlflow/{path}", params=params, timeout=10,
+                     headers={"Host": "tracking.elastic-ctr-dev.svc.cluster.local:5000"})
+    assert r.status_code == 200, (path, r.status_code, r.text[:500])
+    return r.json()
+
+
+@pytest.mark.timeout(300)
+def test_tracking_server_holds_the_jobs_run_and_the_rollout(stack, say):
+    need(stack, "rolled_out")
+    c: Cluster = stack["cluster"]
+    exp = _mlflow(c, "experiments/get-by-name", experiment_name="elastic-ctr")["experiment"]
+    runs = {}
+
+    def both():
+        found = requests.post(f"http://{c.live_pods('tracking')[0].ip}:5000/api/2.0/mlflow/runs/search",
+                              json={"experiment_ids": [exp["experiment_id"]]}, timeout=10,
+                              headers={"Host": "tracking.elastic-ctr-dev.svc.cluster.local:5000"}).json()
+        for run in found.get("runs", []):
+            tags = {t["key"]: t["value"] for t in run["data"].get("tags", [])}
+            runs[(tags.get("elastic_ctr.role"), tags.get("elastic_ctr.trainer_id"))] = run
+        return ("trainer", "0") in runs and ("transfer", None) in runs and runs[("transfer", None)]["data"].get("metrics")
+
+    c.wait_for("the job's and the transfer's runs", both, timeout_s=120, every_s=2)
+    job = runs[("trainer", "0")]
+    rid = job["info"]["run_id"]
+
+    def hist(run_id, key):
+        return {int(m.get("step", 0)): m["value"] for m in
+                _mlflow(c, "metrics/get-history", run_id=run_id, metric_key=key).get("metrics", [])}
+
+    v, auc = stack["version"], stack["trainer_auc"]
+    assert job["info"]["status"] == "FINISHED"
+    assert hist(rid, "test_auc") == {0: pytest.approx(auc, abs=1e-9)}  # one pass: the trainer's own result
+    assert hist(rid, "version_id") == {0: v}
+    params = {p["key"]: p["value"] for p in job["data"]["params"]}
+    assert params["trainers"] == "2" and params["pservers"] == "1"
+    assert ("trainer", "1") in runs  # trainer 1's own figures, tagged with its id
+    transfer = runs[("transfer", None)]["info"]["run_id"]
+    rollout = hist(transfer, "rollout_seconds")
+    assert v in rollout
+    RESULTS["tracking"] = {"job_run": rid, "test_auc": hist(rid, "test_auc"), "rollout_seconds": rollout}
+    say(f"tracking: run {rid} of the job: test_auc {hist(rid, 'test_auc')}, version {v}; transfer's run: "
+        f"rollout seconds {rollout}")
+
+
 # ----------------------------------------------------------------------------- 3. serving
 @pytest.mark.timeout(420)
 def test_both_serving_pods_score_the_test_rows_with_the_trainers_auc(stack, say):
