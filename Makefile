@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TRITON_VENV ?= .venv-tritonclient
 PYTEST_ARGS ?=
 
-.PHONY: install browser constraints demo test test-fast bench-train bench-cube bench-rollout bench-serving bench-storage bench render golden pulumi-yaml clean
+.PHONY: install browser constraints demo test test-fast bench-train bench-cube bench-rollout bench-serving bench-storage bench-tracking bench render golden pulumi-yaml clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,9 @@ bench-rollout: install
 
 bench-serving: install
 	$(BIN)/python bench/bench_serving.py
+
+bench-tracking: install
+	$(BIN)/python bench/bench_tracking.py
 
 bench-storage: install
 	$(BIN)/python bench/bench_storage.py
