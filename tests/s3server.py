@@ -24,9 +24,11 @@ class S3Server:
     ``s3.env()``, ``s3.new_bucket()``. The server's log is kept in a temporary file and
     its tail is raised with a start failure."""
 
-    def __init__(self, log_dir: str | os.PathLike | None = None, server_env: dict[str, str] | None = None):
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+    def __init__(self, log_dir: str | os.PathLike | None = None, server_env: dict[str, str] | None = None,
+                 host: str = "127.0.0.1"):
+        self.host = host
+        self.port = free_port(host)
+        self.endpoint = f"http://{host}:{self.port}"
         self.log = Path(log_dir or tempfile.mkdtemp(prefix="s3server-")) / "moto.log"
         self.proc: subprocess.Popen | None = None
         #: extra environment of the server, e.g. ``INITIAL_NO_AUTH_ACTION_COUNT`` (moto checks
@@ -40,12 +42,12 @@ class S3Server:
 
     def start(self) -> "S3Server":
         out = open(self.log, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
                                      stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                      env={**os.environ, **self.server_env})
         out.close()
         try:
-            wait_for_port("127.0.0.1", self.port, timeout_s=60, proc=self.proc, name="moto server", log_path=self.log)
+            wait_for_port(self.host, self.port, timeout_s=60, proc=self.proc, name="moto server", log_path=self.log)
         except Exception as exc:
             self.stop()
             raise RuntimeError(f"moto server did not start: {exc}\n{tail(self.log)}") from exc

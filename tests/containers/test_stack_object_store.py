@@ -1,0 +1,153 @@
+"""The rendered dev stack with its data and version root in an S3 bucket (issue 18), run as
+containers by ``tests/containers/kube/``: ``modelRoot=s3://...``, ``dataSource`` /
+``dataTestSource`` in the same bucket, ``storageEndpointUrl`` and the access keys as stack
+secrets (a Secret the pods read as ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``).
+
+The S3 server is moto's server mode started by the test on the host at 127.77.0.1 (every
+pod shares the host's network, so each reaches it; an address other than 127.0.0.1, which
+the harness rewrites to the pod's own address). It is not a pod: no image here carries
+moto. The run checks:
+
+1. no file server is rendered or started; the training job completes, trainer 0 publishes
+   its version to the bucket (donefile line, dense model, SequenceFiles);
+2. the transfer reads it from the bucket, publishes the shard tars there, and every cube
+   pod's agent downloads from there and serves the version;
+3. both serving pods fetch the dense model from the bucket and score the test rows with
+   zero failed requests, at trainer 0's test AUC;
+4. every pod stopped with SIGTERM: every container exits 0.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime import storage
+from runtime.formats import donefile
+from tests.containers.kube import Cluster
+from tests.containers.test_stack import FORBIDDEN, OVERRIDES, VENV_BIN, _log_text, cube_versions, dict_info
+from tests.s3server import S3Server
+
+pytestmark = [pytest.mark.containers, pytest.mark.slow]
+
+JOB = "ctr-train"
+KEY_ID, SECRET = "AKIASTACKTEST0000001", "stack-test-secret-key-1"
+
+
+def _rendering(endpoint: str, bucket: str, tag: str):
+    """The dev stack rendered with the store keys and the access keys as secrets."""
+    from infra.render import Rendering, run_program, stack_config, to_manifest
+
+    overrides = [*OVERRIDES, f"imageTag={tag}", "trackingServer=false", f"modelRoot=s3://{bucket}/model",
+                 f"storageEndpointUrl={endpoint}",
+                 "storageRegion=us-east-1", f"dataSource=s3://{bucket}/data/train.txt",
+                 f"dataTestSource=s3://{bucket}/data/test.txt",
+                 f"storageAccessKeyId={KEY_ID}", f"storageSecretAccessKey={SECRET}"]
+    config, secrets = stack_config("dev", overrides)
+    secrets |= {"elastic-ctr:storageAccessKeyId", "elastic-ctr:storageSecretAccessKey"}
+    resources, outputs = run_program(config, secrets, "dev")
+    manifests = sorted((m for m in (to_manifest(r) for r in resources) if m), key=lambda m: m.filename)
+    return Rendering(stack="dev", config=config, manifests=manifests, outputs=outputs, resources=resources)
+
+
+@pytest.fixture(scope="module")
+def s3_stack(engine, images, tmp_path_factory):
+    work = tmp_path_factory.mktemp("stack-s3")
+    with S3Server(work, host="127.77.0.1") as s3:
+        env = s3.env()
+        import os
+
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            bucket = s3.new_bucket("ctr-stack")
+            data = work / "data"
+            subprocess.run([str(VENV_BIN / "elastic-ctr"), "data", "generate", "--rows", "40000", "--test-rows",
+                            "5000", "--out", str(data)], check=True, capture_output=True, timeout=300)
+            for name in ("train.txt", "test.txt"):
+                storage.upload(data / name, f"s3://{bucket}/data/{name}")
+            rendering = _rendering(s3.endpoint, bucket, images.tag)
+            assert not [m for m in rendering.manifests if "fileserver" in m.name]
+            cluster = Cluster(rendering, work, engine.env, secret_values={
+                ("object-store-credentials", "AWS_ACCESS_KEY_ID"): KEY_ID,
+                ("object-store-credentials", "AWS_SECRET_ACCESS_KEY"): SECRET})
+            state = {"cluster": cluster, "work": work, "bucket": bucket, "test_rows": data / "test.txt"}
+            try:
+                cluster.start()
+                yield state
+            finally:
+                try:
+                    if any(c.running for c in cluster.all_containers):
+                        cluster.shutdown()
+                finally:
+                    cluster.cleanup()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+@pytest.mark.timeout(1500)
+def test_stack_with_data_and_versions_in_a_bucket(s3_stack):
+    c: Cluster = s3_stack["cluster"]
+    root = f"s3://{s3_stack['bucket']}/model"
+    assert not c.live_pods("fileserver")
+    job = c.workloads[JOB]
+    t0 = time.monotonic()
+    c.wait_for(f"Job/{JOB} Completing", lambda: job.phase in ("Completing", "Completed", "Failed"), timeout_s=700,
+               every_s=1, fail_on_errors=False)
+    assert job.phase in ("Completing", "Completed"), "\n".join(c.errors) + "\n" + c.status() + \
+        c.logs(f"{JOB}-trainer-0")[-3000:]
+    from runtime.formats.train_result import RESULT, TrainResult
+
+    res = TrainResult.find(c.logs(f"{JOB}-trainer-0"), RESULT, source="trainer 0 log").to_dict()
+    version, auc = int(res["version"]), float(res["test_auc"][-1])
+    print(f"stack-s3: training completed in {time.monotonic() - t0:.0f} s, version {version}, test AUC {auc:.6f}")
+    assert [r.id for r in donefile.read(root, "base")] == [version]
+    assert storage.exists(storage.join(root, donefile.dense_dir(version), "model_meta.json"))
+    # the transfer reads the version from the bucket and rolls it out from there
+    c.wait_for(f"/dict/info version {version}", lambda: dict_info(c).get("version") == version, timeout_s=300,
+               every_s=0.5)
+    assert set(cube_versions(c).values()) == {version}
+    tars = storage.expand(storage.join(root, f"cube/ctr_embedding/{version}/*.tar"))
+    assert len(tars) == 2, tars
+    agent_logs = c.logs(c.live_pods("cube-shard-0")[0].name, "cube-agent")
+    assert root.replace("s3://", "") in agent_logs or "s3://" in agent_logs, agent_logs[-2000:]
+    # serving fetches the dense model from the bucket and answers every request
+    pods = c.live_pods("serving")
+    c.wait_ready([p.name for p in pods], timeout_s=300)
+    for i, p in enumerate(pods):
+        out = s3_stack["work"] / f"client-{i}.json"
+        proc = subprocess.run([str(VENV_BIN / "elastic-ctr"), "client", "--url", f"http://{p.ip}:8000", "--data",
+                               str(s3_stack["test_rows"]), "--format", "criteo", "--batch-size", "256",
+                               "--concurrency", "2", "--json-out", str(out)], capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        rep = json.loads(out.read_text())
+        print(f"stack-s3: client -> {p.name}: requests {rep['requests']}, failed {rep['failed_requests']}, "
+              f"served AUC {rep['auc']:.6f} (trainer {auc:.6f}), p50 {rep['p50_ms']} ms")
+        assert rep["failed_requests"] == 0 and rep["requests"] > 0, rep
+        assert rep["versions"] == {str(version): rep["requests"]}, rep["versions"]
+        assert abs(rep["auc"] - auc) <= 1e-4, (rep["auc"], auc)
+    assert not c.errors, c.errors
+    # every pod stopped with SIGTERM: exit 0, no traceback
+    terms = c.shutdown(watch_readiness_s=0.05)
+    for t in terms:
+        print(f"stack-s3: {t.summary()}")
+    bad = [t.summary() for t in terms if not t.clean]
+    assert not bad, bad
+    bad_logs = {}
+    for cr in c.all_containers:
+        if cr.id is None:
+            continue
+        text = _log_text(c, cr)
+        hits = [ln for ln in text.splitlines() if any(f in ln for f in FORBIDDEN)]
+        if hits:
+            bad_logs[f"{cr.pod.name}/{cr.name}"] = hits[:5]
+    assert not bad_logs, bad_logs
