@@ -36,7 +36,7 @@ def bodies(rendering):
 def test_every_rendered_field_is_played_or_allow_listed(cluster):
     assert {p.name.rsplit("-", 2)[0] if p.owner.kind == "Deployment" else p.name for p in cluster.live_pods()} == {
         "cube-shard-0-0", "cube-shard-0-1", "cube-shard-1-0", "cube-shard-1-1", "cube-transfer", "fileserver",
-        "serving", "ctr-train-pserver-0", "ctr-train-trainer-0", "ctr-train-trainer-1"}
+        "serving", "ctr-train-pserver-0", "ctr-train-trainer-0", "ctr-train-trainer-1", "tracking"}
     assert len(cluster.live_pods("serving")) == 2
     ips = [p.ip for p in cluster.live_pods()]
     assert len(set(ips)) == len(ips) and all(ip.startswith("127.0.0.") for ip in ips)
