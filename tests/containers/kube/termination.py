@@ -72,7 +72,14 @@ class Terminator:
             if hook:
                 self.prober.run_handler(pod, c, hook, grace - (time.monotonic() - t0), "preStop")
             if c.running:
-                self.docker("kill", "--signal", "TERM", c.id, check=False)
+                # the kubelet's SIGTERM; a failed call is retried once and logged (not lost silently)
+                for attempt in (1, 2):
+                    r = self.docker("kill", "--signal", "TERM", c.id, check=False, timeout=30)
+                    if r.returncode == 0 or not c.running:
+                        break
+                    store.log(f"{name}/{c.name}: docker kill --signal TERM failed ({attempt}): "
+                              f"{(r.stderr or r.stdout).strip()[-300:]}")
+                    time.sleep(1.0)
                 store.log(f"{name}/{c.name}: SIGTERM")
 
         threads = [threading.Thread(target=stop, args=(c,), daemon=True) for c in running]
