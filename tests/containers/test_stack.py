@@ -491,7 +491,10 @@ def restart_transfer_mid_rollout(stack: dict, say, case: str, how: str, seed: in
     assert set(versions.values()) == {v2}, versions
     assert done["shard_num"] == 2 and done["replica_num"] == 2
     if how == "delete":
-        assert ce.exit_code == 0 and not ce.sigkilled, term.summary() + "\n" + _log_text(c, old.containers[0])[-3000:]
+        harness = [ln for ln in (c.store.workdir / "harness.log").read_text(errors="replace").splitlines()
+                   if old.name in ln]
+        assert ce.exit_code == 0 and not ce.sigkilled, (term.summary() + "\nharness: " + "\n".join(harness[-10:])
+                                                         + "\n" + _log_text(c, old.containers[0])[-3000:])
     assert stats.failed == 0 and stats.ok > 0, stats.line()
     check_no_errors(c)
 
