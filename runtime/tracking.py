@@ -185,7 +185,8 @@ class Tracker:
         self._q: queue.Queue = queue.Queue(maxsize=queue_size)
         self._closing = threading.Event()
         self._warned = False
-        self._client = None
+        self._client = None  # set once the run exists
+        self._mlflow_client = None
         self._thread = threading.Thread(target=self._loop, name=f"tracking-{run_name}", daemon=True)
         self._thread.start()
 
@@ -234,7 +235,9 @@ class Tracker:
     def _connect(self):
         import mlflow  # lazily: only when a URI is set
 
-        client = mlflow.MlflowClient(tracking_uri=self.uri)
+        if self._mlflow_client is None:  # once: later tries only redo the requests
+            self._mlflow_client = mlflow.MlflowClient(tracking_uri=self.uri)
+        client = self._mlflow_client
         run_id = self.run_id_file.read(self.uri) if self.run_id_file else None
         if run_id is not None:
             try:
