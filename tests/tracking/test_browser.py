@@ -29,14 +29,18 @@ def _driver():
 
 
 def test_the_run_page_shows_the_auc_chart(mlflow_server, tmp_path):
-    tr = tracking.Tracker(mlflow_server.url, "browser-check", tags={"elastic_ctr.role": "trainer"})
-    for step, (auc, loss) in enumerate([(0.61, 0.52), (0.66, 0.49), (0.70, 0.47), (0.72, 0.46)]):
-        tr.log_metrics({"auc_before": auc, "loss": loss}, step=step)
-    assert tr.wait_idle(60) and tr.close() == 0
-    import mlflow
+    """A real continuous job (3 hourly partitions, single process) logs to the server; its
+    run's metric charts show the next-hour AUC (``auc_before``)."""
+    from runtime.trainer import generator
+    from tests.trainer.test_online import START, _run, _summary
 
-    exp_id = mlflow.MlflowClient(mlflow_server.url).get_run(tr.run_id).info.experiment_id
-    url = mlflow_server.metrics_url(exp_id, tr.run_id)
+    generator.generate_hours(tmp_path / "hours", 3, START, 2000, seed=7)
+    state = tmp_path / "state"
+    _summary(_run(["--single", "--mode", "continuous", "--data-root", str(tmp_path / "hours"), "--start-hour",
+                   START, "--end-hour", "20261120/02", "--state-dir", str(state), "--poll-s", "0.2",
+                   "--threads", "1", "--tracking-uri", mlflow_server.url], tmp_path))
+    rec = tracking.RunIdFile(str(state), "trainer-0").record()
+    url = mlflow_server.metrics_url(rec["experiment_id"], rec["run_id"])
     from selenium.webdriver.common.by import By
 
     drv = _driver()
