@@ -120,7 +120,9 @@ class RunIdFile:
     a resumed job continues its run. A file for another URI is ignored (a new run)."""
 
     def __init__(self, state_dir: str, name: str):
-        self.path = os.path.join(state_dir, RUN_DIR, f"{name}.json")
+        # absolute now: the tracker's thread writes it while a training pass runs in a
+        # scratch working directory (runtime.trainer.worker), which a relative path would follow
+        self.path = os.path.abspath(os.path.join(state_dir, RUN_DIR, f"{name}.json"))
 
     def record(self) -> Optional[dict]:
         """The file's ``{"run_id", "experiment_id", "uri"}``, or None when there is none."""

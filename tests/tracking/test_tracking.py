@@ -63,6 +63,18 @@ def test_tracker_logs_params_metrics_tags_and_artifact(mlflow_server, tmp_path):
     assert again.close() == 1 and _history(c, tr.run_id, "auc")[4] == pytest.approx(0.95)
 
 
+def test_run_id_file_stays_where_it_was_named_when_the_cwd_moves(tmp_path, monkeypatch):
+    """A relative --state-dir: the tracker's thread writes the file while a pass runs in a
+    scratch working directory; the file must land under the state dir all the same."""
+    monkeypatch.chdir(tmp_path)
+    rfile = tracking.RunIdFile("state", "trainer-0")
+    (tmp_path / "scratch").mkdir()
+    monkeypatch.chdir(tmp_path / "scratch")
+    rfile.write("http://x", "r1", "1")
+    assert (tmp_path / "state" / "tracking" / "trainer-0.json").exists()
+    assert rfile.read("http://x") == "r1"
+
+
 def test_a_down_server_never_blocks_and_drops_with_a_count(caplog):
     tr = tracking.Tracker("http://127.0.0.1:9", "down", queue_size=5)  # nothing listens on port 9
     t0 = time.monotonic()
