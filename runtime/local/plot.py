@@ -51,9 +51,9 @@ def write_chart(path: str | Path, hours: Sequence[str], trainer_auc: Sequence[Op
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
     ax.set_ylabel("AUC")
-    ax.set_title("elastic-ctr online demo: next-hour AUC of each version")
+    fig.suptitle("elastic-ctr online demo: next-hour AUC of each version")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=4, fontsize=8, frameon=False)  # above the plot
     colors = ["tab:blue" if k == "base" else "tab:orange" for k in kinds]
     bx.bar(x, rollout_s, color=colors)
     for i, (v, k, s) in enumerate(zip(versions, kinds, rollout_s)):
