@@ -74,3 +74,34 @@ def test_bad_tracking_keys_are_named(rendered, override, message):
     with pytest.raises(ConfigError) as exc:
         rendered("dev", override)
     assert any(e.startswith(message) for e in exc.value.errors), exc.value.errors
+
+
+def test_a_database_backend_store_reaches_the_pod_only_through_a_secret():
+    """With a database URI (a secret) and an artifacts destination: a Secret holds the URI,
+    the container reads it by secretKeyRef (never a literal), and no claim is made."""
+    import pulumi
+
+    from components import DeployContext, TrackingServer, TrackingServerArgs
+    from infra.render import run_program, to_manifest
+
+    uri = "postgresql://mlflow:pw-1234@db.example.com:5432/mlflow"
+
+    def program():
+        TrackingServer("tracking", TrackingServerArgs(
+            deployment=DeployContext(namespace="ns", instance="elastic-ctr-t"), image="img:1", cpu="500m",
+            memory="1Gi", storage_size="5Gi", backend_store_uri=pulumi.Output.secret(uri),
+            artifacts_destination="s3://bucket/mlflow"))
+        return {}
+
+    resources, _ = run_program({}, set(), "dev", program=program)
+    manifests = {(m.kind, m.name): m.body for m in (to_manifest(r) for r in resources) if m is not None}
+    assert ("PersistentVolumeClaim", "tracking") not in manifests
+    assert ("Secret", "tracking-backend-store") in manifests
+    (c,) = manifests[("Deployment", "tracking")]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["MLFLOW_BACKEND_STORE_URI"]["valueFrom"]["secretKeyRef"] == {"name": "tracking-backend-store",
+                                                                            "key": "uri"}
+    assert "value" not in env["MLFLOW_BACKEND_STORE_URI"]
+    assert env["MLFLOW_ARTIFACTS_DESTINATION"]["value"] == "s3://bucket/mlflow"
+    assert uri not in str(manifests[("Deployment", "tracking")])
+    assert not [v for v in c.get("volumeMounts", []) if v["name"] == "store"]
