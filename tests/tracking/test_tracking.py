@@ -87,6 +87,30 @@ def test_a_down_server_never_blocks_and_drops_with_a_count(caplog):
     assert "failed" in caplog.text and "dropped" in caplog.text
 
 
+def test_a_server_that_never_answers_costs_the_caller_nothing_and_close_is_bounded(caplog):
+    """A listener on loopback that accepts and never replies (a hung server): logging still
+    only enqueues, and ``close`` returns after its timeout with the events counted as dropped."""
+    import socket
+
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(16)
+    try:
+        tr = tracking.Tracker(f"http://127.0.0.1:{lsock.getsockname()[1]}", "hung")
+        t0 = time.monotonic()
+        for i in range(50):
+            tr.log_metrics({"a": i}, step=i)
+        assert time.monotonic() - t0 < 0.1
+        time.sleep(1.0)  # the thread is now waiting on the first request
+        t0 = time.monotonic()
+        dropped = tr.close(timeout_s=2)
+        assert time.monotonic() - t0 < 3
+        assert dropped >= 49 and tr.sent == 0
+        assert "dropped" in caplog.text
+    finally:
+        lsock.close()
+
+
 @pytest.fixture(scope="module")
 def hours4(tmp_path_factory):
     root = tmp_path_factory.mktemp("hours")
