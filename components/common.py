@@ -189,3 +189,33 @@ def topology_volume(configmap_name: pulumi.Input[str]) -> tuple[k8s.core.v1.Volu
 
 TOPOLOGY_DIR = "/etc/elastic-ctr"
 TOPOLOGY_FILE = f"{TOPOLOGY_DIR}/{topology.FILE}"
+
+
+def singleton_deployment(dep: DeployContext, name: str, lbls: dict[str, str],
+                         container: k8s.core.v1.ContainerArgs, volumes: list[k8s.core.v1.VolumeArgs],
+                         parent: pulumi.Resource, service_account: Optional[pulumi.Input[str]] = None,
+                         pod_annotations: Optional[dict[str, pulumi.Input[str]]] = None) -> k8s.apps.v1.Deployment:
+    """A Deployment of one pod replaced by ``Recreate`` (the old pod is gone before the new
+    one starts: its ReadWriteOnce claim or its single-writer state allows one at a time),
+    selected by ``selector(lbls)``, pod security and pull secrets as every role's; the file
+    server, the cube transfer and the tracking server run this way."""
+    return k8s.apps.v1.Deployment(
+        name,
+        metadata=metadata(dep, name, lbls),
+        spec=k8s.apps.v1.DeploymentSpecArgs(
+            replicas=1,
+            strategy=k8s.apps.v1.DeploymentStrategyArgs(type="Recreate"),
+            selector=k8s.meta.v1.LabelSelectorArgs(match_labels=selector(lbls)),
+            template=k8s.core.v1.PodTemplateSpecArgs(
+                metadata=k8s.meta.v1.ObjectMetaArgs(labels=lbls, annotations=pod_annotations),
+                spec=k8s.core.v1.PodSpecArgs(
+                    security_context=pod_security(),
+                    image_pull_secrets=dep.pull_secrets() or None,
+                    service_account_name=service_account,
+                    containers=[container],
+                    volumes=volumes,
+                ),
+            ),
+        ),
+        opts=child(parent),
+    )

@@ -103,34 +103,15 @@ class CubeTransfer(pulumi.ComponentResource):
             volume_mounts=[k8s.core.v1.VolumeMountArgs(name="state", mount_path=STATE_DIR),
                            topo_mount, tmp_mount],
         )
-        k8s.apps.v1.Deployment(
-            name,
-            metadata=common.metadata(dep, name, lbls),
-            spec=k8s.apps.v1.DeploymentSpecArgs(
-                replicas=1,
-                strategy=k8s.apps.v1.DeploymentStrategyArgs(type="Recreate"),
-                selector=k8s.meta.v1.LabelSelectorArgs(match_labels=sel),
-                template=k8s.core.v1.PodTemplateSpecArgs(
-                    metadata=k8s.meta.v1.ObjectMetaArgs(
-                        labels=lbls,
-                        annotations={"elastic-ctr.io/topology-sha256": args.topology_checksum}),
-                    spec=k8s.core.v1.PodSpecArgs(
-                        security_context=common.pod_security(),
-                        image_pull_secrets=dep.pull_secrets() or None,
-                        service_account_name=dep.service_account,
-                        containers=[container],
-                        volumes=[
-                            k8s.core.v1.VolumeArgs(
-                                name="state",
-                                persistent_volume_claim=k8s.core.v1.PersistentVolumeClaimVolumeSourceArgs(
-                                    claim_name=pvc.metadata.apply(lambda m: m.name))),
-                            topo_vol, tmp_vol,
-                        ],
-                    ),
-                ),
-            ),
-            opts=common.child(self),
-        )
+        common.singleton_deployment(
+            dep, name, lbls, container,
+            [k8s.core.v1.VolumeArgs(
+                name="state",
+                persistent_volume_claim=k8s.core.v1.PersistentVolumeClaimVolumeSourceArgs(
+                    claim_name=pvc.metadata.apply(lambda m: m.name))),
+             topo_vol, tmp_vol],
+            parent=self, service_account=dep.service_account,
+            pod_annotations={"elastic-ctr.io/topology-sha256": args.topology_checksum})
         service = k8s.core.v1.Service(
             name,
             metadata=common.metadata(dep, name, lbls),

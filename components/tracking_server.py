@@ -115,25 +115,7 @@ class TrackingServer(pulumi.ComponentResource):
             security_context=common.container_security(),
             volume_mounts=[*mounts, tmp_mount],
         )
-        k8s.apps.v1.Deployment(
-            name,
-            metadata=common.metadata(dep, name, lbls),
-            spec=k8s.apps.v1.DeploymentSpecArgs(
-                replicas=1,
-                strategy=k8s.apps.v1.DeploymentStrategyArgs(type="Recreate"),
-                selector=k8s.meta.v1.LabelSelectorArgs(match_labels=sel),
-                template=k8s.core.v1.PodTemplateSpecArgs(
-                    metadata=k8s.meta.v1.ObjectMetaArgs(labels=lbls),
-                    spec=k8s.core.v1.PodSpecArgs(
-                        security_context=common.pod_security(),
-                        image_pull_secrets=dep.pull_secrets() or None,
-                        containers=[container],
-                        volumes=[*volumes, tmp_vol],
-                    ),
-                ),
-            ),
-            opts=common.child(self),
-        )
+        common.singleton_deployment(dep, name, lbls, container, [*volumes, tmp_vol], parent=self)
         self.service = k8s.core.v1.Service(
             name,
             metadata=common.metadata(dep, name, lbls),
