@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Annotated, Any, Mapping, Optional
 
 import pulumi
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from infra import config_storage, config_tracking
+from infra.config_types import check as _check, pulumi_bool as _pulumi_bool
 from runtime.trainer import config as train
 from runtime.trainer.config import TrainConfig, TrainConfigError
 
@@ -60,14 +61,6 @@ def byte_size(q: str) -> Optional[int]:
     return int(float(m.group(1)) * _UNITS[m.group(2)]) if m else None
 
 
-def _check(ok, allowed: str):
-    """An after-validator: ``ok(value)`` or a ValueError carrying ``allowed``."""
-    def check(v):
-        if not ok(v):
-            raise ValueError(allowed)
-        return v
-    return AfterValidator(check)
-
 
 def _int(lo: int, hi: int):
     return Annotated[int, _check(lambda v: lo <= v <= hi, f"an integer in [{lo}, {hi}]")]
@@ -91,14 +84,6 @@ Locations = Annotated[str, _check(lambda v: bool(v.strip(" ,")), '"generated" or
 def _choices(*values: str):
     return Annotated[str, _check(lambda v: v in values, " | ".join(values))]
 
-
-def _pulumi_bool(v):
-    """Pulumi's config booleans: ``true``/``false`` (pydantic alone would take yes/on/1 too)."""
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.strip().lower() in ("true", "false"):
-        return v.strip().lower() == "true"
-    raise ValueError("true or false")
 
 
 Flag = Annotated[bool, BeforeValidator(_pulumi_bool)]

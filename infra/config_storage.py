@@ -15,21 +15,16 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Mapping, Optional
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+
+from infra.config_types import check as _check
 
 from runtime import objectstore
 
 PROJECT = "elastic-ctr"
 _ANNOTATION = re.compile(r"([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?=\S+")
 
-
-def _check(ok, allowed: str):
-    def check(v):
-        if not ok(v):
-            raise ValueError(allowed)
-        return v
-    return AfterValidator(check)
 
 
 def annotations(text: str) -> dict[str, str]:

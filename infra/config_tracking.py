@@ -16,25 +16,12 @@ import re
 from typing import Annotated, Optional
 
 import pulumi
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-
-def _check(ok, allowed: str):
-    def check(v):
-        if not ok(v):
-            raise ValueError(allowed)
-        return v
-    return AfterValidator(check)
+from infra.config_types import check as _check, pulumi_bool as _pulumi_bool
 
 
-def _pulumi_bool(v):
-    """Pulumi's config booleans: ``true``/``false``."""
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.strip().lower() in ("true", "false"):
-        return v.strip().lower() == "true"
-    raise ValueError("true or false")
 
 
 HttpUri = Annotated[str, _check(lambda v: v == "" or bool(re.fullmatch(r"https?://[A-Za-z0-9.-]+(:\d+)?(/\S*)?", v)),
