@@ -309,16 +309,18 @@ def _locations(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in text.split(",") if p.strip())
 
 
-#: secret keys: never in StackConfig; (description, minimum length or 0). ``uploadToken`` is
-#: required (declared ``secret: true`` in Pulumi.yaml, so it has no default there);
-#: ``registryPassword`` is optional (declared with an empty default) but, when set, must be
-#: stored as a secret.
+#: secret keys: never in StackConfig; (description, minimum length or 0). Each is declared
+#: with an empty default in Pulumi.yaml (Pulumi takes no default for a ``secret: true`` key)
+#: and, when set, must be stored as a secret; ``uploadToken`` is required while the file
+#: server holds the versions (``modelRoot`` empty).
 SECRETS: dict[str, tuple[str, int]] = {
-    "uploadToken": ("Bearer token for uploads to the file server (required; pulumi config set --secret uploadToken "
-                    "\"$(openssl rand -hex 32)\"). Reaches pods only via the file server's upload-token Secret.", 16),
+    "uploadToken": ("Bearer token for uploads to the file server (required unless modelRoot puts the versions on an "
+                    "object store; pulumi config set --secret uploadToken \"$(openssl rand -hex 32)\"). Reaches pods "
+                    "only via the file server's upload-token Secret.", 16),
     "registryPassword": ("Registry password or token (pulumi config set --secret registryPassword ...); it reaches "
                          "pods only as an imagePullSecret.", 0), **config_storage.SECRETS, **config_tracking.SECRETS,
 }
+#: secrets required unless ``modelRoot`` is set (the file server is then not deployed)
 REQUIRED_SECRETS = ("uploadToken",)
 FIELDS = {f.alias: (name, f) for name, f in StackConfig.model_fields.items()}
 KEYS = list(FIELDS) + list(SECRETS)
@@ -351,7 +353,7 @@ def parse(raw: Mapping[str, Any], secret_keys: frozenset[str] | set[str] = froze
     for key, (_, min_len) in SECRETS.items():
         value = raw.get(key)
         if not value:
-            if key in REQUIRED_SECRETS:
+            if key in REQUIRED_SECRETS and not raw.get("modelRoot"):
                 errors.append(f"{PROJECT}:{key}: required, not set ({SECRETS[key][0]})")
             continue
         if key not in secret_keys:
@@ -402,11 +404,12 @@ def _coerced(text: str):
 
 
 class Secrets:
-    """The stack's secrets as secret Outputs: ``upload_token`` (``Output[str]``) and
+    """The stack's secrets as secret Outputs: ``upload_token`` (``Output[str]``; None with
+    ``modelRoot``, where no file server is deployed) and
     ``registry_password`` (``Output[str]`` or None when not set)."""
 
     def __init__(self, config: pulumi.Config):
-        self.upload_token = config.require_secret("uploadToken")
+        self.upload_token = config.get_secret("uploadToken") or None
         self.registry_password = config.get_secret("registryPassword") or None
         self.storage = config_storage.StorageSecrets(config)
         self.tracking = config_tracking.TrackingSecrets(config)
@@ -455,7 +458,7 @@ config:
 
 def pulumi_yaml() -> str:
     """The text of ``Pulumi.yaml``: the project and a ``config:`` entry per key (type,
-    default, description; secrets marked ``secret: true`` without a default)."""
+    default, description; secrets with an empty default, checked by ``parse``)."""
     import yaml
 
     def entry(key: str, decl: dict) -> str:
@@ -472,8 +475,7 @@ def pulumi_yaml() -> str:
         out.append(entry(alias, {"type": typ, "default": default, "description": f.description}))
         if alias == "registryUsername":  # the secrets, declared beside the registry user
             for key, (description, _) in SECRETS.items():
-                decl = {"type": "string", "secret": True} if key in REQUIRED_SECRETS else {"type": "string", "default": ""}
-                out.append(entry(key, {**decl, "description": description}))
+                out.append(entry(key, {"type": "string", "default": "", "description": description}))
     return "".join(out)
 
 

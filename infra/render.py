@@ -110,9 +110,9 @@ def stack_config(stack: str, overrides: Sequence[str] = (), project_dir: Path = 
         key = key.strip()
         key = key if key.startswith(prefix) else prefix + key
         config[key] = value
-    for key in REQUIRED_SECRETS:
+    for key in REQUIRED_SECRETS:  # not with modelRoot: the stack then needs no upload token
         full = prefix + key
-        if full not in config:
+        if full not in config and not config.get(prefix + "modelRoot"):
             config[full], _ = SECRET_PLACEHOLDER, secrets.add(full)
     errors = unknown_keys(k[len(prefix):] for k in config)
     if errors:  # `pulumi up` passes them in the environment, where the program finds them

@@ -33,6 +33,11 @@ def test_model_root_on_a_store_deploys_no_file_server(rendered):
     r = rendered("dev", *STORE)
     assert not [m for m in r.manifests if "fileserver" in m.name]
     assert "fileServerUrl" not in r.outputs and r.outputs["modelRoot"] == ROOT
+    # no upload token: the stack file sets none, the render sets no placeholder (the program
+    # reads it with get_secret), no Secret holds one
+    assert "elastic-ctr:uploadToken" not in stack_config("dev", STORE)[0]
+    assert "elastic-ctr:uploadToken" in stack_config("dev")[0]
+    assert not [m for m in r.manifests if m.kind == "Secret" and "upload-token" in m.name]
     pods = _pods(r)
     trainer = pods["ctr-train-trainer"]["containers"][0]
     assert flag(trainer["args"], "--output") == ROOT
