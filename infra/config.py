@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any, Mapping, Optional
 
 import pulumi
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from infra import config_storage, config_tracking

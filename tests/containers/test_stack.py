@@ -84,10 +84,8 @@ def stack(engine, images, tmp_path_factory, say):
         if load is not None:
             load.stop()
         try:
-            if any(c.running for c in cluster.all_containers):
-                cluster.shutdown()
+            cluster.teardown()
         finally:
-            cluster.cleanup()
             (work / "stack-results.json").write_text(json.dumps(RESULTS, indent=1, default=str))
             say(f"results: {work / 'stack-results.json'}; harness log {work / 'harness.log'}; "
                 f"rewrites {len(cluster.rewrites)}; total {time.monotonic() - state['t0']:.0f} s")
@@ -534,14 +532,7 @@ def test_d_every_container_stops_on_sigterm_with_exit_0(stack, say):
         for x in t.containers:
             rows[f"{t.pod}/{x.container} (CompleteJob)"] = {"exit_code": x.exit_code, "seconds": x.seconds,
                                                              "sigkilled": x.sigkilled}
-    bad_logs = {}
-    for cr in c.all_containers:
-        if cr.id is None:
-            continue
-        text = _log_text(c, cr)
-        hits = [ln for ln in text.splitlines() if any(f in ln for f in FORBIDDEN)]
-        if hits:
-            bad_logs[f"{cr.pod.name}/{cr.name}"] = hits[:5]
+    bad_logs = forbidden_log_lines(c)
     RESULTS["d_shutdown"] = {"seconds": round(secs, 1), "containers": rows, "forbidden_log_lines": bad_logs,
                              "errors": list(c.errors), "rewrites": [str(r) for r in c.rewrites]}
     say(f"(d) SIGTERM to {len(terms)} pods, all gone in {secs:.1f} s:")
@@ -555,6 +546,19 @@ def test_d_every_container_stops_on_sigterm_with_exit_0(stack, say):
     assert not not_clean, f"containers that did not exit 0 on SIGTERM: {not_clean}"
     assert not bad_logs, bad_logs
     check_no_errors(c)
+
+
+def forbidden_log_lines(c: Cluster) -> dict[str, list[str]]:
+    """``pod/container`` -> up to 5 of its log lines holding a ``FORBIDDEN`` marker (a
+    traceback, an error a clean stop must not print), for every container the run started."""
+    bad = {}
+    for cr in c.all_containers:
+        if cr.id is None:
+            continue
+        hits = [ln for ln in _log_text(c, cr).splitlines() if any(f in ln for f in FORBIDDEN)]
+        if hits:
+            bad[f"{cr.pod.name}/{cr.name}"] = hits[:5]
+    return bad
 
 
 def _log_text(c: Cluster, cr) -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import pytest
 from runtime import storage
 from runtime.formats import donefile
 from tests.containers.kube import Cluster
-from tests.containers.test_stack import FORBIDDEN, OVERRIDES, VENV_BIN, _log_text, cube_versions, dict_info
+from tests.containers.test_stack import OVERRIDES, VENV_BIN, cube_versions, dict_info, forbidden_log_lines
 from tests.s3server import S3Server
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow]
@@ -83,11 +82,7 @@ def s3_stack(engine, images, tmp_path_factory):
                 cluster.start()
                 yield state
             finally:
-                try:
-                    if any(c.running for c in cluster.all_containers):
-                        cluster.shutdown()
-                finally:
-                    cluster.cleanup()
+                cluster.teardown()
         finally:
             for k, v in saved.items():
                 if v is None:
@@ -145,14 +140,7 @@ def test_stack_with_data_and_versions_in_a_bucket(s3_stack):
         print(f"stack-s3: {t.summary()}")
     bad = [t.summary() for t in terms if not t.clean]
     assert not bad, bad
-    bad_logs = {}
-    for cr in c.all_containers:
-        if cr.id is None:
-            continue
-        text = _log_text(c, cr)
-        hits = [ln for ln in text.splitlines() if any(f in ln for f in FORBIDDEN)]
-        if hits:
-            bad_logs[f"{cr.pod.name}/{cr.name}"] = hits[:5]
+    bad_logs = forbidden_log_lines(c)
     assert not bad_logs, bad_logs
 
 
@@ -224,11 +212,7 @@ def s3_pod_stack(engine, images, tmp_path_factory):
                      region_name="us-east-1").create_bucket(Bucket=bucket)
         yield {"cluster": cluster, "work": work, "bucket": bucket, "endpoint": endpoint}
     finally:
-        try:
-            if any(c.running for c in cluster.all_containers):
-                cluster.shutdown()
-        finally:
-            cluster.cleanup()
+        cluster.teardown()
 
 
 @pytest.mark.timeout(1500)

@@ -135,6 +135,15 @@ class Cluster:
         self.docker.stop_watching()
         self.store.log_file.close()
 
+    def teardown(self) -> None:
+        """The end of a run: pods still running are deleted the Kubernetes way (``shutdown``),
+        then every container is removed (``cleanup``), also when the shutdown fails."""
+        try:
+            if any(c.running for c in self.store.all_containers):
+                self.shutdown()
+        finally:
+            self.cleanup()
+
     def __enter__(self) -> "Cluster":
         return self
 
