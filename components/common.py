@@ -194,11 +194,13 @@ TOPOLOGY_FILE = f"{TOPOLOGY_DIR}/{topology.FILE}"
 def singleton_deployment(dep: DeployContext, name: str, lbls: dict[str, str],
                          container: k8s.core.v1.ContainerArgs, volumes: list[k8s.core.v1.VolumeArgs],
                          parent: pulumi.Resource, service_account: Optional[pulumi.Input[str]] = None,
-                         pod_annotations: Optional[dict[str, pulumi.Input[str]]] = None) -> k8s.apps.v1.Deployment:
+                         pod_annotations: Optional[dict[str, pulumi.Input[str]]] = None,
+                         depends_on: Sequence[pulumi.Resource] = ()) -> k8s.apps.v1.Deployment:
     """A Deployment of one pod replaced by ``Recreate`` (the old pod is gone before the new
     one starts: its ReadWriteOnce claim or its single-writer state allows one at a time),
     selected by ``selector(lbls)``, pod security and pull secrets as every role's; the file
-    server, the cube transfer and the tracking server run this way."""
+    server, the cube transfer and the tracking server run this way. ``depends_on``: resources
+    pulumi must have created/updated (and awaited) before this Deployment changes."""
     return k8s.apps.v1.Deployment(
         name,
         metadata=metadata(dep, name, lbls),
@@ -217,5 +219,5 @@ def singleton_deployment(dep: DeployContext, name: str, lbls: dict[str, str],
                 ),
             ),
         ),
-        opts=child(parent),
+        opts=child(parent, depends_on=list(depends_on) or None),
     )

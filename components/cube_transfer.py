@@ -4,12 +4,14 @@ Named after the component (``<name>``): a single-replica Deployment (``Recreate`
 Service on 8910 (``/dict/info``, ``/instance/status``, ``/dict/deploy/history``,
 ``/healthz``, ``/metrics``) and a PersistentVolumeClaim for its state, so a restarted pod
 neither loses nor repeats a rollout. It mounts the topology ConfigMap; the pod template
-carries the topology's checksum, so a resized cube rolls the transfer.
+carries the topology's checksum, so a resized cube rolls the transfer. Its Deployment
+depends on ``wait_for`` (the cube generation's StatefulSets): under ``pulumi up`` a new
+generation is created and awaited ready before the transfer moves to it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -40,6 +42,9 @@ class CubeTransferArgs:
         tracking_uri / tracking_experiment: ``MLFLOW_TRACKING_URI`` and
             ``MLFLOW_EXPERIMENT_NAME`` of the transfer (each rollout's phases and seconds;
             ``runtime.tracking``); None = no tracking.
+        wait_for: resources the Deployment depends on (``depends_on``), e.g.
+            ``CubeCluster.statefulsets``: a topology change reaches the transfer only after
+            pulumi awaited them.
     """
 
     deployment: DeployContext
@@ -56,10 +61,12 @@ class CubeTransferArgs:
     poll_interval_s: int = 10
     tracking_uri: Optional[pulumi.Input[str]] = None
     tracking_experiment: str = "elastic-ctr"
+    wait_for: Sequence[pulumi.Resource] = ()
 
 
 class CubeTransfer(pulumi.ComponentResource):
-    """Outputs: ``url`` (in-cluster base URL), ``status_url`` (``/dict/info``)."""
+    """Outputs: ``url`` (in-cluster base URL), ``status_url`` (``/dict/info``). Attribute
+    ``deployment``: its Deployment (what serving waits for)."""
 
     url: pulumi.Output[str]
     status_url: pulumi.Output[str]
@@ -103,7 +110,7 @@ class CubeTransfer(pulumi.ComponentResource):
             volume_mounts=[k8s.core.v1.VolumeMountArgs(name="state", mount_path=STATE_DIR),
                            topo_mount, tmp_mount],
         )
-        common.singleton_deployment(
+        self.deployment = common.singleton_deployment(
             dep, name, lbls, container,
             [k8s.core.v1.VolumeArgs(
                 name="state",
@@ -111,7 +118,8 @@ class CubeTransfer(pulumi.ComponentResource):
                     claim_name=pvc.metadata.apply(lambda m: m.name))),
              topo_vol, tmp_vol],
             parent=self, service_account=dep.service_account,
-            pod_annotations={"elastic-ctr.io/topology-sha256": args.topology_checksum})
+            pod_annotations={"elastic-ctr.io/topology-sha256": args.topology_checksum},
+            depends_on=args.wait_for)
         service = k8s.core.v1.Service(
             name,
             metadata=common.metadata(dep, name, lbls),

@@ -5,11 +5,16 @@ ClusterIP Service with ``http`` (8000, REST) and ``grpc`` (8001,
 ``inference.GRPCInferenceService``) ports and, when ``max_replicas`` > ``replicas``, a
 HorizontalPodAutoscaler (autoscaling/v2, CPU utilization). Probes use the v2 health
 endpoints. The pod template carries the topology checksum, so a resized cube rolls it.
+The Deployment depends on ``wait_for`` (the cube generation's StatefulSets and the
+transfer's Deployment): under ``pulumi up`` serving rolls to a new topology only after
+both were awaited, one pod at a time (``maxSurge`` 1, ``maxUnavailable`` 0), a new pod
+ready only once its topology's cube serves a version; pulumi awaits the rollout before it
+deletes what left the program (an old cube generation).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -43,6 +48,7 @@ class ServingArgs:
         workers: WSGI worker processes per pod.
         data_format / slot_file: raw-line format ``/predict`` accepts (as in training).
         cpu / memory: requests = limits.
+        wait_for: resources the Deployment depends on (``depends_on``).
     """
 
     deployment: DeployContext
@@ -59,6 +65,7 @@ class ServingArgs:
     max_replicas: int = 0
     target_cpu_utilization: pulumi.Input[int] = 70
     workers: pulumi.Input[int] = 2
+    wait_for: Sequence[pulumi.Resource] = ()
 
 
 class Serving(pulumi.ComponentResource):
@@ -122,7 +129,8 @@ class Serving(pulumi.ComponentResource):
                 ),
             ),
             # with an HPA, later `pulumi up`s must not reset the autoscaler's count
-            opts=common.child(self, ignore_changes=["spec.replicas"] if autoscaled else None),
+            opts=common.child(self, ignore_changes=["spec.replicas"] if autoscaled else None,
+                              depends_on=list(args.wait_for) or None),
         )
         service = k8s.core.v1.Service(
             name,

@@ -3,7 +3,11 @@
 ``build()`` declares everything and returns the stack outputs; ``infra/__main__.py``
 exports them under ``pulumi up``, and ``infra/render.py`` runs it under mocks. The
 components are named so that the dev stack's Kubernetes names read as the roles do
-(``fileserver``, ``cube-shard-<i>``, ``cube-transfer``, ``serving``, ``ctr-train``).
+(``fileserver``, ``cube-<N>s-shard-<i>``, ``cube-transfer``, ``serving``, ``ctr-train``).
+
+Order under ``pulumi up`` (explicit ``depends_on`` besides the data flow): the cube
+generation's StatefulSets -> the transfer's Deployment -> serving's Deployment; resources
+that left the program (an old cube generation) are deleted after all of them.
 """
 from __future__ import annotations
 
@@ -111,7 +115,8 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         topology_checksum=cube.topology_checksum, root=root,
         upload_token_secret=token_secret, upload_token_key=token_key,
         cpu=cfg.transfer_cpu, memory=cfg.transfer_memory,
-        state_size=cfg.transfer_storage_size, storage_class=storage_class, **track))
+        state_size=cfg.transfer_storage_size, storage_class=storage_class,
+        wait_for=cube.statefulsets, **track))
 
     serving = Serving("serving", ServingArgs(
         deployment=dep, image=images.serving, topology_configmap=cube.topology_configmap,
@@ -120,7 +125,8 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         max_replicas=cfg.serving_max_replicas,
         target_cpu_utilization=cfg.serving_target_cpu_utilization,
         workers=cfg.serving_workers, data_format=cfg.data_format,
-        slot_file=cfg.slot_file or None, cpu=cfg.serving_cpu, memory=cfg.serving_memory))
+        slot_file=cfg.slot_file or None, cpu=cfg.serving_cpu, memory=cfg.serving_memory,
+        wait_for=[*cube.statefulsets, transfer.deployment]))
 
     return {
         "namespace": namespace,

@@ -34,6 +34,8 @@ KIND_ORDER = {
     "StatefulSet": 5, "Deployment": 6, "PodDisruptionBudget": 7,
     "HorizontalPodAutoscaler": 8, "Job": 9,
 }
+#: the file :func:`write` names each manifest's dependencies in
+DEPENDENCIES = "dependencies.json"
 _FILE_RE = re.compile(r"^\d\d-[a-z0-9.-]+\.yaml$")
 
 
@@ -44,6 +46,11 @@ class Manifest:
     kind: str
     name: str
     body: dict
+    #: the registration's URN (``""`` when built by hand)
+    urn: str = ""
+    #: file names of the manifests this one depends on (``pulumi up`` creates/updates and
+    #: awaits them first; deletes run in the reverse order)
+    depends_on: tuple[str, ...] = ()
 
     @property
     def filename(self) -> str:
@@ -65,6 +72,10 @@ class Rendering:
     def by_kind(self, kind: str) -> list[Manifest]:
         """The manifests of one kind, in file order."""
         return [m for m in self.manifests if m.kind == kind]
+
+    def dependencies(self) -> dict[str, list[str]]:
+        """``{file name: [file names it depends on]}`` for every manifest (file order)."""
+        return {m.filename: sorted(m.depends_on) for m in self.manifests}
 
     def get(self, kind: str, name: str) -> dict:
         """The manifest body of ``kind``/``name``; KeyError when absent."""
@@ -165,8 +176,21 @@ def run_program(config: Mapping[str, str], secret_keys: set[str], stack: str,
     class Mocks(_EchoMocks, pulumi.runtime.Mocks):
         pass
 
+    class Monitor(MockMonitor):
+        """Also records each registration's dependencies (URNs: explicit ``depends_on``
+        and those of its inputs; a local component stands for its children)."""
+
+        def __init__(self, mocks):
+            super().__init__(mocks)
+            self.dependencies: dict[str, list[str]] = {}
+
+        def RegisterResource(self, request):
+            response = super().RegisterResource(request)
+            self.dependencies[response.urn] = sorted(set(request.dependencies))
+            return response
+
     mocks = Mocks()
-    monitor = MockMonitor(mocks)
+    monitor = Monitor(mocks)
     pulumi.runtime.reset_options(project=PROJECT, stack=stack, preview=False)
     pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(dict(config), sorted(secret_keys))
@@ -180,20 +204,22 @@ def run_program(config: Mapping[str, str], secret_keys: set[str], stack: str,
         run()
     finally:
         pulumi.runtime.set_all_config({}, [])
-    return [_registration(r) for r in monitor.get_registered_resources().values()], _plain(outputs)
+    return ([_registration(r, monitor.dependencies.get(r.urn, [])) for r in monitor.get_registered_resources().values()],
+            _plain(outputs))
 
 
-def _registration(reg) -> dict:
-    """A MockMonitor registration as a dict: urn, type, name, parent_type, inputs.
+def _registration(reg, dependencies: Sequence[str] = ()) -> dict:
+    """A MockMonitor registration as a dict: urn, type, name, parent_type, inputs,
+    dependencies (URNs of the resources it waits for under ``pulumi up``).
 
     The URN encodes the parent chain, e.g.
-    ``urn:pulumi:dev::elastic-ctr::elastic-ctr:index:CubeCluster$kubernetes:apps/v1:StatefulSet::cube-shard-0``.
+    ``urn:pulumi:dev::elastic-ctr::elastic-ctr:index:CubeCluster$kubernetes:apps/v1:StatefulSet::cube-2s-shard-0``.
     """
     head, name = reg.urn.rsplit("::", 1)
     chain = head.split("::", 2)[2].split("$")
     return {"urn": reg.urn, "type": chain[-1], "name": name,
             "parent_type": chain[-2] if len(chain) > 1 else None,
-            "inputs": copy.deepcopy(dict(reg.state or {}))}
+            "inputs": copy.deepcopy(dict(reg.state or {})), "dependencies": list(dependencies)}
 
 
 def _plain(value: Any) -> Any:
@@ -212,7 +238,7 @@ def to_manifest(resource: dict) -> Optional[Manifest]:
     body = _redact(body)
     ordered = {k: body[k] for k in ("apiVersion", "kind", "metadata") if k in body}
     ordered.update({k: v for k, v in body.items() if k not in ordered})
-    return Manifest(kind=body["kind"], name=body["metadata"]["name"], body=ordered)
+    return Manifest(kind=body["kind"], name=body["metadata"]["name"], body=ordered, urn=resource.get("urn", ""))
 
 
 _SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"  # pulumi's marker of a secret value
@@ -255,6 +281,9 @@ def render(stack: str, overrides: Sequence[str] = (), project_dir: Path = REPO_R
     config, secrets = stack_config(stack, overrides, project_dir)
     resources, outputs = run_program(config, secrets, stack)
     manifests = [m for m in (to_manifest(r) for r in resources) if m is not None]
+    by_urn = {m.urn: m for m in manifests}
+    for m, r in zip(manifests, (r for r in resources if r["urn"] in by_urn)):
+        m.depends_on = tuple(sorted({by_urn[u].filename for u in r["dependencies"] if u in by_urn}))
     names = [m.filename for m in manifests]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
@@ -282,14 +311,15 @@ def dump(body: dict) -> str:
 
 
 def write(rendering: Rendering, out_dir: Path) -> list[Path]:
-    """Writes one file per manifest plus ``outputs.json`` into ``out_dir``.
+    """Writes one file per manifest plus ``outputs.json`` and ``dependencies.json``
+    (``{file: [files it depends on]}``, :meth:`Rendering.dependencies`) into ``out_dir``.
 
-    Files a previous render left there (``NN-*.yaml``, ``outputs.json``) are removed first,
+    Files a previous render left there (``NN-*.yaml``, the two JSON files) are removed first,
     so a shrunken stack leaves no stale manifest; other files are left alone.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.iterdir():
-        if old.is_file() and (_FILE_RE.match(old.name) or old.name == "outputs.json"):
+        if old.is_file() and (_FILE_RE.match(old.name) or old.name in ("outputs.json", DEPENDENCIES)):
             old.unlink()
     written = []
     for m in rendering.manifests:
@@ -298,4 +328,6 @@ def write(rendering: Rendering, out_dir: Path) -> list[Path]:
         written.append(path)
     outputs = out_dir / "outputs.json"
     outputs.write_text(json.dumps(rendering.outputs, indent=2, sort_keys=True) + "\n")
-    return written + [outputs]
+    deps = out_dir / DEPENDENCIES
+    deps.write_text(json.dumps(rendering.dependencies(), indent=2) + "\n")
+    return written + [outputs, deps]

@@ -35,7 +35,7 @@ def bodies(rendering):
 
 def test_every_rendered_field_is_played_or_allow_listed(cluster):
     assert {p.name.rsplit("-", 2)[0] if p.owner.kind == "Deployment" else p.name for p in cluster.live_pods()} == {
-        "cube-shard-0-0", "cube-shard-0-1", "cube-shard-1-0", "cube-shard-1-1", "cube-transfer", "fileserver",
+        "cube-2s-shard-0-0", "cube-2s-shard-0-1", "cube-2s-shard-1-0", "cube-2s-shard-1-1", "cube-transfer", "fileserver",
         "serving", "ctr-train-pserver-0", "ctr-train-trainer-0", "ctr-train-trainer-1", "tracking"}
     assert len(cluster.live_pods("serving")) == 2
     ips = [p.ip for p in cluster.live_pods()]
@@ -88,7 +88,7 @@ def test_the_one_rewrite_touches_only_whole_bind_all_and_loopback_tokens():
 
 def test_docker_command_line_of_a_cube_pod(cluster, monkeypatch):
     monkeypatch.setattr(os, "chown", lambda *a: None)
-    pod = cluster.pods["cube-shard-1-0"]
+    pod = cluster.pods["cube-2s-shard-1-0"]
     vols = volumes.pod_volumes(cluster.store, pod)
     agent = pod.container("cube-agent")
     args, client_env = docker_run_args(cluster.store, cluster.docker, pod, agent, vols, dns.hosts(cluster.store))
@@ -99,7 +99,7 @@ def test_docker_command_line_of_a_cube_pod(cluster, monkeypatch):
     assert "--read-only" in args and ["--user", "10001:10001"] == args[args.index("--user"):args.index("--user") + 2]
     assert "--group-add" in args and "no-new-privileges" in args and "ALL" in args
     assert f"{vols['cube-data'][0]}:/data" in args and f"{vols['tmp'][0]}:/tmp" in args
-    assert f"cube-shard-1-0.cube-shard-1.elastic-ctr-dev.svc.cluster.local:{pod.ip}" in args
+    assert f"cube-2s-shard-1-0.cube-2s-shard-1.elastic-ctr-dev.svc.cluster.local:{pod.ip}" in args
     assert f"cube-transfer.elastic-ctr-dev.svc.cluster.local:{cluster.live_pods('cube-transfer')[0].ip}" in args
     assert "ELASTIC_CTR_LOG_LEVEL=INFO" in args and "HOME=/tmp" in args
     assert [r.field for r in cluster.rewrites] == ["args[3]", "args[7]"]
@@ -146,7 +146,7 @@ def test_service_endpoints_follow_readiness_and_deletion(cluster):
     assert cluster.endpoints("serving") == [b]  # the endpoints controller drops it at once
     assert cluster.endpoints("serving", propagation_s=60) == [a, b]  # a proxy lagging behind
     # headless cube Services publish not-ready addresses: running pods are endpoints
-    shard = cluster.live_pods("cube-shard-0")
+    shard = cluster.live_pods("cube-2s-shard-0")
     for p in shard:
         p.phase = "Running"
-    assert cluster.endpoints("cube-shard-0") == shard
+    assert cluster.endpoints("cube-2s-shard-0") == shard

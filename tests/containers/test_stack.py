@@ -115,7 +115,7 @@ def dict_info(c: Cluster) -> dict:
 def cube_versions(c: Cluster) -> dict[str, object]:
     """Each live cube pod's served version, from its server's own ``/status``."""
     out = {}
-    for w in ("cube-shard-0", "cube-shard-1"):
+    for w in ("cube-2s-shard-0", "cube-2s-shard-1"):
         for p in c.live_pods(w):
             try:
                 out[p.name] = requests.get(f"http://{p.ip}:8901/status", timeout=3).json().get("version")
@@ -362,21 +362,21 @@ def test_b_a_cube_pod_killed_comes_back_empty_and_is_reloaded(stack, say):
     start_load(stack, say)
     time.sleep(3)
     t0 = time.monotonic()
-    term = c.kill_pod("cube-shard-0-0")
+    term = c.kill_pod("cube-2s-shard-0-0")
     new = c.pods[term.replacement]
-    c.wait_for("cube-shard-0-0 running", lambda: new.phase == "Running", timeout_s=120)
-    c.wait_for("cube-shard-0-0 answering", lambda: _answers(new.ip), timeout_s=60)
+    c.wait_for("cube-2s-shard-0-0 running", lambda: new.phase == "Running", timeout_s=120)
+    c.wait_for("cube-2s-shard-0-0 answering", lambda: _answers(new.ip), timeout_s=60)
     empty = requests.get(f"http://{new.ip}:8901/status", timeout=5).json()
-    c.wait_for(f"cube-shard-0-0 back on version {v}",
-                      lambda: cube_versions(c).get("cube-shard-0-0") == v, timeout_s=150, every_s=0.5)
+    c.wait_for(f"cube-2s-shard-0-0 back on version {v}",
+                      lambda: cube_versions(c).get("cube-2s-shard-0-0") == v, timeout_s=150, every_s=0.5)
     reloaded = time.monotonic() - t0
     c.wait_ready([new.name], timeout_s=60)
     time.sleep(2)
     stats = stop_load(stack)
-    RESULTS["b_cube_kill"] = {"pod": "cube-shard-0-0", "exit_codes": {x.container: x.exit_code for x in term.containers},
+    RESULTS["b_cube_kill"] = {"pod": "cube-2s-shard-0-0", "exit_codes": {x.container: x.exit_code for x in term.containers},
                               "version_after_restart": empty.get("version"), "back_on_version_s": round(reloaded, 1),
                               "version": v, "load": stats.__dict__}
-    say(f"(b) killed cube-shard-0-0 ({term.summary()}); new pod started empty (version {empty.get('version')}), "
+    say(f"(b) killed cube-2s-shard-0-0 ({term.summary()}); new pod started empty (version {empty.get('version')}), "
         f"back on version {v} {reloaded:.1f} s after the kill (transfer reconcile)")
     say(f"(b) client: {stats.line()}")
     for e in stats.errors:

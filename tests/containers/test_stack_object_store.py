@@ -115,7 +115,7 @@ def test_stack_with_data_and_versions_in_a_bucket(s3_stack):
     assert set(cube_versions(c).values()) == {version}
     tars = storage.expand(storage.join(root, f"cube/ctr_embedding/{version}/*.tar"))
     assert len(tars) == 2, tars
-    agent_logs = c.logs(c.live_pods("cube-shard-0")[0].name, "cube-agent")
+    agent_logs = c.logs(c.live_pods("cube-2s-shard-0")[0].name, "cube-agent")
     assert root.replace("s3://", "") in agent_logs or "s3://" in agent_logs, agent_logs[-2000:]
     # serving fetches the dense model from the bucket and answers every request
     pods = c.live_pods("serving")

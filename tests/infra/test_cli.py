@@ -9,12 +9,12 @@ from runtime.cli import main
 def test_render_writes_manifests_and_outputs(tmp_path, capsys):
     out = tmp_path / "dev"
     out.mkdir()
-    (out / "05-statefulset-cube-shard-9.yaml").write_text("stale")
+    (out / "05-statefulset-cube-3s-shard-9.yaml").write_text("stale")
     (out / "README.txt").write_text("kept")
     assert main(["render", "--stack", "dev", "--set", "cubeShards=3", "--out", str(out)]) == 0
     names = sorted(p.name for p in out.iterdir())
-    assert "05-statefulset-cube-shard-2.yaml" in names
-    assert "05-statefulset-cube-shard-9.yaml" not in names and "README.txt" in names
+    assert "05-statefulset-cube-3s-shard-2.yaml" in names
+    assert "05-statefulset-cube-3s-shard-9.yaml" not in names and "README.txt" in names
     # 21 + the training-shared PVC + the tracking server's Deployment, Service and PVC
     assert len([n for n in names if n.endswith(".yaml")]) == 25
     outputs = json.loads((out / "outputs.json").read_text())

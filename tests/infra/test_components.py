@@ -47,31 +47,32 @@ def test_scale_fields_follow_config(rendered, args):
         ("pserver", pservers), ("trainer", trainers)]
 
     sts = r.by_kind("StatefulSet")
-    assert [s.name for s in sts] == [f"cube-shard-{i}" for i in range(shards)]
+    gen = f"cube-{shards}s"  # the generation: its shard count in every name
+    assert [s.name for s in sts] == [f"{gen}-shard-{i}" for i in range(shards)]
     for i, s in enumerate(sts):
         spec = s.body["spec"]
-        assert spec["replicas"] == replicas and spec["serviceName"] == f"cube-shard-{i}"
+        assert spec["replicas"] == replicas and spec["serviceName"] == f"{gen}-shard-{i}"
         server = spec["template"]["spec"]["containers"][0]
         assert server["args"][:2] == ["cube", "server"]
         assert (flag(server["args"], "--shard"), flag(server["args"], "--shard-num")) == (str(i), str(shards))
-        svc = r.get("Service", f"cube-shard-{i}")["spec"]
+        svc = r.get("Service", f"{gen}-shard-{i}")["spec"]
         assert svc["clusterIP"] == "None" and svc["selector"] == spec["selector"]["matchLabels"]
-        assert r.get("PodDisruptionBudget", f"cube-shard-{i}")["spec"]["maxUnavailable"] == 1
+        assert r.get("PodDisruptionBudget", f"{gen}-shard-{i}")["spec"]["maxUnavailable"] == 1
 
     # the topology (ConfigMap and stack output) lists every shard x replica, in shard order
-    doc = json.loads(r.get("ConfigMap", "cube-topology")["data"]["topology.json"])
+    doc = json.loads(r.get("ConfigMap", f"{gen}-topology")["data"]["topology.json"])
     assert doc == r.outputs["cubeTopology"] and doc["dict_name"] == "ctr_embedding"
     assert [s["shard"] for s in doc["shards"]] == list(range(shards))
     for s in doc["shards"]:
         assert [x["server"] for x in s["replicas"]] == [
-            f"cube-shard-{s['shard']}-{k}.cube-shard-{s['shard']}.{ns}.svc.cluster.local:8900"
+            f"{gen}-shard-{s['shard']}-{k}.{gen}-shard-{s['shard']}.{ns}.svc.cluster.local:8900"
             for k in range(replicas)]
         assert all(x["http"].endswith(":8901") and x["agent"].endswith(":8902")
                    for x in s["replicas"])
     # transfer and serving both mount it
     for name in ("cube-transfer", "serving"):
         pod = r.get("Deployment", name)["spec"]["template"]["spec"]
-        assert {"configMap": {"name": "cube-topology"}, "name": "topology"} in pod["volumes"]
+        assert {"configMap": {"name": f"{gen}-topology"}, "name": "topology"} in pod["volumes"]
         assert "/etc/elastic-ctr/topology.json" in pod["containers"][0]["args"]
 
 

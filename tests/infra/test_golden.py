@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from infra.render import dump
+from infra.render import DEPENDENCIES, dump
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "dev"
 HINT = "the dev rendering changed; review it, then refresh with `make golden`"
@@ -20,3 +20,4 @@ def test_dev_rendering_matches_golden(rendered):
         assert text == expected[name], f"{name}: {HINT}"
     outputs = json.loads((GOLDEN / "outputs.json").read_text())
     assert outputs == r.outputs, HINT
+    assert json.loads((GOLDEN / DEPENDENCIES).read_text()) == r.dependencies(), HINT

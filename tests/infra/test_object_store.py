@@ -46,7 +46,7 @@ def test_model_root_on_a_store_deploys_no_file_server(rendered):
     assert flag(transfer["args"], "--root") == ROOT
     serving = pods["serving"]["containers"][0]
     assert flag(serving["args"], "--model-root") == ROOT
-    agent = pods["cube-shard-0"]["containers"][1]
+    agent = pods["cube-2s-shard-0"]["containers"][1]
     assert agent["name"] == "cube-agent"
     for c in (trainer, transfer, serving, agent):
         env = _env(c)
@@ -86,7 +86,7 @@ def test_workload_identity_is_a_service_account_with_no_keys(rendered):
     sa = r.get("ServiceAccount", "object-store")
     assert sa["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/ctr"}
     pods = _pods(r)
-    for name in ("ctr-train-trainer", "cube-transfer", "serving", "cube-shard-0"):
+    for name in ("ctr-train-trainer", "cube-transfer", "serving", "cube-2s-shard-0"):
         assert pods[name]["serviceAccountName"] == "object-store", name
         for c in pods[name]["containers"]:
             assert "AWS_ACCESS_KEY_ID" not in _env(c)

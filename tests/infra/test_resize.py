@@ -32,33 +32,31 @@ def paths(a, b, prefix=""):
     return [] if a == b else [prefix]
 
 
-def test_cube_shards_2_to_4_adds_exactly_the_new_shards(rendered):
+def test_cube_shards_2_to_4_declares_a_new_generation_and_drops_the_old(rendered):
+    """A new shard count is a new generation (names carry the count); the old one's files
+    leave the rendering (pulumi deletes them last); transfer and serving move to the new
+    topology ConfigMap; nothing of the old generation is updated in place."""
     before, after = rendered("dev", "cubeShards=2"), rendered("dev", "cubeShards=4")
     added, removed, changed = diff(before, after)
-    assert removed == set()
-    assert added == {f"{p}-cube-shard-{i}.yaml" for i in (2, 3)
-                     for p in ("04-service", "05-statefulset", "07-poddisruptionbudget")}
-    assert changed == {
-        "02-configmap-cube-topology.yaml",
-        "05-statefulset-cube-shard-0.yaml", "05-statefulset-cube-shard-1.yaml",
-        "06-deployment-cube-transfer.yaml", "06-deployment-serving.yaml",
-    }
+    kinds = ("04-service", "05-statefulset", "07-poddisruptionbudget")
+    assert removed == {f"{p}-cube-2s-shard-{i}.yaml" for i in (0, 1) for p in kinds} | {
+        "02-configmap-cube-2s-topology.yaml"}
+    assert added == {f"{p}-cube-4s-shard-{i}.yaml" for i in range(4) for p in kinds} | {
+        "02-configmap-cube-4s-topology.yaml"}
+    assert changed == {"06-deployment-cube-transfer.yaml", "06-deployment-serving.yaml"}
     fa, fb = files(before), files(after)
-    # existing shards: only the server's --shard-num (key % N changes which keys it owns)
-    for i in (0, 1):
-        name = f"05-statefulset-cube-shard-{i}.yaml"
-        server_args = fb[name]["spec"]["template"]["spec"]["containers"][0]["args"]
-        at = server_args.index("--shard-num") + 1
-        assert paths(fa[name], fb[name]) == [f"spec.template.spec.containers[0].args[{at}]"]
-        assert flag(server_args, "--shard-num") == "4"
-    # transfer and serving: only the topology checksum, which rolls their pods
-    for name in ("06-deployment-cube-transfer.yaml", "06-deployment-serving.yaml"):
+    for name, vol in (("06-deployment-cube-transfer.yaml", 1), ("06-deployment-serving.yaml", 0)):
         assert paths(fa[name], fb[name]) == [
-            "spec.template.metadata.annotations.elastic-ctr.io/topology-sha256"]
-    topo = json.loads(fb["02-configmap-cube-topology.yaml"]["data"]["topology.json"])
+            "spec.template.metadata.annotations.elastic-ctr.io/topology-sha256",
+            f"spec.template.spec.volumes[{vol}].configMap.name"]
+        assert fb[name]["spec"]["template"]["spec"]["volumes"][vol]["configMap"]["name"] == "cube-4s-topology"
+    for i in range(4):
+        args = fb[f"05-statefulset-cube-4s-shard-{i}.yaml"]["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert (flag(args, "--shard"), flag(args, "--shard-num")) == (str(i), "4")
+    topo = json.loads(fb["02-configmap-cube-4s-topology.yaml"]["data"]["topology.json"])
     assert [s["shard"] for s in topo["shards"]] == [0, 1, 2, 3]
     assert topo["shards"][3]["replicas"][1]["server"] == (
-        "cube-shard-3-1.cube-shard-3.elastic-ctr-dev.svc.cluster.local:8900")
+        "cube-4s-shard-3-1.cube-4s-shard-3.elastic-ctr-dev.svc.cluster.local:8900")
     assert after.outputs["cubeTopology"] == topo
 
 
@@ -90,3 +88,23 @@ def test_batch_to_continuous_changes_only_the_job(rendered):
         changed_paths
     args = files(after)[name]["spec"]["tasks"][1]["template"]["spec"]["containers"][0]["args"]
     assert flag(args, "--base-every") == "12" and flag(args, "--state-dir") == "/shared/state"
+
+
+def test_apply_order_new_generation_then_transfer_then_serving(rendered):
+    """The dependencies pulumi follows (and the rendering's dependencies.json records):
+    the cube generation's StatefulSets before the transfer's Deployment, both before
+    serving's; and the NN-*.yaml file order is one valid apply order (each manifest
+    after every manifest it depends on)."""
+    r = rendered("dev", "cubeShards=3")
+    deps = r.dependencies()
+    assert list(deps) == sorted(deps)
+    for name, needs in deps.items():
+        assert all(n in deps and n < name for n in needs), (name, needs)
+    sts = {m.filename for m in r.by_kind("StatefulSet")}
+    assert sts == {f"05-statefulset-cube-3s-shard-{i}.yaml" for i in range(3)}
+    assert sts <= set(deps["06-deployment-cube-transfer.yaml"])
+    assert sts | {"06-deployment-cube-transfer.yaml"} <= set(deps["06-deployment-serving.yaml"])
+    # the cube does not wait for its readers
+    assert not any("deployment" in n for f in sts for n in deps[f])
+    strategy = r.get("Deployment", "serving")["spec"]["strategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}

@@ -58,12 +58,12 @@ def test_two_of_each_component_declare_distinct_resources(stack):
     pulumi_names = [(x["type"], x["name"]) for x in resources]
     assert len(pulumi_names) == len(set(pulumi_names))
     assert {m.name for m in manifests if m.kind == "StatefulSet"} == {
-        "cube-a-shard-0", "cube-a-shard-1", "cube-b-shard-0", "cube-b-shard-1"}
+        "cube-a-2s-shard-0", "cube-a-2s-shard-1", "cube-b-2s-shard-0", "cube-b-2s-shard-1"}
     # outputs are Outputs resolved per component, pointing at that component's Services
     assert outputs["a"]["serving"] == "http://serving-a.ns.svc.cluster.local:8000"
     assert outputs["b"]["transfer"] == "http://transfer-b.ns.svc.cluster.local:8910"
     assert outputs["a"]["topology"]["shards"][1]["replicas"][0]["server"] == (
-        "cube-a-shard-1-0.cube-a-shard-1.ns.svc.cluster.local:8900")
+        "cube-a-2s-shard-1-0.cube-a-2s-shard-1.ns.svc.cluster.local:8900")
 
 
 def test_selectors_do_not_overlap(stack):

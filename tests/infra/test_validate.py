@@ -89,7 +89,7 @@ def test_volcano_job_matches_crd_schema(rendered, args, volcano_job_schema):
 def test_validators_reject_what_they_should(rendered, volcano_job_schema):
     """The checks above can fail: an unknown field, a wrong type, a bad enum."""
     r = rendered("dev")
-    sts = copy.deepcopy(r.get("StatefulSet", "cube-shard-0"))
+    sts = copy.deepcopy(r.get("StatefulSet", "cube-2s-shard-0"))
     sts["spec"]["replicaz"] = 2
     with pytest.raises(kubernetes_validate.ValidationError):
         k8s_validate(sts)
