@@ -56,7 +56,8 @@ class PartitionResult(BaseModel):
 class ExportResult(BaseModel):
     """One version a continuous job exported (``runtime.trainer.online.ExportRecord``):
     ``id``, ``kind``, its ``base``, the last ``hour`` in it, sparse ``rows``, ``seconds``
-    (export wall time, s)."""
+    (export wall time, s: cutting the rows, the checkpoint and the publication, each also
+    given: ``rows_seconds``, ``checkpoint_seconds``, ``publish_seconds``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -66,6 +67,9 @@ class ExportResult(BaseModel):
     hour: str
     rows: int
     seconds: float = 0.0
+    rows_seconds: float = 0.0
+    checkpoint_seconds: float = 0.0
+    publish_seconds: float = 0.0
 
 
 class TrainResult(BaseModel):

@@ -9,16 +9,20 @@ data, before training on it), then the partition is trained as one pass. After e
 
 * a **base** (the whole sparse table, ``donefile/base.txt``) for the first export and
   whenever ``--base-every`` partitions have been trained since the last base;
-* otherwise a **patch**: the whole dense model and exactly the sparse rows whose values
-  differ from the previous export (new keys included), ``donefile/patch.txt`` with the
-  base's id as its key. Applying the base and its patches in order gives the table the
-  trainer held at the patch's export, bit for bit.
+* otherwise a **patch**: the whole dense model and the sparse rows of every feasign the
+  trainers fed since the previous export (new keys included), ``donefile/patch.txt`` with
+  the base's id as its key. Only those rows can have changed, so applying the base and its
+  patches in order gives the table the trainer held at the patch's export, bit for bit.
 
-The rows of a patch come from comparing the table with the previous export (kept with
-the checkpoint). Paddle 3.0.0's pserver has its own delta save (``MemorySparseTable::
-SavePatch``, ``save_one_table`` mode 5 with the table's ``enable_revert``), but no
-public API documents it and its behaviour was not verified here, so the trainer does not
-rely on it; see docs/training.md.
+A patch's rows are cut without reading the table (``runtime.trainer.fedrows``): each
+trainer keeps the distinct feasigns it staged since the last export point, trainer 0
+gathers their union and pulls exactly those rows from the pservers (a single process
+looks them up in its table), so the cost follows the hour's data, not the table. A base
+is a full save (``Worker.full_table``) whose values are then pulled too (bit for bit the
+pservers' floats, not the save's 6-digit text). Paddle 3.0.0's pserver has its own delta
+save (``MemorySparseTable::SavePatch``, ``save_one_table`` mode 5 with the table's
+``enable_revert``), but no public API documents it and its behaviour was not verified
+here, so the trainer does not rely on it; see docs/training.md.
 
 Resume: at every export point, in this order, (1) every worker takes a checkpoint
 (``Worker.checkpoint``: the pservers save all tables with optimizer state, or the single
@@ -58,7 +62,8 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "online-state.json"
 CHECKPOINTS = "checkpoints"
-SNAPSHOT = "exported.npz"  # trainer 0's copy of the last exported table, beside the checkpoint
+ROWS = "exported-rows.npz"  # trainer 0's copy of the rows an export published, beside its checkpoint
+SNAPSHOT = "exported.npz"  # the whole table at the export, where the worker holds it (single process)
 EVAL_ROWS = 20_000
 
 
@@ -190,19 +195,15 @@ def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
         state = OnlineState(data_root=cfg.data_root, start_hour=str(start), next_hour=str(start))
     next_hour, ckpt = state.resume_point()
     ckroot = os.path.join(cfg.state_dir, CHECKPOINTS)
-    snapshot = (np.zeros(0, np.uint64), np.zeros((0, cfg.embedding_dim), np.float32))
     if ckpt is not None:
         log.info("%s: resuming from checkpoint %s (next partition %s)", worker.who, ckpt, next_hour)
         worker.restore(os.path.join(ckroot, ckpt))
-        if worker.chief:
-            with np.load(os.path.join(ckroot, ckpt, SNAPSHOT)) as z:
-                snapshot = (z["keys"], z["values"])
     if worker.chief and state.pending is not None:
         _finish_pending(worker, cfg, state, ckroot)
     hour = partitions.Hour.parse(next_hour, "state next_hour")
     tr = tracking.start_training(cfg, job)
     try:
-        out = _follow(worker, cfg, test_files, job, state, hour, end, ckpt, ckroot, snapshot, tr, stop)
+        out = _follow(worker, cfg, test_files, job, state, hour, end, ckpt, ckroot, tr, stop)
     except BaseException:
         tr.close(status="FAILED")
         raise
@@ -211,7 +212,7 @@ def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
 
 
 def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState, hour: partitions.Hour, end,
-            ckpt, ckroot: str, snapshot, tr, stop) -> dict:
+            ckpt, ckroot: str, tr, stop) -> dict:
     """``run``'s loop over the partitions from ``hour`` (logging to the tracker ``tr``)."""
     since_export = 0
     records: list[PartitionResult] = []
@@ -250,11 +251,10 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
         last = end is not None and hour > end
         # a stop exports only in one process: in a PS job the others may not have stopped
         if since_export >= cfg.patch_every or last or (stop.requested and worker.shard[1] == 1):
-            ver = _export_point(worker, cfg, state, hour, ckroot, snapshot)
+            ver = _export_point(worker, cfg, state, hour, ckroot)
             if ver is not None:
-                rec.version = ver[0].id
-                snapshot = ver[1]
-                tracking.log_version(tr, step, ver[0].model_dump(), tracking.published_model_meta(cfg.output, rec.version))
+                rec.version = ver.id
+                tracking.log_version(tr, step, ver.model_dump(), tracking.published_model_meta(cfg.output, rec.version))
             since_export = 0
     worker.budget.finish()
     # every partition is one pass over its rows (train_pass checks the count)
@@ -277,42 +277,59 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
     return out
 
 
-def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: partitions.Hour, ckroot: str,
-                  snapshot: tuple[np.ndarray, np.ndarray]):
-    """Checkpoint, pending state, publish, state (module docstring). Every process calls
-    it; returns ``(ExportRecord, new snapshot)`` on trainer 0, ``None`` elsewhere."""
+def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: partitions.Hour, ckroot: str):
+    """Rows, checkpoint, pending state, publish, state (module docstring). Every process
+    calls it; returns the ``ExportRecord`` on trainer 0, ``None`` elsewhere.
+
+    The rows: a base is the whole table (a save, then its values pulled), a patch the
+    rows of the feasigns fed since the last export point (``Worker.fed_rows``); trainer 0
+    decides which and every trainer follows (``fedrows.agree``). They are kept beside the
+    checkpoint (``ROWS``) so that a restart publishes a pending export with the same rows."""
+    from runtime.trainer import fedrows
+
     name = checkpoint_name(next_hour)
     directory = os.path.join(ckroot, name)
     if worker.chief and os.path.isdir(directory):
         shutil.rmtree(directory)  # a checkpoint left by a run that died before its state
-    with publish.table_save_dir(cfg.table_dir) as save_dir:
-        table = worker.full_table(save_dir)
+    is_base = bool(fedrows.agree(worker, int(state.base_id is None or state.since_base >= cfg.base_every)))
+    t0 = time.monotonic()
+    if is_base:
+        with publish.table_save_dir(cfg.table_dir) as save_dir:
+            table = worker.full_table(save_dir, exact=True)
+    else:
+        table = worker.fed_rows()
+    worker.reset_fed()
+    rows_s = time.monotonic() - t0
+    t1 = time.monotonic()
     worker.checkpoint(directory)
+    ckpt_s = time.monotonic() - t1
     if not worker.chief:
         return None
     keys, values = table
     order = np.argsort(keys, kind="stable")
     keys, values = keys[order], np.ascontiguousarray(values[order], dtype=np.float32)
-    np.savez(os.path.join(directory, SNAPSHOT), keys=keys, values=values)
+    np.savez(os.path.join(directory, ROWS), keys=keys, values=values)
+    whole = worker.local_table()
+    if whole is not None:
+        o = np.argsort(whole[0], kind="stable")
+        np.savez(os.path.join(directory, SNAPSHOT), keys=whole[0][o], values=whole[1][o])
     last_hour = str(next_hour.next(-1))
-    is_base = state.base_id is None or state.since_base >= cfg.base_every
     vid = donefile.new_version_id(cfg.output) if cfg.output else (state.exports[-1].id + 1 if state.exports else 1)
-    if is_base:
-        rows_idx = np.arange(len(keys))
-        rec = ExportRecord(id=vid, kind="base", base=vid, hour=last_hour, rows=int(len(keys)))
-    else:
-        rows_idx = table_diff(snapshot[0], snapshot[1], keys, values)
-        rec = ExportRecord(id=vid, kind="patch", base=state.base_id, hour=last_hour, rows=int(len(rows_idx)))
+    rec = ExportRecord(id=vid, kind="base" if is_base else "patch", base=vid if is_base else state.base_id,
+                       hour=last_hour, rows=int(len(keys)), rows_seconds=round(rows_s, 3),
+                       checkpoint_seconds=round(ckpt_s, 3))
     state.pending = rec
     state.save(cfg.state_dir)
-    t0 = time.monotonic()
+    t2 = time.monotonic()
     if cfg.output:
-        _publish(worker, cfg, rec, keys[rows_idx], values[rows_idx])
+        _publish(worker, cfg, rec, keys, values)
+    rec.publish_seconds = round(time.monotonic() - t2, 3)
     rec.seconds = round(time.monotonic() - t0, 3)
     _commit(state, rec, cfg, ckroot)
-    log.info("%s: exported %s %d after partition %s: %d sparse rows (of %d) in %.1f s", worker.who, rec.kind,
-             rec.id, last_hour, rec.rows, len(keys), rec.seconds)
-    return rec, (keys, values)
+    log.info("%s: exported %s %d after partition %s: %d sparse rows in %.1f s (rows %.1f s, checkpoint %.1f s, "
+             "publish %.1f s)", worker.who, rec.kind, rec.id, last_hour, rec.rows, rec.seconds, rows_s, ckpt_s,
+             rec.publish_seconds)
+    return rec
 
 
 def _publish(worker, cfg: TrainConfig, rec: ExportRecord, keys: np.ndarray, values: np.ndarray) -> None:
@@ -336,18 +353,20 @@ def _commit(state: OnlineState, rec: ExportRecord, cfg: TrainConfig, ckroot: str
 
 def _finish_pending(worker, cfg: TrainConfig, state: OnlineState, ckroot: str) -> None:
     """After a restart: publishes the pending export again if its donefile line is
-    missing (same id, same rows: the checkpoint holds the table it was cut from)."""
+    missing (same id, same rows: the rows it published are kept beside its checkpoint,
+    ``ROWS``; a checkpoint from before ``ROWS`` holds the whole table, ``SNAPSHOT``, and the
+    patch is cut from it by ``table_diff`` as it was then)."""
     rec = state.pending
     lines = donefile.read(cfg.output, rec.kind) if cfg.output else []
     if any(r.id == rec.id for r in lines):
         log.info("%s: pending %s %d was published before the restart", worker.who, rec.kind, rec.id)
     else:
         directory = os.path.join(ckroot, state.resume_point()[1])
-        with np.load(os.path.join(directory, SNAPSHOT)) as z:
+        rows_file = os.path.join(directory, ROWS)
+        with np.load(rows_file if os.path.exists(rows_file) else os.path.join(directory, SNAPSHOT)) as z:
             keys, values = z["keys"], z["values"]
-        if rec.kind == "base":
-            idx = np.arange(len(keys))
-        else:
+        idx = np.arange(len(keys))
+        if rec.kind == "patch" and not os.path.exists(rows_file):
             prev = os.path.join(ckroot, state.checkpoint, SNAPSHOT) if state.checkpoint else None
             if prev is None or not os.path.exists(prev):
                 raise RuntimeError(f"pending patch {rec.id}: the previous export's table ({prev}) is missing")

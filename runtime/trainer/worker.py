@@ -144,6 +144,7 @@ class Worker:
         return feasigns
 
     collect_keys = False  # keep the distinct feasigns staged (``keys_seen``)
+    keys_seen = None  # uint64[k] sorted: the feasigns staged since ``reset_fed`` (with collect_keys)
 
     def load(self, files: list[str], keep_rows: bool = False, limit: int | None = None):
         """Stages this worker's shard of ``files`` and loads it: returns ``(dataset, staged)``."""
@@ -152,7 +153,7 @@ class Worker:
                                work_dir=self.cfg.work_dir, keep_rows=keep_rows, limit=limit,
                                collect_keys=self.collect_keys)
         if staged.ids_seen is not None:
-            prev = getattr(self, "keys_seen", np.zeros(0, np.uint64))
+            prev = self.keys_seen if self.keys_seen is not None else np.zeros(0, np.uint64)
             self.keys_seen = np.union1d(prev, staged.ids_seen)
         t0 = time.monotonic()
         ds = dataset.load(staged, self.net.use_vars, self.cfg.batch_size, self.cfg.threads)
@@ -229,10 +230,27 @@ class Worker:
     def sync(self) -> None:
         """Makes every worker's updates visible before a save or an evaluation."""
 
-    def full_table(self, save_dir: str) -> tuple[np.ndarray, np.ndarray] | None:
+    def full_table(self, save_dir: str, exact: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
         """The whole table (``keys uint64[n]``, ``values float32[n, dim]``) on the chief,
-        ``None`` elsewhere. ``save_dir``: a fresh directory the save may use."""
+        ``None`` elsewhere. ``save_dir``: a fresh directory the save may use. ``exact``:
+        the values the table holds bit for bit (parameter servers: pulled, not the save's
+        6-digit text)."""
         raise NotImplementedError
+
+    def reset_fed(self) -> None:
+        """Forgets the feasigns fed so far (``keys_seen``): called at every export point."""
+        self.keys_seen = np.zeros(0, np.uint64)
+
+    def fed_rows(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The rows of every feasign any worker fed since ``reset_fed`` (``keys uint64[k]``
+        sorted, ``values float32[k, dim]`` as the table holds them now) on the chief, ``None``
+        elsewhere: a patch's rows (``runtime.trainer.fedrows``). Every process calls it."""
+        raise NotImplementedError
+
+    def local_table(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The whole table when this process holds it in memory (single process), else
+        ``None`` (parameter servers: only a save reads it)."""
+        return None
 
     def barrier(self) -> None:
         """Waits for every worker of the job (one process: returns)."""
@@ -275,6 +293,7 @@ class SingleWorker(Worker):
         self.exe = paddle.static.Executor(paddle.CPUPlace())
         self.exe.run(self.net.startup)
         self.vocab = Vocab(cfg.single_vocab_size)
+        self.collect_keys = cfg.mode == "continuous"  # a patch = the rows fed (runtime.trainer.fedrows)
 
     def id_map(self):
         return self.vocab
@@ -292,8 +311,23 @@ class SingleWorker(Worker):
         keys = self.vocab.keys()
         return keys, table[1:len(keys) + 1].astype(np.float32)
 
-    def full_table(self, save_dir: str) -> tuple[np.ndarray, np.ndarray]:
+    def full_table(self, save_dir: str, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
         return self.table_rows()
+
+    local_table = table_rows
+
+    def fed_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """The fed feasigns' rows of the local table (bit for bit what it holds)."""
+        import paddle
+
+        from runtime.trainer import fedrows, model
+
+        keys = fedrows.gather_keys(self)
+        table = np.array(paddle.static.global_scope().find_var(model.TABLE_NAME).get_tensor())
+        rows = self.vocab(keys.reshape(-1, 1), grow=False).ravel().astype(np.int64)
+        if len(rows) and not rows.all():
+            raise RuntimeError(f"{int((rows == 0).sum())} fed feasigns are not in the single-process vocabulary")
+        return keys, table[rows].astype(np.float32)
 
     def checkpoint(self, directory: str) -> None:
         """``paddle.static.save`` of the training program (table, head, Adam moments) as
@@ -332,7 +366,7 @@ class PsWorker(Worker):
         self.chief = role.trainer_id == 0
         self.shard = (role.trainer_id, role.trainers)
         self.geo = cfg.ps_mode == "geo"
-        self.collect_keys = self.geo
+        self.collect_keys = self.geo or cfg.mode == "continuous"  # continuous: patches (fedrows)
         self.net, self.main, startup, test_origin = program.build_ps_programs(
             cfg, self.slots, continuous=cfg.mode == "continuous")
         self.exe = paddle.static.Executor(paddle.CPUPlace())
@@ -382,9 +416,20 @@ class PsWorker(Worker):
         rt._pull_all_dense(rt.scopes, rt._send_ctx,
                            get_the_one_recv_context(rt.context, split_dense_table=rt.is_heter_ps_mode))
 
-    def full_table(self, save_dir: str) -> tuple[np.ndarray, np.ndarray] | None:
+    def fed_rows(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Every trainer's fed feasigns gathered on the chief, their rows pulled from the
+        pservers (``runtime.trainer.fedrows``). Call after ``sync``."""
+        from runtime.trainer import fedrows
+
+        keys = fedrows.gather_keys(self)
+        if keys is None:
+            return None
+        return keys, fedrows.pull(self, keys) if len(keys) else np.zeros((0, self.cfg.embedding_dim), np.float32)
+
+    def full_table(self, save_dir: str, exact: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
         """``fleet.save_one_table(0, save_dir, 0)`` (the pservers write it; every trainer
-        calls it, it holds barriers), then the chief reads it back. GEO: the trained
+        calls it, it holds barriers), then the chief reads it back; ``exact``: the chief
+        then pulls the saved keys' values (``runtime.trainer.fedrows.pull``). GEO: the trained
         feasigns of every trainer (exchanged through ``--table-dir``) with the chief's
         local table rows."""
         from paddle.distributed import fleet
@@ -400,7 +445,14 @@ class PsWorker(Worker):
         if not self.chief:
             return None
         log.info("%s: sparse table saved under %s in %.1f s", self.who, save_dir, time.monotonic() - t0)
-        return export.read_saved_table(save_dir, self.cfg.embedding_dim)
+        keys, values = export.read_saved_table(save_dir, self.cfg.embedding_dim)
+        if exact and len(keys):
+            from runtime.trainer import fedrows
+
+            t0 = time.monotonic()
+            values = fedrows.pull(self, keys)
+            log.info("%s: %d rows pulled in %.1f s", self.who, len(keys), time.monotonic() - t0)
+        return keys, values
 
     def checkpoint(self, directory: str) -> None:
         """``fleet.save_persistables(exe, directory, main, mode=0)``: every pserver saves

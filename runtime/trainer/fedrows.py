@@ -1,0 +1,102 @@
+"""The rows a patch carries: the feasigns the trainers FED since the last export point, with
+their values as the table holds them now (``runtime.trainer.online`` cuts patches with it).
+
+Why these rows and only these: a sparse row changes only when a batch pushes a gradient for
+its feasign (async PS: the pserver's Adam rule updates the pushed keys only; single process:
+``Adam(lazy_mode=True)`` updates only the looked-up rows), and a trainer pushes exactly the
+feasigns its batches fed. So the union over the trainers of the feasigns staged since the
+last export (``Worker.keys_seen``, collected by ``runtime.trainer.dataset.stage``) holds
+every row that may differ from the last export, and new rows too. The cost follows the
+hour's data, not the table: no full save and no diff with the previous export.
+
+Parameter servers: every trainer writes its feasigns (``keys-<trainer>.npy``, uint64[m]
+sorted) into ``<--table-dir>/elastic-ctr-fed-<n>/`` (``n`` agreed with gloo), trainer 0
+reads their union and PULLS the rows from the pservers with the inference program
+(``distributed_lookup_table`` with the table's own values: ``[embed_w] + embedx_w``, the
+same floats the trainers pull; a row whose ``embedx`` part was never created pulls zeros
+there, as the saved table reads it), ``PULL_ROWS`` feed rows x S slots per run. The pulled
+values are the pserver's float32 values exactly, not the 6-digit text of a table save.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+PULL_ROWS = 4096  # feed rows per pull run: PULL_ROWS x S keys
+
+
+def agree(worker, value: int) -> int:
+    """Trainer 0's ``value`` on every trainer of a parameter-server job (gloo all-reduce of
+    trainer 0's value and zeros); a single process returns ``value``."""
+    if getattr(worker, "role", None) is None:
+        return int(value)
+    from paddle.distributed import fleet
+
+    mine = float(value) if worker.chief else 0.0
+    return int(np.asarray(fleet.util.all_reduce(np.array([mine]), "sum")).ravel()[0])
+
+
+def gather_keys(worker) -> np.ndarray | None:
+    """The union of every trainer's fed feasigns (``worker.keys_seen``) on trainer 0
+    (uint64[k], sorted, unique), ``None`` on the others. Every trainer calls it (barriers).
+    Raises ``RuntimeError`` naming the directory when a trainer's file is missing
+    (``--table-dir`` not shared by the trainers)."""
+    from runtime.trainer.config import TABLE_DIR_PREFIX
+
+    seen = getattr(worker, "keys_seen", None)
+    seen = np.zeros(0, np.uint64) if seen is None else seen
+    if getattr(worker, "role", None) is None:
+        return np.unique(seen)
+    nonce = agree(worker, int(np.random.default_rng().integers(1, 1 << 30)))
+    base = worker.cfg.table_dir or os.path.dirname(tempfile.mkdtemp(prefix=TABLE_DIR_PREFIX))
+    shared = os.path.join(base, f"elastic-ctr-fed-{nonce}")
+    os.makedirs(shared, exist_ok=True)
+    np.save(os.path.join(shared, f"keys-{worker.role.trainer_id}.npy"), seen)
+    worker.barrier()
+    if not worker.chief:
+        worker.barrier()
+        return None
+    try:
+        parts = [np.load(os.path.join(shared, f"keys-{i}.npy")) for i in range(worker.role.trainers)]
+    except OSError as exc:
+        raise RuntimeError(f"patch rows: the trainers' fed feasigns are not all in {shared} ({exc}): "
+                           "--table-dir must be a directory shared by every trainer") from None
+    finally:
+        worker.barrier()
+        shutil.rmtree(shared, ignore_errors=True)
+    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
+
+
+def pull(worker, keys: np.ndarray, rows: int = PULL_ROWS) -> np.ndarray:
+    """float32[n, dim]: the rows of ``keys`` (uint64[n], none 0: Paddle's feed drops a 0)
+    pulled from the pservers through ``worker.test_program`` (module docstring). Pulling a
+    key the table has not seen creates it: pass fed keys only."""
+    from runtime.trainer import datafeed
+
+    dim = int(worker.cfg.embedding_dim)
+    S = len(worker.slots)
+    names = [e.name for e in worker.net.embs]
+    out = np.empty((len(keys), dim), np.float32)
+    per = S * rows
+    exe = worker._predict_exe()
+    for s in range(0, len(keys), per):
+        chunk = keys[s:s + per]
+        n = len(chunk)
+        r = -(-n // S)
+        pad = np.full(r * S, chunk[0], dtype=np.uint64)
+        pad[:n] = chunk
+        ids = pad.reshape(S, r).T.view(np.int64)  # column i: slot i's keys, pad[i*r:(i+1)*r]
+        feed = {datafeed.DENSE_VAR: np.zeros((r, worker.net.dense.shape[1]), np.float32),
+                datafeed.LABEL_VAR: np.zeros((r, 1), np.int64)}
+        for i in range(S):
+            feed[datafeed.slot_var(i)] = np.ascontiguousarray(ids[:, i:i + 1])
+        got = exe.run(worker.test_program, feed=feed, fetch_list=names)
+        vals = np.concatenate([np.asarray(g, dtype=np.float32).reshape(r, dim) for g in got])
+        out[s:s + n] = vals[:n]
+    return out
