@@ -10,7 +10,9 @@ from typing import Any, Callable, Iterable, Optional
 
 from tests.containers.kube import dns, volumes
 from tests.containers.kube import manifests as kmanifests
+from tests.containers.kube.apply import ApplyReport, Applier
 from tests.containers.kube.controllers import Controllers
+from tests.containers.kube.diff import dependency_order
 from tests.containers.kube.engine import Docker
 from tests.containers.kube.errors import HarnessError
 from tests.containers.kube.kubelet import Kubelet
@@ -70,7 +72,13 @@ class Cluster:
         self.kubelet = Kubelet(self.store, self.docker, self.prober, self.image_map)
         self.controllers = Controllers(self.store, self.kubelet.spawn, self.delete_pod)
         self.terminator = Terminator(self.store, self.docker, self.kubelet, self.prober, self.controllers.replace)
-        kmanifests.load(self.store, kmanifests.bodies(manifests), secret_values)
+        docs = kmanifests.bodies(manifests)
+        kmanifests.load(self.store, docs, secret_values)
+        #: the rendering the cluster runs: ``(file name, body)`` in dependency order (``apply``)
+        self.applied = dependency_order(docs, kmanifests.dependencies(manifests))
+        self.applier = Applier(self)
+        #: set by ``start``
+        self.started = False
         for w in self.store.workloads.values():
             self.controllers.plan(w)
 
@@ -90,6 +98,7 @@ class Cluster:
         self.docker.watch_exits(self.kubelet.on_exit)
         for w in self.store.workloads.values():
             self.controllers.start(w)
+        self.started = True
         return self
 
     def _check_addresses_free(self) -> None:
@@ -104,6 +113,25 @@ class Cluster:
                             busy.append(f"{p.ip}:{port['containerPort']}")
         if busy:
             raise HarnessError(f"addresses in use before the start (another run?): {busy}")
+
+    def apply(self, manifests: Any, *, secret_values: Optional[dict] = None, timeout_s: float = 600.0
+              ) -> ApplyReport:
+        """Applies a new rendering to the running one as ``pulumi up`` would (``apply``'s
+        docstring says what is played and what is not): the steps of ``diff.diff`` in
+        dependency order, each awaited like pulumi-kubernetes awaits it, deletes last.
+
+        Args:
+            manifests: the new rendering (as for the constructor).
+            secret_values: for redacted Secret values the run does not hold yet.
+            timeout_s: the await of each step, s (pulumi's default is 600).
+
+        Returns the ``ApplyReport`` (steps, seconds, pod terminations). Raises
+        UnsupportedField (a field the harness cannot play, checked before any step) or
+        HarnessError (an await that timed out or saw a pod fail; the steps before it stay
+        applied, as with ``pulumi up``)."""
+        if not self.started:
+            raise HarnessError("apply: the cluster is not started (call start() first)")
+        return self.applier.apply(manifests, secret_values=secret_values, timeout_s=timeout_s)
 
     def delete_pod(self, name: str, *, replace: bool = True, grace_s: Optional[float] = None,
                    watch_readiness_s: Optional[float] = None, reason: str = "delete") -> Termination:

@@ -18,6 +18,13 @@ from tests.containers.kube.records import Termination
 from tests.containers.kube.store import Store
 
 
+def template_hash(w: Workload) -> str:
+    """The revision of ``w``'s pod template: 9 hex characters of its SHA-256 (what a
+    Deployment's pod-template-hash and a StatefulSet's revision name play); "" for a Job."""
+    tpl = w.body["spec"].get("template")
+    return hashlib.sha256(json.dumps(tpl, sort_keys=True).encode()).hexdigest()[:9] if tpl else ""
+
+
 class Controllers:
     """Creates and replaces the pods of the store's workloads.
 
@@ -61,15 +68,16 @@ class Controllers:
         """The pods of ``w`` (all, or the one of ``only_slot``: a replacement)."""
         store, spec = self.store, w.body["spec"]
         out = []
+        h = template_hash(w)
         if w.kind == "Deployment":
             tpl = spec["template"]
-            h = hashlib.sha256(json.dumps(tpl, sort_keys=True).encode()).hexdigest()[:9]
             for slot in w.slots:
                 if only_slot is not None and slot != only_slot:
                     continue
                 name = f"{w.name}-{h}-{rand_name(5)}"
                 out.append(Pod(store, name, w, slot, json.loads(json.dumps(tpl["spec"])),
                                dict(tpl["metadata"].get("labels") or {}), hostname=name, subdomain=None))
+                out[-1].revision = h
         elif w.kind == "StatefulSet":
             tpl = spec["template"]
             for i, slot in enumerate(w.slots):
@@ -84,6 +92,7 @@ class Controllers:
                         {"name": vct["metadata"]["name"], "persistentVolumeClaim": {"claimName": claim}})
                 out.append(Pod(store, name, w, slot, pod_spec, dict(tpl["metadata"].get("labels") or {}),
                                hostname=name, subdomain=spec["serviceName"], index=i))
+                out[-1].revision = h
         else:
             out = volcano.job_pods(store, w, only_slot)
         return out

@@ -15,8 +15,10 @@ from tests.containers.kube.objects import Pod
 from tests.containers.kube.store import CLUSTER_DOMAIN, Store
 
 
-def hosts(store: Store) -> dict[str, str]:
-    """name -> address, the cluster DNS the containers see."""
+def hosts(store: Store, quiet: bool = False) -> dict[str, str]:
+    """name -> address, the cluster DNS a container started now sees (deleted pods have no
+    record); ``quiet``: do not log the Service lines (``Cluster.apply`` recomputes the
+    table before each pod it starts)."""
     ns, dom = store.namespace, CLUSTER_DOMAIN
     out: dict[str, str] = {}
 
@@ -25,15 +27,16 @@ def hosts(store: Store) -> dict[str, str]:
             out[n] = ip
 
     for p in store.pods.values():
-        if p.subdomain:
+        if p.subdomain and not p.deleted:
             forms(f"{p.hostname}.{p.subdomain}", p.ip)
     for name, svc in store.services.items():
         sel = svc["spec"].get("selector")
         pods = sorted(store.selected(sel), key=lambda p: p.slot) if sel else []
         if pods:
             forms(name, pods[0].ip)
-            store.log(f"DNS: Service {name} -> {pods[0].name} ({pods[0].ip})"
-                      + (f" (one of {len(pods)} pods)" if len(pods) > 1 else ""))
+            if not quiet:
+                store.log(f"DNS: Service {name} -> {pods[0].name} ({pods[0].ip})"
+                          + (f" (one of {len(pods)} pods)" if len(pods) > 1 else ""))
     for w in store.workloads.values():  # the Volcano svc plugin's headless Service <job>
         if w.kind == "Job" and "svc" in (w.body["spec"].get("plugins") or {}) and w.name not in store.services:
             forms(w.name, store.slot_ip(w.slots[0]))

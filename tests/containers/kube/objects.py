@@ -65,6 +65,9 @@ class Pod:
         self.store, self.name, self.owner, self.slot = store, name, owner, slot
         self.spec, self.labels, self.hostname, self.subdomain = spec, labels, hostname, subdomain
         self.index = index
+        #: the hash of the pod template it was made from (a Deployment's ReplicaSet, a
+        #: StatefulSet's controller revision); a rollout replaces the pods of other revisions
+        self.revision = ""
         self.task: Optional[str] = None  # Volcano task name
         self.uid = hashlib.sha1(f"{name}{time.time_ns()}{random.random()}".encode()).hexdigest()
         self.extra_env = extra_env or []

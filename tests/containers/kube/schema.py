@@ -43,11 +43,8 @@ IGNORED: dict[str, str] = {
     "Service.spec.type": "in-cluster traffic uses the Service name; LoadBalancer only adds an outside address",
     "Service.spec.ports.appProtocol": "a hint for proxies/meshes; no effect on plain TCP",
     "Service.spec.ports.protocol": "TCP only (checked: another protocol is refused)",
-    "Deployment.spec.strategy":
-        "the harness never changes a pod template; a deleted pod is replaced at once under both strategies",
-    "Deployment.spec.revisionHistoryLimit": "no rollouts of templates",
-    "Deployment.spec.minReadySeconds": "no rollouts of templates",
-    "StatefulSet.spec.updateStrategy": "no rollouts of templates",
+    "Deployment.spec.revisionHistoryLimit": "no rollback: old ReplicaSets are not kept (Cluster.apply)",
+    "Deployment.spec.minReadySeconds": "a pod counts as available once ready (Cluster.apply)",
     "StatefulSet.spec.persistentVolumeClaimRetentionPolicy": "claims are kept for the whole run",
     "PodDisruptionBudget":
         "limits voluntary evictions through the eviction API; the harness deletes pods directly (as "
@@ -134,14 +131,15 @@ def _schema():
                        "protocol": ig("Service.spec.ports.protocol"),
                        "appProtocol": ig("Service.spec.ports.appProtocol")}]}},
         "Deployment": {**head, "spec": {"replicas": PLAY, "selector": selector, "template": template,
-                                        "strategy": ig("Deployment.spec.strategy"),
+                                        "strategy": {"type": PLAY, "rollingUpdate": {"maxSurge": PLAY,
+                                                                                      "maxUnavailable": PLAY}},
                                         "revisionHistoryLimit": ig("Deployment.spec.revisionHistoryLimit"),
                                         "minReadySeconds": ig("Deployment.spec.minReadySeconds")}},
         "StatefulSet": {**head, "spec": {
             "serviceName": PLAY, "replicas": PLAY, "podManagementPolicy": PLAY, "selector": selector,
             "template": template,
             "volumeClaimTemplates": [{"metadata": {"name": PLAY, "labels": PLAY}, "spec": pvc_spec}],
-            "updateStrategy": ig("StatefulSet.spec.updateStrategy"),
+            "updateStrategy": {"type": PLAY, "rollingUpdate": {"partition": PLAY}},
             "persistentVolumeClaimRetentionPolicy": ig("StatefulSet.spec.persistentVolumeClaimRetentionPolicy")}},
         "PodDisruptionBudget": ig("PodDisruptionBudget"),
         "HorizontalPodAutoscaler": ig("HorizontalPodAutoscaler"),

@@ -43,8 +43,9 @@ class Terminator:
         grace = pod.grace_s if grace_s is None else grace_s
         term = Termination(name, reason, grace)
         t0 = time.monotonic()
-        pod.ready_when_deleted = pod.ready
-        pod.terminating_since = t0
+        if not pod.terminating:  # (Cluster.apply marks the pods it deletes itself, a moment earlier)
+            pod.ready_when_deleted = pod.ready
+            pod.terminating_since = t0
         pod.terminating = True
         store.log(f"{name}: deleting ({reason}, grace {grace:.0f} s)")
         running = [c for c in pod.containers if c.running]
