@@ -21,7 +21,12 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (camelCase, e.g. cubeShards=4); repeatable")
     p.add_argument("--out", type=Path, default=None,
-                   help="output directory (default: rendered/<stack>)")
+                   help="output directory (default: rendered/<stack>; with --diff-against, "
+                   "nothing is written unless --out is given)")
+    p.add_argument("--diff-against", type=Path, default=None, metavar="DIR",
+                   help="print what `pulumi up` would do to go from the rendering in DIR to this "
+                   "one, as `pulumi preview --diff` words it (create/update/replace/delete with "
+                   "the changed paths; infra/preview.py)")
     p.set_defaults(handler=_render)
 
 
@@ -34,6 +39,19 @@ def _render(args: argparse.Namespace) -> int:
     except (ConfigError, RenderError) as exc:
         print(f"elastic-ctr render: {exc}", file=sys.stderr)
         return 2
+    if args.diff_against is not None:
+        from infra import preview
+        from infra.config import REPO_ROOT
+
+        try:
+            before = preview.load_dir(args.diff_against)
+        except (OSError, ValueError) as exc:
+            print(f"elastic-ctr render: --diff-against: {exc}", file=sys.stderr)
+            return 2
+        mutable = preview.configmap_mutable(REPO_ROOT / f"Pulumi.{args.stack}.yaml")
+        print(preview.report(before, rendering, configmap_mutable=mutable))
+        if args.out is None:
+            return 0
     out = args.out or Path("rendered") / args.stack
     write(rendering, out)
     kinds: dict[str, int] = {}

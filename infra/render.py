@@ -51,6 +51,9 @@ class Manifest:
     #: file names of the manifests this one depends on (``pulumi up`` creates/updates and
     #: awaits them first; deletes run in the reverse order)
     depends_on: tuple[str, ...] = ()
+    #: resource options a preview needs: ``replaceOnChanges``, ``ignoreChanges`` (property
+    #: paths), ``deleteBeforeReplace``
+    options: dict = field(default_factory=dict)
 
     @property
     def filename(self) -> str:
@@ -183,10 +186,15 @@ def run_program(config: Mapping[str, str], secret_keys: set[str], stack: str,
         def __init__(self, mocks):
             super().__init__(mocks)
             self.dependencies: dict[str, list[str]] = {}
+            self.options: dict[str, dict] = {}
 
         def RegisterResource(self, request):
             response = super().RegisterResource(request)
             self.dependencies[response.urn] = sorted(set(request.dependencies))
+            self.options[response.urn] = {
+                "replaceOnChanges": list(request.replaceOnChanges),
+                "ignoreChanges": list(request.ignoreChanges),
+                "deleteBeforeReplace": bool(request.deleteBeforeReplace)}
             return response
 
     mocks = Mocks()
@@ -204,13 +212,15 @@ def run_program(config: Mapping[str, str], secret_keys: set[str], stack: str,
         run()
     finally:
         pulumi.runtime.set_all_config({}, [])
-    return ([_registration(r, monitor.dependencies.get(r.urn, [])) for r in monitor.get_registered_resources().values()],
-            _plain(outputs))
+    return ([_registration(r, monitor.dependencies.get(r.urn, []), monitor.options.get(r.urn, {}))
+             for r in monitor.get_registered_resources().values()], _plain(outputs))
 
 
-def _registration(reg, dependencies: Sequence[str] = ()) -> dict:
+def _registration(reg, dependencies: Sequence[str] = (), options: Optional[dict] = None) -> dict:
     """A MockMonitor registration as a dict: urn, type, name, parent_type, inputs,
-    dependencies (URNs of the resources it waits for under ``pulumi up``).
+    dependencies (URNs of the resources it waits for under ``pulumi up``), options (its
+    ``replaceOnChanges``, ``ignoreChanges``, ``deleteBeforeReplace``: what a preview
+    needs besides the inputs).
 
     The URN encodes the parent chain, e.g.
     ``urn:pulumi:dev::elastic-ctr::elastic-ctr:index:CubeCluster$kubernetes:apps/v1:StatefulSet::cube-2s-shard-0``.
@@ -219,7 +229,8 @@ def _registration(reg, dependencies: Sequence[str] = ()) -> dict:
     chain = head.split("::", 2)[2].split("$")
     return {"urn": reg.urn, "type": chain[-1], "name": name,
             "parent_type": chain[-2] if len(chain) > 1 else None,
-            "inputs": copy.deepcopy(dict(reg.state or {})), "dependencies": list(dependencies)}
+            "inputs": copy.deepcopy(dict(reg.state or {})), "dependencies": list(dependencies),
+            "options": dict(options or {})}
 
 
 def _plain(value: Any) -> Any:
@@ -238,7 +249,8 @@ def to_manifest(resource: dict) -> Optional[Manifest]:
     body = _redact(body)
     ordered = {k: body[k] for k in ("apiVersion", "kind", "metadata") if k in body}
     ordered.update({k: v for k, v in body.items() if k not in ordered})
-    return Manifest(kind=body["kind"], name=body["metadata"]["name"], body=ordered, urn=resource.get("urn", ""))
+    return Manifest(kind=body["kind"], name=body["metadata"]["name"], body=ordered, urn=resource.get("urn", ""),
+                    options=dict(resource.get("options") or {}))
 
 
 _SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"  # pulumi's marker of a secret value
