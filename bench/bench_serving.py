@@ -11,9 +11,16 @@ back to back (closed loop), so client CPU stays small next to the server's.
 
 Three transports in one run: JSON over HTTP, HTTP with binary tensors (Triton's binary
 tensor data extension) and gRPC (``ModelInfer`` with raw contents); serving CPU per request
-beside each row. Prints one table and a final line ``serving batch1_p50_ms=<x>
-batch1_qps_at_4=<y> batch256_qps_at_4=<z> grpc_batch1_qps_at_4=<g> binary_batch256_qps_at_4=<b>``
-(the first three: JSON).
+beside each row, next to its floor: before the load, a process of its own (no server)
+measures for the same batches the model run alone and the cube lookups alone (the
+client's CPU, serving's share of a lookup); their sum is the CPU a request cannot go
+below. The same process also runs whole requests in process (codec, data plane, model and
+cube, without the HTTP or gRPC server), which separates the codec's cost from the
+server's. Prints one table and a final line ``serving batch1_p50_ms=<x> batch1_qps_at_4=<y>
+batch256_qps_at_4=<z> grpc_batch1_qps_at_4=<g> binary_batch256_qps_at_4=<b>
+batch256_cpu_ms=<c> batch256_floor_ms=<f>`` (JSON but for the named ones; ``c``: serving
+CPU per JSON request at batch 256 with 4 clients, ``f``: its floor). ``--floor-only``
+measures the floor and the in-process requests alone.
 Targets (2 cores): batch-1 p50 <= 3 ms; >= 600 requests/s at batch 1 with 4 clients.
 """
 from __future__ import annotations
@@ -134,6 +141,109 @@ def encode_grpc(rows, batch: int) -> list[bytes]:
     return out
 
 
+class _Ctx:
+    """The ``grpc.ServicerContext`` of an in-process call (only ``abort`` is used)."""
+
+    def abort(self, code, message):
+        raise RuntimeError(f"{code}: {message}")
+
+
+def _cpu_ms_per_call(fn, items: list, min_s: float) -> float:
+    """CPU ms (this process, every thread: ``time.process_time``) per ``fn(item)``, cycling
+    over ``items`` for at least ``min_s`` s of CPU time and a whole number of passes."""
+    for it in items[:3]:
+        fn(it)  # warm-up
+    calls, t0 = 0, time.process_time()
+    while True:
+        for it in items:
+            fn(it)
+        calls += len(items)
+        used = time.process_time() - t0
+        if used >= min_s:
+            return used * 1e3 / calls
+
+
+def measure_floor(topology: str, root: str, vid: int, data: str, batches: list[int], transports: list[str],
+                  min_s: float, q) -> None:
+    """Runs in its own (spawned) process, no server: for each batch size, the CPU per
+    request of (a) the model run alone (``DenseModel.predict`` on normalized dense features
+    and the batch's embeddings), (b) the cube lookups alone (``CubeClient.seek`` of the
+    batch's keys, pinned to ``vid``; the client's CPU, which is serving's share of a lookup)
+    and (c) the whole request in process per transport (codec + data plane + model + cube,
+    no HTTP or gRPC server: the REST app called as WSGI, the gRPC servicer called with the
+    parsed message). Puts ``{batch: {"model": ms, "cube": ms, "floor": ms, <transport>: ms}}``
+    on ``q``."""
+    import io
+
+    from werkzeug.test import EnvironBuilder
+
+    from runtime.cube.client import CubeClient
+    from runtime.formats import features
+    from runtime.serving.grpc_server import InferenceServicer
+    from runtime.serving.launcher import build_dataplane
+    from runtime.serving.model import DenseModel
+    from runtime.serving.proto import open_inference_pb2 as pb
+    from runtime.serving.rest import create_app
+
+    rows = load_rows([data], "criteo")
+    dense_model = DenseModel(vid, Path(root) / "versions" / str(vid) / "dense", pool_size=1)
+    cube = CubeClient.from_topology(topology, timeout_ms=2000, retries=2)
+    with tempfile.TemporaryDirectory(prefix="bench-floor-") as work:
+        plane = build_dataplane(topology, root, None, work, threads=1, wait_s=60)
+        app, servicer = create_app(plane), InferenceServicer(plane)
+        n, out = len(rows.labels), {}
+        for b in batches:
+            starts = list(range(0, n - b + 1, b))[:64]
+            keys = [np.ascontiguousarray(rows.feasigns[s:s + b].T).ravel() for s in starts]
+            runs = []
+            for s, k in zip(starts, keys):
+                res = cube.seek(k, version=vid)
+                vals = np.ascontiguousarray(res.values, dtype=np.float32)
+                vals[~res.found] = 0.0
+                dn = features.normalize_dense(rows.dense[s:s + b], dense_model.meta.normalization.clip_max)
+                runs.append((dn, vals))
+            r = {"model": _cpu_ms_per_call(lambda x: dense_model.predict(*x), runs, min_s),
+                 "cube": _cpu_ms_per_call(lambda k: cube.seek(k, version=vid), keys, min_s)}
+            r["floor"] = r["model"] + r["cube"]
+            for t in transports:
+                if t == "grpc":
+                    msgs = encode_grpc(rows, b)[:len(starts)]
+                    r[t] = _cpu_ms_per_call(lambda m: servicer.ModelInfer(pb.ModelInferRequest.FromString(m),
+                                                                          _Ctx()).SerializeToString(), msgs, min_s)
+                    continue
+                bodies = ([(body, {"Content-Type": "application/json"}) for body, _, _ in encode_batches(rows, b)]
+                          if t == "json" else encode_binary(rows, b))[:len(starts)]
+                envs = [(EnvironBuilder(path="/v2/models/ctr/infer", method="POST", headers=h,
+                                        content_length=len(body)).get_environ(), body) for body, h in bodies]
+
+                def call(item):
+                    env, body = item
+                    env = dict(env, **{"wsgi.input": io.BytesIO(body)})
+                    status = []
+                    data = app(env, lambda st, hs: status.append(st))
+                    if not status[0].startswith("200"):
+                        raise RuntimeError(f"in-process {t} request: {status[0]} {b''.join(data)[:300]!r}")
+
+                r[t] = _cpu_ms_per_call(call, envs, min_s)
+            out[b] = r
+    cube.close()
+    q.put(out)
+
+
+def floor_figures(topology: str, root: str, vid: int, data: str, batches: list[int], transports: list[str],
+                  min_s: float) -> dict:
+    """``measure_floor`` in a fresh (spawned) process: Paddle and gRPC never enter the
+    benchmark's own process, which forks the clients."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=measure_floor, args=(topology, root, vid, data, batches, transports, min_s, q))
+    p.start()
+    try:
+        return q.get(timeout=600)
+    finally:
+        p.join(30)
+
+
 def _proc_cpu_s(pid: int) -> float:
     """user+system CPU seconds of one process (``/proc/<pid>/stat``)."""
     try:
@@ -192,7 +302,13 @@ def main() -> int:
     ap.add_argument("--batches", default="1,256", help="batch sizes to try (default 1,256)")
     ap.add_argument("--transports", default="json,binary,grpc",
                     help="transports to measure: json, binary (HTTP binary tensors), grpc (default: all three)")
+    ap.add_argument("--floor-s", type=float, default=1.0,
+                    help="CPU seconds per floor / in-process measurement (default 1)")
+    ap.add_argument("--floor-only", action="store_true",
+                    help="measure the floor and the in-process requests only (no server, no load)")
     args = ap.parse_args()
+    batches = [int(x) for x in args.batches.split(",")]
+    transports = args.transports.split(",")
 
     from runtime.cube.cluster import LocalCubeCluster
     from runtime.trainer import generator
@@ -208,6 +324,16 @@ def main() -> int:
             t_roll = time.monotonic()
             cube.wait_version(vid, timeout_s=120)
             print(f"cube: 2 shards, version {vid} rolled out in {time.monotonic() - t_roll:.1f} s", flush=True)
+            floor = floor_figures(str(cube.topology_path), str(root), vid, str(tmp / "data" / "test.txt"),
+                                  batches, transports, args.floor_s)
+            print("floor (no server; CPU ms per request): model run alone + cube lookups alone (the client's "
+                  "share) = floor; in process = the whole request without the HTTP/gRPC server", flush=True)
+            for b, f in floor.items():
+                print(f"  batch {b:>4}: model {f['model']:.3f} + cube {f['cube']:.3f} = floor {f['floor']:.3f} ms; "
+                      "in process: " + ", ".join(f"{t} {f[t]:.3f} ms ({f[t] / f['floor']:.2f}x floor)"
+                                                 for t in transports), flush=True)
+            if args.floor_only:
+                return 0
             port, grpc_port = proc.free_ports(2)
             url = f"http://127.0.0.1:{port}"
             sv = cube.group.start("serving", proc.self_command() + [
@@ -232,8 +358,8 @@ def main() -> int:
                   flush=True)
             results = []
             targets = {"json": url, "binary": url, "grpc": f"127.0.0.1:{grpc_port}"}
-            for transport in args.transports.split(","):
-                for b in [int(x) for x in args.batches.split(",")]:
+            for transport in transports:
+                for b in batches:
                     if transport == "json":
                         payloads = [(body, {"Content-Type": "application/json"}) for body, _, _ in encode_batches(rows, b)]
                     elif transport == "binary":
@@ -250,10 +376,12 @@ def main() -> int:
                         r["serving_cpu_ms"] = (tree_cpu_s(sv.proc.pid) - cpu0) * 1e3 / max(1, r["requests"])
                         r["cube_cpu_ms"] = (sum(_proc_cpu_s(x.proc.pid) for x in cube.servers.values()) - cube0
                                             ) * 1e3 / max(1, r["requests"])
+                        r["floor_ms"] = floor[b]["floor"]
                         results.append(r)
                         print(f"  {transport:<6} batch {b:>4} clients {c}: {r['rps']:8.1f} requests/s "
                               f"({r['rps'] * b:9.0f} rows/s)  p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms  "
-                              f"failed {r['failed']}  CPU/request: serving {r['serving_cpu_ms']:.2f} ms, "
+                              f"failed {r['failed']}  CPU/request: serving {r['serving_cpu_ms']:.2f} ms "
+                              f"(floor {r['floor_ms']:.2f} ms, {r['serving_cpu_ms'] / r['floor_ms']:.1f}x), "
                               f"cube {r['cube_cpu_ms']:.2f} ms", flush=True)
             text = storage.session().get(url + "/metrics", timeout=5).text
             runs = sum(float(ln.split()[-1]) for ln in text.splitlines()
@@ -262,11 +390,15 @@ def main() -> int:
                        if ln.startswith("elastic_ctr_serving_requests_total") and 'code="200"' in ln)
             print(f"serving: {reqs:.0f} requests answered with {runs:.0f} predictor runs "
                   f"(concurrent requests combined: {reqs / max(runs, 1):.2f} requests per run)")
-    print("\n| transport | batch | clients | requests/s | rows/s | p50 ms | p99 ms | failed | serving CPU ms/request |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| transport | batch | clients | requests/s | rows/s | p50 ms | p99 ms | failed | serving CPU ms/request "
+          "| in process ms | floor ms (model + cube) | serving / floor |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
+        f = floor[r["batch"]]
         print(f"| {r['transport']} | {r['batch']} | {r['clients']} | {r['rps']:.0f} | {r['rps'] * r['batch']:.0f} | "
-              f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['failed']} | {r['serving_cpu_ms']:.2f} |")
+              f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['failed']} | {r['serving_cpu_ms']:.2f} | "
+              f"{f[r['transport']]:.2f} | {f['floor']:.2f} ({f['model']:.2f} + {f['cube']:.2f}) | "
+              f"{r['serving_cpu_ms'] / f['floor']:.2f}x |")
     la = os.getloadavg()
     print(f"load average during the run: {la[0]:.1f} {la[1]:.1f} {la[2]:.1f} on {os.cpu_count()} CPUs "
           "(other work on the machine lowers these figures)")
@@ -277,7 +409,8 @@ def main() -> int:
 
     print(f"serving batch1_p50_ms={pick(1, 1, 'p50_ms'):.2f} batch1_qps_at_4={pick(1, 4, 'rps'):.0f} "
           f"batch256_qps_at_4={pick(256, 4, 'rps'):.0f} grpc_batch1_qps_at_4={pick(1, 4, 'rps', 'grpc'):.0f} "
-          f"binary_batch256_qps_at_4={pick(256, 4, 'rps', 'binary'):.0f}")
+          f"binary_batch256_qps_at_4={pick(256, 4, 'rps', 'binary'):.0f} "
+          f"batch256_cpu_ms={pick(256, 4, 'serving_cpu_ms'):.2f} batch256_floor_ms={pick(256, 4, 'floor_ms'):.2f}")
     return 0
 
 
