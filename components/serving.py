@@ -29,6 +29,12 @@ GRPC_PORT = 8001
 #: without it, connections opened in that window are refused (measured by the container
 #: test: 8 refused connections in the first second after a deletion)
 PRE_STOP_S = 5
+#: how long ``pulumi up`` awaits the serving rollout (pulumi-kubernetes's default is 10
+#: minutes): after a new ``cubeShards`` a new pod is ready only once the transfer has laid
+#: the served chain out on the new generation, which grows with the dict (README "Resize");
+#: a rollout still running at the timeout fails the update before the old generation is
+#: deleted, so it keeps serving and a second ``pulumi up`` goes on
+ROLLOUT_TIMEOUT = "30m"
 
 
 @dataclass(frozen=True)
@@ -130,7 +136,8 @@ class Serving(pulumi.ComponentResource):
             ),
             # with an HPA, later `pulumi up`s must not reset the autoscaler's count
             opts=common.child(self, ignore_changes=["spec.replicas"] if autoscaled else None,
-                              depends_on=list(args.wait_for) or None),
+                              depends_on=list(args.wait_for) or None,
+                              custom_timeouts=pulumi.CustomTimeouts(create=ROLLOUT_TIMEOUT, update=ROLLOUT_TIMEOUT)),
         )
         service = k8s.core.v1.Service(
             name,

@@ -52,7 +52,7 @@ class Manifest:
     #: awaits them first; deletes run in the reverse order)
     depends_on: tuple[str, ...] = ()
     #: resource options a preview needs: ``replaceOnChanges``, ``ignoreChanges`` (property
-    #: paths), ``deleteBeforeReplace``
+    #: paths), ``deleteBeforeReplace``, ``customTimeouts`` (``{"update": "30m"}``)
     options: dict = field(default_factory=dict)
 
     @property
@@ -194,7 +194,9 @@ def run_program(config: Mapping[str, str], secret_keys: set[str], stack: str,
             self.options[response.urn] = {
                 "replaceOnChanges": list(request.replaceOnChanges),
                 "ignoreChanges": list(request.ignoreChanges),
-                "deleteBeforeReplace": bool(request.deleteBeforeReplace)}
+                "deleteBeforeReplace": bool(request.deleteBeforeReplace),
+                "customTimeouts": {k: getattr(request.customTimeouts, k) for k in ("create", "update", "delete")
+                                   if getattr(request.customTimeouts, k)}}
             return response
 
     mocks = Mocks()
@@ -220,7 +222,7 @@ def _registration(reg, dependencies: Sequence[str] = (), options: Optional[dict]
     """A MockMonitor registration as a dict: urn, type, name, parent_type, inputs,
     dependencies (URNs of the resources it waits for under ``pulumi up``), options (its
     ``replaceOnChanges``, ``ignoreChanges``, ``deleteBeforeReplace``: what a preview
-    needs besides the inputs).
+    needs besides the inputs; ``customTimeouts``: how long ``pulumi up`` awaits it).
 
     The URN encodes the parent chain, e.g.
     ``urn:pulumi:dev::elastic-ctr::elastic-ctr:index:CubeCluster$kubernetes:apps/v1:StatefulSet::cube-2s-shard-0``.

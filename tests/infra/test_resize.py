@@ -114,6 +114,9 @@ def test_apply_order_new_generation_then_transfer_then_serving(rendered):
     assert not any("deployment" in n for f in sts for n in deps[f])
     strategy = r.get("Deployment", "serving")["spec"]["strategy"]
     assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    # pulumi awaits the serving rollout (through a re-layout) longer than its 10-minute default
+    (serving,) = [m for m in r.manifests if m.filename == "06-deployment-serving.yaml"]
+    assert serving.options["customTimeouts"] == {"create": "30m", "update": "30m"}
 
 
 # ----------------------------------------------------------------------------- previews
