@@ -58,6 +58,11 @@ def register(sub: "argparse._SubParsersAction") -> None:
     gen.add_argument("--start", default="20261120/00", help="first hour of --hours, YYYYMMDD/HH")
     gen.add_argument("--every-s", type=float, default=0.0,
                      help="with --hours: seconds between two hours (data landing while a job runs)")
+    gen.add_argument("--shape", choices=("small", "long-tail"), default="small",
+                     help="with --hours: vocabularies of ~22k feasigns in all (small, make demo's) or the production "
+                          "shape: power-law slots, some with millions of values (long-tail; generator docstring)")
+    gen.add_argument("--table-scale", type=float, default=1.0,
+                     help="--shape long-tail: multiply the big slots' vocabularies by this (0.2: a 5x smaller table)")
     gen.add_argument("--extra-days", type=int, default=0,
                      help="also write train-day2.txt .. (ROWS rows each, same model): later days' "
                           "traffic for retraining rounds")
@@ -104,7 +109,8 @@ def _generate(args) -> int:
     if args.hours:
         _setup_logging(getattr(args, "log_level", "INFO"))
         try:
-            rec = generator.generate_hours(args.out, args.hours, args.start, args.rows, args.seed, args.every_s)
+            rec = generator.generate_hours(args.out, args.hours, args.start, args.rows, args.seed, args.every_s,
+                                           shape=args.shape, scale=args.table_scale)
         except ValueError as exc:
             print(f"elastic-ctr data generate: {exc}", file=sys.stderr)
             return 2

@@ -20,6 +20,16 @@ seed and sizes give byte-identical files):
 The AUC of the true logit on the test split (the best a model can do, up to noise) is
 printed and written to ``signal.json``.
 
+Two shapes (``shape``; ``data generate --shape``): ``small`` (the default, ``make demo``'s):
+the vocabularies above, ~22k feasigns in all, so every hour touches nearly all of them.
+``long-tail``, the production shape (Criteo's 26 slots hold ~33M distinct values): slot
+``s`` has ``LONG_TAIL_SIZES[s % 7]`` values (three slots of 4M, four of 1M, four of 50k...;
+the slots of at least 1000 values scaled by ``scale``), drawn with the power law
+``p_k ~ 1/(k+1)**LONG_TAIL_ZIPF`` (0.9: a long tail, most of an hour's distinct values
+are seen a few times), so 1M rows draw ~2.4M distinct feasigns and four such hours ~6M,
+and the hourly drift below retires 3% of each big slot's values (they go quiet) for new
+ones. Everything else (weights, dense features, interactions, drift) is the same model.
+
 Hourly partitions (``generate_hours``, ``data generate --hours H --start YYYYMMDD/HH``)
 draw hour ``t`` from the model above after ``t`` steps of drift, so that a model trained
 on fresher hours scores better on the next one:
@@ -50,6 +60,10 @@ from runtime.formats import features
 log = logging.getLogger(__name__)
 
 VOCAB_SIZES = (4, 12, 40, 150, 600, 2000, 8000)
+#: the production shape (module docstring)
+SHAPES = ("small", "long-tail")
+LONG_TAIL_SIZES = (4, 12, 40, 1_000, 50_000, 1_000_000, 4_000_000)
+LONG_TAIL_ZIPF = 0.9
 CHUNK_ROWS = 200_000
 #: hourly drift (module docstring)
 NEW_FRACTION = 0.03
@@ -60,17 +74,27 @@ DRIFT_SIGMA = 0.25
 class _Model:
     """The sampled parameters of the generative model (see module docstring)."""
 
-    def __init__(self, rng: np.random.Generator):
+    def __init__(self, rng: np.random.Generator, shape: str = "small", scale: float = 1.0):
         S = features.NUM_SLOTS
-        self.vocab = [VOCAB_SIZES[s % len(VOCAB_SIZES)] for s in range(S)]
+        if shape not in SHAPES:
+            raise ValueError(f"--shape {shape!r}: expected one of {', '.join(SHAPES)}")
+        if not scale > 0:
+            raise ValueError(f"--table-scale must be > 0 (got {scale})")
+        self.shape = shape
+        if shape == "small":
+            self.vocab = [VOCAB_SIZES[s % len(VOCAB_SIZES)] for s in range(S)]
+        else:
+            sizes = [max(1000, int(v * scale)) if v >= 1000 else v for v in LONG_TAIL_SIZES]
+            self.vocab = [sizes[s % len(sizes)] for s in range(S)]
         self.values, self.probs, self.weights = [], [], []
         self.miss = rng.uniform(0.0, 0.3, size=S)
         self.sigma = np.where(np.arange(S) % 4 == 3, 0.0, rng.uniform(0.25, 0.8, size=S))
         for s in range(S):
             v = self.vocab[s]
             vals = rng.choice(1 << 32, size=v, replace=False).astype(np.uint64)
-            p = 1.0 / np.arange(1, v + 1) ** 1.1
-            self.values.append(np.array([f"{int(x):08x}" for x in vals]))
+            a = LONG_TAIL_ZIPF if shape == "long-tail" and v >= 1000 else 1.1
+            p = 1.0 / np.arange(1, v + 1) ** a
+            self.values.append(vals)  # uint64 < 2**32, written as 8 hex digits (_hex8)
             self.probs.append(p / p.sum())
             self.weights.append(rng.normal(0.0, self.sigma[s], size=v))
         self.mu = rng.uniform(0.0, 4.0, size=features.NUM_DENSE)
@@ -78,6 +102,15 @@ class _Model:
         self.inter = rng.normal(0.0, 0.6, size=(8, 8))
         self.gamma = 1.0
         self.bias = 0.0
+        # the long-tail shape draws ranks by inverse CDF (rng.choice rebuilds it per call)
+        self.cdf = [np.cumsum(p) for p in self.probs] if shape == "long-tail" else None
+
+    def ranks(self, rng: np.random.Generator, s: int, n: int) -> np.ndarray:
+        """int64[n]: value ranks of slot ``s`` drawn with ``probs[s]``."""
+        if self.cdf is None:
+            return rng.choice(self.vocab[s], size=n, p=self.probs[s])
+        c = self.cdf[s]
+        return np.minimum(np.searchsorted(c, rng.random(n) * c[-1], side="right"), len(c) - 1)
 
     def drift(self, rng: np.random.Generator) -> None:
         """One hour of drift (module docstring), in place."""
@@ -86,7 +119,7 @@ class _Model:
             if v >= 150:
                 ranks = rng.choice(v, size=max(1, int(v * NEW_FRACTION)), replace=False)
                 fresh = rng.integers(0, 1 << 32, size=len(ranks), dtype=np.uint64)
-                self.values[s][ranks] = [f"{int(x):08x}" for x in fresh]
+                self.values[s][ranks] = fresh
                 self.weights[s][ranks] = rng.normal(0.0, self.sigma[s], size=len(ranks))
             if s in DRIFT_SLOTS:
                 self.weights[s] += rng.normal(0.0, DRIFT_SIGMA, size=v)
@@ -99,11 +132,11 @@ class _Model:
         ks = np.empty((n, S), dtype=np.int64)
         cat = np.empty((n, S), dtype="<U8")
         for s in range(S):
-            k = rng.choice(self.vocab[s], size=n, p=self.probs[s])
+            k = self.ranks(rng, s, n)
             miss = rng.random(n) < self.miss[s]
             ks[:, s] = np.where(miss, -1, k)
             logit += np.where(miss, 0.0, self.weights[s][k])
-            cat[:, s] = np.where(miss, "", self.values[s][k])
+            cat[:, s] = np.where(miss, "", _hex8(self.values[s][k]))
         dense = np.floor(np.exp(rng.normal(self.mu, 1.2, size=(n, features.NUM_DENSE))))
         dense[:, 1] -= rng.random(n) < 0.05  # Criteo's I2 can be -1
         dense[rng.random((n, features.NUM_DENSE)) < 0.1] = np.nan
@@ -114,6 +147,16 @@ class _Model:
         logit += np.where(both, self.inter[np.maximum(k3, 0) % 8, np.maximum(k4, 0) % 8], 0.0)
         logit += np.where(k5 >= 0, self.gamma * z[:, 0] * np.sign(self.weights[4][np.maximum(k5, 0)]), 0.0)
         return logit, dense, cat
+
+
+_HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
+
+
+def _hex8(v: np.ndarray) -> np.ndarray:
+    """uint64[n] values < 2**32 -> str[n] of 8 lowercase hex digits (``f"{x:08x}"``)."""
+    shifts = np.arange(28, -1, -4, dtype=np.uint64)
+    digits = _HEX[((v.astype(np.uint64)[:, None] >> shifts) & np.uint64(15)).astype(np.intp)]
+    return np.ascontiguousarray(digits).view("S8").ravel().astype("<U8")
 
 
 def _lines(labels, dense, cat) -> list[str]:
@@ -127,10 +170,10 @@ def _lines(labels, dense, cat) -> list[str]:
     return ["\t".join(r) for r in zip(*cols)] if n else []
 
 
-def _calibrated_model(seed: int) -> tuple[_Model, np.random.Generator]:
+def _calibrated_model(seed: int, shape: str = "small", scale: float = 1.0) -> tuple[_Model, np.random.Generator]:
     """The seeded model with its bias set for a ~25% click rate, and the rng to draw rows."""
     rng = np.random.default_rng(seed)
-    model = _Model(rng)
+    model = _Model(rng, shape, scale)
     pilot, _, _ = model.sample(np.random.default_rng(seed + 7919), 20_000)
     lo, hi = -10.0, 10.0
     for _ in range(50):
@@ -162,14 +205,17 @@ def _write_rows(model: _Model, rng: np.random.Generator, path: Path, n: int) -> 
 
 
 def generate_hours(root: str | os.PathLike, hours: int, start: str, rows_per_hour: int, seed: int = 1,
-                   every_s: float = 0.0) -> dict:
+                   every_s: float = 0.0, shape: str = "small", scale: float = 1.0) -> dict:
     """Writes hourly partitions ``root/YYYYMMDD/HH/`` (module docstring) for ``hours`` hours
     from ``start`` (``YYYYMMDD/HH``), ``rows_per_hour`` Criteo rows each, then
     ``_SUCCESS``; sleeps ``every_s`` seconds between hours (data that lands while a job
-    runs). Returns the signal record
-    (also ``root/signal.json``): ``hours`` [{hour, rows, ctr, true_logit_auc}].
+    runs). ``shape``: ``small`` | ``long-tail`` (module docstring), ``scale``: the
+    long-tail shape's big vocabularies x ``scale``. Returns the signal record
+    (also ``root/signal.json``): ``hours`` [{hour, rows, ctr, true_logit_auc}], ``shape``,
+    ``vocab_sizes``.
 
-    Raises ``ValueError`` for non-positive sizes, ``PartitionError`` for a bad ``start``.
+    Raises ``ValueError`` for non-positive sizes or scale, an unknown shape,
+    ``PartitionError`` for a bad ``start``.
     """
     from runtime.formats import partitions
 
@@ -178,7 +224,7 @@ def generate_hours(root: str | os.PathLike, hours: int, start: str, rows_per_hou
     h0 = partitions.Hour.parse(start, "--start")
     out = Path(root)
     out.mkdir(parents=True, exist_ok=True)
-    model, rng = _calibrated_model(seed)
+    model, rng = _calibrated_model(seed, shape, scale)
     recs = []
     for t in range(hours):
         if t:
@@ -193,7 +239,8 @@ def generate_hours(root: str | os.PathLike, hours: int, start: str, rows_per_hou
         recs.append({"hour": str(hour), "rows": rows_per_hour, "ctr": round(float(labels.mean()), 6),
                      "true_logit_auc": round(auc(labels, logits), 6)})
         log.info("partition %s: %d rows, true-logit AUC %.4f", hour, rows_per_hour, recs[-1]["true_logit_auc"])
-    rec = {"seed": seed, "start": str(h0), "hours": recs, "rows_per_hour": rows_per_hour,
+    rec = {"seed": seed, "start": str(h0), "hours": recs, "rows_per_hour": rows_per_hour, "shape": shape,
+           "vocab_sizes": model.vocab, "table_scale": scale,
            "drift": {"new_fraction": NEW_FRACTION, "drift_slots": list(DRIFT_SLOTS), "drift_sigma": DRIFT_SIGMA},
            "generator": "runtime.trainer.generator (see its docstring)"}
     (out / "signal.json").write_text(json.dumps(rec, indent=2) + "\n")
