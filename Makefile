@@ -6,16 +6,18 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Triton's clients, for the serving tests, in their own venv (they need protobuf >= 6)
 TRITON_VENV ?= .venv-tritonclient
+# KServe, the peer of make bench-serving-peers, in its own venv (it needs protobuf >= 6)
+KSERVE_VENV ?= .venv-kserve
 PYTEST_ARGS ?=
 
-.PHONY: install browser constraints demo test test-fast bench-train bench-cube bench-rollout bench-serving bench-storage bench-tracking bench render golden pulumi-yaml clean
+.PHONY: install browser constraints demo test test-fast bench-train bench-cube bench-rollout bench-serving bench-serving-peers bench-storage bench-tracking bench render golden pulumi-yaml clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
 # Re-installs only when a requirements file or pyproject.toml changed.
-$(STAMP): $(BIN)/python pyproject.toml $(wildcard requirements/*.txt) runtime/cube/kernel.c runtime/trainer/_signals.c runtime/serving/proto/open_inference.proto setup.py
+$(STAMP): $(BIN)/python pyproject.toml $(filter-out requirements/kserve.txt,$(wildcard requirements/*.txt)) runtime/cube/kernel.c runtime/trainer/_signals.c runtime/serving/proto/open_inference.proto setup.py
 	$(BIN)/pip install -q -c requirements/constraints.txt -e ".[trainer,serving,cube,infra,dev,s3,tracking-server]"
 	touch $(STAMP)
 
@@ -62,6 +64,18 @@ bench-rollout: install
 bench-serving: install
 	$(BIN)/python bench/bench_serving.py
 
+## An optional extra, not part of install or test: serve vs a KServe ModelServer over the same
+## data plane, load from wrk (Debian's package, scripts/install-wrk.sh); KServe in $(KSERVE_VENV).
+$(KSERVE_VENV)/.installed: requirements/kserve.txt
+	$(PYTHON) -m venv $(KSERVE_VENV)
+	$(KSERVE_VENV)/bin/pip install -q --upgrade pip
+	$(KSERVE_VENV)/bin/pip install -q -r requirements/kserve.txt
+	touch $@
+
+bench-serving-peers: install $(KSERVE_VENV)/.installed
+	bash scripts/install-wrk.sh
+	$(BIN)/python bench/bench_serving_peers.py --kserve-python $(KSERVE_VENV)/bin/python
+
 bench-tracking: install
 	$(BIN)/python bench/bench_tracking.py
 
@@ -81,7 +95,7 @@ pulumi-yaml: install
 	$(BIN)/python -m infra.config > Pulumi.yaml.new && mv Pulumi.yaml.new Pulumi.yaml
 
 clean:
-	rm -rf $(VENV) $(TRITON_VENV) runs rendered .pytest_cache
+	rm -rf $(VENV) $(TRITON_VENV) $(KSERVE_VENV) runs rendered .pytest_cache
 
 ## Container images elastic-ctr-{trainer,cube,serving}:$(IMAGE_TAG) from the Dockerfile's targets, with
 ## a local engine (scripts/engine.sh start: the running daemon, else a private one under .cache/;

@@ -1,0 +1,278 @@
+"""Serving against a peer (``make bench-serving-peers``): this project's ``elastic-ctr serve``
+and a KServe 0.21 ``ModelServer`` over the same data plane, cube and version, load from
+``wrk``.
+
+Setup (``bench/bench_serving.py``'s, by import): generated test rows, a synthetic version
+shaped like the trainer's export (``make_version``), a local cube of 2 shards
+(``LocalCubeCluster``: file server, transfer, cube servers and agents as processes). Then:
+
+- the floor: CPU per batch of the model run and of the cube lookups with no server
+  (``bench_serving.measure_floor``, ``make bench-serving``'s, where that file has it, else
+  ``bench/serving_floor.py`` in this process);
+- ``elastic-ctr serve`` (``--workers`` gunicorn workers, ``--threads`` each, HTTP only) and
+  ``bench/kserve_peer.py`` in its own venv (``--kserve-python``, KServe needs protobuf 6):
+  a ``ModelServer`` with as many uvicorn workers whose ``Model.predict`` calls this
+  project's data plane (``runtime.serving.launcher.build_dataplane``); both import the
+  ``runtime`` of the repository this file is in (``PYTHONPATH``), so a copy of this file in
+  another worktree measures that worktree's serving;
+- the same Open Inference Protocol v2 JSON bodies (``runtime.serving.client.encode_batches``)
+  sent to both; the answers of the first ones compared (``wrk_load.compare_answers``) and
+  the run stopped when they differ;
+- per batch size, ``--rounds`` rounds of ``--duration`` s of ``wrk`` (1 thread,
+  ``--connections`` keep-alive connections, closed loop, ``bench/wrk_post.lua``) against
+  each server in turn, the order alternating; CPU per request is the server's process tree
+  CPU time (``bench_serving.tree_cpu_s``: the master and its workers) over the round
+  divided by the requests answered, the cube servers' alike.
+
+Prints a table and, last, ``serving_peers batch1_ratio=<ours/kserve>
+batch256_ratio=<ours/kserve> batch256_rows_s=<x> batch256_cpu_ms=<y> batch256_floor_ms=<z>``:
+the ratios of requests/s answered 200, ours' rows/s and serving CPU ms per request at batch
+256, and the floor's CPU ms for a batch of 256 (model run + lookups). Requests/s on a shared
+machine move with its load: the ratios (servers measured in the same minutes) are the
+figures to compare; the load average is printed with them.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import multiprocessing as mp
+import os
+import queue
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_serving import _proc_cpu_s, make_version, tree_cpu_s  # noqa: E402
+from serving_floor import measure_floor  # noqa: E402
+from wrk_load import compare_answers, loads, run_wrk, write_bodies, wrk_path  # noqa: E402
+
+from runtime import proc  # noqa: E402
+from runtime.serving.client import encode_batches, load_rows  # noqa: E402
+
+INFER_PATH = "/v2/models/ctr/infer"
+
+
+def post(url: str, body: bytes | None, timeout_s: float = 30.0, path: str = INFER_PATH) -> tuple[int, bytes]:
+    """One ``POST`` of ``body`` (JSON; None: a ``GET``) to ``url`` + ``path`` -> ``(status,
+    body)``. Raises ``OSError`` when the server does not answer."""
+    host, port = url.split("//")[1].split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+    try:
+        if body is None:
+            c.request("GET", path)
+        else:
+            c.request("POST", path, body, {"Content-Type": "application/json"})
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+def wait_ready(group: proc.ProcessGroup, role: proc.Role, url: str, timeout_s: float = 180.0,
+               markers: tuple[Path, int] | None = None) -> None:
+    """Waits for ``url``'s ``/v2/health/ready`` to answer 200 (and, with ``markers``
+    ``(dir, count)``, for ``count`` ``ready-*`` files in ``dir``). Raises ``TimeoutError``
+    with the role's log, ``proc.RoleFailed`` when a role died."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        group.check()
+        try:
+            ok = post(url, None, 2.0, "/v2/health/ready")[0] == 200
+        except OSError:  # not listening yet
+            ok = False
+        if ok and (markers is None or len(list(markers[0].glob("ready-*"))) >= markers[1]):
+            return
+        time.sleep(0.3)
+    raise TimeoutError(f"{role.name} not ready after {timeout_s:.0f} s:\n{proc.tail(role.log_path)}")
+
+
+def start_servers(cube, tmp: Path, args) -> dict[str, tuple[proc.Role, str]]:
+    """Starts ``elastic-ctr serve`` (``ours``) and the KServe peer (``kserve``) over ``cube``;
+    returns ``{name: (role, url)}`` once both answer ready with every worker loaded."""
+    env = {"PYTHONPATH": str(REPO)}
+    port, kport = proc.free_ports(2)
+    ours = cube.group.start("serving", proc.self_command() + [
+        "serve", "--topology", str(cube.topology_path), "--model-root", cube.root_url,
+        "--transfer-url", cube.transfer_url, "--host", "127.0.0.1", "--port", str(port),
+        "--workers", str(args.workers), "--threads", str(args.threads), "--work-dir", str(tmp / "serving")],
+        env=env, cwd=REPO)
+    kdir = tmp / "kserve"
+    peer = cube.group.start("kserve", [args.kserve_python, str(REPO / "bench" / "kserve_peer.py"),
+                                       "--topology", str(cube.topology_path), "--model-root", cube.root_url,
+                                       "--transfer-url", cube.transfer_url, "--port", str(kport),
+                                       "--workers", str(args.workers), "--threads", str(args.threads),
+                                       "--work-dir", str(kdir)], env=env, cwd=REPO)
+    servers = {"ours": (ours, f"http://127.0.0.1:{port}"), "kserve": (peer, f"http://127.0.0.1:{kport}")}
+    wait_ready(cube.group, ours, servers["ours"][1])
+    wait_ready(cube.group, peer, servers["kserve"][1], markers=(kdir, args.workers))
+    return servers
+
+
+def same_answers(servers: dict, bodies: list[bytes], batch: int) -> int:
+    """POSTs each body to both servers and compares the answers. Returns how many were
+    compared; raises ``SystemExit`` naming the first difference or a non-200 answer."""
+    for k, body in enumerate(bodies):
+        docs = {}
+        for name, (_, url) in servers.items():
+            status, answer = post(url, body)
+            if status != 200:
+                raise SystemExit(f"batch {batch} body {k}: {name} answered {status}: {answer[:300]!r}")
+            docs[name] = loads(answer, name)
+        diffs = compare_answers(docs["ours"], docs["kserve"], ("ours", "kserve"))
+        if diffs:
+            raise SystemExit(f"batch {batch} body {k}: the servers' answers differ: " + "; ".join(diffs))
+    return len(bodies)
+
+
+def floor_figures(cube, root: Path, vid: int, data: str, rows, batches: list[int], tmp: Path,
+                  threads: int) -> tuple[dict, str]:
+    """The floor per batch size (``{batch: {"lookup_cpu_ms", "model_cpu_ms", "floor_cpu_ms"}}``)
+    and where it was measured: ``bench_serving.measure_floor`` (``make bench-serving``'s own,
+    in a spawned process) where that file has it, else ``serving_floor.measure_floor`` here."""
+    import bench_serving
+
+    theirs = getattr(bench_serving, "measure_floor", None)
+    if theirs is not None:
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        p = ctx.Process(target=theirs, args=(str(cube.topology_path), str(root), vid, data, batches, [], 1.0, q))
+        p.start()
+        try:
+            while True:
+                try:
+                    res = q.get(timeout=5)
+                    break
+                except queue.Empty:
+                    if not p.is_alive():
+                        raise RuntimeError(f"exited {p.exitcode} with no figures") from None
+            p.join(60)
+            return ({b: {"lookup_cpu_ms": res[b]["cube"], "model_cpu_ms": res[b]["model"],
+                         "floor_cpu_ms": res[b]["floor"]} for b in batches}, "bench_serving.measure_floor")
+        except (RuntimeError, KeyError, TypeError) as exc:
+            print(f"bench_serving.measure_floor: {exc}; measuring the floor here", flush=True)
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+    from runtime.serving.launcher import build_dataplane
+
+    plane = build_dataplane(str(cube.topology_path), cube.root_url, cube.transfer_url, str(tmp / "floor"),
+                            threads=threads, wait_s=60.0)
+    plane.default.watcher.stop()
+    return measure_floor(plane, rows.dense, rows.feasigns, batches), "serving_floor.measure_floor"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=float, default=10.0, help="seconds of wrk per round and server (default 10)")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds per batch size, order alternating (default 2)")
+    ap.add_argument("--rows", type=int, default=4096, help="distinct rows sent (default 4096)")
+    ap.add_argument("--workers", type=int, default=2, help="worker processes of each server (default 2)")
+    ap.add_argument("--threads", type=int, default=2, help="threads (and predictors) per worker (default 2)")
+    ap.add_argument("--connections", type=int, default=4, help="wrk connections (default 4)")
+    ap.add_argument("--batches", default="1,256", help="batch sizes (default 1,256)")
+    ap.add_argument("--compare", type=int, default=8, help="bodies per batch size whose answers are compared (default 8)")
+    ap.add_argument("--kserve-python", default=str(REPO / ".venv-kserve" / "bin" / "python"),
+                    help="the KServe venv's interpreter (default .venv-kserve/bin/python; make bench-serving-peers "
+                         "makes it)")
+    ap.add_argument("--wrk", default="wrk", help="the wrk executable (default: wrk on PATH)")
+    args = ap.parse_args()
+    batches = [int(x) for x in args.batches.split(",")]
+    wrk_path(args.wrk)  # fail now, not after the setup
+    if not os.access(args.kserve_python, os.X_OK):
+        raise SystemExit(f"--kserve-python: {args.kserve_python} is not an executable (make bench-serving-peers "
+                         "creates .venv-kserve)")
+
+    from runtime.cube.cluster import LocalCubeCluster
+    from runtime.trainer import generator
+
+    load_before = os.getloadavg()
+    results, floor = [], {}
+    with tempfile.TemporaryDirectory(prefix="bench-serving-peers-") as tmp:
+        tmp = Path(tmp)
+        generator.generate(tmp / "data", rows=10, test_rows=args.rows, seed=3)
+        rows = load_rows([str(tmp / "data" / "test.txt")], "criteo")
+        root = tmp / "root"
+        vid = int(time.time())
+        make_version(root, vid, rows)
+        with LocalCubeCluster(tmp / "cube", root, shards=2, replicas=1) as cube:
+            cube.wait_version(vid, timeout_s=120)
+            print(f"cube: 2 shards, version {vid}; serving code from {REPO}", flush=True)
+            floor, source = floor_figures(cube, root, vid, str(tmp / "data" / "test.txt"), rows, batches, tmp,
+                                          args.threads)
+            for b, f in floor.items():
+                print(f"floor batch {b:>4} ({source}): lookups {f['lookup_cpu_ms']:.3f} ms CPU, model run "
+                      f"{f['model_cpu_ms']:.3f} ms CPU, floor {f['floor_cpu_ms']:.3f} ms CPU", flush=True)
+            servers = start_servers(cube, tmp, args)
+            print(f"servers: ours and KServe, {args.workers} workers x {args.threads} threads each; "
+                  f"{os.cpu_count()} CPUs", flush=True)
+            for b in batches:
+                bodies = [body for body, _, _ in encode_batches(rows, b)]
+                n = same_answers(servers, bodies[:args.compare], b)
+                print(f"batch {b}: {n} answers compared, equal", flush=True)
+                bfile = write_bodies(bodies, tmp / f"bodies-{b}.txt")
+                for name, (_, url) in servers.items():  # warm-up: both workers, every code path
+                    run_wrk(url, INFER_PATH, bfile, args.connections, 2.0, wrk=args.wrk)
+                for rnd in range(args.rounds):
+                    order = ["ours", "kserve"] if rnd % 2 == 0 else ["kserve", "ours"]
+                    for name in order:
+                        role, url = servers[name]
+                        cpu0 = tree_cpu_s(role.proc.pid)
+                        cube0 = sum(_proc_cpu_s(r.proc.pid) for r in cube.servers.values())
+                        r = run_wrk(url, INFER_PATH, bfile, args.connections, args.duration, wrk=args.wrk)
+                        cpu = tree_cpu_s(role.proc.pid) - cpu0
+                        cube_cpu = sum(_proc_cpu_s(x.proc.pid) for x in cube.servers.values()) - cube0
+                        ok = max(0, r["requests"] - r["non_2xx"])
+                        r.update(server=name, batch=b, round=rnd, ok=ok, load=os.getloadavg()[0],
+                                 cpu_ms=cpu * 1e3 / max(1, r["requests"]),
+                                 cube_cpu_ms=cube_cpu * 1e3 / max(1, r["requests"]))
+                        results.append(r)
+                        print(f"  batch {b:>4} round {rnd} {name:<6}: {ok / r['duration_s']:8.1f} requests/s "
+                              f"({ok * b / r['duration_s']:9.0f} rows/s)  p50 {r['p50_ms']:7.2f} ms  "
+                              f"p99 {r['p99_ms']:7.2f} ms  non-2xx {r['non_2xx']}  socket errors "
+                              f"{r['socket_errors']}  CPU/request: server {r['cpu_ms']:.2f} ms, cube "
+                              f"{r['cube_cpu_ms']:.2f} ms  load {r['load']:.1f}", flush=True)
+
+    def agg(name: str, b: int) -> dict:
+        rs = [r for r in results if r["server"] == name and r["batch"] == b]
+        dur = sum(r["duration_s"] for r in rs)
+        req = sum(r["requests"] for r in rs)
+        return {"rps": sum(r["ok"] for r in rs) / dur, "failed": sum(r["non_2xx"] + r["socket_errors"] for r in rs),
+                "cpu_ms": sum(r["cpu_ms"] * r["requests"] for r in rs) / max(1, req),
+                "cube_cpu_ms": sum(r["cube_cpu_ms"] * r["requests"] for r in rs) / max(1, req),
+                "p50_ms": max(r["p50_ms"] for r in rs), "p99_ms": max(r["p99_ms"] for r in rs)}
+
+    print("\n| batch | server | requests/s | rows/s | p50 ms | p99 ms | failed | server CPU ms/request | "
+          "cube CPU ms/request | floor CPU ms |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    figs = {}
+    for b in batches:
+        for name in ("ours", "kserve"):
+            a = figs[name, b] = agg(name, b)
+            print(f"| {b} | {name} | {a['rps']:.0f} | {a['rps'] * b:.0f} | {a['p50_ms']:.2f} | {a['p99_ms']:.2f} | "
+                  f"{a['failed']} | {a['cpu_ms']:.2f} | {a['cube_cpu_ms']:.2f} | {floor[b]['floor_cpu_ms']:.2f} |")
+    la = os.getloadavg()
+    print(f"(p50/p99: the worst round; {args.rounds} rounds of {args.duration:g} s per server and batch, "
+          f"{args.connections} connections, wrk 1 thread)")
+    print(f"load average: {load_before[0]:.1f} before, {la[0]:.1f} {la[1]:.1f} {la[2]:.1f} after, on "
+          f"{os.cpu_count()} CPUs (other work on the machine lowers requests/s; the ratios compare servers "
+          "measured in the same minutes)")
+
+    def ratio(b: int) -> float:
+        if ("ours", b) not in figs:
+            return float("nan")
+        return figs["ours", b]["rps"] / max(figs["kserve", b]["rps"], 1e-9)
+
+    big = 256 if ("ours", 256) in figs else max(batches)
+    print(f"serving_peers batch1_ratio={ratio(1):.2f} batch256_ratio={ratio(256):.2f} "
+          f"batch256_rows_s={figs['ours', big]['rps'] * big:.0f} batch256_cpu_ms={figs['ours', big]['cpu_ms']:.2f} "
+          f"batch256_floor_ms={floor[big]['floor_cpu_ms']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""The KServe peer of ``elastic-ctr serve`` for ``make bench-serving-peers``: a KServe
+``ModelServer`` (uvicorn, ``--workers`` processes, REST only) serving the model ``ctr``,
+whose ``Model.predict`` answers with this project's own data plane
+(``runtime.serving.launcher.build_dataplane``: the same version watcher, cube client, CTR
+model, checks and Paddle predictor as serving), so the two servers differ only in what lies
+above the data plane (HTTP server, JSON codec, request and response objects).
+
+Runs in its own venv (``.venv-kserve``, requirements/kserve.txt: KServe 0.21 needs protobuf
+6, the project's venv pins < 6) with the project importable through ``PYTHONPATH`` (the
+benchmark sets it to the repository it measures).
+
+KServe's ``ModelServer`` with more than one worker starts them with multiprocessing's
+``spawn`` and pickles the registered models into them (``kserve/protocol/rest/multiprocess``):
+the model pickles without its data plane and each worker builds its own when it is
+unpickled (as each ``elastic-ctr serve`` worker does), then writes
+``<work-dir>/ready-<pid>`` so the benchmark knows every worker holds a loaded version.
+
+Per-request logs are off as in serving: uvicorn's access log at WARNING, KServe's latency
+logging off. Errors keep their status: the data plane's ``BadRequest`` is KServe's ``InvalidInput``
+(400), ``NotFound`` its ``ModelNotFound`` (404), anything else unavailable its
+``ModelNotReady`` (503). SIGTERM: KServe's own handling (the parent stops its workers).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import uuid
+from pathlib import Path
+
+from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
+from kserve.errors import InvalidInput, ModelNotFound, ModelNotReady
+
+MODEL_NAME = "ctr"
+
+
+def quiet_access_log() -> None:
+    """KServe's logging configuration with uvicorn's access log at WARNING: no line per
+    request, as ``elastic-ctr serve`` (gunicorn's ``accesslog`` None). KServe's
+    ``configure_logging(None)`` leaves a configured ``kserve`` logger as it is."""
+    import copy
+    import logging.config
+
+    from kserve.logging import KSERVE_LOG_CONFIG
+
+    cfg = copy.deepcopy(KSERVE_LOG_CONFIG)
+    cfg["loggers"]["uvicorn.access"]["level"] = "WARNING"
+    logging.config.dictConfig(cfg)
+
+
+class CtrPeer(Model):
+    """The model ``ctr`` over this project's data plane (module docstring).
+
+    Args:
+        plane_args: ``build_dataplane``'s keyword arguments (topology, model_root,
+            transfer_url, work_dir, threads, ...); ``work_dir`` gets a ``w<pid>`` directory
+            per worker.
+        ready_dir: where each worker writes ``ready-<pid>`` once its data plane has a version.
+    """
+
+    def __init__(self, plane_args: dict, ready_dir: str):
+        super().__init__(MODEL_NAME)
+        self.plane_args = dict(plane_args)
+        self.ready_dir = ready_dir
+        self.plane = None
+        self.ready = True  # the parent serves nothing: its workers load (__setstate__)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["plane"] = None  # threads, sockets and Paddle predictors stay in the process that made them
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        quiet_access_log()  # before the worker's own configure_logging, which then keeps it
+        self.load_plane()
+
+    def load_plane(self) -> None:
+        """Builds this process's data plane and waits for its first version (up to 120 s).
+        Raises ``RuntimeError`` when none is loaded by then."""
+        from runtime.serving.launcher import build_dataplane
+
+        args = dict(self.plane_args)
+        args["work_dir"] = os.path.join(args["work_dir"], f"w{os.getpid()}")
+        self.plane = build_dataplane(**args, wait_s=120.0)
+        ok, why = self.plane.ready()
+        if not ok:
+            raise RuntimeError(f"KServe peer worker {os.getpid()}: data plane not ready: {why}")
+        Path(self.ready_dir, f"ready-{os.getpid()}").write_text(self.plane.default.versions()[0])
+
+    def predict(self, payload: InferRequest, headers=None, response_headers=None) -> InferResponse:
+        """KServe's v2 request -> the project's ``InferRequest`` (inputs' data as KServe
+        decoded it) -> ``DataPlane.infer`` -> KServe's ``InferResponse``."""
+        from runtime.serving import protocol
+
+        inputs = [protocol.InferInput(i.name, i.datatype, list(i.shape), data=i.data,
+                                      parameters=dict(i.parameters or {}), where=f"inputs[{k}]")
+                  for k, i in enumerate(payload.inputs)]
+        outputs = None
+        if payload.request_outputs:
+            outputs = [protocol.RequestedOutput(o.name, dict(o.parameters or {})) for o in payload.request_outputs]
+        req = protocol.InferRequest(inputs=inputs, id=payload.id, outputs=outputs,
+                                    parameters=dict(payload.parameters or {}))
+        try:
+            resp = self.plane.infer(self.name, None, req)
+        except protocol.BadRequest as exc:
+            raise InvalidInput(str(exc)) from None
+        except protocol.NotFound as exc:
+            raise ModelNotFound(str(exc)) from None
+        except protocol.InferenceError as exc:
+            raise ModelNotReady(self.name, str(exc)) from None
+        outs = [InferOutput(o.name, list(o.shape), o.datatype, data=o.data) for o in resp.outputs]
+        return InferResponse(response_id=payload.id or str(uuid.uuid4()), model_name=self.name, infer_outputs=outs,
+                             model_version=resp.model_version)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--topology", required=True, help="the cube topology file (serve --topology)")
+    ap.add_argument("--model-root", required=True, help="the versions' root (serve --model-root)")
+    ap.add_argument("--transfer-url", default=None, help="the cube transfer's URL (serve --transfer-url)")
+    ap.add_argument("--work-dir", required=True, help="scratch directory (downloaded models, ready markers)")
+    ap.add_argument("--port", type=int, required=True, help="HTTP port")
+    ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes (default 2)")
+    ap.add_argument("--threads", type=int, default=2, help="predictors per worker (serve --threads; default 2)")
+    args = ap.parse_args()
+    Path(args.work_dir).mkdir(parents=True, exist_ok=True)
+    quiet_access_log()
+    model = CtrPeer({"topology": args.topology, "model_root": args.model_root, "transfer_url": args.transfer_url,
+                     "work_dir": args.work_dir, "threads": args.threads}, args.work_dir)
+    if args.workers <= 1:
+        model.load_plane()
+    ModelServer(http_port=args.port, workers=args.workers, enable_grpc=False,
+                enable_latency_logging=False).start([model])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
