@@ -218,6 +218,14 @@ class CubeClient:
                 found[i] = o.found
         return SeekResult(values, found, ver)
 
+    def probe(self, version: int) -> SeekResult:
+        """Asks EVERY shard for ``version`` (one key per shard: key ``i`` lives on shard
+        ``i``, ``key % shard_num``), each on a replica holding it (an empty or lagging
+        replica is skipped for another). Serving calls it before it serves a version.
+        Raises ``CubeVersionUnavailable`` (a shard has no replica holding ``version``) or
+        ``CubeUnavailable``."""
+        return self.seek(np.arange(self.shard_num, dtype=np.uint64), version=int(version))
+
     def _pick(self, shard: int, avoid: set) -> _Replica | None:
         reps = self.shards[shard]
         now = time.monotonic()

@@ -100,17 +100,26 @@ def fetch_model(model_root: str, rel: str, version: int, work_dir: str | os.Path
 class VersionWatcher:
     """Follows the version cube serves and keeps the matching ``DenseModel`` current.
 
-    Source of the target version: the transfer's ``GET /dict/info`` ``version`` (when
+    Source of the target version: the transfer's ``GET /dict/info`` (when
     ``transfer_url`` is set), else the newest id in ``ROOT/donefile/{base,patch}.txt``.
-    A new version is switched to only after its dense model is loaded (and warmed up)
-    and ``probe(version)`` (a pinned cube lookup) succeeds; until then the previous
-    model keeps answering. ``current`` is replaced by one atomic assignment, so a
-    request that read it uses one version from start to end.
+    With ``shard_num`` (the shard count of this process's cube topology) a version counts
+    only if ``/dict/info`` says it is laid out for that many shards
+    (``DictInfo.version_for``): after a resize, a pod on the new generation waits (not
+    ready) until the served chain is laid out there, and a pod left on the old one keeps
+    the version it serves until it is replaced. A new version is switched to only after
+    its dense model is loaded (and warmed up) and ``probe(version)`` succeeds (serving's
+    asks every shard for it: ``CubeClient.probe``); until then the previous model keeps
+    answering. ``current`` is replaced by one atomic assignment, so a request that read
+    it uses one version from start to end.
     """
 
     def __init__(self, model_root: str, transfer_url: str | None, work_dir: str | os.PathLike,
                  pool_size: int = 4, poll_interval_s: float = 0.5,
-                 probe: Callable[[int], None] | None = None, keep_versions: int = 3):
+                 probe: Callable[[int], None] | None = None, keep_versions: int = 3,
+                 shard_num: int | None = None):
+        if shard_num is not None and int(shard_num) < 1:
+            raise ValueError(f"shard_num must be >= 1, got {shard_num}")
+        self.shard_num = None if shard_num is None else int(shard_num)
         self.model_root = model_root
         self.transfer_url = transfer_url.rstrip("/") if transfer_url else None
         self.work_dir = Path(work_dir)
@@ -131,9 +140,17 @@ class VersionWatcher:
         return donefile.read(self.model_root, "base") + donefile.read(self.model_root, "patch")
 
     def target(self) -> int | None:
-        """The version that should be served now (None if none is known yet)."""
+        """The version that should be served now (None if none is known yet, or none is
+        laid out for ``shard_num`` shards)."""
         if self.transfer_url:
-            return fetch_dict_info(self.transfer_url, timeout_s=2, session=storage.session()).version
+            info = fetch_dict_info(self.transfer_url, timeout_s=2, session=storage.session())
+            if self.shard_num is None:
+                return info.version
+            v = info.version_for(self.shard_num)
+            if v is None and info.version is not None and self.current is None:
+                self.last_error = (f"version {info.version} is laid out for {info.served_shard_num} shards, "
+                                   f"this topology has {self.shard_num}")
+            return v
         return max((r.id for r in self._records()), default=None)
 
     def _model_rel(self, version: int) -> str:

@@ -473,13 +473,15 @@ def test_relayout_waits_for_servers_to_restart_and_retries_failures(cluster, roo
     assert all(s.enables == [10, 11] for s in cluster.servers)
 
 
-def test_relayout_superseded_by_a_newer_base_and_back_to_old_count(cluster, root, tmp_path):
+def test_a_newer_base_waits_for_the_relayout(cluster, root, tmp_path):
     work = tmp_path / "work"
     served_chain_2shards(cluster, root, work)
     cluster.resize(3)
     tr = make_transfer(cluster, root, work)
-    add_version(root, 20, 20)  # a newer base: built for 3 shards, no re-layout needed
-    e = tr.poll_once()
-    assert (e["version"], e["status"], e.get("reason"), e["shard_num"]) == (20, "finished", None, 3)
+    add_version(root, 20, 20)  # a newer base: held until the served chain is laid out for 3 shards
+    entries = drain(tr)
+    assert [(e["version"], e["status"], e.get("reason"), e["shard_num"]) for e in entries] == [
+        (10, "finished", "relayout 2->3 shards", 3), (11, "finished", "relayout 2->3 shards", 3),
+        (12, "finished", "relayout 2->3 shards", 3), (20, "finished", None, 3)]
     assert tr.poll_once() is None and tr.info().relayout is None
     assert cluster.versions() == [20] * 6

@@ -4,8 +4,11 @@
 local cube cluster, the rollout benchmark and the container tests wait on it), all of
 which call ``fetch_dict_info``. docs/contracts.md, "Transfer HTTP".
 
-``version`` is the id every shard x replica serves (None before the first rollout); it
-changes only once every instance has enabled the new version.
+``version`` is the id every shard x replica of a complete layout serves (None before the
+first rollout), ``served_shard_num`` the shard count of that layout; they change only once
+every instance has enabled the new version (during a re-layout onto a new shard count:
+once its last link is enabled on the new generation). A reader serving from a topology of
+N shards follows ``version_for(N)``.
 """
 from __future__ import annotations
 
@@ -87,6 +90,18 @@ class DictInfo(_Body):
     last_rollout: Optional[LastRollout] = None
     last_poll: Optional[float] = None
     last_error: Optional[str] = None
+
+    def version_for(self, shard_num: int) -> Optional[int]:
+        """The version a reader whose topology has ``shard_num`` shards may serve: ``version``
+        when it is laid out for that many shards (``served_shard_num``; a transfer that
+        does not say, None, is taken at its word), else None (the reader's generation is
+        not the one the version is laid out on: a new one still being laid out, or an old
+        one left behind by a resize). Raises ``ValueError`` when ``shard_num < 1``."""
+        if shard_num < 1:
+            raise ValueError(f"shard_num must be >= 1, got {shard_num}")
+        if self.version is None or self.served_shard_num not in (None, shard_num):
+            return None
+        return self.version
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object the transfer answers (every field, ``relayout.from`` by alias)."""

@@ -11,9 +11,14 @@ Donefile rules (the protocol of Paddle Serving's cube-transfer; lines:
   ``refused``). A given-up patch holds back the later patches of its base: they would be
   applied without its changes.
 - A pending re-layout (the served chain laid out for another shard count than the
-  topology's) comes after a newer base and before any patch: the served base, then each
-  of its patches up to the served version, rebuilt for the new count, same ids. A newer
-  base supersedes it.
+  topology's: a new cube generation beside the serving one) comes first: the served
+  base, then each of its patches up to the served version, rebuilt for the new count,
+  same ids. Versions published meanwhile (bases and patches) are HELD until its last link
+  is enabled, then rolled out on the new layout only: the previous generation keeps the
+  version it serves, untouched, until it is deleted. Only a given-up re-layout (its
+  chain cannot be rebuilt) lets a newer base through, which replaces the chain. Back to
+  the previous shard count before the re-layout ended: the previous layout is served
+  again as it was (``Relayout.before``), nothing is rebuilt.
 
 Every function takes the state and returns a new one (the input is never modified), with
 ``Event``s for the caller to log (once per ``key``) and count. The caller persists the
@@ -86,6 +91,12 @@ def next_rollout(state: TransferState, bases: list[DonefileRecord], patches: lis
             d.plan = cur.model_copy(deep=True)
             return d
     served = st.served
+    blocking = False
+    if served is not None:
+        blocking = _relayout_next(d, bases, patches, shard_num, now)
+        served = st.served  # a re-layout dropped on the way back restores the previous one
+        if blocking and not (st.relayout is not None and st.relayout.given_up):
+            return d  # held: nothing new goes out until the served chain is laid out anew
     given_up = set(st.given_up)
     if bases:
         newest = bases[-1]
@@ -95,10 +106,7 @@ def next_rollout(state: TransferState, bases: list[DonefileRecord], patches: lis
         if newest.id in given_up:
             d.events.append(Event(logging.ERROR, f"base {newest.id} was given up after {max_rollout_attempts} "
                                   "failed rollouts; waiting for a newer base", key=("gaveup", newest.id)))
-    if served is None:
-        return d
-    blocking = _relayout_next(d, bases, patches, shard_num, now)
-    if blocking:
+    if served is None or blocking:
         return d  # patches wait until the served chain is laid out for this topology
     base_ids = {b.id for b in bases}
     for p in patches:
@@ -184,19 +192,27 @@ def _relayout_next(d: Decision, bases: list[DonefileRecord], patches: list[Donef
     have = st.served_shard_num()
     rl = st.relayout
     if rl is not None and rl.to != n:
-        if have == n and served is not None and served.version == rl.target:
+        back = rl.before is not None and rl.before.shard_num == n and rl.before.version == rl.target
+        if back or (have == n and served is not None and served.version == rl.target):
+            if back:  # the previous generation still serves it: its record and chain again
+                st.served, st.served_chain = rl.before.model_copy(deep=True), list(rl.before_chain)
+                served, have = st.served, n
             d.events.append(Event(logging.INFO, f"Re-layout {rl.from_}->{rl.to} shards dropped: the topology is "
                                   f"back to {n} shards, on which version {rl.target} is served"))
             rl = st.relayout = None
         else:
             d.events.append(Event(logging.WARNING, f"Re-layout of version {rl.target} restarted for {n} shards "
                                   f"(it was for {rl.to})"))
-            rl.from_, rl.to, rl.next, rl.given_up, rl.error, rl.started = have, n, 0, False, None, now
+            rl.from_ = rl.before.shard_num if rl.before is not None else have
+            rl.to, rl.next, rl.given_up, rl.error, rl.started = n, 0, False, None, now
         d.changed = True
     if rl is None:
         if served is None or have is None or have == n:
             return False
-        rl = Relayout(from_=have, to=n, target=served.version, started=now)
+        rl = Relayout(from_=have, to=n, target=served.version, started=now, before=served.model_copy(deep=True),
+                      before_chain=[c.model_copy(deep=True) for c in st.served_chain])
+        if rl.before.shard_num is None:
+            rl.before.shard_num = have
         try:
             rl.links = relayout_links(st, bases, patches)
         except ValueError as exc:
@@ -209,7 +225,8 @@ def _relayout_next(d: Decision, bases: list[DonefileRecord], patches: list[Donef
         else:
             d.events.append(Event(logging.WARNING, f"Re-layout: version {served.version} is served on {have} shards, "
                                   f"the topology has {n}; rolling its chain {[c.version for c in rl.links]} out "
-                                  f"again for {n} shards (nothing serves until its base is enabled everywhere)"))
+                                  f"again for {n} shards (the {have}-shard layout keeps serving it meanwhile; versions "
+                                  "published meanwhile wait)"))
         st.relayout = rl
         d.changed = True
     if rl.given_up:

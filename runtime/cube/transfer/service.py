@@ -12,9 +12,15 @@ until every instance serves V (those already serving it are skipped). No rollout
 while a reachable server runs with another ``--shard-num`` than the topology's (its pod
 has not restarted yet after a resize; ``/dict/info`` ``waiting_for``).
 
-Reconciling: every ``reconcile_interval_s`` an instance serving something other than the
-served version (a server restarted empty) is driven alone through the links of the
-served chain it lacks, from the tars already published.
+Reconciling: at start and every ``reconcile_interval_s`` an instance serving something
+other than the served version (a server restarted empty, a replica added by a resize) is
+driven alone through the links of the served chain it lacks, from the tars already
+published; the client's version-checked failover keeps it out of traffic meanwhile.
+
+A new shard count (a new cube generation beside the serving one, ``planner``): the
+served chain is laid out again on the new topology while the previous generation keeps
+serving, untouched; versions published meanwhile are held until it ends, and
+``/dict/info`` keeps announcing the previous layout's version and shard count until then.
 """
 from __future__ import annotations
 
@@ -199,14 +205,14 @@ class Transfer:
         log.info("transfer: dict %s, %d shards x %s replicas, root %s, poll every %.1f s", self.dict_name,
                  self.shard_num, "/".join(str(len(s.replicas)) for s in self.topology.shards), self.root,
                  self.poll_interval_s)
-        next_reconcile = time.monotonic() + self.reconcile_interval_s
+        next_reconcile = time.monotonic()  # at once: a replica added by a resize starts empty
         while not self.stop.is_set():
             try:
                 while self.poll_once() is not None and not self.stop.is_set():
                     pass  # a rollout happened: look again at once (patches queued behind it)
                 if self.reconcile_interval_s > 0 and time.monotonic() >= next_reconcile:
                     self.reconcile()
-                    next_reconcile = time.monotonic() + self.reconcile_interval_s
+                    next_reconcile = time.monotonic()  # at once: a replica added by a resize starts empty
                 self.last_error = None
             except Exception as exc:  # noqa: BLE001 - the watcher must survive anything
                 self.last_error = f"{type(exc).__name__}: {exc}"
@@ -376,13 +382,19 @@ class Transfer:
 
     def info(self) -> DictInfo:
         """``GET /dict/info`` (``runtime.cube.transfer.info``): ``version`` is the id every
-        instance serves (None before the first rollout; serving follows it); ``shard_num``
-        the topology's shard count, ``served_shard_num`` the one the served version was
-        rolled out for (they differ until a re-layout is done); ``relayout``: None or its
-        progress; ``waiting_for``: instances whose server runs with another ``--shard-num``."""
+        instance of a complete layout serves (None before the first rollout; serving
+        follows it) and ``served_shard_num`` the shard count of that layout; ``shard_num``
+        the topology's. During a re-layout they stay those of the layout served before it
+        (``Relayout.before``: the previous generation, which keeps serving it) until its
+        last link is enabled on the new one: a link in between is never announced.
+        ``relayout``: None or its progress; ``waiting_for``: instances whose server runs
+        with another ``--shard-num``."""
         with self.lock:
             st = self.state
             served = st.served
+            served_shard_num = st.served_shard_num()
+            if st.relayout is not None and st.relayout.before is not None:
+                served, served_shard_num = st.relayout.before, st.relayout.before.shard_num
             cur = st.current
             last = st.history[-1] if st.history else None
             rl = st.relayout
@@ -397,7 +409,7 @@ class Transfer:
                 rollout=None if cur is None else RolloutInfo(
                     version=cur.version, mode=cur.mode, phase=cur.phase.value, attempt=cur.attempt,
                     started=cur.started, reason=cur.reason),
-                served_shard_num=st.served_shard_num(),
+                served_shard_num=served_shard_num,
                 relayout=None if rl is None else RelayoutInfo(
                     from_=rl.from_, to=rl.to, target=rl.target, done=rl.next, links=len(rl.links),
                     given_up=rl.given_up, error=rl.error),
