@@ -34,7 +34,9 @@ restores the newest checkpoint (the pending one if any) and, on trainer 0, finis
 pending export whose donefile line is missing, with the same id. So no partition is
 trained twice into the served lineage or skipped, and version ids keep increasing.
 Partitions trained after the last export point are trained again after a restart (their
-updates were never checkpointed).
+updates were never checkpointed). A checkpoint restored into another pserver (or shard)
+count, a resize, is re-seeded and verified row by row (``runtime.trainer.checkpoint``) and
+the next export is a base (``base_due`` in the state until it is published).
 
 The state file (``--state-dir/online-state.json``) is owned by ``OnlineState``.
 """
@@ -73,8 +75,10 @@ class OnlineState(BaseModel):
 
     ``next_hour``: the first partition not in the last export; ``since_base``: partitions
     trained since the last base export; ``pending``: an export whose checkpoint is written
-    but whose donefile line may be missing. A checkpoint is named after the hour that
-    follows it (``checkpoint_name``), so the one to resume from is derived, not stored."""
+    but whose donefile line may be missing; ``base_due``: the tables were restored into
+    another layout (``Worker.restore``), so the next export is a base. A checkpoint is
+    named after the hour that follows it (``checkpoint_name``), so the one to resume from
+    is derived, not stored."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -85,6 +89,7 @@ class OnlineState(BaseModel):
     base_id: Optional[int] = None
     since_base: int = 0
     pending: Optional[ExportRecord] = None
+    base_due: Optional[str] = None  # the table layout changed (e.g. "pservers 1 -> 2"): the next export is a base
     exports: list[ExportRecord] = Field(default_factory=list)
 
     @property
@@ -197,7 +202,11 @@ def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
     ckroot = os.path.join(cfg.state_dir, CHECKPOINTS)
     if ckpt is not None:
         log.info("%s: resuming from checkpoint %s (next partition %s)", worker.who, ckpt, next_hour)
-        worker.restore(os.path.join(ckroot, ckpt))
+        change = worker.restore(os.path.join(ckroot, ckpt))
+        if change is not None and worker.chief:  # a resize: recorded, so a restart before the base keeps it due
+            log.info("%s: tables re-seeded (%s): the next export is a base", worker.who, change)
+            state.base_due = change
+            state.save(cfg.state_dir)
     if worker.chief and state.pending is not None:
         _finish_pending(worker, cfg, state, ckroot)
     hour = partitions.Hour.parse(next_hour, "state next_hour")
@@ -291,7 +300,8 @@ def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: parti
     directory = os.path.join(ckroot, name)
     if worker.chief and os.path.isdir(directory):
         shutil.rmtree(directory)  # a checkpoint left by a run that died before its state
-    is_base = bool(fedrows.agree(worker, int(state.base_id is None or state.since_base >= cfg.base_every)))
+    is_base = bool(fedrows.agree(worker, int(state.base_id is None or state.since_base >= cfg.base_every
+                                                 or state.base_due is not None)))
     t0 = time.monotonic()
     if is_base:
         with publish.table_save_dir(cfg.table_dir) as save_dir:
@@ -343,7 +353,7 @@ def _commit(state: OnlineState, rec: ExportRecord, cfg: TrainConfig, ckroot: str
     state.exports.append(rec)
     state.next_hour = str(partitions.Hour.parse(rec.hour).next())
     if rec.kind == "base":
-        state.base_id, state.since_base = rec.id, 0
+        state.base_id, state.since_base, state.base_due = rec.id, 0, None
     state.pending = None
     state.save(cfg.state_dir)
     for name in os.listdir(ckroot):

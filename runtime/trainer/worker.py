@@ -260,9 +260,11 @@ class Worker:
         ``directory`` (every process of the job calls it, in the same order)."""
         raise NotImplementedError
 
-    def restore(self, directory: str) -> None:
+    def restore(self, directory: str) -> str | None:
         """Loads a ``checkpoint`` (every process of the job calls it). Raises ``RuntimeError``
-        naming the directory when it is not a complete checkpoint."""
+        naming the directory when it is not a complete checkpoint. Returns the table layout
+        change when the checkpoint was written by another one (``"pservers 1 -> 2"``: the
+        next export must then be a base), else ``None``."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -465,18 +467,23 @@ class PsWorker(Worker):
             os.makedirs(directory, exist_ok=True)
         self.barrier()
         fleet.save_persistables(self.exe, directory, self.main, mode=0)
+        if self.chief:  # the job shape it was written with (a resize restores it into another)
+            from runtime.trainer import checkpoint
 
-    def restore(self, directory: str) -> None:
-        """``fleet.load_model(directory, 0)`` (the pservers load every table), then every
-        trainer pulls the dense parameters (``sync``)."""
-        from paddle.distributed import fleet
+            checkpoint.write_info(directory, checkpoint.CheckpointInfo(
+                pservers=len(self.role.pservers), trainers=self.role.trainers,
+                sparse_shards=self.cfg.sparse_shards, embedding_dim=self.cfg.embedding_dim))
 
-        if not os.path.isdir(directory):
-            raise RuntimeError(f"checkpoint {directory}: missing (the pservers' checkpoints must be on a volume "
-                               "shared with the trainers)")
-        fleet.load_model(directory, 0)
-        self.sync()
+    def restore(self, directory: str) -> str | None:
+        """``fleet.load_model`` (the pservers load every table), then every trainer pulls
+        the dense parameters (``sync``); into another pserver or shard count, re-seeded
+        and verified row by row (``runtime.trainer.checkpoint.restore_ps``). Returns that
+        layout change (e.g. ``"pservers 1 -> 2"``) or ``None``."""
+        from runtime.trainer import checkpoint
+
+        change = checkpoint.restore_ps(self, directory)
         self._eval_exe = None
+        return change
 
     def close(self) -> None:
         from paddle.distributed import fleet
