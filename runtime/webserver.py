@@ -1,11 +1,30 @@
-"""The one way the HTTP roles serve: the file server, the cube server's control port, the
-cube agent and the cube transfer. (Serving's request path runs several processes under
-gunicorn: ``runtime.serving.launcher``.)
+"""The one HTTP server of the project: the file server, the cube server's control port,
+the cube agent and the cube transfer serve through ``WebServer`` in their process, and
+serving's gunicorn workers run it over gunicorn's listening sockets
+(``runtime.serving.worker``).
 
-cheroot, CherryPy's production WSGI server: a thread pool in this process (the roles keep
-their state in memory) and a graceful stop that lets requests in flight finish.
+waitress (the Pylons project's WSGI server): its event loop (``waitress.wasyncore``) reads
+every connection and buffers a whole request, headers and body (bodies above 512 KiB
+spooled to a temporary file), before a thread of the pool sees it, so a client that sends
+slowly holds a socket, never a thread; probes and other clients are answered meanwhile
+(gunicorn's sync and threaded workers, and cheroot, give a thread to a connection as soon
+as it is readable and read the request in it: 4 clients sending a header line per second
+took every thread). Limits on what a client may hold:
 
-Every app served here also answers, ahead of its own routes:
+- ``header_timeout_s``: a request whose headers have not all arrived this long after its
+  first byte is closed (slowloris);
+- ``idle_timeout_s``: a connection with nothing received for this long (a keep-alive
+  connection between requests, a stalled body) is closed (waitress's ``channel_timeout``);
+- ``max_body_bytes``: larger bodies answered 413 by waitress;
+- ``connection_limit`` open connections (beyond, new ones wait in the listen backlog).
+
+Two thread pools: ``threads`` for the work, ``control_threads`` for what must answer while
+the work is busy (``is_work(method, path)`` false: the probes, and 503 answers). With
+``max_queue``, a work request arriving while ``max_queue`` others already wait for a
+work thread is answered at once ``503`` with ``Retry-After`` and a JSON ``{"error"}`` by
+the control pool (``Overloaded``), never queued.
+
+Every app served with ``probes=True`` (the roles) also answers, ahead of its own routes:
 
 - ``GET /healthz``: 200 ``{"status": "ok"}`` while the process is up (liveness);
 - ``GET /readyz``: 200 ``{"ready": true}`` while serving, 503 ``{"ready": false, "reason"}``
@@ -14,21 +33,38 @@ Every app served here also answers, ahead of its own routes:
 ``json_errors(app)`` makes a Flask app answer every HTTP error (unknown path 404, wrong
 method 405, ``abort(...)``) as JSON ``{"error": "..."}``, as the roles' own errors are.
 
+Stopping (``stop``, or ``request_stop`` while ``serve`` runs the loop): readiness false,
+connections already waiting in the listen backlog accepted (at most ``ACCEPT_DRAIN_S``),
+the listening sockets closed, then every request received or partly received finishes
+and its answer is sent (up to ``shutdown_timeout_s``), idle connections are closed.
 ``serve_forever`` runs a role's server in the main thread's stead until SIGTERM or
 SIGINT: readiness turns false, ``on_stop`` runs (the role stops its own work), requests
-in flight finish (up to ``shutdown_timeout_s``), and it returns so the process exits 0.
+in flight finish, and it returns so the process exits 0.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import select
 import signal
 import threading
 import time
-from typing import Callable
+from typing import Callable, Sequence
+
+from waitress import wasyncore
+from waitress.channel import HTTPChannel
+from waitress.server import BaseWSGIServer, create_server
+from waitress.task import ThreadedTaskDispatcher
+from waitress.utilities import Error
 
 log = logging.getLogger(__name__)
+# waitress warns "Task queue depth is N" at every request queued behind busy threads: under
+# load that is every request (the queue is bounded by max_queue and visible in metrics)
+logging.getLogger("waitress.queue").setLevel(logging.ERROR)
+
+#: seconds a stopping server still accepts the connections already in its listen backlog
+ACCEPT_DRAIN_S = 2.0
 
 
 def _json(start_response, status: str, body: dict) -> list[bytes]:
@@ -61,38 +97,132 @@ def json_errors(app):
     return app
 
 
+class Overloaded(Error):
+    """waitress's error answer for a work request refused because ``max_queue`` requests
+    already wait: ``503`` with ``Retry-After: <retry_after_s>`` and the JSON body
+    ``{"error": message}`` (the connection is then closed, as for every waitress error)."""
+
+    code = 503
+    reason = "Service Unavailable"
+
+    def __init__(self, message: str, retry_after_s: int = 1):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def to_response(self, ident=None):
+        body = json.dumps({"error": self.body}).encode()
+        return (f"{self.code} {self.reason}",
+                [("Content-Type", "application/json"), ("Retry-After", str(self.retry_after_s))], body)
+
+
+def _probe_or_not_post(method: str, path: str) -> bool:
+    return path not in ("/healthz", "/readyz")
+
+
+class _Pools:
+    """waitress's task dispatcher (``add_task``, ``shutdown``) over a work pool and a
+    control pool (module docstring). ``add_task`` runs in the event loop thread."""
+
+    def __init__(self, threads: int, control_threads: int, is_work: Callable[[str, str], bool],
+                 max_queue: int | None, on_reject: Callable[[], None] | None):
+        self.work = ThreadedTaskDispatcher()
+        self.work.set_thread_count(threads)
+        self.control = None
+        if control_threads > 0:
+            self.control = ThreadedTaskDispatcher()
+            self.control.set_thread_count(control_threads)
+        self.is_work, self.max_queue, self.on_reject = is_work, max_queue, on_reject
+        self.rejected = 0  # work requests answered 503 (Overloaded)
+
+    def add_task(self, channel: HTTPChannel) -> None:
+        if self.control is None:
+            return self.work.add_task(channel)
+        req = channel.requests[0]
+        if req.error is not None or not self.is_work(req.command, req.path):
+            return self.control.add_task(channel)
+        if self.max_queue is not None and len(self.work.queue) >= self.max_queue:
+            req.error = Overloaded(f"{req.command} {req.path}: overloaded, {len(self.work.queue)} requests are "
+                                   f"already waiting (queue limit {self.max_queue}); retry later")
+            self.rejected += 1
+            if self.on_reject is not None:
+                try:
+                    self.on_reject()
+                except Exception:  # noqa: BLE001 - counting must not stop the loop
+                    log.exception("on_reject failed")
+            return self.control.add_task(channel)
+        self.work.add_task(channel)
+
+    def queued(self) -> int:
+        return len(self.work.queue) + (len(self.control.queue) if self.control else 0)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        for d in (self.work, self.control):
+            if d is not None:
+                d.shutdown(cancel_pending=True, timeout=timeout)
+
+
+def _readable(sock) -> bool:
+    """True when ``sock`` has something to read now (data, a connection, or EOF)."""
+    try:
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):
+        return False
+
+
 class WebServer:
-    """A WSGI ``app`` served by cheroot on ``host:port`` (``port=0``: any free port; the
-    bound one is ``port`` after construction).
+    """A WSGI ``app`` served by waitress (module docstring) on ``host:port`` (``port=0``:
+    any free port; the bound one is ``port`` after construction), or on already
+    listening ``sockets`` (then ``host`` and ``port`` are those of the first).
 
     Args:
         app: the WSGI application.
-        host, port: where to listen.
-        threads: worker threads (concurrent requests).
+        host, port: where to listen (ignored with ``sockets``).
+        threads: work threads (concurrent requests of the app).
         name: for log lines.
-        shutdown_timeout_s: how long ``stop`` waits for requests in flight (s).
+        shutdown_timeout_s: how long a stop waits for requests in flight (s).
+        sockets: listening ``socket.socket`` objects to serve instead of binding.
+        probes: answer ``/healthz`` and ``/readyz`` ahead of the app.
+        control_threads: threads for requests ``is_work`` says are not work (0: one pool).
+        is_work: ``(method, path) -> bool``; by default everything but the probes.
+        max_queue: work requests that may wait for a work thread (None: unbounded).
+        on_reject: called (event loop thread) for every request refused by ``max_queue``.
+        header_timeout_s, idle_timeout_s, max_body_bytes, connection_limit: limits on
+            clients (module docstring).
 
     Raises ``OSError`` when the address cannot be bound.
     """
 
+    #: seconds the event loop waits for an event before it looks at timeouts and stops
     TICK_S = 0.1
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, threads: int = 8, name: str = "",
-                 shutdown_timeout_s: float = 10.0):
-        from cheroot import wsgi
-
+                 shutdown_timeout_s: float = 10.0, *, sockets: Sequence = (), probes: bool = True,
+                 control_threads: int = 1, is_work: Callable[[str, str], bool] = _probe_or_not_post,
+                 max_queue: int | None = None, on_reject: Callable[[], None] | None = None,
+                 header_timeout_s: float = 10.0, idle_timeout_s: float = 30.0, max_body_bytes: int = 1 << 40,
+                 connection_limit: int = 1000):
         self.app = app
         self.name = name or "http"
         self.ready = False
         self.reason = "starting"
-        self._server = wsgi.Server((host, port), self._dispatch, numthreads=threads,
-                                   shutdown_timeout=shutdown_timeout_s, server_name=self.name)
-        # how often the server's selector loop wakes (s): bounds how long stop() waits for it
-        self._server.expiration_interval = self.TICK_S
-        self._server.prepare()  # binds now: errors surface here, the port is known
-        self.host = host
-        self.port = int(self._server.bind_addr[1])
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.header_timeout_s = header_timeout_s
+        self.header_timeouts = 0  # connections closed by header_timeout_s
+        self.pools = _Pools(threads, control_threads, is_work, max_queue, on_reject)
+        self._map: dict = {}
+        where = {"sockets": list(sockets)} if sockets else {"host": host, "port": port}
+        server = create_server(
+            self._dispatch if probes else app, map=self._map, _dispatcher=self.pools, **where,
+            channel_timeout=max(1, round(idle_timeout_s)), cleanup_interval=1,
+            max_request_body_size=max_body_bytes, connection_limit=connection_limit, asyncore_use_poll=True,
+            ident=self.name, clear_untrusted_proxy_headers=False, backlog=1024)
+        first = server if isinstance(server, BaseWSGIServer) else self._listeners()[0]
+        self.host = host if not sockets else first.effective_host
+        self.port = int(first.effective_port)
+        self._stop_requested = threading.Event()
+        self._done = threading.Event()
         self._thread: threading.Thread | None = None
+        self._next_check = 0.0
 
     @property
     def url(self) -> str:
@@ -111,20 +241,104 @@ class WebServer:
                 return _json(start_response, "503 Service Unavailable", {"ready": False, "reason": self.reason})
         return self.app(environ, start_response)
 
+    # -- the event loop ------------------------------------------------------------------------
+    def _listeners(self) -> list[BaseWSGIServer]:
+        return [d for d in self._map.values() if isinstance(d, BaseWSGIServer)]
+
+    def _channels(self) -> list[HTTPChannel]:
+        return [d for d in self._map.values() if isinstance(d, HTTPChannel)]
+
+    def _step(self) -> None:
+        wasyncore.loop(timeout=self.TICK_S, map=self._map, use_poll=True, count=1)
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._next_check = now + min(0.5, self.header_timeout_s / 4)
+            self._close_slow_headers(now)
+
+    def _close_slow_headers(self, now: float) -> None:
+        """Closes connections whose request headers are still incomplete
+        ``header_timeout_s`` after their first byte was seen."""
+        for ch in self._channels():
+            req = ch.request  # the request being received (None between requests)
+            if req is None or req.headers_finished:
+                continue
+            first = getattr(req, "elastic_first_seen", None)
+            if first is None:
+                req.elastic_first_seen = now
+            elif now - first > self.header_timeout_s and not ch.will_close:
+                ch.will_close = True
+                self.header_timeouts += 1
+                log.info("%s: closed a connection from %s: request headers incomplete after %.0f s",
+                         self.name, ch.addr, self.header_timeout_s)
+
+    def serve(self, on_tick: Callable[[], None] | None = None) -> None:
+        """Runs the event loop in this thread until a stop is requested, then stops
+        gracefully (module docstring) and returns. ``on_tick`` is called at least every
+        ``TICK_S`` s (e.g. a gunicorn worker's heartbeat, which may call ``request_stop``)."""
+        self.ready, self.reason = True, ""
+        try:
+            while not self._stop_requested.is_set():
+                self._step()
+                if on_tick is not None:
+                    on_tick()
+            self._drain(on_tick)
+        finally:
+            self._done.set()
+
+    def _drain(self, on_tick: Callable[[], None] | None) -> None:
+        self.ready, self.reason = False, self.reason or "stopping"
+        t0 = time.monotonic()
+        listeners = self._listeners()
+        while time.monotonic() - t0 < ACCEPT_DRAIN_S and any(_readable(s.socket) for s in listeners):
+            self._step()  # the backlog: connections made before the stop are served
+            if on_tick is not None:
+                on_tick()
+        for s in listeners:
+            wasyncore.dispatcher.close(s)  # the listening socket only (its trigger stays)
+        deadline = t0 + self.shutdown_timeout_s
+        while time.monotonic() < deadline:
+            busy = self.pools.queued() > 0
+            for ch in self._channels():
+                if ch.requests or ch.request is not None or ch.total_outbufs_len or _readable(ch.socket):
+                    busy = True  # a request being received, run or answered (or bytes not yet read)
+                elif not ch.will_close:
+                    ch.will_close = True  # idle keep-alive connection: closed by the loop
+            if not busy and not self._channels():
+                break
+            self._step()
+            if on_tick is not None:
+                on_tick()
+        else:
+            log.warning("%s: %d connection(s) still busy after %.0f s, closing them", self.name,
+                        len(self._channels()), self.shutdown_timeout_s)
+        self.pools.shutdown()
+        wasyncore.close_all(self._map)
+
+    # -- start and stop ------------------------------------------------------------------------
     def start(self) -> "WebServer":
         """Serves in a daemon thread; returns at once (the socket is already bound)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._server.serve, name=f"{self.name}-http", daemon=True)
-            self._thread.start()
             self.ready, self.reason = True, ""
+            self._thread = threading.Thread(target=self.serve, name=f"{self.name}-http", daemon=True)
+            self._thread.start()
             log.info("%s listening on http://%s:%d (pid %d)", self.name, self.host, self.port, os.getpid())
         return self
 
+    def request_stop(self, reason: str = "stopping") -> None:
+        """Readiness false; the loop (``serve``) stops gracefully at its next tick."""
+        self.ready, self.reason = False, reason
+        self._stop_requested.set()
+
     def stop(self) -> None:
         """Graceful stop: readiness false, no new connections, requests in flight finish
-        (up to ``shutdown_timeout_s``). Idempotent."""
-        self.ready, self.reason = False, "stopping"
-        self._server.stop()
+        (up to ``shutdown_timeout_s``); returns once the loop ended. Idempotent."""
+        self.request_stop(self.reason if not self.ready and self.reason else "stopping")
+        if self._thread is not None:
+            self._thread.join(self.shutdown_timeout_s + ACCEPT_DRAIN_S + 5)
+        elif not self._done.is_set():  # never served: close the sockets
+            self.pools.shutdown()
+            wasyncore.close_all(self._map)
+            self._done.set()
 
     def __enter__(self) -> "WebServer":
         return self.start()

@@ -1,0 +1,127 @@
+"""No HTTP role is wedged by slow clients (issue 21, item 5): with 64 connections open that
+send request headers one line per second, the probes and other requests of the server
+are answered within their usual latency (tests.slow_clients). The file server, the cube
+agent and the cube transfer serve their Flask apps through ``runtime.webserver.WebServer``
+(tested here with the real apps, and once as a real file-server process); the cube
+server's control port through the same class inside a real cube server. Also: a
+connection whose headers do not finish is closed after the header timeout, and requests
+beyond the work queue limit are answered 503 with Retry-After at once while probes
+answer."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import requests
+
+from runtime import proc
+from runtime.webserver import WebServer
+from tests.slow_clients import SlowClients, check_answered, latency
+
+
+def _apps(tmp_path):
+    from runtime.cube.agent import Agent, create_app as agent_app
+    from runtime.cube.transfer.app import create_app as transfer_app
+    from runtime.fileserver.app import create_app as fileserver_app
+
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "donefile").write_text("1\n")
+    return {"fileserver": (fileserver_app(tmp_path / "files"), "/donefile"),
+            "agent": (agent_app(Agent("http://127.0.0.1:9", tmp_path / "agent")), "/status"),
+            "transfer": (transfer_app(object()), "/healthz")}
+
+
+@pytest.mark.parametrize("role", ["fileserver", "agent", "transfer"])
+def test_webserver_roles_answer_with_64_slow_clients(tmp_path, role):
+    app, route = _apps(tmp_path)[role]
+    with WebServer(app, threads=4, name=role) as w:
+        u = w.url
+        out = check_answered({"healthz": lambda: latency(u + "/healthz"), "readyz": lambda: latency(u + "/readyz"),
+                              route: lambda: latency(u + route)}, u)
+    print(role, out)
+
+
+def test_cube_server_control_answers_with_64_slow_clients():
+    from tests.helpers import http, start_server
+
+    s = start_server()
+    try:
+        u = http(s)
+        out = check_answered({"healthz": lambda: latency(u + "/healthz"), "readyz": lambda: latency(u + "/readyz"),
+                              "status": lambda: latency(u + "/status")}, u)
+    finally:
+        s.stop()
+    print("cube server control", out)
+
+
+def test_fileserver_process_answers_with_64_slow_clients(tmp_path):
+    from tests.lifecycle import support
+
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "donefile").write_text("1\n")
+    port = proc.free_ports(1)[0]
+    with proc.ProcessGroup(tmp_path / "logs", grace_s=10) as group:
+        role = support.start(group, "fileserver", ["fileserver", "--root", str(root), "--host", "127.0.0.1",
+                                                   "--port", str(port)])
+        u = f"http://127.0.0.1:{port}"
+        support.wait_ready(role, u + "/readyz", timeout_s=60)
+        out = check_answered({"healthz": lambda: latency(u + "/healthz"), "readyz": lambda: latency(u + "/readyz"),
+                              "donefile": lambda: latency(u + "/donefile")}, u)
+    print("fileserver process", out)
+
+
+def test_incomplete_headers_are_closed_after_the_header_timeout():
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    with WebServer(app, threads=1, header_timeout_s=1.0) as w:
+        with SlowClients(w.url, n=4, interval_s=0.2, max_s=10) as slow:
+            deadline = time.monotonic() + 5
+            while slow.closed_by_server < 4 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert slow.closed_by_server == 4, f"{slow.closed_by_server} of 4 closed after the header timeout"
+        assert w.header_timeouts == 4
+        assert requests.get(w.url + "/x", timeout=5).text == "ok"
+
+
+def test_beyond_the_queue_limit_work_is_answered_503_at_once_and_probes_answer():
+    release = threading.Event()
+
+    def app(environ, start_response):
+        release.wait(20)  # the work is stuck until the test releases it
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    rejected = []
+    with WebServer(app, threads=1, max_queue=2, on_reject=lambda: rejected.append(1)) as w:
+        results: list = []
+
+        def call():
+            try:
+                r = requests.post(w.url + "/work", data=b"x", timeout=30)
+                results.append((r.status_code, r.headers.get("Retry-After"), r.content))
+            except requests.RequestException as exc:
+                results.append(exc)
+
+        first = [threading.Thread(target=call) for _ in range(3)]  # one running, two waiting
+        for t in first:
+            t.start()
+        deadline = time.monotonic() + 5
+        while len(w.pools.work.queue) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(w.pools.work.queue) == 2
+        t0 = time.perf_counter()
+        r = requests.post(w.url + "/work", data=b"x", timeout=5)
+        took = time.perf_counter() - t0
+        assert r.status_code == 503 and r.headers["Retry-After"] == "1", (r.status_code, r.headers)
+        assert "queue limit 2" in json.loads(r.content)["error"]
+        assert took < 1.0 and rejected == [1]
+        assert requests.get(w.url + "/healthz", timeout=2).status_code == 200  # probes: their own thread
+        release.set()
+        for t in first:
+            t.join(30)
+    assert sorted(x[0] for x in results) == [200, 200, 200], results
