@@ -19,8 +19,10 @@
   that answered from another one. While a switch propagates (some shards on the new
   version with the old one as previous, some still on the old one), that is the old
   version; once all shards switched, the new one. If no version is common (a replica
-  moved two versions ahead), it asks again from scratch, at most ``pin_rounds`` times,
-  then raises ``CubeVersionUnavailable``. With ``seek(keys, version=V)`` every shard is
+  moved two versions ahead, or one restarted or added empty is being brought through the
+  served chain), it re-asks the others naming the version most shards hold (the newest
+  of those), where a replica not holding it is skipped for another; at most
+  ``pin_rounds`` rounds, then it raises ``CubeVersionUnavailable``. With ``seek(keys, version=V)`` every shard is
   asked for V; a replica not holding V is skipped for another one.
 - Thread-safe: any number of threads may call ``seek`` on one client (each call uses its
   own connections, taken from and returned to the locked pools).
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import select
+from collections import Counter
 import socket
 import threading
 import time
@@ -195,10 +198,11 @@ class CubeClient:
             common = set.intersection(*(o.held for o in out.values()))
             if common:
                 target = max(common)
-                redo = {s: parts[s] for s, o in out.items() if not (o.ok and o.version == target)}
-                out.update(self._gather(redo, target))
-            else:
-                out = self._gather(parts, None)
+            else:  # a replica lags (being brought back) or ran ahead: the version most shards hold
+                held = Counter(v for o in out.values() for v in o.held)
+                target = max(held, key=lambda v: (held[v], v))
+            redo = {s: parts[s] for s, o in out.items() if not (o.ok and o.version == target)}
+            out.update(self._gather(redo, target))
         else:
             raise CubeVersionUnavailable(
                 f"no version common to every shard after {self.pin_rounds} rounds: "

@@ -7,12 +7,30 @@ process runs the same ``elastic-ctr`` subcommands as the pods, is supervised by
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtime import proc, storage
 from runtime.cube.transfer.info import DictInfo, DictInfoError, fetch_dict_info
 from runtime.formats import donefile
 from runtime.formats.topology import Topology
+
+
+@dataclass
+class Generation:
+    """A cube layout's processes (``LocalCubeCluster.start_generation``): ``shards`` x
+    ``replicas``, role-name ``prefix``, ``topology`` / ``topology_path``, ``servers`` /
+    ``agents`` (``(shard, replica)`` -> ``proc.Role``), ``addresses`` (``(shard, replica)``
+    -> the topology's ``(server, http, agent)``)."""
+
+    shards: int
+    replicas: int
+    prefix: str
+    topology: Topology | None = None
+    topology_path: Path | None = None
+    servers: dict[tuple[int, int], proc.Role] = field(default_factory=dict)
+    agents: dict[tuple[int, int], proc.Role] = field(default_factory=dict)
+    addresses: dict[tuple[int, int], tuple[str, str, str]] = field(default_factory=dict)
 
 
 class LocalCubeCluster:
@@ -37,10 +55,11 @@ class LocalCubeCluster:
         group: a ``proc.ProcessGroup`` to start the roles in (the caller stops it); default:
             the cluster's own, stopped on exit.
     Roles (log ``<name>.log``): ``fileserver``, ``cube-server-<s>-<r>``, ``cube-agent-<s>-<r>``,
-    ``cube-transfer``.
+    ``cube-transfer``; a generation started beside (``start_generation``, a resize's new
+    shard count) ``cube-<N>s-server-<s>-<r>``, ``cube-<N>s-agent-<s>-<r>``.
     Attributes after ``start()``: ``topology`` (``Topology``), ``topology_path``, ``root_url``,
     ``transfer_url``, ``token_file``, ``group``, ``servers``/``agents`` (``(shard, replica)``
-    -> ``proc.Role``), ``transfer``.
+    -> ``proc.Role``), ``transfer``, ``generation`` (the first ``Generation``).
     """
 
     def __init__(self, base_dir: str | Path, root: str | Path, shards: int = 2, replicas: int = 2,
@@ -60,6 +79,7 @@ class LocalCubeCluster:
         self.servers: dict[tuple[int, int], proc.Role] = {}
         self.agents: dict[tuple[int, int], proc.Role] = {}
         self.transfer: proc.Role | None = None
+        self.generation: Generation | None = None
 
     def __enter__(self) -> "LocalCubeCluster":
         try:
@@ -85,9 +105,7 @@ class LocalCubeCluster:
         self.base.mkdir(parents=True, exist_ok=True)
         if not self.store:
             self.root.mkdir(parents=True, exist_ok=True)
-        n = self.shards * self.replicas
-        ports = proc.free_ports(3 * n + 2)
-        fs_port, tr_port = ports[-2], ports[-1]
+        fs_port, tr_port = proc.free_ports(2)
         tok = self.token_file = self.base / "upload.token"
         tok.write_text(self.token)
         os.chmod(tok, 0o600)
@@ -99,30 +117,11 @@ class LocalCubeCluster:
                                                        "127.0.0.1", "--port", str(fs_port), "--upload-token-file",
                                                        str(tok)])
             self.root_url = f"http://127.0.0.1:{fs_port}"
-        addresses = []
-        k = 0
-        started = []
-        for s in range(self.shards):
-            reps = []
-            for r in range(self.replicas):
-                dport, hport, aport = ports[3 * k: 3 * k + 3]
-                k += 1
-                srv = self.group.start(f"cube-server-{s}-{r}", cli + [
-                    "cube", "server", "--shard", str(s), "--shard-num", str(self.shards), "--dict-name",
-                    self.dict_name, "--host", "127.0.0.1", "--port", str(dport), "--http-port", str(hport)])
-                ag = self.group.start(f"cube-agent-{s}-{r}", cli + [
-                    "cube", "agent", "--host", "127.0.0.1", "--port", str(aport), "--server-http",
-                    f"http://127.0.0.1:{hport}", "--work-dir", str(self.base / f"agent-{s}-{r}")])
-                self.servers[(s, r)], self.agents[(s, r)] = srv, ag
-                started += [(srv, dport), (srv, hport), (ag, aport)]
-                reps.append((f"127.0.0.1:{dport}", f"http://127.0.0.1:{hport}", f"http://127.0.0.1:{aport}"))
-            addresses.append(reps)
-        self.topology = Topology.build(self.dict_name, addresses)
-        self.topology_path = self.topology.write(self.base / "topology.json")
+        gen = self.start_generation(self.shards, self.replicas, prefix="cube", topology_name="topology.json")
         if fs is not None:
             self._wait(fs, fs_port)
-        for role, port in started:
-            self._wait(role, port)
+        self.topology, self.topology_path = gen.topology, gen.topology_path
+        self.servers, self.agents, self.generation = gen.servers, gen.agents, gen
         root_arg = self.root_url if self.root_mode == "url" or self.store else str(self.root)
         argv = cli + ["cube", "transfer", "--topology", str(self.topology_path), "--root", root_arg,
                       "--work-dir", str(self.base / "transfer"), "--host", "127.0.0.1", "--port", str(tr_port),
@@ -135,10 +134,80 @@ class LocalCubeCluster:
         self.transfer_url = f"http://127.0.0.1:{tr_port}"
         self._wait(self.transfer, tr_port)
 
-    def restart_transfer(self) -> None:
-        """Stops the transfer (SIGTERM, by PID) and starts it again with the same work dir."""
+    def start_generation(self, shards: int, replicas: int, prefix: str | None = None,
+                         topology_name: str | None = None) -> Generation:
+        """Starts a cube generation of ``shards`` x ``replicas`` (server + agent each, the
+        servers with ``--shard-num shards``, empty) beside what runs, as a new
+        ``cubeShards`` creates new StatefulSets, and writes its topology
+        (``base_dir/<topology_name>``, default ``topology-<shards>s.json``); waits until
+        every port answers. Roles ``<prefix>-server-<s>-<r>`` / ``<prefix>-agent-<s>-<r>``
+        (default prefix ``cube-<shards>s``), agent work dirs ``<prefix>-agent-<s>-<r>``.
+        The transfer is not told: ``restart_transfer(gen.topology_path)``. Raises
+        ``ValueError`` for fewer than one shard or replica, ``proc.RoleFailed``,
+        ``TimeoutError``."""
+        if shards < 1 or replicas < 1:
+            raise ValueError(f"a generation needs >= 1 shard and replica, got {shards} x {replicas}")
+        gen = Generation(shards, 0, prefix or f"cube-{shards}s")
+        self.grow_generation(gen, replicas, topology_name or f"topology-{shards}s.json")
+        return gen
+
+    def grow_generation(self, gen: Generation, replicas: int, topology_name: str | None = None) -> Path:
+        """Adds replicas to every shard of ``gen`` up to ``replicas`` (new instances
+        empty, as a StatefulSet scaled up by a new ``cubeReplicas``), writes the grown
+        topology (``base_dir/<topology_name>``, default ``topology-<shards>s-<replicas>r.json``)
+        and returns its path; waits until every new port answers. The transfer is not
+        told: ``restart_transfer(path)`` (it reconciles the new instances at start). Raises
+        ``ValueError`` when ``replicas`` is not above the current count."""
+        if replicas <= gen.replicas:
+            raise ValueError(f"grow_generation: {replicas} replicas is not more than {gen.replicas}")
+        cli = proc.self_command()
+        ports = iter(proc.free_ports(3 * gen.shards * (replicas - gen.replicas)))
+        started = []
+        agent_dir = "agent" if gen.prefix == "cube" else f"{gen.prefix}-agent"
+        for s in range(gen.shards):
+            for r in range(gen.replicas, replicas):
+                dport, hport, aport = next(ports), next(ports), next(ports)
+                srv = self.group.start(f"{gen.prefix}-server-{s}-{r}", cli + [
+                    "cube", "server", "--shard", str(s), "--shard-num", str(gen.shards), "--dict-name",
+                    self.dict_name, "--host", "127.0.0.1", "--port", str(dport), "--http-port", str(hport)])
+                ag = self.group.start(f"{gen.prefix}-agent-{s}-{r}", cli + [
+                    "cube", "agent", "--host", "127.0.0.1", "--port", str(aport), "--server-http",
+                    f"http://127.0.0.1:{hport}", "--work-dir", str(self.base / f"{agent_dir}-{s}-{r}")])
+                gen.servers[(s, r)], gen.agents[(s, r)] = srv, ag
+                gen.addresses[(s, r)] = (f"127.0.0.1:{dport}", f"http://127.0.0.1:{hport}",
+                                         f"http://127.0.0.1:{aport}")
+                started += [(srv, dport), (srv, hport), (ag, aport)]
+        gen.replicas = replicas
+        gen.topology = Topology.build(self.dict_name, [[gen.addresses[(s, r)] for r in range(replicas)]
+                                                       for s in range(gen.shards)])
+        gen.topology_path = gen.topology.write(
+            self.base / (topology_name or f"topology-{gen.shards}s-{replicas}r.json"))
+        for role, port in started:
+            self._wait(role, port)
+        return gen.topology_path
+
+    def stop_generation(self, gen: Generation) -> dict[str, int]:
+        """Stops a generation's servers and agents (SIGTERM, by PID; each lookup received
+        is answered first), as pulumi deletes the StatefulSets that left the program.
+        Returns each role's exit code by name."""
+        codes = {}
+        for role in list(gen.servers.values()) + list(gen.agents.values()):
+            self.group.stop(role)
+            codes[role.name] = role.proc.returncode
+            if role in self.group.roles:
+                self.group.roles.remove(role)
+        return codes
+
+    def restart_transfer(self, topology_path: str | Path | None = None) -> None:
+        """Stops the transfer (SIGTERM, by PID) and starts it again with the same work dir;
+        with ``topology_path``, on that topology (a resize's new generation, or more
+        replicas)."""
         self.group.stop(self.transfer)
         self.group.roles.remove(self.transfer)
+        if topology_path is not None:
+            argv = list(self._transfer_argv)
+            argv[argv.index("--topology") + 1] = str(topology_path)
+            self._transfer_argv = argv
         self.transfer = self.group.start("cube-transfer", self._transfer_argv)
         self._wait(self.transfer, self._transfer_port)
 
