@@ -14,9 +14,19 @@ values for existing keys, half new keys) as the next version's SequenceFiles and
 ``patch.txt`` line on that base, timed the same way (the cube builds a delta dict and the
 servers apply it over the base); the patched and untouched keys are checked.
 
+Then a shard-count change of the served chain (base + patch), as ``pulumi up`` with a new
+``cubeShards`` does it (issue 17): a generation of ``--relayout-shards`` shards x R
+replicas is started beside the serving one (empty), the transfer restarted on its
+topology with the same work dir; ``relayout_seconds`` is the wall time from the restart
+until ``/dict/info`` announces the served version laid out for the new shard count (the
+chain rebuilt for it and enabled on every new instance: what a new serving pod's
+readiness waits for), while the old generation keeps serving; then the old generation is
+stopped and the patched and untouched keys are checked on the new one.
+
 Prints the transfer's phase durations, the value checks of a sample of keys, and one line:
-``rollout keys=<n> shards=<S> replicas=<R> seconds=<s> patch_keys=<n> patch_seconds=<s>``
-(target on the 2-core machine: <= 15 s for the 1M keys x 10 float32 base, 2 x 2).
+``rollout keys=<n> shards=<S> replicas=<R> seconds=<s> patch_keys=<n> patch_seconds=<s>
+relayout_shards=<S'> relayout_seconds=<s>`` (target on the 2-core machine: <= 15 s for
+the 1M keys x 10 float32 base, 2 x 2).
 
 Usage: ``python bench/bench_rollout.py [--keys 1000000 --dim 10 --shards 2 --replicas 2]``
 """
@@ -42,10 +52,13 @@ from runtime.formats.seqfile import write_sequence_file  # noqa: E402
 
 def run_rollout_bench(keys: int = 1_000_000, dim: int = 10, shards: int = 2, replicas: int = 2,
                       parts: int = 4, poll_interval_s: float = 0.2, workdir: str | None = None,
-                      seed: int = 0, patch_fraction: float = 0.01) -> dict:
+                      seed: int = 0, patch_fraction: float = 0.01, relayout_shards: int | None = None) -> dict:
     """Runs the measurement; returns ``{"keys", "dim", "shards", "replicas", "seconds",
     "phases" (s per phase, from the transfer's history), "transfer_seconds", "patch_keys",
-    "patch_seconds", "patch_phases"}`` (no patch when ``patch_fraction`` is 0).
+    "patch_seconds", "patch_phases", "relayout_shards", "relayout_seconds",
+    "relayout_links" (per re-laid link: version, mode, s), "old_generation_stopped_seconds"
+    (restart -> old generation stopped)}`` (no patch when ``patch_fraction`` is 0; no
+    re-layout when ``relayout_shards`` is 0 or equals ``shards``; default ``shards + 1``).
     Raises ``AssertionError`` if the sampled values read back through CubeClient differ."""
     tmp = Path(workdir or tempfile.mkdtemp(prefix="bench_rollout_"))
     try:
@@ -98,10 +111,53 @@ def run_rollout_bench(keys: int = 1_000_000, dim: int = 10, shards: int = 2, rep
                     np.testing.assert_array_equal(res.values, v[untouched])
                 out.update(patch_keys=int(len(pk)), patch_seconds=round(t1 - t0, 3),
                            patch_phases=hist[-1].get("phases"), patch_transfer_seconds=hist[-1].get("seconds"))
+            else:
+                pk, pv, changed, pid = k[:0], v[:0], np.empty(0, np.int64), vid
+            n_new = shards + 1 if relayout_shards is None else relayout_shards
+            out.update(relayout_shards=None, relayout_seconds=None)
+            if n_new and n_new != shards:
+                out.update(relayout(c, n_new, replicas, pid, k, v, pk, pv, changed, rng))
         return out
     finally:
         if workdir is None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def relayout(c: LocalCubeCluster, n_new: int, replicas: int, served: int, k, v, pk, pv, changed, rng) -> dict:
+    """The shard-count change of the module docstring on cluster ``c`` serving version
+    ``served`` (base ``k``/``v``, patch ``pk``/``pv`` over rows ``changed`` of the base).
+    Raises ``AssertionError`` if a sampled value read back on the new generation differs."""
+    old = c.generation
+    gen = c.start_generation(n_new, replicas)
+    t0 = time.monotonic()
+    c.restart_transfer(gen.topology_path)
+    deadline = t0 + 600
+    while True:
+        c.group.check()
+        info = c.info()
+        if info.version_for(n_new) == served and info.relayout is None:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"re-layout onto {n_new} shards not done after 600 s: {info}")
+        time.sleep(0.02)
+    seconds = time.monotonic() - t0
+    hist = requests.get(f"{c.transfer_url}/dict/deploy/history", timeout=5).json()["history"]
+    links = [{"version": h["version"], "mode": h["mode"], "seconds": h.get("seconds"), "phases": h.get("phases")}
+             for h in hist if (h.get("reason") or "").startswith("relayout")]
+    codes = c.stop_generation(old)  # pulumi deletes the old generation last
+    stopped = time.monotonic() - t0
+    assert set(codes.values()) == {0}, f"old generation exit codes: {codes}"
+    with CubeClient.from_topology(gen.topology, timeout_ms=5000) as client:
+        if len(pk):
+            res = client.seek(pk)
+            assert res.version == served and res.found.all(), "patched keys missing after the re-layout"
+            np.testing.assert_array_equal(res.values, pv)
+        untouched = np.setdiff1d(rng.choice(len(k), 20_000, replace=False), changed)
+        res = client.seek(k[untouched])
+        assert res.version == served and res.found.all(), "keys missing after the re-layout"
+        np.testing.assert_array_equal(res.values, v[untouched])
+    return {"relayout_shards": n_new, "relayout_seconds": round(seconds, 3), "relayout_links": links,
+            "old_generation_stopped_seconds": round(stopped, 3)}
 
 
 def main() -> int:
@@ -113,17 +169,25 @@ def main() -> int:
     ap.add_argument("--parts", type=int, default=4, help="SequenceFile part files (default 4)")
     ap.add_argument("--poll-interval", type=float, default=0.2, help="transfer donefile poll (s)")
     ap.add_argument("--patch-fraction", type=float, default=0.01, help="keys in the patch / keys in the base")
+    ap.add_argument("--relayout-shards", type=int, default=None,
+                    help="shard count of the re-layout (default --shards + 1; 0: none)")
     args = ap.parse_args()
     r = run_rollout_bench(args.keys, args.dim, args.shards, args.replicas, args.parts, args.poll_interval,
-                          patch_fraction=args.patch_fraction)
+                          patch_fraction=args.patch_fraction, relayout_shards=args.relayout_shards)
     print("base: transfer phases (s):", json.dumps(r["phases"]), "transfer total (s):", r["transfer_seconds"])
     if r["patch_keys"]:
         print("patch: transfer phases (s):", json.dumps(r["patch_phases"]), "transfer total (s):",
               r["patch_transfer_seconds"])
         print(f"base {r['keys']} keys: {r['seconds']:.2f} s; patch {r['patch_keys']} keys: {r['patch_seconds']:.2f} s "
               f"({r['seconds'] / max(r['patch_seconds'], 1e-9):.1f}x faster)")
+    if r["relayout_seconds"] is not None:
+        print(f"re-layout {r['shards']}->{r['relayout_shards']} shards: links", json.dumps(r["relayout_links"]))
+        print(f"re-layout of the served chain onto {r['relayout_shards']} shards: {r['relayout_seconds']:.2f} s "
+              f"(new generation serving; old generation stopped at {r['old_generation_stopped_seconds']:.2f} s)")
     print(f"rollout keys={r['keys']} shards={r['shards']} replicas={r['replicas']} seconds={r['seconds']:.2f} "
-          f"patch_keys={r['patch_keys']} patch_seconds={r['patch_seconds'] if r['patch_seconds'] is not None else 'n/a'}")
+          f"patch_keys={r['patch_keys']} patch_seconds={r['patch_seconds'] if r['patch_seconds'] is not None else 'n/a'} "
+          f"relayout_shards={r['relayout_shards'] or 'n/a'} "
+          f"relayout_seconds={'n/a' if r['relayout_seconds'] is None else format(r['relayout_seconds'], '.2f')}")
     return 0
 
 
