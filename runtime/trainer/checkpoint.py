@@ -20,8 +20,9 @@ trainers, shard count and embedding dim the checkpoint was written with).
 **Does ``fleet.load_model`` load into another pserver count?** Checked against Paddle
 3.0.0's sources and measured here (1 -> 2 and 2 -> 1 pservers): yes, as long as the table
 shard count is the same. ``MemorySparseTable::Load`` lists the table's files, sorted, and
-requires exactly ``shard_num`` of them (otherwise it logs a warning and returns -1, which
-the Python API does NOT raise: the table silently stays empty); pserver ``i`` loads files
+requires exactly ``shard_num`` of them (otherwise it logs a warning and returns -1;
+``fleet.cc`` only logs "load model from path ... failed" and ``fleet.load_model`` returns
+normally: measured here, the sparse table stays empty); pserver ``i`` loads files
 ``i * ceil(shard_num / pservers) ...``, which are exactly the shards the clients route
 to it (``(key % shard_num) / ceil(shard_num / pservers)``), whichever pserver wrote them.
 ``MemoryDenseTable::Load`` reads the element range of its own slice across however many
