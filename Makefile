@@ -10,7 +10,7 @@ TRITON_VENV ?= .venv-tritonclient
 KSERVE_VENV ?= .venv-kserve
 PYTEST_ARGS ?=
 
-.PHONY: install browser constraints demo test test-fast bench-train bench-cube bench-rollout bench-serving bench-serving-peers bench-storage bench-tracking bench render golden pulumi-yaml clean
+.PHONY: install browser constraints demo test test-fast bench-train bench-cube bench-rollout bench-serving bench-serving-peers bench-storage bench-tracking bench-online bench render golden pulumi-yaml clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +78,11 @@ bench-serving-peers: install $(KSERVE_VENV)/.installed
 
 bench-tracking: install
 	$(BIN)/python bench/bench_tracking.py
+
+## The online loop at production shape (bench/bench_online.py). BENCH_ONLINE_ARGS="--table-scale 0.2": a 5x
+## smaller table; "--hours 2 --rows-per-hour 200000": a quick try; "--rollout-check": patches on a 10M-key base.
+bench-online: install
+	$(BIN)/python bench/bench_online.py $(BENCH_ONLINE_ARGS)
 
 bench-storage: install
 	$(BIN)/python bench/bench_storage.py
