@@ -133,3 +133,25 @@ def test_watcher_follows_only_a_version_laid_out_for_its_shard_count(tmp_path):
             VersionWatcher(str(tmp_path), srv.url, tmp_path / "w0", shard_num=0)
     finally:
         srv.close()
+
+
+def test_a_relayout_that_cannot_be_rebuilt_lets_a_newer_base_through(gens, root, tmp_path):
+    old, new = gens
+    work = tmp_path / "work"
+    served_chain_2shards(old, root, work)
+    # the chain's inputs are gone (retention): links without recorded inputs, no patch lines
+    st = json.loads((work / "transfer_state.json").read_text())
+    for link in st["served_chain"]:
+        link.pop("input", None)
+    (work / "transfer_state.json").write_text(json.dumps(st))
+    (root / "donefile" / "patch.txt").write_text("")
+    tr = make_transfer(new, root, work)
+    assert tr.poll_once() is None
+    info = tr.info()
+    assert info.relayout.given_up and "no input" in info.relayout.error
+    assert seen(tr) == (12, 2, 12, None)  # the old generation still serves 12; nothing on 3 shards
+    add_version(root, 20, 20)
+    e = tr.poll_once()
+    assert (e["version"], e["status"], e.get("reason"), e["shard_num"]) == (20, "finished", None, 3)
+    assert seen(tr) == (20, 3, None, 20) and tr.info().relayout is None
+    assert new.versions() == [20] * 3 and old.versions() == [12] * 4
