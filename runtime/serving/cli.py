@@ -17,6 +17,17 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
+def _non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0 (else a usage error naming the value)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative (0 or more)")
+    return value
+
+
 def register(sub: "argparse._SubParsersAction") -> None:
     """Adds ``serve`` and ``client`` to the top-level parser."""
     # -- serve --------------------------------------------------------------------------
@@ -38,17 +49,28 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--grpc-port", type=int, default=8001,
                    help="gRPC port (inference.GRPCInferenceService), served by every worker; 0 = no gRPC")
     p.add_argument("--workers", type=int, default=_env_int("SERVING_WORKERS", 2),
-                   help="gunicorn worker processes (or $SERVING_WORKERS); each loads the dense model "
+                   help="gunicorn worker processes serving HTTP with waitress (or $SERVING_WORKERS); each loads "
+                   "the dense model "
                    "and its own cube clients (Paddle holds the GIL while it runs, so processes, not threads, "
                    "use several cores)")
     p.add_argument("--threads", type=int, default=2,
-                   help="threads per worker; concurrent requests in a worker are combined "
+                   help="inference threads per worker; concurrent requests in a worker are combined "
                    "into one cube lookup and predictor run")
     p.add_argument("--max-batch", type=int, default=4096,
                    help="largest batch accepted, in samples (larger: 400 / INVALID_ARGUMENT)")
     p.add_argument("--max-body-bytes", type=int, default=64 << 20,
                    help="largest request accepted, in bytes: an HTTP body (larger: 413) or a gRPC message "
                    "(larger: RESOURCE_EXHAUSTED)")
+    p.add_argument("--max-queue", type=_non_negative_int, default=16,
+                   help="per worker: inference requests that may wait for a worker thread (REST; gRPC likewise, "
+                   "beyond --threads running); one more is answered at once 503 with Retry-After: 1 (gRPC "
+                   "RESOURCE_EXHAUSTED), so latency stays bounded under overload; health and metadata "
+                   "have their own threads and keep answering")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a client may take to send a request's headers before its connection is closed")
+    p.add_argument("--idle-timeout", type=float, default=30.0,
+                   help="seconds a connection may stay without sending anything (between requests, or "
+                   "a stalled body) before it is closed")
     p.add_argument("--graceful-timeout", type=int, default=20,
                    help="on SIGTERM, seconds the requests and gRPC calls in flight get to finish before "
                    "a worker is killed (keep it below the pod's terminationGracePeriodSeconds)")

@@ -6,6 +6,12 @@ named in ``model_version``.
 Errors are gRPC statuses with the data plane's message (``grpc_codec.status_code``);
 anything unexpected is ``INTERNAL``, logged. Every call is counted in serving's metrics
 under the endpoint ``grpc_<Method>``.
+
+Overload, as over HTTP (``runtime.serving.worker``): at most ``threads`` ``ModelInfer``
+calls run at once and ``max_queue`` more wait; one more is answered at once
+``RESOURCE_EXHAUSTED`` (counted as ``grpc_ModelInfer`` 503). The handler pool has
+``CONTROL_THREADS`` threads beyond those, so health, readiness and metadata calls, and
+the refusals, are answered while inference is busy.
 """
 from __future__ import annotations
 
@@ -23,15 +29,30 @@ from runtime.serving.proto import open_inference_pb2 as pb
 from runtime.serving.proto import open_inference_pb2_grpc as pb_grpc
 from runtime.serving.protocol import InferenceError
 
+#: handler threads beyond those of ModelInfer: health, metadata, refusals
+CONTROL_THREADS = 2
+
+
+class Overloaded(InferenceError):
+    """A call refused by the queue limit: ``RESOURCE_EXHAUSTED`` (HTTP 503)."""
+
+    status = 503
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
 log = logging.getLogger(__name__)
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """The service's methods over ``plane`` (module docstring)."""
 
-    def __init__(self, plane: DataPlane):
+    def __init__(self, plane: DataPlane, threads: int = 4, max_queue: int | None = None):
         self.plane = plane
         self.metrics = plane.metrics
+        self.max_queue = max_queue
+        self._running = threading.BoundedSemaphore(threads)  # ModelInfer calls running
+        self._lock = threading.Lock()
+        self._admitted = 0  # ModelInfer calls running or waiting for _running
+        self._limit = None if max_queue is None else threads + max_queue
 
     def _call(self, method: str, context: grpc.ServicerContext, fn: Callable):
         """The one path of every call: run, map errors to statuses, count."""
@@ -41,7 +62,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return fn()
         except InferenceError as exc:
             code = exc.status
-            context.abort(grpc_codec.status_code(exc), str(exc))
+            context.abort(getattr(exc, "grpc_code", None) or grpc_codec.status_code(exc), str(exc))
         except Exception as exc:  # the client gets a status, never a traceback
             code = 500
             log.exception("gRPC %s: unexpected error", method)
@@ -82,22 +103,43 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             resp = self.plane.infer(request.model_name, request.model_version or None, req)
             return grpc_codec.encode_response(resp, typed)
 
-        return self._call("ModelInfer", context, run)
+        with self._lock:
+            admitted = self._limit is None or self._admitted < self._limit
+            if admitted:
+                self._admitted += 1
+                waiting = 0
+            else:
+                waiting = self._admitted - (self._limit - self.max_queue)
+        if not admitted:
+            return self._call("ModelInfer", context, lambda: self._overloaded(waiting))
+        try:
+            with self._running:
+                return self._call("ModelInfer", context, run)
+        finally:
+            with self._lock:
+                self._admitted -= 1
+
+    def _overloaded(self, waiting: int):
+        raise Overloaded(f"ModelInfer: overloaded, {waiting} requests are already waiting (queue limit "
+                         f"{self.max_queue}); retry later")
 
 
 class GrpcServer:
-    """``inference.GRPCInferenceService`` on ``host:port`` over ``plane``, ``threads`` handler
-    threads; messages up to ``max_message_bytes``. ``SO_REUSEPORT`` is on, so every serving
+    """``inference.GRPCInferenceService`` on ``host:port`` over ``plane``: ``threads``
+    ``ModelInfer`` calls at once, ``max_queue`` more waiting (None: no limit; module
+    docstring); messages up to ``max_message_bytes``. ``SO_REUSEPORT`` is on, so every serving
     worker process listens on the same port (the kernel spreads connections). Raises
     ``RuntimeError`` when the port cannot be bound."""
 
     def __init__(self, plane: DataPlane, host: str = "0.0.0.0", port: int = 8001, threads: int = 4,
-                 max_message_bytes: int = 64 << 20):
+                 max_message_bytes: int = 64 << 20, max_queue: int | None = None):
+        handlers = threads + (max_queue if max_queue is not None else 2 * threads) + CONTROL_THREADS
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc"),
+            futures.ThreadPoolExecutor(max_workers=handlers, thread_name_prefix="grpc"),
             options=[("grpc.so_reuseport", 1), ("grpc.max_receive_message_length", max_message_bytes),
                      ("grpc.max_send_message_length", max_message_bytes)])
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), self.server)
+        self.servicer = InferenceServicer(plane, threads, max_queue)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, self.server)
         self.port = self.server.add_insecure_port(f"{host}:{port}")
         if self.port == 0:
             raise RuntimeError(f"gRPC: cannot listen on {host}:{port}")

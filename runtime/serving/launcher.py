@@ -1,24 +1,28 @@
 """``elastic-ctr serve``: wires a serving process (cube client, version watcher, the CTR
 model, data plane) and runs both transports: HTTP under gunicorn, gRPC in every worker.
 
-gunicorn's ``gthread`` workers: Paddle holds the GIL while a predictor runs, so several
-processes (``--workers``), not threads, use several cores; each worker loads the dense
-model and its own cube clients, and concurrent requests of one worker are combined
-(``runtime.serving.batching.Combiner``). Each worker also serves gRPC on ``--grpc-port``
-(``SO_REUSEPORT``: one port for all workers) over the same data plane: the worker's
-``Transports`` hold its data plane, REST app and gRPC server side by side, the gRPC server
-started after the worker loaded its app (gRPC must not run in a process that forks
-afterwards). Metrics are aggregated over the workers through ``PROMETHEUS_MULTIPROC_DIR``
-(a temporary directory removed at exit).
+gunicorn's master with ``--workers`` worker processes, each serving HTTP with waitress
+(``runtime.serving.worker.WaitressWorker``: whole requests buffered by an event loop before
+a thread sees them, so slow clients hold no thread; inference requests beyond
+``--max-queue`` waiting are answered 503 with ``Retry-After`` at once; probes have their
+own threads). Paddle holds the GIL while a predictor runs, so several processes, not
+threads, use several cores; each worker loads the dense model and its own cube clients,
+and concurrent requests of one worker are combined (``runtime.serving.batching.Combiner``).
+Each worker also serves gRPC on ``--grpc-port`` (``SO_REUSEPORT``: one port for all
+workers) over the same data plane, with the same queue limit (``RESOURCE_EXHAUSTED``
+beyond it): the worker's ``Transports`` hold its data plane, REST app and gRPC server
+side by side, the gRPC server started after the worker loaded its app (gRPC must not run
+in a process that forks afterwards). Metrics are aggregated over the workers through
+``PROMETHEUS_MULTIPROC_DIR`` (a temporary directory removed at exit).
 
 Stopping (SIGTERM to the master, as the kubelet sends it): the master closes its
 listening sockets and sends SIGTERM to every worker; a worker turns its readiness false
 (``/v2/health/ready`` and gRPC ``ServerReady`` answer not ready), stops gRPC from taking
-new calls, hands what already reached it to its threads and then accepts nothing new
-(``runtime.serving.worker.DrainingThreadWorker``), finishes the requests in flight (both
-transports, within ``--graceful-timeout``, 20 s by default), and exits 0; then the master
-exits 0. Two more things stood in the way and are handled here: Paddle's import replaces a
-worker's SIGTERM handler with its own, which kills the worker at once
+new calls, accepts what is already in the listen backlog and then nothing new, finishes
+the requests in flight, partly received ones included (both transports, within
+``--graceful-timeout``, 20 s by default: ``runtime.serving.worker``), and exits 0; then
+the master exits 0. Two more things stood in the way and are handled here: Paddle's
+import replaces a worker's SIGTERM handler with its own, which kills the worker at once
 (``runtime.inference.import_paddle`` keeps the process's, and ``post_worker_init``
 installs the worker's own once everything is loaded), and the master runs ``child_exit``
 inside its SIGCHLD handler, re-entered when workers exit together, so that hook imports
@@ -36,6 +40,8 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
+
+import numpy as np
 
 from runtime.formats import features
 from runtime.serving.ctr_model import CtrModel
@@ -68,11 +74,7 @@ def build_dataplane(topology: str, model_root: str, transfer_url: str | None, wo
     def cube_factory():
         return CubeClient.from_topology(topology, timeout_ms=cube_timeout_ms, retries=2)
 
-    from runtime.formats.topology import Topology
-
-    # a version counts once laid out for this topology's shard count, answering on every shard
-    watcher = VersionWatcher(model_root, transfer_url, work_dir, pool_size=threads, poll_interval_s=poll_interval_s,
-                             shard_num=Topology.load(topology).shard_num)
+    watcher = VersionWatcher(model_root, transfer_url, work_dir, pool_size=threads, poll_interval_s=poll_interval_s)
     metrics = Metrics()
     model = CtrModel(watcher, cube_factory, max_batch=max_batch, fmt=fmt, slots=slots, metrics=metrics)
     plane = DataPlane([model], metrics)
@@ -82,7 +84,7 @@ def build_dataplane(topology: str, model_root: str, transfer_url: str | None, wo
         c = getattr(probe_local, "c", None)
         if c is None:
             c = probe_local.c = cube_factory()
-        c.probe(v)
+        c.seek(np.array([features.missing_feasign(1)], dtype=np.uint64), version=v)
 
     watcher.probe = probe
     watcher.poll_once()
@@ -163,12 +165,12 @@ class ServerHooks:
 
 
 def main(args) -> int:
-    """Runs gunicorn with ``args.workers`` gthread workers until SIGTERM; returns the exit
+    """Runs gunicorn with ``args.workers`` waitress workers until SIGTERM; returns the exit
     code (0 after a graceful stop)."""
     from gunicorn.app.base import BaseApplication
 
     from runtime.serving.rest import create_app
-    from runtime.serving.worker import DrainingThreadWorker
+    from runtime.serving.worker import WaitressWorker
 
     slots = features.DEFAULT_SLOTS
     if args.slot_file:
@@ -204,15 +206,18 @@ def main(args) -> int:
             from runtime.serving.grpc_server import GrpcServer
 
             grpc_server = GrpcServer(plane, args.host, args.grpc_port, threads=args.threads,
-                                     max_message_bytes=args.max_body_bytes)
+                                     max_message_bytes=args.max_body_bytes, max_queue=args.max_queue)
         return Transports(plane, create_app(plane, args.max_body_bytes), grpc_server)
 
     hooks = ServerHooks(mp_dir, grace_s, multiprocess.mark_process_dead)
+    worker_class = type("ServingWorker", (WaitressWorker,), {"options": {
+        "max_queue": args.max_queue, "header_timeout_s": args.header_timeout, "idle_timeout_s": args.idle_timeout,
+        "max_body_bytes": args.max_body_bytes}})
 
     class ServingApplication(BaseApplication):
         def load_config(self):
             for key, value in {"bind": f"{args.host}:{args.port}", "workers": args.workers,
-                               "worker_class": DrainingThreadWorker, "threads": args.threads, "keepalive": 30,
+                               "worker_class": worker_class, "threads": args.threads,
                                "timeout": 60, "graceful_timeout": grace_s, "accesslog": None,
                                "child_exit": hooks.child_exit, "post_worker_init": hooks.post_worker_init,
                                "worker_exit": hooks.worker_exit}.items():
@@ -221,8 +226,8 @@ def main(args) -> int:
         def load(self):
             return hooks.load(make_transports)
 
-    log.info("serving on http://%s:%d (pid %d; gunicorn, %d gthread workers x %d threads)%s", args.host,
-             int(args.port), os.getpid(), args.workers, args.threads,
+    log.info("serving on http://%s:%d (pid %d; gunicorn, %d waitress workers x %d threads, queue limit %d)%s",
+             args.host, int(args.port), os.getpid(), args.workers, args.threads, args.max_queue,
              f" and gRPC {args.host}:{int(args.grpc_port)}" if args.grpc_port else "")
     ServingApplication().run()
     return 0

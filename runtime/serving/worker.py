@@ -1,69 +1,73 @@
-"""Serving's gunicorn worker: gunicorn's ``gthread`` worker with a stop that drops no
-request that reached it.
+"""Serving's gunicorn worker: waitress (``runtime.webserver.WebServer``) in each worker
+process, over the listening sockets gunicorn's master bound and shares.
 
-gunicorn's own ``gthread`` worker, on SIGTERM, leaves its loop at the next tick and closes
-its selector: a connection it had accepted but not yet handed to a thread (the request
-arrived in the last tick), and every connection still in the listening socket's backlog,
-is closed unanswered, so a client that sent its request just before the signal sees a
-connection reset. This worker instead, on SIGTERM, goes on accepting and handing requests
-to its threads until the backlog is empty and every accepted connection has been handed
-over (at most ``ACCEPT_DRAIN_S`` s, so a client that keeps connecting cannot hold it up),
-and only then leaves the loop; gunicorn then waits (``graceful_timeout``) for the requests
-in its threads, as always. Readiness is the application's: serving's answers not ready
-from the signal on (``runtime.serving.launcher``).
+Why not gunicorn's own ``gthread`` worker: it gives a connection to a thread as soon as it
+is readable and reads the request there, so 4 clients sending their headers one line per
+second held every thread and serving answered nothing, probes included (gunicorn's
+documentation: its sync and threaded workers expect a buffering proxy in front, and a pod
+has none). waitress's event loop buffers whole requests first; a thread only ever sees a
+complete request. Per worker:
+
+- ``--threads`` work threads run inference (``POST``); concurrent requests of one worker
+  are combined (``runtime.serving.batching.Combiner``);
+- ``CONTROL_THREADS`` threads answer everything else (``/v2/health/*``, metadata,
+  ``/metrics``) and the 503s, so probes are answered while the work threads are busy;
+- beyond ``--max-queue`` inference requests waiting for a work thread, a new one is
+  answered at once ``503`` with ``Retry-After: 1`` (``runtime.webserver.Overloaded``) and
+  counted in the metrics (``elastic_ctr_serving_requests_total{endpoint="overloaded"}``);
+- ``--header-timeout`` and ``--idle-timeout`` bound how long a client may hold a
+  connection without sending (``runtime.webserver``).
+
+Stopping: gunicorn's master sends SIGTERM; the worker's handler (``launcher.ServerHooks``)
+turns readiness false and calls ``handle_exit``; at its next tick the loop accepts what is
+already in the listen backlog (at most ``runtime.webserver.ACCEPT_DRAIN_S``), closes its
+copy of the listening sockets, finishes every request received or partly received and
+sends its answer (within gunicorn's ``graceful_timeout``), and the worker exits 0.
 """
 from __future__ import annotations
 
-import select
-import time
+import os
 
-from gunicorn.workers.gthread import ThreadWorker
+from gunicorn.workers.base import Worker
 
-#: seconds after SIGTERM during which a stopping worker still accepts connections that
-#: arrived before it (the backlog) and hands accepted ones to its threads
-ACCEPT_DRAIN_S = 2.0
+#: threads per worker for probes, metadata, metrics and 503 answers
+CONTROL_THREADS = 2
 
 
-class DrainingThreadWorker(ThreadWorker):
-    """``gthread`` worker whose SIGTERM ends the loop only once nothing that reached it is
-    left unhandled (module docstring)."""
+def is_inference(method: str, path: str) -> bool:
+    """The work of serving: every ``POST`` (``/v2/models/.../infer``, ``/predict``)."""
+    return method == "POST"
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.stopping_since: float | None = None
 
-    def handle_exit(self, sig, frame) -> None:
-        """SIGTERM: start draining (``alive`` stays true until ``_drained``)."""
-        if self.stopping_since is None:
-            self.stopping_since = time.monotonic()
+class WaitressWorker(Worker):
+    """gunicorn worker serving its app with waitress (module docstring). Options of the
+    server (``max_queue``, ``header_timeout_s``, ``idle_timeout_s``, ``max_body_bytes``)
+    come from the class attribute ``options``: the launcher makes a subclass setting it."""
 
-    def murder_keepalived(self) -> None:
-        # called by the loop once per tick (after the tick's events are handled): the place
-        # to decide whether the loop may end
-        super().murder_keepalived()
-        if self.stopping_since is not None and self.alive and self._drained():
-            for sock in self.sockets:
-                try:
-                    self.poller.unregister(sock)
-                except (KeyError, ValueError, OSError):
-                    pass
+    options: dict = {}
+
+    def run(self) -> None:
+        from runtime.webserver import WebServer
+
+        metrics = getattr(self.wsgi, "metrics", None)  # serving's RestApp: count the 503s
+
+        def on_reject() -> None:
+            metrics.observe("overloaded", 503, 0.0)
+            metrics.error(503)
+
+        self.server = WebServer(
+            self.wsgi, threads=self.cfg.threads, name="serving",
+            shutdown_timeout_s=max(1.0, self.cfg.graceful_timeout - 1.0),
+            sockets=[s.sock for s in self.sockets], probes=False, control_threads=CONTROL_THREADS,
+            is_work=is_inference, on_reject=on_reject if metrics is not None else None, **self.options)
+        self.server.serve(on_tick=self._tick)
+
+    def _tick(self) -> None:
+        """The loop's heartbeat: tells the master this worker lives; stops the loop once
+        the worker is to exit (SIGTERM, or the master gone)."""
+        self.notify()
+        if self.alive and self.ppid != os.getppid():
+            self.log.info("Parent changed, shutting down: %s", self)
             self.alive = False
-
-    def _drained(self) -> bool:
-        """True when the loop may end: nothing waits in the backlog and every accepted
-        connection has been handed to a thread at least once (or ``ACCEPT_DRAIN_S`` passed)."""
-        if time.monotonic() - self.stopping_since >= ACCEPT_DRAIN_S:
-            return True
-        try:
-            backlog, _, _ = select.select(self.sockets, [], [], 0)
-        except (OSError, ValueError):
-            backlog = []
-        if backlog:
-            return False
-        with self._lock:
-            keys = list(self.poller.get_map().values())
-        for key in keys:
-            conn = getattr(key.data, "args", (None,))[0]  # partial(on_client_socket_readable, conn)
-            if conn is not None and hasattr(conn, "initialized") and not conn.initialized:
-                return False  # accepted, its request not yet read
-        return True
+        if not self.alive:
+            self.server.request_stop("terminating")

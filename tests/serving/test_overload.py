@@ -1,0 +1,204 @@
+"""Serving under overload and slow clients (issue 21, items 4 and 5).
+
+In process, with the data plane's inference held: beyond the queue limit a REST inference
+request (served as serving's workers serve it: ``runtime.webserver.WebServer`` with
+``runtime.serving.worker.is_inference``) is answered 503 with ``Retry-After`` and a JSON
+error at once, a gRPC ``ModelInfer`` ``RESOURCE_EXHAUSTED``, and health and readiness keep
+answering on both transports; the refusals are counted in the metrics.
+
+As a real ``elastic-ctr serve`` (gunicorn master, waitress workers) over a local cube: with
+64 slow clients open, ``/v2/health/live``, ``/v2/health/ready`` and an inference are
+answered within their usual latency; with more concurrent large requests than one worker
+thread and a queue of 2 can take, some are answered 503 with ``Retry-After``, every other
+one 200, and the probes answer meanwhile.
+"""
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+import pytest
+import requests
+
+from runtime import proc
+from runtime.formats import features
+from runtime.serving.grpc_server import GrpcServer
+from runtime.serving.proto import open_inference_pb2 as pb
+from runtime.serving.proto import open_inference_pb2_grpc as pb_grpc
+from runtime.serving.rest import create_app
+from runtime.serving.worker import CONTROL_THREADS, is_inference
+from runtime.webserver import WebServer
+from tests.slow_clients import check_answered, latency
+
+
+def _hold(plane):
+    """Makes ``plane.infer`` wait for the returned event (then run as usual); returns
+    (event, number of calls entered)."""
+    release, entered = threading.Event(), []
+    infer = plane.infer
+
+    def held(*a, **kw):
+        entered.append(1)
+        release.wait(20)
+        return infer(*a, **kw)
+
+    plane.infer = held
+    return release, entered
+
+
+def _infer_json(b, n: int) -> dict:
+    return {"inputs": [
+        {"name": "dense_features", "datatype": "FP32", "shape": [n, 13],
+         "data": np.nan_to_num(b.dense[:n]).ravel().tolist()},
+        {"name": "feasigns", "datatype": "UINT64", "shape": [n, 26], "data": [int(x) for x in b.feasigns[:n].ravel()]}]}
+
+
+def _wait(pred, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not pred() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return pred()
+
+
+def test_rest_beyond_the_queue_limit_answers_503_at_once(served, env):
+    plane = served["plane"]
+    app = create_app(plane)
+    release, entered = _hold(plane)
+    body = _infer_json(env["batch"], 4)
+    with WebServer(app, threads=1, probes=False, control_threads=CONTROL_THREADS, is_work=is_inference,
+                   max_queue=2, on_reject=lambda: (app.metrics.observe("overloaded", 503, 0.0),
+                                                   app.metrics.error(503))) as w:
+        url = w.url + "/v2/models/ctr/infer"
+        with ThreadPoolExecutor(3) as pool:
+            first = [pool.submit(requests.post, url, json=body, timeout=30) for _ in range(3)]
+            assert _wait(lambda: entered and len(w.pools.work.queue) == 2), "one running and two waiting"
+            t0 = time.perf_counter()
+            r = requests.post(url, json=body, timeout=5)
+            took = time.perf_counter() - t0
+            assert r.status_code == 503 and r.headers["Retry-After"] == "1", (r.status_code, r.headers, r.text)
+            assert "queue limit 2" in r.json()["error"] and took < 1.0
+            assert latency(w.url + "/v2/health/live") < 1.0 and latency(w.url + "/v2/health/ready") < 1.0
+            release.set()
+            assert [f.result().status_code for f in first] == [200, 200, 200]
+        metrics = requests.get(w.url + "/metrics", timeout=5).text
+    assert 'elastic_ctr_serving_requests_total{code="503",endpoint="overloaded"} 1.0' in metrics
+    assert 'elastic_ctr_serving_errors_total{kind="unavailable"} 1.0' in metrics
+
+
+def test_grpc_beyond_the_queue_limit_answers_resource_exhausted(served, env):
+    plane = served["plane"]
+    release, entered = _hold(plane)
+    server = GrpcServer(plane, "127.0.0.1", 0, threads=1, max_queue=1).start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    stub = pb_grpc.GRPCInferenceServiceStub(channel)
+    b = env["batch"]
+    req = pb.ModelInferRequest(model_name="ctr")
+    req.inputs.add(name="dense_features", datatype="FP32", shape=[2, 13]).contents.fp32_contents.extend(
+        np.nan_to_num(b.dense[:2]).ravel().tolist())
+    req.inputs.add(name="feasigns", datatype="UINT64", shape=[2, 26]).contents.uint64_contents.extend(
+        b.feasigns[:2].ravel().tolist())
+    try:
+        running = stub.ModelInfer.future(req, timeout=30)
+        assert _wait(lambda: len(entered) == 1)
+        waiting = stub.ModelInfer.future(req, timeout=30)
+        assert _wait(lambda: _admitted(server) == 2)
+        t0 = time.perf_counter()
+        with pytest.raises(grpc.RpcError) as exc:
+            stub.ModelInfer(req, timeout=5)
+        took = time.perf_counter() - t0
+        assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc.value
+        assert "queue limit 1" in exc.value.details() and took < 1.0
+        assert stub.ServerLive(pb.ServerLiveRequest(), timeout=2).live
+        assert stub.ServerReady(pb.ServerReadyRequest(), timeout=2).ready
+        release.set()
+        assert running.result().model_version and waiting.result().model_version
+    finally:
+        release.set()
+        channel.close()
+        server.stop(grace_s=1)
+
+
+def _admitted(server: GrpcServer) -> int:
+    return server.servicer._admitted
+
+
+# -- a real serving process -----------------------------------------------------------------------
+ROWS = 512
+
+
+def _lines(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    dense = rng.integers(0, 300, (n, 13))
+    cats = rng.integers(0, 400, (n, 26))
+    return ["\t".join([str(i % 2)] + [str(x) for x in dense[i]] + [format(int(c), "x") for c in cats[i]])
+            for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory):
+    """``elastic-ctr serve`` (1 worker, 1 thread, queue limit 2) over a local cube holding
+    a version exported by the trainer's export."""
+    from runtime.cube.cluster import LocalCubeCluster
+    from tests.helpers import export_version, make_table
+    from tests.lifecycle import support
+
+    tmp = tmp_path_factory.mktemp("overload")
+    lines = _lines(ROWS)
+    batch = features.parse_criteo_lines(lines)
+    root = tmp / "root"
+    version = 1_800_000_200
+    export_version(root, version, make_table(batch.feasigns, 3), seed=5)
+    with LocalCubeCluster(tmp / "cube", root, shards=1, replicas=1) as c, \
+            proc.ProcessGroup(tmp / "logs", grace_s=10) as group:
+        c.wait_version(version, timeout_s=120)
+        port, grpc_port = proc.free_ports(2)
+        role = support.start(group, "serving", [
+            "serve", "--topology", str(c.topology_path), "--model-root", c.root_url, "--transfer-url",
+            c.transfer_url, "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port),
+            "--workers", "1", "--threads", "1", "--max-queue", "2", "--work-dir", str(tmp / "work")])
+        url = f"http://127.0.0.1:{port}"
+        support.wait_ready(role, url + "/v2/health/ready", timeout_s=120)
+        yield {"url": url, "lines": lines, "batch": batch, "role": role}
+
+
+@pytest.mark.slow
+def test_serving_answers_with_64_slow_clients(serving):
+    u = serving["url"]
+    body = _infer_json(serving["batch"], 8)
+    out = check_answered({"live": lambda: latency(u + "/v2/health/live"),
+                          "ready": lambda: latency(u + "/v2/health/ready"),
+                          "infer": lambda: latency(u + "/v2/models/ctr/infer", json=body)}, u)
+    print("serving", out)
+
+
+@pytest.mark.slow
+def test_serving_overloaded_answers_503_and_probes_answer(serving):
+    u = serving["url"]
+    body = json.dumps({"lines": serving["lines"]}).encode()
+    probes: list[float] = []
+    stop = threading.Event()
+
+    def probe():
+        while not stop.is_set():
+            probes.append(latency(u + "/v2/health/ready"))
+            time.sleep(0.05)
+
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
+    with ThreadPoolExecutor(16) as pool:
+        rs = list(pool.map(lambda _: requests.post(u + "/predict", data=body, timeout=60,
+                                                   headers={"Content-Type": "application/json"}), range(48)))
+    stop.set()
+    prober.join(5)
+    codes = [r.status_code for r in rs]
+    assert set(codes) <= {200, 503} and codes.count(503) > 0 and codes.count(200) >= 3, codes
+    assert all(r.headers.get("Retry-After") == "1" for r in rs if r.status_code == 503)
+    assert probes and max(probes) < 1.0, f"readiness probes during the overload (s): {probes}"
+    assert all(math.isfinite(p) for p in probes)
+    print(f"overload: {codes.count(503)} of {len(codes)} answered 503; readiness probes max "
+          f"{max(probes) * 1e3:.1f} ms over {len(probes)}")
