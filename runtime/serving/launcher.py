@@ -41,8 +41,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
-import numpy as np
-
 from runtime.formats import features
 from runtime.serving.ctr_model import CtrModel
 from runtime.serving.dataplane import DataPlane
@@ -74,7 +72,11 @@ def build_dataplane(topology: str, model_root: str, transfer_url: str | None, wo
     def cube_factory():
         return CubeClient.from_topology(topology, timeout_ms=cube_timeout_ms, retries=2)
 
-    watcher = VersionWatcher(model_root, transfer_url, work_dir, pool_size=threads, poll_interval_s=poll_interval_s)
+    from runtime.formats.topology import Topology
+
+    # a version counts once laid out for this topology's shard count, answering on every shard
+    watcher = VersionWatcher(model_root, transfer_url, work_dir, pool_size=threads, poll_interval_s=poll_interval_s,
+                             shard_num=Topology.load(topology).shard_num)
     metrics = Metrics()
     model = CtrModel(watcher, cube_factory, max_batch=max_batch, fmt=fmt, slots=slots, metrics=metrics)
     plane = DataPlane([model], metrics)
@@ -84,7 +86,7 @@ def build_dataplane(topology: str, model_root: str, transfer_url: str | None, wo
         c = getattr(probe_local, "c", None)
         if c is None:
             c = probe_local.c = cube_factory()
-        c.seek(np.array([features.missing_feasign(1)], dtype=np.uint64), version=v)
+        c.probe(v)
 
     watcher.probe = probe
     watcher.poll_once()
