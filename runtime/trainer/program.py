@@ -11,7 +11,7 @@ def strategy(cfg: TrainConfig, continuous: bool = False):
     """The ``DistributedStrategy``: async and the sparse table's ``shard_num`` (full proto
     paths: a short key is silently ignored). All table keys in ONE assignment: every
     assignment to ``sparse_table_configs`` adds a table. ``continuous`` changes nothing
-    today (patches are cut by comparing exports, ``runtime.trainer.online``).
+    today (patches are the fed feasigns' rows, pulled: ``runtime.trainer.fedrows``).
     ``--ps-mode geo``: ``a_sync_configs = {"k_steps": ...}`` (GEO-SGD) instead."""
     from paddle.distributed import fleet
 
