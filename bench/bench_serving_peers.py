@@ -73,6 +73,22 @@ def post(url: str, body: bytes | None, timeout_s: float = 30.0, path: str = INFE
         c.close()
 
 
+def children_cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds of each live child of ``pid`` (a server's worker processes), from
+    ``/proc``."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == pid:
+                out[int(d)] = tree_cpu_s(int(d))
+    return out
+
+
 def wait_ready(group: proc.ProcessGroup, role: proc.Role, url: str, timeout_s: float = 180.0,
                markers: tuple[Path, int] | None = None) -> None:
     """Waits for ``url``'s ``/v2/health/ready`` to answer 200 (and, with ``markers``
@@ -221,10 +237,12 @@ def main() -> int:
                     order = ["ours", "kserve"] if rnd % 2 == 0 else ["kserve", "ours"]
                     for name in order:
                         role, url = servers[name]
-                        cpu0 = tree_cpu_s(role.proc.pid)
+                        cpu0, kids0 = tree_cpu_s(role.proc.pid), children_cpu_s(role.proc.pid)
                         cube0 = sum(_proc_cpu_s(r.proc.pid) for r in cube.servers.values())
                         r = run_wrk(url, INFER_PATH, bfile, args.connections, args.duration, wrk=args.wrk)
                         cpu = tree_cpu_s(role.proc.pid) - cpu0
+                        kids = children_cpu_s(role.proc.pid)
+                        split = sorted((kids[k] - kids0.get(k, 0.0) for k in kids), reverse=True)[:args.workers]
                         cube_cpu = sum(_proc_cpu_s(x.proc.pid) for x in cube.servers.values()) - cube0
                         ok = max(0, r["requests"] - r["non_2xx"])
                         r.update(server=name, batch=b, round=rnd, ok=ok, load=os.getloadavg()[0],
@@ -235,7 +253,13 @@ def main() -> int:
                               f"({ok * b / r['duration_s']:9.0f} rows/s)  p50 {r['p50_ms']:7.2f} ms  "
                               f"p99 {r['p99_ms']:7.2f} ms  non-2xx {r['non_2xx']}  socket errors "
                               f"{r['socket_errors']}  CPU/request: server {r['cpu_ms']:.2f} ms, cube "
-                              f"{r['cube_cpu_ms']:.2f} ms  load {r['load']:.1f}", flush=True)
+                              f"{r['cube_cpu_ms']:.2f} ms  workers' CPU s {'/'.join(f'{x:.1f}' for x in split)}  "
+                              f"load {r['load']:.1f}", flush=True)
+
+            for name, (role, _) in servers.items():  # SIGTERM to each server's process group
+                cube.group.stop(role)
+            print("servers stopped by SIGTERM: " + ", ".join(f"{name} exit {role.proc.returncode}"
+                                                             for name, (role, _) in servers.items()), flush=True)
 
     def agg(name: str, b: int) -> dict:
         rs = [r for r in results if r["server"] == name and r["batch"] == b]
@@ -267,6 +291,9 @@ def main() -> int:
             return float("nan")
         return figs["ours", b]["rps"] / max(figs["kserve", b]["rps"], 1e-9)
 
+    print("server CPU per request, kserve/ours: " + ", ".join(
+        f"batch {b} {figs['kserve', b]['cpu_ms'] / max(figs['ours', b]['cpu_ms'], 1e-9):.2f}" for b in batches)
+        + " (moves less with the machine's load than requests/s do)")
     big = 256 if ("ours", 256) in figs else max(batches)
     print(f"serving_peers batch1_ratio={ratio(1):.2f} batch256_ratio={ratio(256):.2f} "
           f"batch256_rows_s={figs['ours', big]['rps'] * big:.0f} batch256_cpu_ms={figs['ours', big]['cpu_ms']:.2f} "

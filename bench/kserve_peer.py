@@ -11,8 +11,8 @@ benchmark sets it to the repository it measures).
 
 KServe's ``ModelServer`` with more than one worker starts them with multiprocessing's
 ``spawn`` and pickles the registered models into them (``kserve/protocol/rest/multiprocess``):
-the model pickles without its data plane and each worker builds its own when it is
-unpickled (as each ``elastic-ctr serve`` worker does), then writes
+the model pickles without its data plane and each worker builds its own once unpickled,
+on a thread (as each ``elastic-ctr serve`` worker builds its own), then writes
 ``<work-dir>/ready-<pid>`` so the benchmark knows every worker holds a loaded version.
 
 Per-request logs are off as in serving: uvicorn's access log at WARNING, KServe's latency
@@ -23,8 +23,10 @@ logging off. Errors keep their status: the data plane's ``BadRequest`` is KServe
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
 from kserve.errors import InvalidInput, ModelNotFound, ModelNotReady
 
 MODEL_NAME = "ctr"
+log = logging.getLogger("kserve_peer")
 
 
 def quiet_access_log() -> None:
@@ -71,28 +74,39 @@ class CtrPeer(Model):
         return state
 
     def __setstate__(self, state):
+        """A spawned worker: its data plane is built on a thread, since KServe's parent
+        kills a worker that does not answer its ping within 5 s, and the worker starts
+        answering only once unpickled (Paddle's import alone can take longer on a loaded
+        machine). Not ready (503) until then."""
         self.__dict__.update(state)
         quiet_access_log()  # before the worker's own configure_logging, which then keeps it
-        self.load_plane()
+        self.ready = False
+        threading.Thread(target=self.load_plane, name="load-plane", daemon=True).start()
 
     def load_plane(self) -> None:
-        """Builds this process's data plane and waits for its first version (up to 120 s).
-        Raises ``RuntimeError`` when none is loaded by then."""
+        """Builds this process's data plane, waits for its first version (up to 120 s) and
+        marks the model ready; logs the error and stays not ready when none is loaded."""
         from runtime.serving.launcher import build_dataplane
 
-        args = dict(self.plane_args)
-        args["work_dir"] = os.path.join(args["work_dir"], f"w{os.getpid()}")
-        self.plane = build_dataplane(**args, wait_s=120.0)
-        ok, why = self.plane.ready()
-        if not ok:
-            raise RuntimeError(f"KServe peer worker {os.getpid()}: data plane not ready: {why}")
-        Path(self.ready_dir, f"ready-{os.getpid()}").write_text(self.plane.default.versions()[0])
+        try:
+            args = dict(self.plane_args)
+            args["work_dir"] = os.path.join(args["work_dir"], f"w{os.getpid()}")
+            self.plane = build_dataplane(**args, wait_s=120.0)
+            ok, why = self.plane.ready()
+            if not ok:
+                raise RuntimeError(f"data plane not ready: {why}")
+            self.ready = True
+            Path(self.ready_dir, f"ready-{os.getpid()}").write_text(self.plane.default.versions()[0])
+        except Exception:
+            log.exception("KServe peer worker %d: no data plane", os.getpid())
 
     def predict(self, payload: InferRequest, headers=None, response_headers=None) -> InferResponse:
         """KServe's v2 request -> the project's ``InferRequest`` (inputs' data as KServe
         decoded it) -> ``DataPlane.infer`` -> KServe's ``InferResponse``."""
         from runtime.serving import protocol
 
+        if self.plane is None:
+            raise ModelNotReady(self.name, "its data plane is still loading")
         inputs = [protocol.InferInput(i.name, i.datatype, list(i.shape), data=i.data,
                                       parameters=dict(i.parameters or {}), where=f"inputs[{k}]")
                   for k, i in enumerate(payload.inputs)]
@@ -130,6 +144,8 @@ def main() -> int:
                      "work_dir": args.work_dir, "threads": args.threads}, args.work_dir)
     if args.workers <= 1:
         model.load_plane()
+        if model.plane is None:
+            return 1
     ModelServer(http_port=args.port, workers=args.workers, enable_grpc=False,
                 enable_latency_logging=False).start([model])
     return 0
