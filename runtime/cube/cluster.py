@@ -186,6 +186,32 @@ class LocalCubeCluster:
             self._wait(role, port)
         return gen.topology_path
 
+    def shrink_generation(self, gen: Generation, replicas: int,
+                          topology_name: str | None = None) -> tuple[Path, dict[str, int]]:
+        """Stops the replicas of ``gen`` above ``replicas`` (highest ordinal first, as a
+        StatefulSet scaled down: SIGTERM, lookups received answered), writes the shrunk
+        topology (default name ``topology-<shards>s-<replicas>r.json``). Returns its path
+        and the stopped roles' exit codes. Raises ``ValueError`` unless ``1 <= replicas <
+        gen.replicas``."""
+        if not 1 <= replicas < gen.replicas:
+            raise ValueError(f"shrink_generation: {replicas} replicas, expected 1..{gen.replicas - 1}")
+        codes = {}
+        for r in range(gen.replicas - 1, replicas - 1, -1):
+            for s in range(gen.shards):
+                for roles in (gen.servers, gen.agents):
+                    role = roles.pop((s, r))
+                    self.group.stop(role)
+                    codes[role.name] = role.proc.returncode
+                    if role in self.group.roles:
+                        self.group.roles.remove(role)
+                del gen.addresses[(s, r)]
+        gen.replicas = replicas
+        gen.topology = Topology.build(self.dict_name, [[gen.addresses[(s, r)] for r in range(replicas)]
+                                                       for s in range(gen.shards)])
+        gen.topology_path = gen.topology.write(
+            self.base / (topology_name or f"topology-{gen.shards}s-{replicas}r.json"))
+        return gen.topology_path, codes
+
     def stop_generation(self, gen: Generation) -> dict[str, int]:
         """Stops a generation's servers and agents (SIGTERM, by PID; each lookup received
         is answered first), as pulumi deletes the StatefulSets that left the program.

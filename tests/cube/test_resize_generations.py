@@ -8,7 +8,8 @@ patch published meanwhile (held until the re-layout ends, then rolled out on the
 generation only); a "serving pod" on the new topology becomes ready only once its cube
 serves a version laid out for 3 shards on every shard; clients move to it (the serving
 rollout); the old generation is stopped last. Then the new generation grows to 2
-replicas (the new ones empty, loaded by the transfer's reconcile). Every request answers,
+replicas (the new ones empty, loaded by the transfer's reconcile) and back to 1 (the
+removed ones stopped while pods still list them). Every request answers,
 every answer is one version's table exactly, the old pod never leaves the version it
 served.
 
@@ -167,16 +168,27 @@ def test_shard_change_beside_the_serving_generation_fails_no_request(tmp_path):
             _wait(lambda: all(requests.get(r.http + "/status", timeout=5).json()["version"] == HELD
                               for s in g3.topology.shards for r in s.replicas), "the new replicas loaded", c)
             time.sleep(0.3)
+            # cubeReplicas 2 -> 1: the highest ordinals stop first (SIGTERM, lookups received
+            # answered) while pods still list them (failover), then the topology shrinks
+            shrunk_topology, codes = c.shrink_generation(g3, 1)
+            assert set(codes.values()) == {0}, codes
+            shrunk = Pod("shrunk", shrunk_topology, root, c.transfer_url, tmp_path / "w-shrunk")
+            c.restart_transfer(shrunk_topology)
+            _wait(shrunk.ready, "the pod on the shrunk topology ready", c)
+            active.append(shrunk)
+            time.sleep(0.2)
+            active.remove(grown)
+            time.sleep(0.3)
         finally:
             stop.set()
             for t in senders:
                 t.join(10)
-            for p in (old, locals().get("new"), locals().get("grown")):
+            for p in (old, locals().get("new"), locals().get("grown"), locals().get("shrunk")):
                 if p is not None:
                     p.watcher.stop()
         assert counts["failed"] == 0 and counts["wrong"] == 0, (counts, errors[:5])
-        assert all(counts["by_pod"].get(p, 0) > 0 for p in ("old", "new", "grown")), counts
-        assert grown.versions == [HELD]
+        assert all(counts["by_pod"].get(p, 0) > 0 for p in ("old", "new", "grown", "shrunk")), counts
+        assert grown.versions == [HELD] and shrunk.versions == [HELD]
         assert old.versions == [PATCH]  # never a link of the re-layout, never the held patch
         assert new.versions in ([PATCH, HELD], [HELD])
         hist = requests.get(f"{c.transfer_url}/dict/deploy/history", timeout=5).json()["history"]
