@@ -67,9 +67,9 @@ class ExportResult(BaseModel):
     hour: str
     rows: int
     seconds: float = 0.0
-    rows_seconds: float = 0.0
-    checkpoint_seconds: float = 0.0
-    publish_seconds: float = 0.0
+    rows_seconds: Optional[float] = None
+    checkpoint_seconds: Optional[float] = None
+    publish_seconds: Optional[float] = None
 
 
 class TrainResult(BaseModel):

@@ -110,10 +110,19 @@ class _FakeWorker:
     def sync(self):
         pass
 
-    def full_table(self, save_dir):
+    def full_table(self, save_dir, exact=False):
         import numpy as np
 
         return np.arange(3, dtype=np.uint64), np.ones((3, 9), np.float32)
+
+    def fed_rows(self):
+        return self.full_table(None)
+
+    def reset_fed(self):
+        pass
+
+    def local_table(self):
+        return None
 
     def checkpoint(self, directory):
         import os
