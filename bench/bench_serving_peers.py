@@ -122,7 +122,8 @@ def start_servers(cube, tmp: Path, args) -> dict[str, tuple[proc.Role, str]]:
                                        "--topology", str(cube.topology_path), "--model-root", cube.root_url,
                                        "--transfer-url", cube.transfer_url, "--port", str(kport),
                                        "--workers", str(args.workers), "--threads", str(args.threads),
-                                       "--work-dir", str(kdir)], env=env, cwd=REPO)
+                                       "--work-dir", str(kdir), "--predict-on", args.kserve_predict],
+                            env=env, cwd=REPO)
     servers = {"ours": (ours, f"http://127.0.0.1:{port}"), "kserve": (peer, f"http://127.0.0.1:{kport}")}
     wait_ready(cube.group, ours, servers["ours"][1])
     wait_ready(cube.group, peer, servers["kserve"][1], markers=(kdir, args.workers))
@@ -195,6 +196,9 @@ def main() -> int:
     ap.add_argument("--kserve-python", default=str(REPO / ".venv-kserve" / "bin" / "python"),
                     help="the KServe venv's interpreter (default .venv-kserve/bin/python; make bench-serving-peers "
                          "makes it)")
+    ap.add_argument("--kserve-predict", choices=["sync", "threads"], default="sync",
+                    help="the KServe model's predict: sync (on the event loop, KServe's way for a synchronous "
+                         "model; default) or threads (a coroutine over --threads threads per worker)")
     ap.add_argument("--wrk", default="wrk", help="the wrk executable (default: wrk on PATH)")
     args = ap.parse_args()
     batches = [int(x) for x in args.batches.split(",")]
@@ -224,8 +228,8 @@ def main() -> int:
                 print(f"floor batch {b:>4} ({source}): lookups {f['lookup_cpu_ms']:.3f} ms CPU, model run "
                       f"{f['model_cpu_ms']:.3f} ms CPU, floor {f['floor_cpu_ms']:.3f} ms CPU", flush=True)
             servers = start_servers(cube, tmp, args)
-            print(f"servers: ours and KServe, {args.workers} workers x {args.threads} threads each; "
-                  f"{os.cpu_count()} CPUs", flush=True)
+            print(f"servers: ours and KServe, {args.workers} workers x {args.threads} threads each (KServe's "
+                  f"predict: {args.kserve_predict}); {os.cpu_count()} CPUs", flush=True)
             for b in batches:
                 bodies = [body for body, _, _ in encode_batches(rows, b)]
                 n = same_answers(servers, bodies[:args.compare], b)

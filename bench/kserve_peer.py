@@ -23,6 +23,8 @@ logging off. Errors keep their status: the data plane's ``BadRequest`` is KServe
 from __future__ import annotations
 
 import argparse
+import asyncio
+import concurrent.futures
 import logging
 import os
 import sys
@@ -102,7 +104,12 @@ class CtrPeer(Model):
 
     def predict(self, payload: InferRequest, headers=None, response_headers=None) -> InferResponse:
         """KServe's v2 request -> the project's ``InferRequest`` (inputs' data as KServe
-        decoded it) -> ``DataPlane.infer`` -> KServe's ``InferResponse``."""
+        decoded it) -> ``DataPlane.infer`` -> KServe's ``InferResponse``. Runs on the
+        worker's event loop (KServe's way for a synchronous ``predict``)."""
+        return self.answer(payload)
+
+    def answer(self, payload: InferRequest) -> InferResponse:
+        """``predict``'s work (its docstring)."""
         from runtime.serving import protocol
 
         if self.plane is None:
@@ -128,6 +135,28 @@ class CtrPeer(Model):
                              model_version=resp.model_version)
 
 
+class ThreadedCtrPeer(CtrPeer):
+    """``CtrPeer`` whose ``predict`` is a coroutine running the work on a pool of
+    ``threads`` threads per worker (``loop.run_in_executor``), so that a worker's concurrent
+    requests overlap their cube round trips as a threaded ``elastic-ctr serve`` worker's do
+    (``--threads``), instead of one at a time on the event loop."""
+
+    def __init__(self, plane_args: dict, ready_dir: str, threads: int):
+        super().__init__(plane_args, ready_dir)
+        self.threads = int(threads)
+        self.pool = None
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["pool"] = None
+        return state
+
+    async def predict(self, payload: InferRequest, headers=None, response_headers=None) -> InferResponse:
+        if self.pool is None:
+            self.pool = concurrent.futures.ThreadPoolExecutor(self.threads, thread_name_prefix="predict")
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self.answer, payload)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--topology", required=True, help="the cube topology file (serve --topology)")
@@ -137,11 +166,20 @@ def main() -> int:
     ap.add_argument("--port", type=int, required=True, help="HTTP port")
     ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes (default 2)")
     ap.add_argument("--threads", type=int, default=2, help="predictors per worker (serve --threads; default 2)")
+    # (KServe parses this process's argv too, at import, with prefix matching: no option
+    # here may be a prefix of one of KServe's, e.g. --predict of --predictor_host)
+    ap.add_argument("--predict-on", choices=["sync", "threads"], default="sync",
+                    help="sync: predict on the event loop (KServe's way for a synchronous model; default); "
+                         "threads: on --threads threads per worker (ThreadedCtrPeer)")
     args = ap.parse_args()
     Path(args.work_dir).mkdir(parents=True, exist_ok=True)
     quiet_access_log()
-    model = CtrPeer({"topology": args.topology, "model_root": args.model_root, "transfer_url": args.transfer_url,
-                     "work_dir": args.work_dir, "threads": args.threads}, args.work_dir)
+    plane_args = {"topology": args.topology, "model_root": args.model_root, "transfer_url": args.transfer_url,
+                  "work_dir": args.work_dir, "threads": args.threads}
+    if args.predict_on == "threads":
+        model = ThreadedCtrPeer(plane_args, args.work_dir, args.threads)
+    else:
+        model = CtrPeer(plane_args, args.work_dir)
     if args.workers <= 1:
         model.load_plane()
         if model.plane is None:
