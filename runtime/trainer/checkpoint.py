@@ -188,23 +188,6 @@ def _lines(path: str) -> list[str]:
         return [ln for ln in f.read().split("\n") if ln]
 
 
-def read_sparse_rows(table_dir: str) -> dict[int, str]:
-    """``{key: the row's columns as saved}`` for every part file of a sparse table
-    directory. Raises ``CheckpointError`` naming the file when a key is in two files."""
-    rows: dict[int, str] = {}
-    for name in sorted(os.listdir(table_dir)):
-        if not SPARSE_PART.match(name):
-            continue
-        path = os.path.join(table_dir, name)
-        for ln in _lines(path):
-            key, _, rest = ln.partition(" ")
-            k = int(key)
-            if k in rows:
-                raise CheckpointError(f"{path}: key {k} is also in another part file")
-            rows[k] = rest
-    return rows
-
-
 def read_dense_lines(table_dir: str) -> list[str]:
     """A dense table's element lines, in order (the pservers' slices concatenated)."""
     out: list[str] = []
@@ -214,16 +197,26 @@ def read_dense_lines(table_dir: str) -> list[str]:
     return out
 
 
+def _sparse_lines(directory: str, table: str, layout: Layout) -> list[str]:
+    return [ln for n in layout.sparse.get(table, []) for ln in _lines(os.path.join(directory, table, n))]
+
+
 def compare(expected_dir: str, loaded_dir: str) -> dict:
     """Compares two checkpoints' tables whatever their layouts: sparse rows by key,
     dense tables line by line. Returns ``{"rows", "missing", "extra", "changed",
-    "dense_lines", "dense_changed", "equal"}`` (counts; ``equal``: nothing differs)."""
+    "dense_lines", "dense_changed", "equal"}`` (counts; ``equal``: nothing differs).
+
+    The equal case (every resize) compares the sets of row lines (a key lives in one
+    shard file only, ``scan``); only a difference builds the per-key maps that count it."""
     exp, got = scan(expected_dir), scan(loaded_dir)
     rep = {"rows": 0, "missing": 0, "extra": 0, "changed": 0, "dense_lines": 0, "dense_changed": 0}
     for table in sorted(set(exp.sparse) | set(got.sparse)):
-        a = read_sparse_rows(os.path.join(expected_dir, table)) if table in exp.sparse else {}
-        b = read_sparse_rows(os.path.join(loaded_dir, table)) if table in got.sparse else {}
-        rep["rows"] += len(a)
+        la, lb = _sparse_lines(expected_dir, table, exp), _sparse_lines(loaded_dir, table, got)
+        rep["rows"] += len(la)
+        if len(la) == len(lb) and set(la) == set(lb):
+            continue
+        a = dict(ln.partition(" ")[::2] for ln in la)
+        b = dict(ln.partition(" ")[::2] for ln in lb)
         rep["missing"] += sum(1 for k in a if k not in b)
         rep["extra"] += sum(1 for k in b if k not in a)
         rep["changed"] += sum(1 for k, v in a.items() if k in b and b[k] != v)
@@ -239,19 +232,20 @@ def compare(expected_dir: str, loaded_dir: str) -> dict:
 def relayout(src: str, dst: str, sparse_shards: int) -> Layout:
     """Writes ``src``'s tables into ``dst`` for ``sparse_shards`` table shards: each sparse
     row's line, verbatim, into ``dst/<table>/part-000-<key % sparse_shards>.gz``; dense
-    tables copied as they are (any file count loads). Returns the new layout."""
+    tables copied as they are (any file count loads). Returns the new layout. The gzip
+    level is 1: the files live until the pservers have loaded them."""
     lay = scan(src)
     if os.path.isdir(dst):
         shutil.rmtree(dst)
     os.makedirs(dst)
     for table in lay.sparse:
         buckets: list[list[str]] = [[] for _ in range(sparse_shards)]
-        for key, rest in read_sparse_rows(os.path.join(src, table)).items():
-            buckets[key % sparse_shards].append(f"{key} {rest}\n")
+        for ln in _sparse_lines(src, table, lay):
+            buckets[int(ln[:ln.index(" ")]) % sparse_shards].append(ln)
         os.makedirs(os.path.join(dst, table))
         for i, lines in enumerate(buckets):
-            with gzip.open(os.path.join(dst, table, f"part-000-{i:05d}.gz"), "wt") as f:
-                f.writelines(lines)
+            with gzip.open(os.path.join(dst, table, f"part-000-{i:05d}.gz"), "wt", compresslevel=1) as f:
+                f.write("".join(ln + "\n" for ln in lines))
     for table, names in lay.dense.items():
         os.makedirs(os.path.join(dst, table))
         for n in names:

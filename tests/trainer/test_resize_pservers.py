@@ -1,7 +1,8 @@
 """A continuous job resized to another pserver count (issue 17, item 3): the checkpoint's
 layout and record (runtime.trainer.checkpoint), and, at process level, a job checkpointed
-with 1 pserver resumed with 2 and then 1 again: every row of the checkpoint in the new
-job's tables bit for bit, the next partition's AUC as the old job gives it, a base next."""
+with 1 pserver resumed with 2, then 1 again, then 2 with another table shard count: every
+row of the checkpoint in the new job's tables bit for bit, the next partition's AUC as the
+old job gives it, a base next."""
 from __future__ import annotations
 
 import gzip
@@ -138,11 +139,23 @@ def _assert_rows_bit_for_bit(ckpt: Path, loaded: Path) -> int:
     return len(a)
 
 
-def _cfg(root, state, out, end):
+def _cfg(root, state, out, end, **kw):
     from runtime.trainer.config import TrainConfig
 
     return TrainConfig(mode="continuous", data_root=str(root), start_hour=START, end_hour=end,
-                       state_dir=str(state), output=str(out), base_every=24, poll_s=0.2)
+                       state_dir=str(state), output=str(out), base_every=24, poll_s=0.2, **kw)
+
+
+def _assert_owners(loaded: Path, shards: int, pservers: int) -> None:
+    """Each row is held by its new owner: shard ``key % shards``, pserver ``shard // ceil(shards / pservers)``."""
+    per = -(-shards // pservers)
+    files = sorted((loaded / "000").glob("part-*"))
+    assert len(files) == shards and {int(p.name[5:8]) for p in files} == set(range(pservers))
+    for p in files:
+        owner, shard = int(p.name[5:8]), int(p.name[9:14])
+        assert owner == shard // per
+        with gzip.open(p, "rt") as f:
+            assert all(int(ln.split(" ", 1)[0]) % shards == shard for ln in f)
 
 
 def _auc_logged(log: Path, hour: str) -> float:
@@ -151,11 +164,13 @@ def _auc_logged(log: Path, hour: str) -> float:
 
 @pytest.mark.slow
 def test_continuous_job_resized_1_to_2_to_1_pservers_loses_no_row(tmp_path):
+    """1 pserver (00, 01) -> 2 (02: killed after scoring it, then again) -> 1 (03) -> 2 with
+    4 sparse shards instead of 8 (04, the re-layout path)."""
     from runtime import proc
     from runtime.trainer.cluster import run_local_cluster
 
     root = tmp_path / "data"
-    generator.generate_hours(root, 4, START, 6000, seed=4)
+    generator.generate_hours(root, 5, START, 6000, seed=4)
     state, out = tmp_path / "state", tmp_path / "out"
     run_local_cluster(_cfg(root, state, out, "20261120/01"), 1, 2, log_dir=str(tmp_path / "logs-a"), timeout_s=300)
     ck = state / online.CHECKPOINTS / "20261120-02"
@@ -196,13 +211,7 @@ def test_continuous_job_resized_1_to_2_to_1_pservers_loses_no_row(tmp_path):
     loaded = state / checkpoint.RESIZED / "loaded"
     n = _assert_rows_bit_for_bit(kept, loaded)
     assert n == report["rows"] > 1000
-    # each row is held by its new owner: shard key % 8, pserver shard // 4
-    for p in sorted((loaded / "000").glob("part-*")):
-        owner, shard = int(p.name[5:8]), int(p.name[9:14])
-        assert owner == shard // 4
-        with gzip.open(p, "rt") as f:
-            assert all(int(ln.split(" ", 1)[0]) % 8 == shard for ln in f)
-    assert {int(p.name[5:8]) for p in (loaded / "000").glob("part-*")} == {0, 1}
+    _assert_owners(loaded, 8, 2)
 
     # the job restarted, still on 2 pservers: same AUC, the next export is a base
     b2 = run_local_cluster(_cfg(root, state, out, "20261120/02"), 2, 2, log_dir=str(tmp_path / "logs-b2"),
@@ -225,3 +234,16 @@ def test_continuous_job_resized_1_to_2_to_1_pservers_loses_no_row(tmp_path):
     report = json.loads((state / checkpoint.RESIZED / "report.json").read_text())
     assert report["equal"] and report["change"] == "pservers 2 -> 1"
     assert _assert_rows_bit_for_bit(kept2, state / checkpoint.RESIZED / "loaded") == report["rows"]
+    _assert_owners(state / checkpoint.RESIZED / "loaded", 8, 1)
+    kept3 = tmp_path / "ckpt-1p-03"
+    shutil.copytree(state / online.CHECKPOINTS / "20261120-04", kept3)
+
+    # 2 pservers and 4 table shards: the rows re-laid out by key % 4, then loaded
+    d = run_local_cluster(_cfg(root, state, out, "20261120/04", sparse_shards=4), 2, 2,
+                          log_dir=str(tmp_path / "logs-d"), timeout_s=300)
+    assert d["exports"][-1]["kind"] == "base" and d["exports"][-1]["id"] > c["exports"][-1]["id"]
+    report = json.loads((state / checkpoint.RESIZED / "report.json").read_text())
+    assert report["equal"] and report["change"] == "pservers 1 -> 2, sparse shards 8 -> 4"
+    assert _assert_rows_bit_for_bit(kept3, state / checkpoint.RESIZED / "loaded") == report["rows"]
+    _assert_owners(state / checkpoint.RESIZED / "loaded", 4, 2)
+    assert not (state / checkpoint.RESIZED / "relayout").exists()
