@@ -19,10 +19,11 @@ took every thread). Limits on what a client may hold:
 - ``connection_limit`` open connections (beyond, new ones wait in the listen backlog).
 
 Two thread pools: ``threads`` for the work, ``control_threads`` for what must answer while
-the work is busy (``is_work(method, path)`` false: the probes, and 503 answers). With
+the work is busy (``is_work(method, path)`` false: e.g. the probes). With
 ``max_queue``, a work request arriving while ``max_queue`` others already wait for a
-work thread is answered at once ``503`` with ``Retry-After`` and a JSON ``{"error"}`` by
-the control pool (``Overloaded``), never queued.
+work thread is answered at once ``503`` with ``Retry-After`` and a JSON ``{"error"}``
+(``Overloaded``; the connection stays open) by the event loop itself, never queued, so a
+flood of refusals takes no thread from the probes.
 
 Every app served with ``probes=True`` (the roles) also answers, ahead of its own routes:
 
@@ -50,12 +51,13 @@ import select
 import signal
 import threading
 import time
+from collections import deque
 from typing import Callable, Sequence
 
 from waitress import wasyncore
 from waitress.channel import HTTPChannel
 from waitress.server import BaseWSGIServer, create_server
-from waitress.task import ThreadedTaskDispatcher
+from waitress.task import ErrorTask, ThreadedTaskDispatcher
 from waitress.utilities import Error
 
 log = logging.getLogger(__name__)
@@ -100,7 +102,7 @@ def json_errors(app):
 class Overloaded(Error):
     """waitress's error answer for a work request refused because ``max_queue`` requests
     already wait: ``503`` with ``Retry-After: <retry_after_s>`` and the JSON body
-    ``{"error": message}`` (the connection is then closed, as for every waitress error)."""
+    ``{"error": message}``; the connection stays open (``_ErrorTask``)."""
 
     code = 503
     reason = "Service Unavailable"
@@ -113,6 +115,24 @@ class Overloaded(Error):
         body = json.dumps({"error": self.body}).encode()
         return (f"{self.code} {self.reason}",
                 [("Content-Type", "application/json"), ("Retry-After", str(self.retry_after_s))], body)
+
+
+class _ErrorTask(ErrorTask):
+    """waitress's error answer, but an ``Overloaded`` one keeps the connection open (the
+    request was read whole: the client may send its next one on it)."""
+
+    def execute(self):
+        e = self.request.error
+        if not isinstance(e, Overloaded):
+            return super().execute()
+        self.status, headers, body = e.to_response()
+        self.response_headers.extend(headers)
+        self.content_length = len(body)
+        self.write(body)
+
+
+class _Channel(HTTPChannel):
+    error_task_class = _ErrorTask
 
 
 def _probe_or_not_post(method: str, path: str) -> bool:
@@ -133,6 +153,7 @@ class _Pools:
             self.control.set_thread_count(control_threads)
         self.is_work, self.max_queue, self.on_reject = is_work, max_queue, on_reject
         self.rejected = 0  # work requests answered 503 (Overloaded)
+        self.rejects: deque[HTTPChannel] = deque()  # answered by the event loop (WebServer._step)
 
     def add_task(self, channel: HTTPChannel) -> None:
         if self.control is None:
@@ -149,7 +170,8 @@ class _Pools:
                     self.on_reject()
                 except Exception:  # noqa: BLE001 - counting must not stop the loop
                     log.exception("on_reject failed")
-            return self.control.add_task(channel)
+            self.rejects.append(channel)  # a few bytes to write: no thread needed
+            return None
         self.work.add_task(channel)
 
     def queued(self) -> int:
@@ -216,6 +238,8 @@ class WebServer:
             channel_timeout=max(1, round(idle_timeout_s)), cleanup_interval=1,
             max_request_body_size=max_body_bytes, connection_limit=connection_limit, asyncore_use_poll=True,
             ident=self.name, clear_untrusted_proxy_headers=False, backlog=1024)
+        for listener in self._listeners():
+            listener.channel_class = _Channel
         first = server if isinstance(server, BaseWSGIServer) else self._listeners()[0]
         self.host = host if not sockets else first.effective_host
         self.port = int(first.effective_port)
@@ -250,6 +274,9 @@ class WebServer:
 
     def _step(self) -> None:
         wasyncore.loop(timeout=self.TICK_S, map=self._map, use_poll=True, count=1)
+        rejects = self.pools.rejects
+        while rejects:  # 503s (Overloaded), written here, outside waitress's received()
+            rejects.popleft().service()
         now = time.monotonic()
         if now >= self._next_check:
             self._next_check = now + min(0.5, self.header_timeout_s / 4)
@@ -297,7 +324,7 @@ class WebServer:
             wasyncore.dispatcher.close(s)  # the listening socket only (its trigger stays)
         deadline = t0 + self.shutdown_timeout_s
         while time.monotonic() < deadline:
-            busy = self.pools.queued() > 0
+            busy = self.pools.queued() > 0 or bool(self.pools.rejects)
             for ch in self._channels():
                 if ch.requests or ch.request is not None or ch.total_outbufs_len or _readable(ch.socket):
                     busy = True  # a request being received, run or answered (or bytes not yet read)

@@ -11,10 +11,11 @@ complete request. Per worker:
 - ``--threads`` work threads run inference (``POST``); concurrent requests of one worker
   are combined (``runtime.serving.batching.Combiner``);
 - ``CONTROL_THREADS`` threads answer everything else (``/v2/health/*``, metadata,
-  ``/metrics``) and the 503s, so probes are answered while the work threads are busy;
+  ``/metrics``), so probes are answered while the work threads are busy;
 - beyond ``--max-queue`` inference requests waiting for a work thread, a new one is
-  answered at once ``503`` with ``Retry-After: 1`` (``runtime.webserver.Overloaded``) and
-  counted in the metrics (``elastic_ctr_serving_requests_total{endpoint="overloaded"}``);
+  answered at once ``503`` with ``Retry-After: 1`` by the event loop
+  (``runtime.webserver.Overloaded``; the connection stays open) and counted in the
+  metrics (``elastic_ctr_serving_requests_total{endpoint="overloaded"}``);
 - ``--header-timeout`` and ``--idle-timeout`` bound how long a client may hold a
   connection without sending (``runtime.webserver``).
 
@@ -30,7 +31,7 @@ import os
 
 from gunicorn.workers.base import Worker
 
-#: threads per worker for probes, metadata, metrics and 503 answers
+#: threads per worker for probes, metadata and metrics
 CONTROL_THREADS = 2
 
 

@@ -89,9 +89,10 @@ def test_incomplete_headers_are_closed_after_the_header_timeout():
 
 
 def test_beyond_the_queue_limit_work_is_answered_503_at_once_and_probes_answer():
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Event()
 
     def app(environ, start_response):
+        entered.set()
         release.wait(20)  # the work is stuck until the test releases it
         start_response("200 OK", [("Content-Length", "2")])
         return [b"ok"]
@@ -108,7 +109,9 @@ def test_beyond_the_queue_limit_work_is_answered_503_at_once_and_probes_answer()
                 results.append(exc)
 
         first = [threading.Thread(target=call) for _ in range(3)]  # one running, two waiting
-        for t in first:
+        first[0].start()
+        assert entered.wait(5)
+        for t in first[1:]:
             t.start()
         deadline = time.monotonic() + 5
         while len(w.pools.work.queue) < 2 and time.monotonic() < deadline:

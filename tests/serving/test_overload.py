@@ -75,8 +75,10 @@ def test_rest_beyond_the_queue_limit_answers_503_at_once(served, env):
                                                    app.metrics.error(503))) as w:
         url = w.url + "/v2/models/ctr/infer"
         with ThreadPoolExecutor(3) as pool:
-            first = [pool.submit(requests.post, url, json=body, timeout=30) for _ in range(3)]
-            assert _wait(lambda: entered and len(w.pools.work.queue) == 2), "one running and two waiting"
+            first = [pool.submit(requests.post, url, json=body, timeout=30)]
+            assert _wait(lambda: entered), "one running"
+            first += [pool.submit(requests.post, url, json=body, timeout=30) for _ in range(2)]
+            assert _wait(lambda: len(w.pools.work.queue) == 2), "two waiting"
             t0 = time.perf_counter()
             r = requests.post(url, json=body, timeout=5)
             took = time.perf_counter() - t0

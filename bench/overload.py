@@ -1,0 +1,200 @@
+"""The overload row of the serving benchmark (issue 21, item 4): more connections than the
+workers can serve, at batch 256, and what each client sees.
+
+``overload_row(url, payloads)`` opens ``connections`` keep-alive connections (threads in
+a few client processes, so the clients' GIL does not pace the load) that send pre-encoded
+requests back to back (closed loop; a 503 is counted and the request sent again at once,
+over a new connection when the server closed it: the harshest client, no back-off) for
+``duration_s`` s, while the parent probes ``/v2/health/ready`` every ``PROBE_S`` s. Returns
+requests/s answered 200, p50/p99 latency of the 200s and of every answer, the share of
+503s, errors, and the probes' p99 and max.
+
+Run alone (``python bench/overload.py``), it sets up what ``bench/bench_serving.py`` sets
+up (a local cube of 2 shards, ``elastic-ctr serve``, 2 workers x 2 threads) and measures
+4 connections then ``--connections`` (64) at batch 256, JSON; last line
+``serving_overload connections=<n> batch=256 ok_rps=<x> ok_rps_at_4=<y> p50_ms=<a> p99_ms=<b>
+share_503=<s> probe_p99_ms=<p>``. ``bench_serving.py`` can call ``overload_row`` with its
+own server and payloads.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+#: seconds between two readiness probes during the load
+PROBE_S = 0.1
+PATH = "/v2/models/ctr/infer"
+
+
+def _connection_loop(host: str, port: int, payloads: list, end: float, out: list) -> None:
+    """One closed-loop connection until ``end`` (perf_counter); appends (seconds, status)
+    per answer (status 0: an error, the connection is then made again)."""
+    c = http.client.HTTPConnection(host, port, timeout=60)
+    i = 0
+    while True:
+        t0 = time.perf_counter()
+        if t0 >= end:
+            break
+        body, headers = payloads[i % len(payloads)]
+        i += 1
+        try:
+            c.request("POST", PATH, body, headers)
+            r = c.getresponse()
+            r.read()
+            status = r.status
+            if r.will_close:
+                c.close()
+        except (OSError, http.client.HTTPException):
+            status = 0
+            c.close()
+        out.append((time.perf_counter() - t0, status))
+    c.close()
+
+
+def _client_process(url: str, payloads: list, connections: int, duration_s: float, q) -> None:
+    u = urlsplit(url)
+    end = time.perf_counter() + duration_s
+    outs: list[list] = [[] for _ in range(connections)]
+    ts = [threading.Thread(target=_connection_loop, args=(u.hostname, u.port, payloads[k::connections] or payloads,
+                                                          end, outs[k])) for k in range(connections)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    q.put([x for o in outs for x in o])
+
+
+def _probe_loop(url: str, stop: threading.Event, out: list) -> None:
+    u = urlsplit(url)
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        try:
+            c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+            c.request("GET", "/v2/health/ready")
+            r = c.getresponse()
+            r.read()
+            c.close()
+            out.append((time.perf_counter() - t0, r.status))
+        except (OSError, http.client.HTTPException):
+            out.append((time.perf_counter() - t0, 0))
+        stop.wait(PROBE_S)
+
+
+def overload_row(url: str, payloads: list[tuple[bytes, dict]], connections: int = 64, duration_s: float = 8.0,
+                 processes: int = 4) -> dict:
+    """``connections`` closed-loop connections to serving at ``url`` sending ``payloads``
+    ((body, headers) of ``POST /v2/models/ctr/infer``) for ``duration_s`` s (module
+    docstring). Returns ``{"connections", "answers", "ok_rps", "p50_ms", "p99_ms"`` (200s),
+    ``"p99_all_ms", "share_503", "errors", "probe_p99_ms", "probe_max_ms", "probes_failed"}``."""
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    processes = max(1, min(processes, connections))
+    per = [connections // processes + (1 if k < connections % processes else 0) for k in range(processes)]
+    ps = [ctx.Process(target=_client_process, args=(url, payloads[k::processes] or payloads, n, duration_s, q))
+          for k, n in enumerate(per)]
+    probes: list = []
+    stop = threading.Event()
+    prober = threading.Thread(target=_probe_loop, args=(url, stop, probes), daemon=True)
+    for p in ps:
+        p.start()
+    prober.start()
+    res = [x for _ in ps for x in q.get(timeout=duration_s + 120)]
+    stop.set()
+    for p in ps:
+        p.join()
+    prober.join(15)
+    lat = np.array([r[0] for r in res]) * 1e3
+    status = np.array([r[1] for r in res])
+    ok = lat[status == 200]
+    plat = np.array([p[0] for p in probes]) * 1e3
+    pct = (lambda a, q_: float(np.percentile(a, q_)) if a.size else float("nan"))
+    return {"connections": connections, "answers": int(status.size), "ok_rps": ok.size / duration_s,
+            "p50_ms": pct(ok, 50), "p99_ms": pct(ok, 99), "p99_all_ms": pct(lat, 99),
+            "share_503": float((status == 503).mean()) if status.size else float("nan"),
+            "errors": int((~np.isin(status, [200, 503])).sum()), "probe_p99_ms": pct(plat, 99),
+            "probe_max_ms": float(plat.max()) if plat.size else float("nan"),
+            "probes_failed": sum(1 for p in probes if p[1] != 200)}
+
+
+def format_row(r: dict, batch: int) -> str:
+    """One line of ``overload_row``'s figures."""
+    return (f"  overload batch {batch} connections {r['connections']}: {r['ok_rps']:.1f} requests/s answered 200 "
+            f"(p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms; every answer p99 {r['p99_all_ms']:.1f} ms), "
+            f"503: {r['share_503'] * 100:.1f} % of {r['answers']}, errors {r['errors']}; readiness probes "
+            f"p99 {r['probe_p99_ms']:.1f} ms, max {r['probe_max_ms']:.1f} ms, failed {r['probes_failed']}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=float, default=8.0, help="seconds per measurement (default 8)")
+    ap.add_argument("--connections", type=int, default=64, help="connections of the overload row (default 64)")
+    ap.add_argument("--batch", type=int, default=256, help="rows per request (default 256)")
+    ap.add_argument("--workers", type=int, default=2, help="serving worker processes (default 2)")
+    ap.add_argument("--threads", type=int, default=2, help="serving threads per worker (default 2)")
+    ap.add_argument("--serve-args", default="", help="more arguments for elastic-ctr serve, e.g. '--max-queue 8'")
+    args = ap.parse_args()
+
+    from bench.bench_serving import make_version
+    from runtime import proc, storage
+    from runtime.cube.cluster import LocalCubeCluster
+    from runtime.serving.client import encode_batches, load_rows
+    from runtime.trainer import generator
+
+    with tempfile.TemporaryDirectory(prefix="bench-overload-") as tmp:
+        tmp = Path(tmp)
+        generator.generate(tmp / "data", rows=10, test_rows=4096, seed=3)
+        rows = load_rows([str(tmp / "data" / "test.txt")], "criteo")
+        root = tmp / "root"
+        vid = int(time.time())
+        make_version(root, vid, rows)
+        with LocalCubeCluster(tmp / "cube", root, shards=2, replicas=1) as cube:
+            cube.wait_version(vid, timeout_s=120)
+            port = proc.free_ports(1)[0]
+            url = f"http://127.0.0.1:{port}"
+            sv = cube.group.start("serving", proc.self_command() + [
+                "serve", "--topology", str(cube.topology_path), "--model-root", cube.root_url,
+                "--transfer-url", cube.transfer_url, "--host", "127.0.0.1", "--port", str(port), "--grpc-port", "0",
+                "--workers", str(args.workers), "--threads", str(args.threads), "--work-dir", str(tmp / "serving"),
+                *args.serve_args.split()])
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                cube.group.check()
+                try:
+                    if storage.session().get(url + "/v2/health/ready", timeout=2).status_code == 200:
+                        break
+                except Exception:  # noqa: BLE001 - not up yet
+                    pass
+                time.sleep(0.2)
+            else:
+                raise TimeoutError(f"serving not ready:\n{proc.tail(sv.log_path)}")
+            payloads = [(body, {"Content-Type": "application/json"}) for body, _, _ in encode_batches(rows, args.batch)]
+            overload_row(url, payloads[:8], 1, 1.0, 1)  # warm-up
+            print(f"serving: {args.workers} worker(s) x {args.threads} threads {args.serve_args}; "
+                  f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}", flush=True)
+            base = overload_row(url, payloads, 4, args.duration, 4)
+            print(format_row(base, args.batch), flush=True)
+            over = overload_row(url, payloads, args.connections, args.duration)
+            print(format_row(over, args.batch), flush=True)
+    la = os.getloadavg()
+    print(f"load average: {la[0]:.1f} {la[1]:.1f} {la[2]:.1f} on {os.cpu_count()} CPUs")
+    print(f"serving_overload connections={over['connections']} batch={args.batch} ok_rps={over['ok_rps']:.1f} "
+          f"ok_rps_at_4={base['ok_rps']:.1f} p50_ms={over['p50_ms']:.1f} p99_ms={over['p99_ms']:.1f} "
+          f"share_503={over['share_503']:.3f} probe_p99_ms={over['probe_p99_ms']:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
