@@ -73,9 +73,10 @@ class Unavailable(InferenceError):
 class InferInput:
     """One input tensor as sent: ``name``, ``datatype`` (a key of ``DATATYPES``), ``shape``,
     its data in one of three forms, and ``parameters``; ``where`` names it in errors
-    (``inputs[i]``). ``data``: JSON values (a flat or nested row-major array) or a numpy
-    array (gRPC typed contents); ``raw``: binary bytes (the binary extension, gRPC
-    ``raw_input_contents``)."""
+    (``inputs[i]``). ``data``: JSON values (a flat or nested row-major array), a
+    ``JsonNumbers`` (a JSON array the codec decoded into numbers) or a numpy array (gRPC
+    typed contents); ``raw``: binary data, ``bytes`` or a ``memoryview`` of the request
+    (the binary extension, gRPC ``raw_input_contents``), read in place."""
 
     name: str
     datatype: str
@@ -83,7 +84,7 @@ class InferInput:
     data: Any = None
     parameters: dict = field(default_factory=dict)
     where: str = "input"
-    raw: Optional[bytes] = None
+    raw: Optional[bytes | memoryview] = None
 
     @property
     def count(self) -> int:
@@ -170,6 +171,19 @@ def tensor_bytes(o: InferOutput) -> int:
     return int(o.data.size) * DATATYPES[o.datatype].itemsize
 
 
+@dataclass
+class JsonNumbers:
+    """A flat JSON array of numbers, decoded by the codec straight into a typed array
+    (``values``: for an FP datatype, its float array, every element a JSON number within
+    the datatype's range; for an integer datatype, int64[m] or uint64[m], every element an
+    integer of that range). The model's conversion (``InferInput.array``) then checks the
+    count and an integer datatype's range on the array as it does on JSON values, with the
+    same messages. Arrays holding anything else (null, booleans, strings, nested arrays,
+    numbers out of an FP datatype's range) stay JSON values."""
+
+    values: np.ndarray
+
+
 class NonFinite(float):
     """A ``NaN``/``Infinity``/``-Infinity`` literal of a JSON body (not JSON; refused by the
     tensor decoders, which name the element)."""
@@ -198,6 +212,7 @@ def _raw_tensor(raw: bytes, datatype: str, count: int, where: str) -> np.ndarray
     """Binary tensor bytes -> a flat array (BYTES: object array of str)."""
     dtype = DATATYPES[datatype]
     if dtype is None:
+        raw = bytes(raw)
         out, pos = [], 0
         while pos < len(raw):
             if pos + 4 > len(raw):
@@ -236,7 +251,27 @@ def _flatten(data: Any, where: str) -> list:
     return data
 
 
+def _typed_json_tensor(data: JsonNumbers, datatype: str, count: int, where: str, shape: list[int]) -> np.ndarray:
+    """``_json_tensor`` of an array the codec decoded into numbers (same checks, same
+    messages). The codec decodes floats only for FP datatypes and integers only for
+    integer ones; any other pairing goes the JSON values' way."""
+    vals = data.values
+    if vals.size != count:
+        raise BadRequest(f"{where}: {vals.size} elements, but shape needs {count}")
+    dtype = DATATYPES[datatype]
+    if dtype is not None and dtype.kind == "f" and vals.dtype == dtype:  # the codec kept them in range
+        return vals
+    if dtype is not None and dtype.kind in "ui" and vals.dtype.kind in "ui":
+        info = np.iinfo(dtype)
+        if vals.size and (int(vals.min()) < info.min or int(vals.max()) > info.max):
+            raise BadRequest(f"{where}: value out of the {datatype} range [{info.min}, {info.max}]")
+        return vals.astype(dtype, copy=False)
+    return _json_tensor(vals.tolist(), datatype, count, where, shape)
+
+
 def _json_tensor(data: Any, datatype: str, count: int, where: str, shape: list[int]) -> np.ndarray:
+    if isinstance(data, JsonNumbers):
+        return _typed_json_tensor(data, datatype, count, where, shape)
     flat = _flatten(data, where)
     if len(flat) != count:
         raise BadRequest(f"{where}: {len(flat)} elements, but shape needs {count}")
