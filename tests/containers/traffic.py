@@ -15,6 +15,11 @@ connection, no endpoint for 10 s.
 SIGTERM): their outcomes are counted in ``inflight_at_mark`` / ``inflight_completed``, and a
 tagged request is never retried, so "every in-flight request completes" is measured, not
 assumed.
+
+``check_answers``: every answer's outputs are compared with the first answer to the same
+request body at the same ``model_version``; one that differs by more than ``ANSWER_TOL``
+is counted in ``mismatched`` (an answer mixing two versions, e.g. the dense model of one
+with embeddings of another or of an empty cube shard, scores differently).
 """
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ from typing import Callable
 @dataclass
 class LoadStats:
     requests: int = 0
+    mismatched: int = 0
+    mismatches: list = field(default_factory=list)  # up to 10: (seconds, pod, body index, version, max diff)
     ok: int = 0
     failed: int = 0
     failovers: int = 0
@@ -43,7 +50,7 @@ class LoadStats:
 
     def line(self) -> str:
         return (f"requests={self.requests} ok={self.ok} failed={self.failed} failovers={self.failovers} "
-                f"stale_retries={self.stale_retries} {self.stale} inflight_at_mark={self.inflight_at_mark} "
+                f"stale_retries={self.stale_retries} {self.stale} mismatched={self.mismatched} inflight_at_mark={self.inflight_at_mark} "
                 f"inflight_completed={self.inflight_completed} seconds={self.seconds:.1f} "
                 f"by_pod={self.by_pod} versions={self.by_version}")
 
@@ -52,15 +59,30 @@ class _Retry(Exception):
     pass
 
 
+#: largest difference between two answers to one body at one version still taken as equal
+ANSWER_TOL = 1e-6
+
+
+def _outputs(answer: dict) -> list[float]:
+    """Every number of a v2 inference answer's outputs, in order."""
+    out: list[float] = []
+    for o in answer.get("outputs") or []:
+        data = o.get("data") or []
+        out.extend(float(x) for x in data)
+    return out
+
+
 class ServiceLoad:
     """Closed-loop load at about ``rate`` requests/s over ``threads`` threads, bounded by
     ``max_s`` seconds (it stops by itself). ``endpoints()`` -> ``[(pod name, ip)]``."""
 
     def __init__(self, endpoints: Callable[[], list[tuple[str, str]]], bodies: list[bytes], port: int = 8000,
                  threads: int = 2, rate: float = 30.0, timeout_s: float = 15.0, max_s: float = 300.0,
-                 path: str = "/v2/models/ctr/infer"):
+                 path: str = "/v2/models/ctr/infer", check_answers: bool = False):
         self.endpoints, self.bodies, self.port = endpoints, bodies, port
         self.threads, self.rate, self.timeout_s, self.max_s, self.path = threads, rate, timeout_s, max_s, path
+        self.check_answers = check_answers
+        self._reference: dict[tuple[int, str], list[float]] = {}  # (body index, version) -> outputs
         self.stats = LoadStats()
         self.lock = threading.Lock()
         self._stop = threading.Event()
@@ -116,17 +138,17 @@ class ServiceLoad:
                     if delay > 0:
                         self._stop.wait(delay)
                     nxt = max(nxt + gap, time.monotonic() - gap)
-                body = self.bodies[i % len(self.bodies)]
+                idx = i % len(self.bodies)
                 i += self.threads
                 with self.lock:
                     self.stats.requests += 1
                 rr += 1
-                self._one(body, conns, rr)
+                self._one(self.bodies[idx], conns, rr, idx)
         finally:
             for c in conns.values():
                 c.close()
 
-    def _one(self, body: bytes, conns: dict, rr: int) -> None:
+    def _one(self, body: bytes, conns: dict, rr: int, idx: int = 0) -> None:
         tried: set[str] = set()
         retried_stale = False
         t_wait = time.monotonic()
@@ -190,9 +212,12 @@ class ServiceLoad:
                 self._fail(f"{name}: HTTP {status}: {data[:200]!r}" + (" (in flight at SIGTERM)" if tagged else ""))
                 return
             try:
-                version = json.loads(data).get("model_version")
+                answer = json.loads(data)
+                version = answer.get("model_version")
             except ValueError:
-                version = None
+                answer, version = {}, None
+            if self.check_answers:
+                self._check(answer, name, idx, str(version))
             with self.lock:
                 self.stats.ok += 1
                 if tagged:
@@ -200,6 +225,18 @@ class ServiceLoad:
                 self.stats.by_pod[name] = self.stats.by_pod.get(name, 0) + 1
                 self.stats.by_version[str(version)] = self.stats.by_version.get(str(version), 0) + 1
             return
+
+    def _check(self, answer: dict, pod: str, idx: int, version: str) -> None:
+        got = _outputs(answer)
+        with self.lock:
+            ref = self._reference.setdefault((idx, version), got)
+            if ref is got:
+                return
+            worst = max((abs(a - b) for a, b in zip(ref, got)), default=0.0) if len(ref) == len(got) else float("inf")
+            if worst > ANSWER_TOL:
+                self.stats.mismatched += 1
+                if len(self.stats.mismatches) < 10:
+                    self.stats.mismatches.append((round(time.monotonic() - self._t0, 2), pod, idx, version, worst))
 
     def _done(self, seq: int) -> bool:
         with self.lock:

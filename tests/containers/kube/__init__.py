@@ -75,6 +75,12 @@ How each Kubernetes concept is played
 * **Controllers.** Deployment and StatefulSet ``replicas`` pods (StatefulSet
   ``podManagementPolicy: OrderedReady`` starts ordinal by ordinal, each once the previous
   one is ready; ``Parallel`` all at once).
+* **A new rendering** (``Cluster.apply``): played as ``pulumi up`` applies a changed
+  program: the difference by kind/namespace/name, creates and updates in dependency order,
+  each StatefulSet and Deployment awaited as pulumi-kubernetes awaits it and rolled by its
+  strategy (StatefulSet RollingUpdate/OnDelete, Deployment RollingUpdate with
+  ``maxSurge``/``maxUnavailable`` or Recreate), a ConfigMap change reaching a pod only when
+  the pod is replaced, deletions last. ``apply``'s docstring lists what it plays and not.
 * **Volcano Job** (``batch.volcano.sh/v1alpha1``): pods ``<job>-<task>-<i>`` of every task are
   created together and started at one barrier (gang start; ``minAvailable`` must be
   satisfiable by the tasks' replicas). ``svc`` plugin: hostname ``<pod>`` + subdomain
@@ -100,6 +106,8 @@ Modules, by concern (each one's docstring details its part):
 * ``manifests``: a rendering read into the ``store`` (Secrets, ConfigMaps, claims, Services).
 * ``store``: what the API server would hold, plus the run's log and record; ``objects``:
   workloads, pods, containers; ``records``: rewrites and terminations.
+* ``diff``: the steps between two renderings and their order (pure); ``apply``: playing
+  them on a running cluster (rollouts, awaits, deletions).
 * ``controllers``: Deployment/StatefulSet pods and replacements; ``volcano``: the Job, its
   plugins, gang start and job controller.
 * ``dns``: cluster DNS, Service links, endpoints; ``env``: a container's environment;
