@@ -247,3 +247,49 @@ def test_continuous_job_resized_1_to_2_to_1_pservers_loses_no_row(tmp_path):
     assert _assert_rows_bit_for_bit(kept3, state / checkpoint.RESIZED / "loaded") == report["rows"]
     _assert_owners(state / checkpoint.RESIZED / "loaded", 4, 2)
     assert not (state / checkpoint.RESIZED / "relayout").exists()
+
+
+def test_a_restart_before_the_base_keeps_it_due(tmp_path):
+    """Resized (restore reports a layout change), stopped before its next export, then
+    restarted on the checkpoint's own count (nothing to re-seed): the export is still a
+    base, because the state recorded it; without that record the same run cuts a patch."""
+    from runtime.formats import partitions
+    from runtime.trainer.config import TrainConfig
+    from tests.trainer.test_train_result import _FakeWorker
+
+    class Worker(_FakeWorker):
+        def __init__(self, change=None, fail=False):
+            super().__init__(rows=10, seconds=0.01)
+            self.change, self.fail = change, fail
+
+        def restore(self, directory):
+            assert os.path.isdir(directory)
+            return self.change
+
+        def train_pass(self, ds, label, expected_rows):
+            if self.fail:
+                raise RuntimeError("killed in the middle of the partition")
+            return super().train_pass(ds, label, expected_rows)
+
+    for h in ("20261120/00", "20261120/01"):
+        d = tmp_path / "data" / h
+        d.mkdir(parents=True)
+        (d / "part-0.txt").write_text("")
+        partitions.mark_complete(d)
+
+    def cfg(state, end):
+        return TrainConfig(mode="continuous", data_root=str(tmp_path / "data"), start_hour=START, end_hour=end,
+                           state_dir=str(state), table_dir=str(tmp_path / "table"))
+
+    state = tmp_path / "state"
+    online.run(Worker(), cfg(state, "20261120/00"), [], {})
+    shutil.copytree(state, tmp_path / "control")
+    with pytest.raises(RuntimeError, match="killed"):
+        online.run(Worker("pservers 1 -> 2", fail=True), cfg(state, "20261120/01"), [], {})
+    assert online.OnlineState.load(str(state)).base_due == "pservers 1 -> 2"
+    online.run(Worker(None), cfg(state, "20261120/01"), [], {})
+    st = online.OnlineState.load(str(state))
+    assert [e.kind for e in st.exports] == ["base", "base"] and st.base_due is None
+    assert st.exports[1].id > st.exports[0].id and st.base_id == st.exports[1].id
+    online.run(Worker(None), cfg(tmp_path / "control", "20261120/01"), [], {})
+    assert [e.kind for e in online.OnlineState.load(str(tmp_path / "control")).exports] == ["base", "patch"]
