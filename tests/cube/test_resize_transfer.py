@@ -155,3 +155,20 @@ def test_a_relayout_that_cannot_be_rebuilt_lets_a_newer_base_through(gens, root,
     assert (e["version"], e["status"], e.get("reason"), e["shard_num"]) == (20, "finished", None, 3)
     assert seen(tr) == (20, 3, None, 20) and tr.info().relayout is None
     assert new.versions() == [20] * 3 and old.versions() == [12] * 4
+
+
+def test_a_relayout_restarted_for_a_third_shard_count_ends_on_the_target(gens, root, tmp_path):
+    old, new = gens
+    work = tmp_path / "work"
+    served_chain_2shards(old, root, work)
+    tr = make_transfer(new, root, work)
+    assert tr.poll_once()["reason"] == RELAYOUT  # base 10 on 3 shards, then cubeShards 4 before it ends
+    g4 = Cluster(tmp_path / "g4", shards=4, replicas=1)
+    try:
+        tr = make_transfer(g4, root, work)
+        entries = drain(tr)
+        assert [(e["version"], e["reason"]) for e in entries] == [(v, "relayout 2->4 shards") for v in (10, 11, 12)]
+        assert seen(tr)[:2] == (12, 4) and tr.info().relayout is None and g4.versions() == [12] * 4
+        assert old.versions() == [12] * 4
+    finally:
+        g4.close()

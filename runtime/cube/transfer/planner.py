@@ -204,7 +204,9 @@ def _relayout_next(d: Decision, bases: list[DonefileRecord], patches: list[Donef
             d.events.append(Event(logging.WARNING, f"Re-layout of version {rl.target} restarted for {n} shards "
                                   f"(it was for {rl.to})"))
             rl.from_ = rl.before.shard_num if rl.before is not None else have
-            rl.to, rl.next, rl.given_up, rl.error, rl.started = n, 0, False, None, now
+            rl.to, rl.next, rl.started = n, 0, now
+            if rl.links:  # the chain to the target, as found when it started (not given up for that)
+                rl.given_up, rl.error = False, None
         d.changed = True
     if rl is None:
         if served is None or have is None or have == n:
