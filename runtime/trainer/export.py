@@ -86,6 +86,26 @@ def read_saved_table(table_dir: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
     return keys, values
 
 
+def read_saved_keys(table_dir: str) -> np.ndarray:
+    """uint64[n]: only the keys (first column) of the text files of ``fleet.save_one_table``
+    under ``table_dir``, for a caller that pulls the values itself (``runtime.trainer.fedrows``):
+    about 10x cheaper than ``read_saved_table``'s float parsing. Raises ``ExportError`` as
+    ``read_saved_table`` when no part file is found or a key is not an integer."""
+    files = sorted(glob.glob(os.path.join(table_dir, "**", "part-*"), recursive=True))
+    if not files:
+        raise ExportError(f"sparse table: no part files under {table_dir} (see read_saved_table)")
+    out = []
+    for path in files:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rb") as f:
+            data = f.read()
+        try:
+            out.append(np.array([int(ln.split(b" ", 1)[0]) for ln in data.splitlines() if ln], dtype=np.uint64))
+        except ValueError as exc:
+            raise ExportError(f"{path}: a line whose first column is not a uint64 key ({exc})") from None
+    return np.concatenate(out) if out else np.zeros(0, np.uint64)
+
+
 def write_dense(stage: Path, slots: Sequence[int], dim: int, layers: Sequence[int],
                 source_scope=None, seed: int = 0) -> dict:
     """Builds the dense inference program (``runtime.trainer.model.build_infer``), takes the

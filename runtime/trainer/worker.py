@@ -447,13 +447,13 @@ class PsWorker(Worker):
         if not self.chief:
             return None
         log.info("%s: sparse table saved under %s in %.1f s", self.who, save_dir, time.monotonic() - t0)
-        keys, values = export.read_saved_table(save_dir, self.cfg.embedding_dim)
-        if exact and len(keys):
-            from runtime.trainer import fedrows
+        if not exact:
+            return export.read_saved_table(save_dir, self.cfg.embedding_dim)
+        from runtime.trainer import fedrows
 
-            t0 = time.monotonic()
-            values = fedrows.pull(self, keys)
-            log.info("%s: %d rows pulled in %.1f s", self.who, len(keys), time.monotonic() - t0)
+        keys, t0 = export.read_saved_keys(save_dir), time.monotonic()
+        values = fedrows.pull(self, keys) if len(keys) else np.zeros((0, self.cfg.embedding_dim), np.float32)
+        log.info("%s: %d rows pulled in %.1f s", self.who, len(keys), time.monotonic() - t0)
         return keys, values
 
     def checkpoint(self, directory: str) -> None:

@@ -63,3 +63,27 @@ def test_ps_patch_is_the_hours_fed_rows_and_chains_bit_for_bit(tmp_path):
     moved = np.isin(kc, fed2)
     pos2 = np.searchsorted(k2, kc[moved])
     assert (v2[pos2] != vc[moved]).any(axis=1).mean() > 0.9
+
+
+def test_read_saved_keys_gives_the_keys_read_saved_table_gives(tmp_path):
+    import gzip
+
+    from runtime.trainer import export
+
+    rng = np.random.default_rng(0)
+    keys = rng.integers(1, np.iinfo(np.uint64).max, 500, dtype=np.uint64, endpoint=True)
+    for i, part in enumerate(np.array_split(keys, 3)):  # two pservers' files in one dir
+        path = tmp_path / "000" / f"part-00{i % 2}-0000{i}.gz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(path, "wt") as f:
+            for k in part.tolist():
+                f.write(f"{k} 1 0 0 1 0 0.5 0 0 0 0 0.25 0.125\n")
+    full, _ = export.read_saved_table(str(tmp_path), 3)
+    got = export.read_saved_keys(str(tmp_path))
+    assert got.dtype == np.uint64 and np.array_equal(np.sort(got), np.sort(full))
+    assert np.array_equal(np.sort(got), np.sort(keys))
+    (tmp_path / "000" / "part-009-00000").write_text("x 1 2\n")
+    with pytest.raises(export.ExportError, match="part-009-00000"):
+        export.read_saved_keys(str(tmp_path))
+    with pytest.raises(export.ExportError, match="no part files"):
+        export.read_saved_keys(str(tmp_path / "empty"))
