@@ -30,6 +30,7 @@ import http.client
 import json
 import multiprocessing as mp
 import os
+import queue
 import subprocess
 import sys
 import tempfile
@@ -189,7 +190,7 @@ def measure_floor(topology: str, root: str, vid: int, data: str, batches: list[i
     dense_model = DenseModel(vid, Path(root) / "versions" / str(vid) / "dense", pool_size=1)
     cube = CubeClient.from_topology(topology, timeout_ms=2000, retries=2)
     with tempfile.TemporaryDirectory(prefix="bench-floor-") as work:
-        plane = build_dataplane(topology, root, None, work, threads=1, wait_s=60)
+        plane = build_dataplane(topology, root, None, work, threads=1, wait_s=60, cube_timeout_ms=2000)
         app, servicer = create_app(plane), InferenceServicer(plane)
         n, out = len(rows.labels), {}
         for b in batches:
@@ -239,7 +240,12 @@ def floor_figures(topology: str, root: str, vid: int, data: str, batches: list[i
     p = ctx.Process(target=measure_floor, args=(topology, root, vid, data, batches, transports, min_s, q))
     p.start()
     try:
-        return q.get(timeout=600)
+        while True:
+            try:
+                return q.get(timeout=1)
+            except queue.Empty:
+                if not p.is_alive():
+                    raise RuntimeError(f"the floor measurement exited with code {p.exitcode}") from None
     finally:
         p.join(30)
 
@@ -340,6 +346,7 @@ def main() -> int:
                 "serve", "--topology", str(cube.topology_path), "--model-root", cube.root_url,
                 "--transfer-url", cube.transfer_url, "--host", "127.0.0.1", "--port", str(port),
                 "--grpc-port", str(grpc_port), "--workers", str(args.workers), "--threads", str(args.threads),
+                "--cube-timeout-ms", "2000",  # a loaded machine must slow the figures down, not fail requests
                 "--work-dir", str(tmp / "serving")])
             proc.wait_for_port("127.0.0.1", port, 120, sv.proc, sv.name, sv.log_path)
             proc.wait_for_port("127.0.0.1", grpc_port, 120, sv.proc, sv.name, sv.log_path)
