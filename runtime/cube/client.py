@@ -21,7 +21,8 @@
   version; once all shards switched, the new one. If no version is common (a replica
   moved two versions ahead, or one restarted or added empty is being brought through the
   served chain), it re-asks the others naming the version most shards hold (the newest
-  of those), where a replica not holding it is skipped for another; at most
+  of those), where a replica not holding it is skipped for another; a version named once
+  is not named again (some shard had no replica holding it: the next candidate); at most
   ``pin_rounds`` rounds, then it raises ``CubeVersionUnavailable``. With ``seek(keys, version=V)`` every shard is
   asked for V; a replica not holding V is skipped for another one.
 - Thread-safe: any number of threads may call ``seek`` on one client (each call uses its
@@ -183,6 +184,7 @@ class CubeClient:
             if not parts:
                 parts = {0: keys[:0]}
         out = self._gather(parts, version)
+        pinned: set[int] = set()  # versions already named in a re-ask
         for _ in range(self.pin_rounds):
             versions = {o.version for o in out.values() if o.ok}
             if all(o.ok for o in out.values()) and len(versions) == 1:
@@ -195,12 +197,16 @@ class CubeClient:
                 raise CubeVersionUnavailable(
                     f"version {version} is not held by shard(s) {bad} "
                     f"(they hold {[sorted(out[s].held) for s in bad]})")
-            common = set.intersection(*(o.held for o in out.values()))
+            common = set.intersection(*(o.held for o in out.values())) - pinned
             if common:
                 target = max(common)
             else:  # a replica lags (being brought back) or ran ahead: the version most shards hold
-                held = Counter(v for o in out.values() for v in o.held)
+                held = Counter(v for o in out.values() for v in o.held if v not in pinned)
+                if not held:
+                    out = self._gather(parts, None)
+                    continue
                 target = max(held, key=lambda v: (held[v], v))
+            pinned.add(target)  # not named again: if a shard has no replica holding it, the next candidate
             redo = {s: parts[s] for s, o in out.items() if not (o.ok and o.version == target)}
             out.update(self._gather(redo, target))
         else:
