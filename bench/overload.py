@@ -3,8 +3,8 @@ workers can serve, at batch 256, and what each client sees.
 
 ``overload_row(url, payloads)`` opens ``connections`` keep-alive connections (threads in
 a few client processes, so the clients' GIL does not pace the load) that send pre-encoded
-requests back to back (closed loop; a 503 is counted and the request sent again at once,
-over a new connection when the server closed it: the harshest client, no back-off) for
+requests back to back (closed loop; after a 503 a client waits its ``Retry-After``, as
+the answer asks; ``--no-backoff``: it sends again at once, the harshest client) for
 ``duration_s`` s, while the parent probes ``/v2/health/ready`` every ``PROBE_S`` s. Returns
 requests/s answered 200, p50/p99 latency of the 200s and of every answer, the share of
 503s, errors, and the probes' p99 and max.
@@ -39,9 +39,10 @@ PROBE_S = 0.1
 PATH = "/v2/models/ctr/infer"
 
 
-def _connection_loop(host: str, port: int, payloads: list, end: float, out: list) -> None:
+def _connection_loop(host: str, port: int, payloads: list, end: float, out: list, backoff: bool = True) -> None:
     """One closed-loop connection until ``end`` (perf_counter); appends (seconds, status)
-    per answer (status 0: an error, the connection is then made again)."""
+    per answer (status 0: an error, the connection is then made again). ``backoff``: after
+    a 503 wait its ``Retry-After`` seconds (else send again at once)."""
     c = http.client.HTTPConnection(host, port, timeout=60)
     i = 0
     while True:
@@ -57,6 +58,10 @@ def _connection_loop(host: str, port: int, payloads: list, end: float, out: list
             status = r.status
             if r.will_close:
                 c.close()
+            if status == 503 and backoff:
+                out.append((time.perf_counter() - t0, status))
+                time.sleep(max(0.0, min(float(r.getheader("Retry-After") or 1), end - time.perf_counter())))
+                continue
         except (OSError, http.client.HTTPException):
             status = 0
             c.close()
@@ -64,12 +69,12 @@ def _connection_loop(host: str, port: int, payloads: list, end: float, out: list
     c.close()
 
 
-def _client_process(url: str, payloads: list, connections: int, duration_s: float, q) -> None:
+def _client_process(url: str, payloads: list, connections: int, duration_s: float, backoff: bool, q) -> None:
     u = urlsplit(url)
     end = time.perf_counter() + duration_s
     outs: list[list] = [[] for _ in range(connections)]
     ts = [threading.Thread(target=_connection_loop, args=(u.hostname, u.port, payloads[k::connections] or payloads,
-                                                          end, outs[k])) for k in range(connections)]
+                                                          end, outs[k], backoff)) for k in range(connections)]
     for t in ts:
         t.start()
     for t in ts:
@@ -94,16 +99,17 @@ def _probe_loop(url: str, stop: threading.Event, out: list) -> None:
 
 
 def overload_row(url: str, payloads: list[tuple[bytes, dict]], connections: int = 64, duration_s: float = 8.0,
-                 processes: int = 4) -> dict:
+                 processes: int = 4, backoff: bool = True) -> dict:
     """``connections`` closed-loop connections to serving at ``url`` sending ``payloads``
     ((body, headers) of ``POST /v2/models/ctr/infer``) for ``duration_s`` s (module
-    docstring). Returns ``{"connections", "answers", "ok_rps", "p50_ms", "p99_ms"`` (200s),
+    docstring; ``backoff``: clients honour ``Retry-After``). Returns ``{"connections",
+    "answers", "ok_rps", "p50_ms", "p99_ms"`` (200s),
     ``"p99_all_ms", "share_503", "errors", "probe_p99_ms", "probe_max_ms", "probes_failed"}``."""
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     processes = max(1, min(processes, connections))
     per = [connections // processes + (1 if k < connections % processes else 0) for k in range(processes)]
-    ps = [ctx.Process(target=_client_process, args=(url, payloads[k::processes] or payloads, n, duration_s, q))
+    ps = [ctx.Process(target=_client_process, args=(url, payloads[k::processes] or payloads, n, duration_s, backoff, q))
           for k, n in enumerate(per)]
     probes: list = []
     stop = threading.Event()
@@ -144,6 +150,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=256, help="rows per request (default 256)")
     ap.add_argument("--workers", type=int, default=2, help="serving worker processes (default 2)")
     ap.add_argument("--threads", type=int, default=2, help="serving threads per worker (default 2)")
+    ap.add_argument("--no-backoff", action="store_true", help="clients send again at once after a 503")
     ap.add_argument("--serve-args", default="", help="more arguments for elastic-ctr serve, e.g. '--max-queue 8'")
     args = ap.parse_args()
 
@@ -186,13 +193,13 @@ def main() -> int:
                   f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}", flush=True)
             base = overload_row(url, payloads, 4, args.duration, 4)
             print(format_row(base, args.batch), flush=True)
-            over = overload_row(url, payloads, args.connections, args.duration)
+            over = overload_row(url, payloads, args.connections, args.duration, backoff=not args.no_backoff)
             print(format_row(over, args.batch), flush=True)
     la = os.getloadavg()
     print(f"load average: {la[0]:.1f} {la[1]:.1f} {la[2]:.1f} on {os.cpu_count()} CPUs")
     print(f"serving_overload connections={over['connections']} batch={args.batch} ok_rps={over['ok_rps']:.1f} "
           f"ok_rps_at_4={base['ok_rps']:.1f} p50_ms={over['p50_ms']:.1f} p99_ms={over['p99_ms']:.1f} "
-          f"share_503={over['share_503']:.3f} probe_p99_ms={over['probe_p99_ms']:.1f}")
+          f"share_503={over['share_503']:.3f} probe_p99_ms={over['probe_p99_ms']:.1f} backoff={not args.no_backoff}")
     return 0
 
 
