@@ -38,6 +38,8 @@ import http.client
 import multiprocessing as mp
 import os
 import queue
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -115,19 +117,34 @@ def start_servers(cube, tmp: Path, args) -> dict[str, tuple[proc.Role, str]]:
     ours = cube.group.start("serving", proc.self_command() + [
         "serve", "--topology", str(cube.topology_path), "--model-root", cube.root_url,
         "--transfer-url", cube.transfer_url, "--host", "127.0.0.1", "--port", str(port),
-        "--workers", str(args.workers), "--threads", str(args.threads), "--work-dir", str(tmp / "serving")],
+        "--workers", str(args.workers), "--threads", str(args.threads), "--work-dir", str(tmp / "serving"),
+        "--cube-timeout-ms", str(args.cube_timeout_ms)],
         env=env, cwd=REPO)
     kdir = tmp / "kserve"
     peer = cube.group.start("kserve", [args.kserve_python, str(REPO / "bench" / "kserve_peer.py"),
                                        "--topology", str(cube.topology_path), "--model-root", cube.root_url,
                                        "--transfer-url", cube.transfer_url, "--port", str(kport),
                                        "--workers", str(args.workers), "--threads", str(args.threads),
-                                       "--work-dir", str(kdir), "--predict-on", args.kserve_predict],
+                                       "--work-dir", str(kdir), "--predict-on", args.kserve_predict,
+                                       "--cube-timeout-ms", str(args.cube_timeout_ms)],
                             env=env, cwd=REPO)
     servers = {"ours": (ours, f"http://127.0.0.1:{port}"), "kserve": (peer, f"http://127.0.0.1:{kport}")}
     wait_ready(cube.group, ours, servers["ours"][1])
     wait_ready(cube.group, peer, servers["kserve"][1], markers=(kdir, args.workers))
     return servers
+
+
+def stop(role: proc.Role, grace_s: float = 30.0) -> None:
+    """SIGTERM to ``role``'s process group (its own session), SIGKILL after ``grace_s`` s
+    (the process group's own 5 s are short for a graceful stop on a loaded machine)."""
+    if role.proc.poll() is not None:
+        return
+    os.killpg(role.proc.pid, signal.SIGTERM)
+    try:
+        role.proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(role.proc.pid, signal.SIGKILL)
+        role.proc.wait(10)
 
 
 def same_answers(servers: dict, bodies: list[bytes], batch: int) -> int:
@@ -178,7 +195,7 @@ def floor_figures(cube, root: Path, vid: int, data: str, rows, batches: list[int
     from runtime.serving.launcher import build_dataplane
 
     plane = build_dataplane(str(cube.topology_path), cube.root_url, cube.transfer_url, str(tmp / "floor"),
-                            threads=threads, wait_s=60.0)
+                            threads=threads, wait_s=60.0, cube_timeout_ms=2000.0)
     plane.default.watcher.stop()
     return measure_floor(plane, rows.dense, rows.feasigns, batches), "serving_floor.measure_floor"
 
@@ -199,6 +216,9 @@ def main() -> int:
     ap.add_argument("--kserve-predict", choices=["sync", "threads"], default="sync",
                     help="the KServe model's predict: sync (on the event loop, KServe's way for a synchronous "
                          "model; default) or threads (a coroutine over --threads threads per worker)")
+    ap.add_argument("--cube-timeout-ms", type=float, default=2000.0,
+                    help="both servers' cube lookup timeout (serve --cube-timeout-ms; default 2000: a loaded "
+                         "machine slows the figures down rather than failing requests)")
     ap.add_argument("--wrk", default="wrk", help="the wrk executable (default: wrk on PATH)")
     args = ap.parse_args()
     batches = [int(x) for x in args.batches.split(",")]
@@ -260,8 +280,8 @@ def main() -> int:
                               f"{r['cube_cpu_ms']:.2f} ms  workers' CPU s {'/'.join(f'{x:.1f}' for x in split)}  "
                               f"load {r['load']:.1f}", flush=True)
 
-            for name, (role, _) in servers.items():  # SIGTERM to each server's process group
-                cube.group.stop(role)
+            for name, (role, _) in servers.items():
+                stop(role)
             print("servers stopped by SIGTERM: " + ", ".join(f"{name} exit {role.proc.returncode}"
                                                              for name, (role, _) in servers.items()), flush=True)
 

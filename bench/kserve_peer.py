@@ -53,6 +53,22 @@ def quiet_access_log() -> None:
     logging.config.dictConfig(cfg)
 
 
+def patient_pings(timeout_s: float = 60.0) -> None:
+    """KServe's parent pings each worker every 0.5 s and kills one that does not answer
+    within 5 s (``RESTServerProcess.is_alive``); a spawned worker answers only once it has
+    imported KServe and this module, which alone took longer than 5 s on this shared machine
+    at load 20 (workers were killed and restarted in a loop). The parent here waits
+    ``timeout_s`` instead: only start-up tolerance changes, not how requests are served."""
+    from kserve.protocol.rest.multiprocess import server as mp_server
+
+    is_alive = mp_server.RESTServerProcess.is_alive
+
+    def patient(self, timeout: float = timeout_s) -> bool:
+        return is_alive(self, max(timeout, timeout_s))
+
+    mp_server.RESTServerProcess.is_alive = patient
+
+
 class CtrPeer(Model):
     """The model ``ctr`` over this project's data plane (module docstring).
 
@@ -166,6 +182,8 @@ def main() -> int:
     ap.add_argument("--port", type=int, required=True, help="HTTP port")
     ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes (default 2)")
     ap.add_argument("--threads", type=int, default=2, help="predictors per worker (serve --threads; default 2)")
+    ap.add_argument("--cube-timeout-ms", type=float, default=200.0,
+                    help="cube lookup timeout (serve --cube-timeout-ms; default 200)")
     # (KServe parses this process's argv too, at import, with prefix matching: no option
     # here may be a prefix of one of KServe's, e.g. --predict of --predictor_host)
     ap.add_argument("--predict-on", choices=["sync", "threads"], default="sync",
@@ -175,7 +193,7 @@ def main() -> int:
     Path(args.work_dir).mkdir(parents=True, exist_ok=True)
     quiet_access_log()
     plane_args = {"topology": args.topology, "model_root": args.model_root, "transfer_url": args.transfer_url,
-                  "work_dir": args.work_dir, "threads": args.threads}
+                  "work_dir": args.work_dir, "threads": args.threads, "cube_timeout_ms": args.cube_timeout_ms}
     if args.predict_on == "threads":
         model = ThreadedCtrPeer(plane_args, args.work_dir, args.threads)
     else:
@@ -184,6 +202,7 @@ def main() -> int:
         model.load_plane()
         if model.plane is None:
             return 1
+    patient_pings()
     ModelServer(http_port=args.port, workers=args.workers, enable_grpc=False,
                 enable_latency_logging=False).start([model])
     return 0
