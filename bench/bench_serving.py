@@ -150,18 +150,18 @@ class _Ctx:
 
 
 def _cpu_ms_per_call(fn, items: list, min_s: float) -> float:
-    """CPU ms (this process, every thread: ``time.process_time``) per ``fn(item)``, cycling
-    over ``items`` for at least ``min_s`` s of CPU time and a whole number of passes."""
+    """CPU ms (this process, every thread: ``time.process_time``) per ``fn(item)``: passes
+    over ``items`` until ``min_s`` s of CPU time (at least 3), the median pass's mean (a
+    pass slowed down by other work on the machine does not move it)."""
     for it in items[:3]:
         fn(it)  # warm-up
-    calls, t0 = 0, time.process_time()
-    while True:
+    passes, start = [], time.process_time()
+    while len(passes) < 3 or time.process_time() - start < min_s:
+        t0 = time.process_time()
         for it in items:
             fn(it)
-        calls += len(items)
-        used = time.process_time() - t0
-        if used >= min_s:
-            return used * 1e3 / calls
+        passes.append((time.process_time() - t0) * 1e3 / len(items))
+    return float(np.median(passes))
 
 
 def measure_floor(topology: str, root: str, vid: int, data: str, batches: list[int], transports: list[str],
@@ -310,6 +310,8 @@ def main() -> int:
                     help="transports to measure: json, binary (HTTP binary tensors), grpc (default: all three)")
     ap.add_argument("--floor-s", type=float, default=1.0,
                     help="CPU seconds per floor / in-process measurement (default 1)")
+    ap.add_argument("--overload-connections", type=int, default=64,
+                    help="connections of the overload row (JSON, batch 256; bench/overload.py); 0: no such row")
     ap.add_argument("--floor-only", action="store_true",
                     help="measure the floor and the in-process requests only (no server, no load)")
     args = ap.parse_args()
@@ -397,6 +399,13 @@ def main() -> int:
                        if ln.startswith("elastic_ctr_serving_requests_total") and 'code="200"' in ln)
             print(f"serving: {reqs:.0f} requests answered with {runs:.0f} predictor runs "
                   f"(concurrent requests combined: {reqs / max(runs, 1):.2f} requests per run)")
+            overload = None
+            if args.overload_connections > 0:  # bench/overload.py: more connections than serving can take
+                from bench.overload import format_row, overload_row
+
+                payloads = [(body, {"Content-Type": "application/json"}) for body, _, _ in encode_batches(rows, 256)]
+                overload = overload_row(url, payloads, args.overload_connections, args.duration)
+                print(format_row(overload, 256), flush=True)
     print("\n| transport | batch | clients | requests/s | rows/s | p50 ms | p99 ms | failed | serving CPU ms/request "
           "| in process ms | floor ms (model + cube) | serving / floor |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -406,6 +415,11 @@ def main() -> int:
               f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['failed']} | {r['serving_cpu_ms']:.2f} | "
               f"{f[r['transport']]:.2f} | {f['floor']:.2f} ({f['model']:.2f} + {f['cube']:.2f}) | "
               f"{r['serving_cpu_ms'] / f['floor']:.2f}x |")
+    if overload is not None:
+        print(f"\noverload (JSON, batch 256, {overload['connections']} connections; clients wait Retry-After after a "
+              f"503): {overload['ok_rps']:.0f} requests/s answered 200, p50 {overload['p50_ms']:.1f} ms, p99 "
+              f"{overload['p99_ms']:.1f} ms, 503 {overload['share_503'] * 100:.1f} %, readiness probe p99 "
+              f"{overload['probe_p99_ms']:.1f} ms")
     la = os.getloadavg()
     print(f"load average during the run: {la[0]:.1f} {la[1]:.1f} {la[2]:.1f} on {os.cpu_count()} CPUs "
           "(other work on the machine lowers these figures)")
