@@ -6,6 +6,8 @@ Where no engine answers and none can be started (``engine.sh`` exits 3: not root
 Debian) every test that needs one skips, naming why; with ``CI=true`` they fail instead.
 An engine this session started is stopped at its end; one that was already running is left
 alone. The images stay in the engine (``.cache/containers``), so the next session is warm.
+``ELASTIC_CTR_NO_BUILD=1`` uses the images already in the engine without building (printed
+in the summary: they may be older than the tree).
 """
 from __future__ import annotations
 
@@ -102,6 +104,15 @@ def engine():
 @pytest.fixture(scope="session")
 def images(engine):
     tag = os.environ.get("IMAGE_TAG", "dev")
+    if os.environ.get("ELASTIC_CTR_NO_BUILD", "").strip() == "1":
+        # the images already in the engine, as they are (a re-run of one test after a full
+        # build while the tree moves on); said in the summary, since they may be older than the tree
+        refs = {role: f"elastic-ctr-{role}:{tag}" for role in ROLES}
+        missing = [r for r in refs.values() if engine.docker("image", "inspect", r, check=False).returncode != 0]
+        if missing:
+            pytest.fail(f"ELASTIC_CTR_NO_BUILD=1 but {missing} are not in the engine", pytrace=False)
+        report_size(f"ELASTIC_CTR_NO_BUILD=1: images NOT rebuilt from this tree: {sorted(refs.values())}")
+        return Images(tag=tag, refs=refs)
     env = dict(engine.env, IMAGE_TAG=tag)
     logs = cache_dir() / "logs"
     logs.mkdir(parents=True, exist_ok=True)

@@ -41,6 +41,9 @@ class Cluster:
         ip_prefix / first_ip: pod addresses ``<prefix><first_ip + slot>``.
         image_map: rendered image -> image run instead (to try a fix before it is in the
             tree; logged loudly).
+        liveness_delay_s: added to every liveness probe's ``initialDelaySeconds`` (logged
+            loudly): on a machine so loaded that a role needs longer than its rendered
+            liveness window to start, the kubelet would restart it, which is not played.
     """
 
     workdir = _from_store("workdir", "the run's work directory")
@@ -62,8 +65,12 @@ class Cluster:
     def __init__(self, manifests: Any, workdir: Path, docker_env: dict[str, str], *,
                  run_id: Optional[str] = None, secret_values: Optional[dict] = None,
                  ip_prefix: str = "127.0.0.", first_ip: int = 101, echo: Optional[Callable[[str], None]] = None,
-                 image_map: Optional[dict[str, str]] = None):
+                 image_map: Optional[dict[str, str]] = None, liveness_delay_s: float = 0.0):
         self.store = Store(workdir, run_id or rand_name(6), ip_prefix, first_ip)
+        if liveness_delay_s:
+            self.store.liveness_delay_s = float(liveness_delay_s)
+            self.store.log(f"WARNING: every liveness probe starts {liveness_delay_s:.0f} s later than rendered "
+                           "(liveness_delay_s: a machine too loaded for the rendered startup time)")
         self.echo = echo
         self.image_map = dict(image_map or {})
         #: the ``docker`` client of this run (callable: ``cluster.docker("logs", id)``)

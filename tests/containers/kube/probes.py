@@ -118,6 +118,8 @@ class Prober:
         fail_n = int(probe.get("failureThreshold", 3))
         ok_n = int(probe.get("successThreshold", 1))
         delay = float(probe.get("initialDelaySeconds", 0))
+        if kind == "livenessProbe":
+            delay += self.store.liveness_delay_s  # Cluster(liveness_delay_s=...): an overloaded machine
         if pod.stop_probing.wait(delay):
             return
         oks = fails = 0

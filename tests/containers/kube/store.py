@@ -53,6 +53,8 @@ class Store:
         self.terminations: list[Termination] = []
         self.all_containers: list[ContainerRun] = []
         self._next_slot = 0
+        #: seconds added to every liveness probe's initialDelaySeconds (``Cluster``)
+        self.liveness_delay_s = 0.0
 
     def log(self, msg: str) -> None:
         """Appends a timestamped line to the events and ``harness.log``."""
