@@ -156,11 +156,9 @@ class _Pools:
         self.rejects: deque[HTTPChannel] = deque()  # answered by the event loop (WebServer._step)
 
     def add_task(self, channel: HTTPChannel) -> None:
-        if self.control is None:
-            return self.work.add_task(channel)
         req = channel.requests[0]
         if req.error is not None or not self.is_work(req.command, req.path):
-            return self.control.add_task(channel)
+            return (self.control or self.work).add_task(channel)
         if self.max_queue is not None and len(self.work.queue) >= self.max_queue:
             req.error = Overloaded(f"{req.command} {req.path}: overloaded, {len(self.work.queue)} requests are "
                                    f"already waiting (queue limit {self.max_queue}); retry later")
@@ -184,9 +182,12 @@ class _Pools:
 
 
 def _readable(sock) -> bool:
-    """True when ``sock`` has something to read now (data, a connection, or EOF)."""
+    """True when ``sock`` has something to read now (data, a connection, EOF or an error);
+    ``poll``, not ``select``: any descriptor number."""
     try:
-        return bool(select.select([sock], [], [], 0)[0])
+        p = select.poll()
+        p.register(sock, select.POLLIN)
+        return bool(p.poll(0))
     except (OSError, ValueError):
         return False
 
@@ -211,7 +212,8 @@ class WebServer:
         header_timeout_s, idle_timeout_s, max_body_bytes, connection_limit: limits on
             clients (module docstring).
 
-    Raises ``OSError`` when the address cannot be bound.
+    Raises ``OSError`` when the address cannot be bound, ``ValueError`` for ``threads`` < 1 or a
+    negative ``max_queue``.
     """
 
     #: seconds the event loop waits for an event before it looks at timeouts and stops
@@ -223,6 +225,10 @@ class WebServer:
                  max_queue: int | None = None, on_reject: Callable[[], None] | None = None,
                  header_timeout_s: float = 10.0, idle_timeout_s: float = 30.0, max_body_bytes: int = 1 << 40,
                  connection_limit: int = 1000):
+        if threads < 1:
+            raise ValueError(f"threads: {threads}, at least 1 is needed")
+        if max_queue is not None and max_queue < 0:
+            raise ValueError(f"max_queue: {max_queue} is negative")
         self.app = app
         self.name = name or "http"
         self.ready = False

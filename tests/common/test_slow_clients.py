@@ -128,3 +128,10 @@ def test_beyond_the_queue_limit_work_is_answered_503_at_once_and_probes_answer()
         for t in first:
             t.join(30)
     assert sorted(x[0] for x in results) == [200, 200, 200], results
+
+
+def test_bad_pool_settings_are_refused_by_name():
+    with pytest.raises(ValueError, match="threads"):
+        WebServer(lambda e, s: [], threads=0)
+    with pytest.raises(ValueError, match="max_queue"):
+        WebServer(lambda e, s: [], max_queue=-1)
