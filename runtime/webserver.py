@@ -243,7 +243,10 @@ class WebServer:
             self._dispatch if probes else app, map=self._map, _dispatcher=self.pools, **where,
             channel_timeout=max(1, round(idle_timeout_s)), cleanup_interval=1,
             max_request_body_size=max_body_bytes, connection_limit=connection_limit, asyncore_use_poll=True,
-            ident=self.name, clear_untrusted_proxy_headers=False, backlog=1024)
+            ident=self.name, clear_untrusted_proxy_headers=False, backlog=1024,
+            # a client that resets or leaves is not the server's error: no traceback in the role's log (the
+            # apps served here answer their own exceptions: Flask's 500, serving's RestApp)
+            log_socket_errors=False)
         for listener in self._listeners():
             listener.channel_class = _Channel
         first = server if isinstance(server, BaseWSGIServer) else self._listeners()[0]
