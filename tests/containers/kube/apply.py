@@ -166,6 +166,7 @@ class Applier:
         if ch.kind not in WORKLOADS:
             if ch.action == "delete":
                 kmanifests.remove(self.store, ch.old)
+                return "removed (pods that started with it keep what they read)"
             else:
                 kmanifests.put(self.store, ch.new, secret_values)
             if ch.kind in ("PodDisruptionBudget", "HorizontalPodAutoscaler", "Namespace"):
