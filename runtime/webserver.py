@@ -37,7 +37,9 @@ method 405, ``abort(...)``) as JSON ``{"error": "..."}``, as the roles' own erro
 Stopping (``stop``, or ``request_stop`` while ``serve`` runs the loop): readiness false,
 connections already waiting in the listen backlog accepted (at most ``ACCEPT_DRAIN_S``),
 the listening sockets closed, then every request received or partly received finishes
-and its answer is sent (up to ``shutdown_timeout_s``), idle connections are closed.
+and its answer is sent with ``Connection: close`` (a keep-alive client sending request
+after request lets go after its answer), idle connections are closed (up to
+``shutdown_timeout_s``).
 ``serve_forever`` runs a role's server in the main thread's stead until SIGTERM or
 SIGINT: readiness turns false, ``on_stop`` runs (the role stops its own work), requests
 in flight finish, and it returns so the process exits 0.
@@ -57,7 +59,7 @@ from typing import Callable, Sequence
 from waitress import wasyncore
 from waitress.channel import HTTPChannel
 from waitress.server import BaseWSGIServer, create_server
-from waitress.task import ErrorTask, ThreadedTaskDispatcher
+from waitress.task import ErrorTask, ThreadedTaskDispatcher, WSGITask
 from waitress.utilities import Error
 
 log = logging.getLogger(__name__)
@@ -117,9 +119,25 @@ class Overloaded(Error):
                 [("Content-Type", "application/json"), ("Retry-After", str(self.retry_after_s))], body)
 
 
-class _ErrorTask(ErrorTask):
+class _ClosingWhenDraining:
+    """Mixin for waitress's tasks: once the channel's server is stopping
+    (``_Channel.draining``), the answer says ``Connection: close`` and the connection is
+    closed once it is sent, so a keep-alive client sending request after request lets go
+    of the connection after its answer instead of holding the drain to its timeout."""
+
+    def build_response_header(self):
+        if self.channel.draining and not self.close_on_finish:
+            self.set_close_on_finish()
+        return super().build_response_header()
+
+
+class _WSGITask(_ClosingWhenDraining, WSGITask):
+    pass
+
+
+class _ErrorTask(_ClosingWhenDraining, ErrorTask):
     """waitress's error answer, but an ``Overloaded`` one keeps the connection open (the
-    request was read whole: the client may send its next one on it)."""
+    request was read whole: the client may send its next one on it), unless draining."""
 
     def execute(self):
         e = self.request.error
@@ -132,7 +150,14 @@ class _ErrorTask(ErrorTask):
 
 
 class _Channel(HTTPChannel):
+    task_class = _WSGITask
     error_task_class = _ErrorTask
+
+    @property
+    def draining(self) -> bool:
+        """True once the listener that accepted this connection is stopping
+        (``WebServer._drain``): every answer from then on closes its connection."""
+        return getattr(self.server, "elastic_draining", False)
 
 
 def _probe_or_not_post(method: str, path: str) -> bool:
@@ -325,6 +350,8 @@ class WebServer:
         self.ready, self.reason = False, self.reason or "stopping"
         t0 = time.monotonic()
         listeners = self._listeners()
+        for s in listeners:  # answers from now on say Connection: close (_ClosingWhenDraining)
+            s.elastic_draining = True
         while time.monotonic() - t0 < ACCEPT_DRAIN_S and any(_readable(s.socket) for s in listeners):
             self._step()  # the backlog: connections made before the stop are served
             if on_tick is not None:
