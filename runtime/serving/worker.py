@@ -23,7 +23,8 @@ Stopping: gunicorn's master sends SIGTERM; the worker's handler (``launcher.Serv
 turns readiness false and calls ``handle_exit``; at its next tick the loop accepts what is
 already in the listen backlog (at most ``runtime.webserver.ACCEPT_DRAIN_S``), closes its
 copy of the listening sockets, finishes every request received or partly received and
-sends its answer (within gunicorn's ``graceful_timeout``), and the worker exits 0.
+sends its answer with ``Connection: close`` (within gunicorn's ``graceful_timeout``), and the
+worker exits 0 (at once: ``launcher.ServerHooks.worker_exit``).
 """
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ class WaitressWorker(Worker):
             sockets=[s.sock for s in self.sockets], probes=False, control_threads=CONTROL_THREADS,
             is_work=is_inference, on_reject=on_reject if metrics is not None else None, **self.options)
         self.server.serve(on_tick=self._tick)
+        #: every request answered: ``launcher.ServerHooks.worker_exit`` may end the process at once
+        self.drained = True
 
     def _tick(self) -> None:
         """The loop's heartbeat: tells the master this worker lives; stops the loop once

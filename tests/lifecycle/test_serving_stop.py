@@ -9,6 +9,12 @@ socket just before it (gunicorn's own ``gthread`` worker reset those it had not 
 yet). Readiness turns false while the process is still up, it exits 0 within the bound,
 and its output has its start line and no traceback, Paddle ``FatalError`` or
 ``ImportError``.
+
+Under keep-alive traffic (``requests.Session`` clients sending continuously through the
+SIGTERM, as the container resize test's client does) serving exits well before its
+graceful timeout: its workers, drained within a tick, used to spend seconds (under load:
+more than the whole 20 s, so the pods were SIGKILLed) in the interpreter's C-level
+finalization after their last answer.
 """
 from __future__ import annotations
 
@@ -179,3 +185,74 @@ def test_two_workers_finish_requests_in_flight_on_sigterm_every_time(cube, tmp_p
         for i in range(STOPS_TWO_WORKERS):
             timings = _stop_in_flight(cube, group, f"serving-w2-{i}", workers=2)
             print(f"two workers, stop {i}:", timings)
+
+
+KEEPALIVE_CLIENTS = 8
+#: a serving pod's drain bound under keep-alive traffic: well below --graceful-timeout (20 s)
+KEEPALIVE_DRAIN_BOUND_S = 8.0
+
+
+class _Sender(threading.Thread):
+    """POSTs ``/predict`` over one ``requests.Session`` (keep-alive) continuously until a
+    connection is refused. ``ok``: answers 200 (``after``: of them, answered after
+    ``t_signal``); ``bad``: other statuses; ``lost``: other errors."""
+
+    def __init__(self, url: str, lines: list[str]):
+        super().__init__(daemon=True)
+        self.url, self.body = url, {"lines": lines}
+        self.ok = self.after = 0
+        self.t_signal: float | None = None
+        self.bad: list[int] = []
+        self.lost: list[str] = []
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 120
+        with requests.Session() as s:
+            while time.monotonic() < deadline:
+                try:
+                    r = s.post(self.url + "/predict", json=self.body, timeout=30)
+                except requests.ConnectionError as exc:
+                    if "refused" in str(exc).lower():
+                        return
+                    self.lost.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                if r.status_code == 200:
+                    self.ok += 1
+                    self.after += self.t_signal is not None and time.monotonic() > self.t_signal
+                else:
+                    self.bad.append(r.status_code)
+
+
+def test_stop_under_keepalive_traffic_ends_well_before_the_grace(cube, tmp_path):
+    """``KEEPALIVE_CLIENTS`` clients keep sending over keep-alive connections through the
+    SIGTERM: serving exits 0 well before its graceful timeout (the pods of the container
+    resize test were SIGKILLed at the end of theirs), every request answered 200 or
+    refused a connection (at most one lost per client: a request sent on a connection
+    closed while idle)."""
+    with proc.ProcessGroup(tmp_path / "logs", grace_s=10) as group:
+        role, port, _ = _serve(cube, group, "serving-keepalive", workers=2)
+        url = f"http://127.0.0.1:{port}"
+        senders = [_Sender(url, cube["lines"][:64]) for _ in range(KEEPALIVE_CLIENTS)]
+        for s in senders:
+            s.start()
+        deadline = time.monotonic() + 60
+        while not all(s.ok for s in senders) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(s.ok for s in senders), f"not every client answered: {[s.bad + s.lost for s in senders]}"
+        time.sleep(1.0)
+        watch = support.StopWatch(role, url + "/v2/health/ready")
+        t_signal = watch.start()
+        for s in senders:
+            s.t_signal = t_signal
+        stop = watch.result()
+        for s in senders:
+            s.join(30)
+        summary = {"exit_s": round(stop.seconds, 2), "ok": sum(s.ok for s in senders),
+                   "ok_after_signal": sum(s.after for s in senders), "lost": [x for s in senders for x in s.lost],
+                   "bad": [b for s in senders for b in s.bad]}
+        print("keep-alive stop:", summary)
+        support.check_stop(stop, role, bound_s=KEEPALIVE_DRAIN_BOUND_S)
+        assert not summary["bad"], summary
+        assert all(len(s.lost) <= 1 for s in senders), summary
+        assert not any(s.is_alive() for s in senders), "every client ends refused"
+        support.check_log(role, "127.0.0.1", [port])
