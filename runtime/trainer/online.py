@@ -203,8 +203,13 @@ def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
     if ckpt is not None:
         log.info("%s: resuming from checkpoint %s (next partition %s)", worker.who, ckpt, next_hour)
         change = worker.restore(os.path.join(ckroot, ckpt))
-        if change is not None and worker.chief:  # a resize: recorded, so a restart before the base keeps it due
-            log.info("%s: tables re-seeded (%s): the next export is a base", worker.who, change)
+        if change is None and getattr(worker, "role", None) is not None:
+            # Paddle's PS checkpoint holds the tables as text (6 significant digits), while
+            # exports carry the pservers' exact floats: restored rows that no later batch
+            # feeds would differ from the served chain, so the next export is a base
+            change = f"restored from checkpoint {ckpt} (text values)"
+        if change is not None and worker.chief:  # recorded, so a restart before the base keeps it due
+            log.info("%s: tables restored (%s): the next export is a base", worker.who, change)
             state.base_due = change
             state.save(cfg.state_dir)
     if worker.chief and state.pending is not None:
