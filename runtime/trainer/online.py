@@ -36,7 +36,9 @@ trained twice into the served lineage or skipped, and version ids keep increasin
 Partitions trained after the last export point are trained again after a restart (their
 updates were never checkpointed). A checkpoint restored into another pserver (or shard)
 count, a resize, is re-seeded and verified row by row (``runtime.trainer.checkpoint``) and
-the next export is a base (``base_due`` in the state until it is published).
+the next export is a base (``base_due`` in the state until it is published); so is the
+first export after any parameter-server restore (the checkpoint's tables are text, the
+exports the pservers' exact floats).
 
 The state file (``--state-dir/online-state.json``) is owned by ``OnlineState``.
 """
