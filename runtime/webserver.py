@@ -38,8 +38,8 @@ Stopping (``stop``, or ``request_stop`` while ``serve`` runs the loop): readines
 connections already waiting in the listen backlog accepted (at most ``ACCEPT_DRAIN_S``),
 the listening sockets closed, then every request received or partly received finishes
 and its answer is sent with ``Connection: close`` (a keep-alive client sending request
-after request lets go after its answer), idle connections are closed (up to
-``shutdown_timeout_s``).
+after request lets go after its answer), connections idle for ``DRAIN_IDLE_S`` are closed
+(up to ``shutdown_timeout_s``).
 ``serve_forever`` runs a role's server in the main thread's stead until SIGTERM or
 SIGINT: readiness turns false, ``on_stop`` runs (the role stops its own work), requests
 in flight finish, and it returns so the process exits 0.
@@ -69,6 +69,10 @@ logging.getLogger("waitress.queue").setLevel(logging.ERROR)
 
 #: seconds a stopping server still accepts the connections already in its listen backlog
 ACCEPT_DRAIN_S = 2.0
+#: seconds a keep-alive connection must stay idle while the server stops before it is closed:
+#: a client sending request after request sends its next one within this and is answered
+#: (with ``Connection: close``) instead of meeting a connection closed under its request
+DRAIN_IDLE_S = 0.5
 
 
 def _json(start_response, status: str, body: dict) -> list[bytes]:
@@ -359,12 +363,14 @@ class WebServer:
         for s in listeners:
             wasyncore.dispatcher.close(s)  # the listening socket only (its trigger stays)
         deadline = t0 + self.shutdown_timeout_s
-        while time.monotonic() < deadline:
+        idle_since: dict[HTTPChannel, float] = {}
+        while (now := time.monotonic()) < deadline:
             busy = self.pools.queued() > 0 or bool(self.pools.rejects)
             for ch in self._channels():
                 if ch.requests or ch.request is not None or ch.total_outbufs_len or _readable(ch.socket):
                     busy = True  # a request being received, run or answered (or bytes not yet read)
-                elif not ch.will_close:
+                    idle_since.pop(ch, None)
+                elif not ch.will_close and now - idle_since.setdefault(ch, now) >= DRAIN_IDLE_S:
                     ch.will_close = True  # idle keep-alive connection: closed by the loop
             if not busy and not self._channels():
                 break
