@@ -223,20 +223,55 @@ class _Sender(threading.Thread):
                     self.bad.append(r.status_code)
 
 
+class _GrpcCaller(threading.Thread):
+    """Calls ``ServerLive`` over one gRPC channel continuously until the server stops
+    taking calls (``end``: ``UNAVAILABLE`` or ``CANCELLED``). ``ok``: calls answered;
+    ``errors``: other failures."""
+
+    def __init__(self, port: int):
+        super().__init__(daemon=True)
+        self.port = port
+        self.ok = 0
+        self.end = ""
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        import grpc
+
+        from runtime.serving.proto import open_inference_pb2 as pb
+        from runtime.serving.proto import open_inference_pb2_grpc as pb_grpc
+
+        deadline = time.monotonic() + 120
+        with grpc.insecure_channel(f"127.0.0.1:{self.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            while time.monotonic() < deadline:
+                try:
+                    assert stub.ServerLive(pb.ServerLiveRequest(), timeout=5).live
+                    self.ok += 1
+                except grpc.RpcError as exc:
+                    # UNAVAILABLE: refused; CANCELLED: a call that reached gRPC's core as it shut
+                    # down, before any handler took it (seen once in ~10 stops; not in flight)
+                    if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                        self.end = exc.code().name
+                        return
+                    self.errors.append(f"{exc.code()}: {exc.details()}")
+
+
 def test_stop_under_keepalive_traffic_ends_well_before_the_grace(cube, tmp_path):
-    """``KEEPALIVE_CLIENTS`` clients keep sending over keep-alive connections through the
-    SIGTERM: serving exits 0 well before its graceful timeout (the pods of the container
+    """``KEEPALIVE_CLIENTS`` clients keep sending over keep-alive connections (and one
+    gRPC caller over its channel) through the SIGTERM: serving exits 0 well before its graceful timeout (the pods of the container
     resize test were SIGKILLed at the end of theirs), every request answered 200 or
     refused a connection (at most one lost per client: a request sent on a connection
     closed while idle)."""
     with proc.ProcessGroup(tmp_path / "logs", grace_s=10) as group:
-        role, port, _ = _serve(cube, group, "serving-keepalive", workers=2)
+        role, port, grpc_port = _serve(cube, group, "serving-keepalive", workers=2)
         url = f"http://127.0.0.1:{port}"
         senders = [_Sender(url, cube["lines"][:64]) for _ in range(KEEPALIVE_CLIENTS)]
-        for s in senders:
+        caller = _GrpcCaller(grpc_port)
+        for s in [*senders, caller]:
             s.start()
         deadline = time.monotonic() + 60
-        while not all(s.ok for s in senders) and time.monotonic() < deadline:
+        while not (all(s.ok for s in senders) and caller.ok) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert all(s.ok for s in senders), f"not every client answered: {[s.bad + s.lost for s in senders]}"
         time.sleep(1.0)
@@ -245,9 +280,10 @@ def test_stop_under_keepalive_traffic_ends_well_before_the_grace(cube, tmp_path)
         for s in senders:
             s.t_signal = t_signal
         stop = watch.result()
-        for s in senders:
+        for s in [*senders, caller]:
             s.join(30)
-        summary = {"exit_s": round(stop.seconds, 2), "ok": sum(s.ok for s in senders),
+        summary = {"exit_s": round(stop.seconds, 2), "ok": sum(s.ok for s in senders), "grpc_ok": caller.ok,
+                   "grpc_end": caller.end, "grpc_errors": caller.errors,
                    "ok_after_signal": sum(s.after for s in senders), "lost": [x for s in senders for x in s.lost],
                    "bad": [b for s in senders for b in s.bad]}
         print("keep-alive stop:", summary)
@@ -255,4 +291,5 @@ def test_stop_under_keepalive_traffic_ends_well_before_the_grace(cube, tmp_path)
         assert not summary["bad"], summary
         assert all(len(s.lost) <= 1 for s in senders), summary
         assert not any(s.is_alive() for s in senders), "every client ends refused"
+        assert not caller.is_alive() and not caller.errors, f"gRPC calls end refused only: {summary}"
         support.check_log(role, "127.0.0.1", [port])
