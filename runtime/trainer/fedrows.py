@@ -42,11 +42,11 @@ def agree(worker, value: int) -> int:
     return int(np.asarray(fleet.util.all_reduce(np.array([mine]), "sum")).ravel()[0])
 
 
-def gather_keys(worker) -> np.ndarray | None:
+def gather_keys(worker, purpose: str = "patch rows") -> np.ndarray | None:
     """The union of every trainer's fed feasigns (``worker.keys_seen``) on trainer 0
     (uint64[k], sorted, unique), ``None`` on the others. Every trainer calls it (barriers).
-    Raises ``RuntimeError`` naming the directory when a trainer's file is missing
-    (``--table-dir`` not shared by the trainers)."""
+    Raises ``RuntimeError`` starting with ``purpose`` and naming the directory when a
+    trainer's file is missing (``--table-dir`` not shared by the trainers)."""
     from runtime.trainer.config import TABLE_DIR_PREFIX
 
     seen = getattr(worker, "keys_seen", None)
@@ -65,7 +65,7 @@ def gather_keys(worker) -> np.ndarray | None:
     try:
         parts = [np.load(os.path.join(shared, f"keys-{i}.npy")) for i in range(worker.role.trainers)]
     except OSError as exc:
-        raise RuntimeError(f"patch rows: the trainers' fed feasigns are not all in {shared} ({exc}): "
+        raise RuntimeError(f"{purpose}: the trainers' fed feasigns are not all in {shared} ({exc}): "
                            "--table-dir must be a directory shared by every trainer") from None
     finally:
         worker.barrier()
