@@ -7,8 +7,7 @@ shaped like the trainer's export (``make_version``), a local cube of 2 shards
 (``LocalCubeCluster``: file server, transfer, cube servers and agents as processes). Then:
 
 - the floor: CPU per batch of the model run and of the cube lookups with no server
-  (``bench_serving.measure_floor``, ``make bench-serving``'s, where that file has it, else
-  ``bench/serving_floor.py`` in this process);
+  (``bench_serving.floor_figures``, ``make bench-serving``'s, in a spawned process);
 - ``elastic-ctr serve`` (``--workers`` gunicorn workers, ``--threads`` each, HTTP only) and
   ``bench/kserve_peer.py`` in its own venv (``--kserve-python``, KServe needs protobuf 6):
   a ``ModelServer`` with as many uvicorn workers whose ``Model.predict`` calls this
@@ -35,9 +34,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import multiprocessing as mp
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -50,7 +47,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_serving import _proc_cpu_s, make_version, tree_cpu_s  # noqa: E402
-from serving_floor import measure_floor  # noqa: E402
+from bench_serving import floor_figures as bench_floor_figures  # noqa: E402
 from wrk_load import compare_answers, loads, run_wrk, write_bodies, wrk_path  # noqa: E402
 
 from runtime import proc  # noqa: E402
@@ -163,41 +160,13 @@ def same_answers(servers: dict, bodies: list[bytes], batch: int) -> int:
     return len(bodies)
 
 
-def floor_figures(cube, root: Path, vid: int, data: str, rows, batches: list[int], tmp: Path,
-                  threads: int) -> tuple[dict, str]:
-    """The floor per batch size (``{batch: {"lookup_cpu_ms", "model_cpu_ms", "floor_cpu_ms"}}``)
-    and where it was measured: ``bench_serving.measure_floor`` (``make bench-serving``'s own,
-    in a spawned process) where that file has it, else ``serving_floor.measure_floor`` here."""
-    import bench_serving
-
-    theirs = getattr(bench_serving, "measure_floor", None)
-    if theirs is not None:
-        ctx = mp.get_context("spawn")
-        q = ctx.Queue()
-        p = ctx.Process(target=theirs, args=(str(cube.topology_path), str(root), vid, data, batches, [], 1.0, q))
-        p.start()
-        try:
-            while True:
-                try:
-                    res = q.get(timeout=5)
-                    break
-                except queue.Empty:
-                    if not p.is_alive():
-                        raise RuntimeError(f"exited {p.exitcode} with no figures") from None
-            p.join(60)
-            return ({b: {"lookup_cpu_ms": res[b]["cube"], "model_cpu_ms": res[b]["model"],
-                         "floor_cpu_ms": res[b]["floor"]} for b in batches}, "bench_serving.measure_floor")
-        except (RuntimeError, KeyError, TypeError) as exc:
-            print(f"bench_serving.measure_floor: {exc}; measuring the floor here", flush=True)
-            if p.is_alive():
-                p.kill()
-                p.join(10)
-    from runtime.serving.launcher import build_dataplane
-
-    plane = build_dataplane(str(cube.topology_path), cube.root_url, cube.transfer_url, str(tmp / "floor"),
-                            threads=threads, wait_s=60.0, cube_timeout_ms=2000.0)
-    plane.default.watcher.stop()
-    return measure_floor(plane, rows.dense, rows.feasigns, batches), "serving_floor.measure_floor"
+def floor_figures(cube, root: Path, vid: int, data: str, batches: list[int]) -> dict:
+    """The floor per batch size (``{batch: {"lookup_cpu_ms", "model_cpu_ms", "floor_cpu_ms"}}``),
+    measured by ``make bench-serving``'s own ``bench_serving.floor_figures`` (a spawned
+    process, no server). Raises ``RuntimeError`` when that process dies."""
+    res = bench_floor_figures(str(cube.topology_path), str(root), vid, data, batches, [], 1.0)
+    return {b: {"lookup_cpu_ms": res[b]["cube"], "model_cpu_ms": res[b]["model"], "floor_cpu_ms": res[b]["floor"]}
+            for b in batches}
 
 
 def main() -> int:
@@ -242,10 +211,9 @@ def main() -> int:
         with LocalCubeCluster(tmp / "cube", root, shards=2, replicas=1) as cube:
             cube.wait_version(vid, timeout_s=120)
             print(f"cube: 2 shards, version {vid}; serving code from {REPO}", flush=True)
-            floor, source = floor_figures(cube, root, vid, str(tmp / "data" / "test.txt"), rows, batches, tmp,
-                                          args.threads)
+            floor = floor_figures(cube, root, vid, str(tmp / "data" / "test.txt"), batches)
             for b, f in floor.items():
-                print(f"floor batch {b:>4} ({source}): lookups {f['lookup_cpu_ms']:.3f} ms CPU, model run "
+                print(f"floor batch {b:>4}: lookups {f['lookup_cpu_ms']:.3f} ms CPU, model run "
                       f"{f['model_cpu_ms']:.3f} ms CPU, floor {f['floor_cpu_ms']:.3f} ms CPU", flush=True)
             servers = start_servers(cube, tmp, args)
             print(f"servers: ours and KServe, {args.workers} workers x {args.threads} threads each (KServe's "
