@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import requests
 
 from runtime import proc
@@ -30,6 +31,16 @@ EXIT_BOUND_S = 30.0
 FORBIDDEN = ("Traceback", "FatalError", "ImportError", "Termination signal", "Error in atexit",
              "Exception ignored", "was sent SIG", "exited with code", "Unhandled exception",
              "Segmentation fault")
+
+
+def criteo_lines(n: int, seed: int = 0) -> list[str]:
+    """``n`` Criteo-format rows (label, 13 dense integers, 26 hex categoricals) for serving's
+    raw-line inputs."""
+    rng = np.random.default_rng(seed)
+    dense = rng.integers(0, 300, (n, 13))
+    cats = rng.integers(0, 400, (n, 26))
+    return ["\t".join([str(i % 2)] + [str(x) for x in dense[i]] + [format(int(c), "x") for c in cats[i]])
+            for i in range(n)]
 
 
 def start(group: proc.ProcessGroup, name: str, args: list[str]) -> proc.Role:

@@ -38,14 +38,6 @@ IN_FLIGHT = 8        # requests in flight at the signal
 STOPS_TWO_WORKERS = 4
 
 
-def _lines(n: int, seed: int = 0) -> list[str]:
-    rng = np.random.default_rng(seed)
-    dense = rng.integers(0, 300, (n, 13))
-    cats = rng.integers(0, 400, (n, 26))
-    return ["\t".join([str(i % 2)] + [str(x) for x in dense[i]] + [format(int(c), "x") for c in cats[i]])
-            for i in range(n)]
-
-
 @pytest.fixture(scope="module")
 def cube(tmp_path_factory):
     """A version exported by the trainer's export, rolled out to a local cube (1 shard x 1
@@ -54,7 +46,7 @@ def cube(tmp_path_factory):
     from tests.helpers import export_version, make_table
 
     tmp = tmp_path_factory.mktemp("serving-stop")
-    lines = _lines(ROWS)
+    lines = support.criteo_lines(ROWS)
     batch = features.parse_criteo_lines(lines)
     root = tmp / "root"
     version = 1_800_000_100

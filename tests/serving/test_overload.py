@@ -133,14 +133,6 @@ def _admitted(server: GrpcServer) -> int:
 ROWS = 512
 
 
-def _lines(n: int, seed: int = 0) -> list[str]:
-    rng = np.random.default_rng(seed)
-    dense = rng.integers(0, 300, (n, 13))
-    cats = rng.integers(0, 400, (n, 26))
-    return ["\t".join([str(i % 2)] + [str(x) for x in dense[i]] + [format(int(c), "x") for c in cats[i]])
-            for i in range(n)]
-
-
 @pytest.fixture(scope="module")
 def serving(tmp_path_factory):
     """``elastic-ctr serve`` (1 worker, 1 thread, queue limit 2) over a local cube holding
@@ -150,7 +142,7 @@ def serving(tmp_path_factory):
     from tests.lifecycle import support
 
     tmp = tmp_path_factory.mktemp("overload")
-    lines = _lines(ROWS)
+    lines = support.criteo_lines(ROWS)
     batch = features.parse_criteo_lines(lines)
     root = tmp / "root"
     version = 1_800_000_200
