@@ -77,8 +77,9 @@ class OnlineState(BaseModel):
 
     ``next_hour``: the first partition not in the last export; ``since_base``: partitions
     trained since the last base export; ``pending``: an export whose checkpoint is written
-    but whose donefile line may be missing; ``base_due``: the tables were restored into
-    another layout (``Worker.restore``), so the next export is a base. A checkpoint is
+    but whose donefile line may be missing; ``base_due``: why the next export must be a
+    base (the tables restored into another layout by ``Worker.restore``, or any
+    parameter-server restore: the checkpoint's values are text). A checkpoint is
     named after the hour that follows it (``checkpoint_name``), so the one to resume from
     is derived, not stored."""
 
@@ -91,7 +92,7 @@ class OnlineState(BaseModel):
     base_id: Optional[int] = None
     since_base: int = 0
     pending: Optional[ExportRecord] = None
-    base_due: Optional[str] = None  # the table layout changed (e.g. "pservers 1 -> 2"): the next export is a base
+    base_due: Optional[str] = None  # e.g. "pservers 1 -> 2" or a PS restore: the next export is a base
     exports: list[ExportRecord] = Field(default_factory=list)
 
     @property
