@@ -12,7 +12,8 @@ continuous job (1 pserver, 2 trainers) exporting a version per hour, the cube (2
    from then on, a new one per version served, so failed requests are counted per hour.
 
 Per hour: train seconds (the pass), stage seconds (trainer 0's shard parsed and staged),
-patch rows, patch export seconds (rows cut + checkpoint + publish, each given), rollout
+patch rows, patch export seconds (rows cut + publish, each given; a checkpoint, when one is
+due, comes after the publish and is given apart: ``--checkpoint-every``), rollout
 seconds (donefile line -> every cube instance on the version), landed-to-served seconds
 (the partition's landing -> serving answering with the version trained on it), failed
 requests. RSS: the pserver's and the largest cube server's peak (``VmHWM``, MiB). Last line:
@@ -132,7 +133,8 @@ def run_online(args) -> int:
             "--data-root", str(hours_root), "--start-hour", START, "--end-hour", str(hs[-1]), "--state-dir",
             str(work / "train-state"), "--table-dir", str(work / "table"), "--output", svc.root_url,
             "--upload-token-file", str(svc.token_file), "--poll-s", "0.2", "--patch-every", "1", "--base-every",
-            str(args.base_every), "--log-dir", str(work / "logs" / "train")]
+            str(args.base_every), "--checkpoint-every", str(args.checkpoint_every),
+            "--log-dir", str(work / "logs" / "train")]
         trainer = group.start("train", argv, expect_exit=True)
 
         def lander():
@@ -313,6 +315,8 @@ def main() -> int:
     ap.add_argument("--table-scale", type=float, default=1.0, help="the generator's big vocabularies x this")
     ap.add_argument("--land-every-s", type=float, default=240.0, help="seconds between two partitions landing")
     ap.add_argument("--base-every", type=int, default=24, help="the job's --base-every")
+    ap.add_argument("--checkpoint-every", type=int, default=24,
+                    help="the job's --checkpoint-every (it also checkpoints after the last hour)")
     ap.add_argument("--client-rate", type=float, default=20.0, help="client requests/s (batch 1)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=7200.0, help="give up after this many seconds")

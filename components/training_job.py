@@ -60,7 +60,8 @@ class TrainingJobArgs:
             geo_k_steps, threads: training flags (``train --ps-mode``, ``--threads``, ...).
         mode: ``batch`` | ``continuous``; start_hour / end_hour (``YYYYMMDD/HH`` or None):
             with a start hour ``data_train[0]`` is a partition root (``--data-root``);
-            patch_every / base_every: the continuous job's export cadence. A continuous job
+            patch_every / base_every / checkpoint_every: the continuous job's export and
+            checkpoint cadence (partitions). A continuous job
             does not complete before its end hour; a failed or evicted pod restarts the
             whole job, which resumes from ``/shared/state`` (``train --state-dir``).
         data_train / data_test: data locations (paths, globs, URLs), or ``("generated",)``
@@ -107,6 +108,7 @@ class TrainingJobArgs:
     end_hour: Optional[str] = None
     patch_every: int = 1
     base_every: int = 24
+    checkpoint_every: int = 24
     shared_storage_class: Optional[pulumi.Input[str]] = None
     shared_size: pulumi.Input[str] = "5Gi"
     scratch_size: pulumi.Input[str] = "10Gi"
@@ -283,7 +285,7 @@ def _train_args(args: TrainingJobArgs, generated: bool) -> list[pulumi.Input[str
             cmd += ["--data-test", *data_test]
         if args.mode == "continuous":
             cmd += ["--state-dir", STATE_DIR, "--patch-every", str(args.patch_every),
-                    "--base-every", str(args.base_every)]
+                    "--base-every", str(args.base_every), "--checkpoint-every", str(args.checkpoint_every)]
         cmd += ["--format", args.data_format]
     else:
         cmd = ["train", "--data-train", *data_train, "--data-test", *data_test,

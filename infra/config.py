@@ -96,6 +96,7 @@ TRAIN_KEYS = {"epochs": "epochs", "batch_size": "batch_size", "learning_rate": "
               "embedding_dim": "embedding_dim", "sparse_shards": "sparse_shards", "ps_mode": "ps_mode",
               "geo_k_steps": "geo_k_steps", "training_mode": "mode", "data_start_hour": "start_hour",
               "data_end_hour": "end_hour", "patch_every": "patch_every", "base_every": "base_every",
+              "checkpoint_every": "checkpoint_every",
               "trainer_threads": "threads", "data_format": "format", "slot_file": "slot_file",
               "data_source": "data_train", "data_test_source": "data_test"}
 #: ``TrainConfig`` field -> the stack key that sets it (``state_dir``: the component's volume)
@@ -189,6 +190,10 @@ class StackConfig(config_storage.StorageKeys, config_tracking.TrackingKeys):
     patch_every: _t("patch_every") = _train("patch_every", "Continuous: partitions per exported version ({range}).")
     base_every: _t("base_every") = _train(
         "base_every", "Continuous: partitions between two base versions ({range}); the versions between are patches.")
+    checkpoint_every: _t("checkpoint_every") = _train(
+        "checkpoint_every", "Continuous: partitions between two checkpoints of the parameter-server tables "
+                            "({range}), taken after that hour's version is published (and at dataEndHour); a "
+                            "restarted job trains the partitions since the last checkpoint again.")
     trainer_threads: _t("trainer_threads") = _train(
         "trainer_threads", "Dataset threads per trainer pod ({range}; train --threads); at most the trainer's CPUs.")
     data_source: Locations = Field(

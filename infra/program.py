@@ -97,7 +97,7 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         embedding_dim=cfg.embedding_dim, sparse_shards=cfg.sparse_shards,
         ps_mode=cfg.ps_mode, geo_k_steps=cfg.geo_k_steps, threads=cfg.trainer_threads,
         mode=cfg.training_mode, start_hour=cfg.data_start_hour or None, end_hour=cfg.data_end_hour or None,
-        patch_every=cfg.patch_every, base_every=cfg.base_every,
+        patch_every=cfg.patch_every, base_every=cfg.base_every, checkpoint_every=cfg.checkpoint_every,
         data_train=cfg.data_train(), data_test=cfg.data_test(),
         data_format=cfg.data_format, slot_file=cfg.slot_file or None,
         output=root, upload_token_secret=token_secret, upload_token_key=token_key,

@@ -190,6 +190,9 @@ class TrainConfig(BaseModel):
     poll_s: float = _f(30.0, "continuous: seconds between looks for the next partition", gt=0)
     patch_every: int = _f(1, "continuous: partitions per exported version", ge=1, le=1000)
     base_every: int = _f(24, "continuous: partitions per base version (the others are patches)", ge=1, le=10000)
+    checkpoint_every: int = _f(24, "continuous: partitions between two checkpoints of the tables (taken after "
+                                   "the export is published, and at --end-hour); a restarted job trains the "
+                                   "partitions since the last one again", ge=1, le=10000)
     state_dir: LocalDir = _f(None, "continuous: the state file and checkpoints a restarted job resumes from (in "
                                    "Kubernetes a volume shared by every pod of the job)", metavar="DIR")
 
@@ -405,7 +408,7 @@ def train_argv(cfg: TrainConfig) -> list[str]:
         argv += ["--geo-k-steps", str(cfg.geo_k_steps), "--geo-table-rows", str(cfg.geo_table_rows)]
     if cfg.mode == "continuous" or cfg.data_root:
         argv += ["--poll-s", str(cfg.poll_s), "--patch-every", str(cfg.patch_every),
-                 "--base-every", str(cfg.base_every)]
+                 "--base-every", str(cfg.base_every), "--checkpoint-every", str(cfg.checkpoint_every)]
     if cfg.max_bad_lines is not None:
         argv += ["--max-bad-lines", str(cfg.max_bad_lines)]
     if cfg.max_bad_fraction is not None:

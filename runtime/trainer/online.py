@@ -24,21 +24,33 @@ save (``MemorySparseTable::SavePatch``, ``save_one_table`` mode 5 with the table
 ``enable_revert``), but no public API documents it and its behaviour was not verified
 here, so the trainer does not rely on it; see docs/training.md.
 
-Resume: at every export point, in this order, (1) every worker takes a checkpoint
-(``Worker.checkpoint``: the pservers save all tables with optimizer state, or the single
-process its program) into ``--state-dir/checkpoints/<hour>``, (2) trainer 0 writes the
-state file with the export it is about to publish as ``pending`` (its version id fixed),
-(3) publishes the version (files, then the donefile line), (4) writes the state with the
-export done. A restarted job (any pod killed, the Volcano Job restarted) reads the state,
-restores the newest checkpoint (the pending one if any) and, on trainer 0, finishes a
-pending export whose donefile line is missing, with the same id. So no partition is
-trained twice into the served lineage or skipped, and version ids keep increasing.
-Partitions trained after the last export point are trained again after a restart (their
-updates were never checkpointed). A checkpoint restored into another pserver (or shard)
-count, a resize, is re-seeded and verified row by row (``runtime.trainer.checkpoint``) and
-the next export is a base (``base_due`` in the state until it is published); so is the
-first export after any parameter-server restore (the checkpoint's tables are text, the
-exports the pservers' exact floats).
+Resume: at every export point, in this order, (1) trainer 0 keeps the export's rows
+(``--state-dir/exports/<id>/``, ``ROWS``) and writes the state file with the export as
+``pending`` (its version id fixed), (2) publishes the version (files, then the donefile
+line), (3) writes the state with the export done; then (4), when ``--checkpoint-every``
+partitions have been trained since the last checkpoint or the job reached ``--end-hour``,
+every worker takes a checkpoint (``Worker.checkpoint``: the pservers save all tables with
+optimizer state, or the single process its program) into
+``--state-dir/checkpoints/<hour>`` and trainer 0 records it in the state. The checkpoint
+comes after the publish so that it is never on the path from a partition landing to its
+version being served; a parameter-server checkpoint writes every row with its optimizer
+state and costs what the table costs (docs/training.md), so it is taken every
+``--checkpoint-every`` partitions, not at every export (Paddle's own online-training
+recipe saves the model daily and the deltas hourly).
+
+A restarted job (any pod killed, the Volcano Job restarted) reads the state, restores the
+last checkpoint, and on trainer 0 finishes a pending export whose donefile line is
+missing, with the same id and rows. It then trains the partitions after the checkpoint
+again; export points up to the last published one are passed over (their versions are
+out), and the first export after them carries every row fed since the restore: a
+partition trained again feeds the same feasigns, so those rows overwrite what the first
+training published and base + patches still equal the trainer's table. So no partition is
+skipped or trained twice into the served lineage, and version ids keep increasing. A
+checkpoint restored into another pserver (or shard) count, a resize, is re-seeded and
+verified row by row (``runtime.trainer.checkpoint``) and the next export is a base
+(``base_due`` in the state until it is published); so is the first export after any
+parameter-server restore (the checkpoint's tables are text, the exports the pservers'
+exact floats).
 
 The state file (``--state-dir/online-state.json``) is owned by ``OnlineState``.
 """
@@ -49,10 +61,10 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runtime import tracking
 from runtime.formats import donefile, partitions
@@ -66,7 +78,8 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "online-state.json"
 CHECKPOINTS = "checkpoints"
-ROWS = "exported-rows.npz"  # trainer 0's copy of the rows an export published, beside its checkpoint
+EXPORTS = "exports"  # --state-dir/exports/<id>/: the pending export's ROWS, the last export's SNAPSHOT
+ROWS = "exported-rows.npz"  # trainer 0's copy of the rows a pending export publishes
 SNAPSHOT = "exported.npz"  # the whole table at the export, where the worker holds it (single process)
 EVAL_ROWS = 20_000
 
@@ -76,12 +89,15 @@ class OnlineState(BaseModel):
     read by every worker at start.
 
     ``next_hour``: the first partition not in the last export; ``since_base``: partitions
-    trained since the last base export; ``pending``: an export whose checkpoint is written
-    but whose donefile line may be missing; ``base_due``: why the next export must be a
-    base (the tables restored into another layout by ``Worker.restore``, or any
-    parameter-server restore: the checkpoint's values are text). A checkpoint is
-    named after the hour that follows it (``checkpoint_name``), so the one to resume from
-    is derived, not stored."""
+    trained since the last base export; ``checkpoint_hour``: the first partition not in the
+    last checkpoint (``None``: none taken yet), ``since_checkpoint``: partitions trained
+    since it; ``pending``: an export whose rows are kept but whose donefile line may be
+    missing; ``base_due``: why the next export must be a base (the tables restored into
+    another layout by ``Worker.restore``, or any parameter-server restore: the checkpoint's
+    values are text). A checkpoint is named after the hour that follows it
+    (``checkpoint_name``). A state written before ``checkpoint_hour`` existed (a checkpoint
+    at every export, taken before its pending record) reads as its checkpoint at the
+    pending export, else at ``next_hour``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -91,14 +107,30 @@ class OnlineState(BaseModel):
     next_hour: str
     base_id: Optional[int] = None
     since_base: int = 0
+    checkpoint_hour: Optional[str] = None
+    since_checkpoint: int = 0
     pending: Optional[ExportRecord] = None
     base_due: Optional[str] = None  # e.g. "pservers 1 -> 2" or a PS restore: the next export is a base
     exports: list[ExportRecord] = Field(default_factory=list)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _checkpoint_at_every_export(cls, data: Any) -> Any:
+        """A state file from before ``checkpoint_hour``: its checkpoint is the pending
+        export's (written before the record), else the last export's."""
+        if isinstance(data, dict) and "checkpoint_hour" not in data and data.get("exports") is not None:
+            data = dict(data)
+            pending = data.get("pending")
+            if pending:
+                data["checkpoint_hour"] = str(partitions.Hour.parse(pending["hour"]).next())
+            elif data["exports"]:
+                data["checkpoint_hour"] = data.get("next_hour")
+        return data
+
     @property
     def checkpoint(self) -> Optional[str]:
-        """The last committed export's checkpoint directory name (None before any)."""
-        return checkpoint_name(partitions.Hour.parse(self.next_hour)) if self.exports else None
+        """The last checkpoint's directory name under ``checkpoints/`` (None before any)."""
+        return checkpoint_name(partitions.Hour.parse(self.checkpoint_hour)) if self.checkpoint_hour else None
 
     @classmethod
     def load(cls, state_dir: str) -> Optional["OnlineState"]:
@@ -130,12 +162,16 @@ class OnlineState(BaseModel):
                 os.unlink(tmp)
             raise
 
-    def resume_point(self) -> tuple[str, Optional[str]]:
-        """``(next hour, checkpoint)`` to resume from: the pending export's if any."""
+    def published_hour(self) -> partitions.Hour:
+        """The first partition in no published (or pending) version."""
         if self.pending is not None:
-            after = partitions.Hour.parse(self.pending.hour).next()
-            return str(after), checkpoint_name(after)
-        return self.next_hour, self.checkpoint
+            return partitions.Hour.parse(self.pending.hour).next()
+        return partitions.Hour.parse(self.next_hour, "state next_hour")
+
+    def resume_point(self) -> tuple[str, Optional[str]]:
+        """``(first partition to train, checkpoint to restore or None)``: the last
+        checkpoint's, or the start hour when none was taken."""
+        return (self.checkpoint_hour or self.start_hour), self.checkpoint
 
 
 def table_diff(prev_keys: np.ndarray, prev_values: np.ndarray, keys: np.ndarray,
@@ -215,12 +251,18 @@ def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
             log.info("%s: tables restored (%s): the next export is a base", worker.who, change)
             state.base_due = change
             state.save(cfg.state_dir)
+    elif state.exports and worker.chief and state.base_due is None:
+        # versions are out but no checkpoint was taken: the tables start empty and every
+        # partition is trained again, so the next export replaces the whole served table
+        state.base_due = "no checkpoint: trained again from the start hour"
+        state.save(cfg.state_dir)
+    published = state.published_hour()  # read before trainer 0 finishes a pending export
     if worker.chief and state.pending is not None:
         _finish_pending(worker, cfg, state, ckroot)
     hour = partitions.Hour.parse(next_hour, "state next_hour")
     tr = tracking.start_training(cfg, job)
     try:
-        out = _follow(worker, cfg, test_files, job, state, hour, end, ckpt, ckroot, tr, stop)
+        out = _follow(worker, cfg, test_files, job, state, hour, end, ckpt, ckroot, tr, stop, published)
     except BaseException:
         tr.close(status="FAILED")
         raise
@@ -229,8 +271,10 @@ def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
 
 
 def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState, hour: partitions.Hour, end,
-            ckpt, ckroot: str, tr, stop) -> dict:
-    """``run``'s loop over the partitions from ``hour`` (logging to the tracker ``tr``)."""
+            ckpt, ckroot: str, tr, stop, published: partitions.Hour) -> dict:
+    """``run``'s loop over the partitions from ``hour`` (logging to the tracker ``tr``);
+    partitions before ``published`` are in versions already out (trained again after a
+    restore: their export points are passed over, module docstring)."""
     since_export = 0
     records: list[PartitionResult] = []
     load_s = 0.0
@@ -262,17 +306,24 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
         records.append(rec)
         step = tracking.partition_step(cfg.start_hour, rec.hour)
         tracking.log_partition(tr, step, rec, st.loss)
-        state.since_base += 1
         since_export += 1
         hour = hour.next()
+        fresh = hour > published  # not in a version already out
+        if fresh:
+            state.since_base += 1
+            state.since_checkpoint += 1
         last = end is not None and hour > end
         # a stop exports only in one process: in a PS job the others may not have stopped
         if since_export >= cfg.patch_every or last or (stop.requested and worker.shard[1] == 1):
-            ver = _export_point(worker, cfg, state, hour, ckroot)
+            since_export = 0
+            if not fresh:
+                log.info("%s: partitions before %s are in published versions: trained again after the restore, "
+                         "their rows go into the next export", worker.who, hour)
+                continue
+            ver = _export_point(worker, cfg, state, hour, ckroot, last=last)
             if ver is not None:
                 rec.version = ver.id
                 tracking.log_version(tr, step, ver.model_dump(), tracking.published_model_meta(cfg.output, rec.version))
-            since_export = 0
     worker.budget.finish()
     # every partition is one pass over its rows (train_pass checks the count)
     examples = sum(r.rows for r in records)
@@ -294,20 +345,19 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
     return out
 
 
-def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: partitions.Hour, ckroot: str):
-    """Rows, checkpoint, pending state, publish, state (module docstring). Every process
-    calls it; returns the ``ExportRecord`` on trainer 0, ``None`` elsewhere.
+def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: partitions.Hour, ckroot: str,
+                  last: bool = False):
+    """Rows, pending state, publish, state, then a checkpoint when one is due (module
+    docstring). Every process calls it; returns the ``ExportRecord`` on trainer 0, ``None``
+    elsewhere. ``last``: the job's end hour was trained (a checkpoint is taken).
 
     The rows: a base is the whole table (a save, then its values pulled), a patch the
     rows of the feasigns fed since the last export point (``Worker.fed_rows``); trainer 0
-    decides which and every trainer follows (``fedrows.agree``). They are kept beside the
-    checkpoint (``ROWS``) so that a restart publishes a pending export with the same rows."""
+    decides which and every trainer follows (``fedrows.agree``). Trainer 0 keeps them in
+    ``--state-dir/exports/<id>/`` (``ROWS``) until the export is committed, so that a
+    restart publishes a pending export with the same rows."""
     from runtime.trainer import fedrows
 
-    name = checkpoint_name(next_hour)
-    directory = os.path.join(ckroot, name)
-    if worker.chief and os.path.isdir(directory):
-        shutil.rmtree(directory)  # a checkpoint left by a run that died before its state
     is_base = bool(fedrows.agree(worker, int(state.base_id is None or state.since_base >= cfg.base_every
                                                  or state.base_due is not None)))
     t0 = time.monotonic()
@@ -318,36 +368,66 @@ def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: parti
         table = worker.fed_rows()
     worker.reset_fed()
     rows_s = time.monotonic() - t0
-    t1 = time.monotonic()
-    worker.checkpoint(directory)
-    ckpt_s = time.monotonic() - t1
-    if not worker.chief:
-        return None
-    keys, values = table
-    order = np.argsort(keys, kind="stable")
-    keys, values = keys[order], np.ascontiguousarray(values[order], dtype=np.float32)
-    np.savez(os.path.join(directory, ROWS), keys=keys, values=values)
-    whole = worker.local_table()
-    if whole is not None:
-        o = np.argsort(whole[0], kind="stable")
-        np.savez(os.path.join(directory, SNAPSHOT), keys=whole[0][o], values=whole[1][o])
-    last_hour = str(next_hour.next(-1))
-    vid = donefile.new_version_id(cfg.output) if cfg.output else (state.exports[-1].id + 1 if state.exports else 1)
-    rec = ExportRecord(id=vid, kind="base" if is_base else "patch", base=vid if is_base else state.base_id,
-                       hour=last_hour, rows=int(len(keys)), rows_seconds=round(rows_s, 3),
-                       checkpoint_seconds=round(ckpt_s, 3))
-    state.pending = rec
-    state.save(cfg.state_dir)
-    t2 = time.monotonic()
-    if cfg.output:
-        _publish(worker, cfg, rec, keys, values)
-    rec.publish_seconds = round(time.monotonic() - t2, 3)
-    rec.seconds = round(time.monotonic() - t0, 3)
-    _commit(state, rec, cfg, ckroot)
-    log.info("%s: exported %s %d after partition %s: %d sparse rows in %.1f s (rows %.1f s, checkpoint %.1f s, "
-             "publish %.1f s)", worker.who, rec.kind, rec.id, last_hour, rec.rows, rec.seconds, rows_s, ckpt_s,
-             rec.publish_seconds)
+    rec = None
+    if worker.chief:
+        keys, values = table
+        order = np.argsort(keys, kind="stable")
+        keys, values = keys[order], np.ascontiguousarray(values[order], dtype=np.float32)
+        last_hour = str(next_hour.next(-1))
+        vid = donefile.new_version_id(cfg.output) if cfg.output else (state.exports[-1].id + 1 if state.exports else 1)
+        rec = ExportRecord(id=vid, kind="base" if is_base else "patch", base=vid if is_base else state.base_id,
+                           hour=last_hour, rows=int(len(keys)), rows_seconds=round(rows_s, 3))
+        directory = export_dir(cfg.state_dir, vid)
+        shutil.rmtree(directory, ignore_errors=True)  # left by a run that died before its state
+        os.makedirs(directory)
+        np.savez(os.path.join(directory, ROWS), keys=keys, values=values)
+        whole = worker.local_table()
+        if whole is not None:
+            o = np.argsort(whole[0], kind="stable")
+            np.savez(os.path.join(directory, SNAPSHOT), keys=whole[0][o], values=whole[1][o])
+        state.pending = rec
+        state.save(cfg.state_dir)
+        t2 = time.monotonic()
+        if cfg.output:
+            _publish(worker, cfg, rec, keys, values)
+        rec.publish_seconds = round(time.monotonic() - t2, 3)
+        rec.seconds = round(time.monotonic() - t0, 3)
+        _commit(state, rec, cfg)
+        log.info("%s: exported %s %d after partition %s: %d sparse rows in %.1f s (rows %.1f s, publish %.1f s)",
+                 worker.who, rec.kind, rec.id, last_hour, rec.rows, rec.seconds, rows_s, rec.publish_seconds)
+    # the version is out: a checkpoint now costs the next partition, never this one's freshness
+    if fedrows.agree(worker, int(state.since_checkpoint >= cfg.checkpoint_every or last)):
+        _checkpoint(worker, cfg, state, next_hour, ckroot, rec)
     return rec
+
+
+def _checkpoint(worker, cfg: TrainConfig, state: OnlineState, next_hour: partitions.Hour, ckroot: str,
+                rec: Optional[ExportRecord]) -> None:
+    """Every process: ``Worker.checkpoint`` into ``checkpoints/<next_hour>``; trainer 0 then
+    records it in the state (with its seconds on the export ``rec``) and drops older ones."""
+    name = checkpoint_name(next_hour)
+    directory = os.path.join(ckroot, name)
+    if worker.chief and os.path.isdir(directory):
+        shutil.rmtree(directory)  # a checkpoint left by a run that died before its state
+    t = time.monotonic()
+    worker.checkpoint(directory)
+    seconds = time.monotonic() - t
+    if not worker.chief:
+        return
+    state.checkpoint_hour, state.since_checkpoint = str(next_hour), 0
+    if rec is not None:
+        rec.checkpoint_seconds = round(seconds, 3)
+    state.save(cfg.state_dir)
+    for old in os.listdir(ckroot):
+        if old != name:
+            shutil.rmtree(os.path.join(ckroot, old), ignore_errors=True)
+    log.info("%s: checkpoint %s taken in %.1f s", worker.who, name, seconds)
+
+
+def export_dir(state_dir: str, version_id: int) -> str:
+    """``--state-dir/exports/<id>``: a pending export's rows (``ROWS``), the last export's
+    table (``SNAPSHOT``, where the worker holds it)."""
+    return os.path.join(state_dir, EXPORTS, str(version_id))
 
 
 def _publish(worker, cfg: TrainConfig, rec: ExportRecord, keys: np.ndarray, values: np.ndarray) -> None:
@@ -356,41 +436,49 @@ def _publish(worker, cfg: TrainConfig, rec: ExportRecord, keys: np.ndarray, valu
                  base_id=None if rec.kind == "base" else rec.base)
 
 
-def _commit(state: OnlineState, rec: ExportRecord, cfg: TrainConfig, ckroot: str) -> None:
-    """Marks the pending export done, moves the resume point, drops older checkpoints."""
+def _commit(state: OnlineState, rec: ExportRecord, cfg: TrainConfig) -> None:
+    """Marks the pending export done and moves the published hour; drops its kept rows and
+    older exports' directories."""
     state.exports.append(rec)
     state.next_hour = str(partitions.Hour.parse(rec.hour).next())
     if rec.kind == "base":
         state.base_id, state.since_base, state.base_due = rec.id, 0, None
     state.pending = None
     state.save(cfg.state_dir)
-    for name in os.listdir(ckroot):
-        if name != state.checkpoint:
-            shutil.rmtree(os.path.join(ckroot, name), ignore_errors=True)
+    root = os.path.join(cfg.state_dir, EXPORTS)
+    for name in os.listdir(root) if os.path.isdir(root) else []:
+        if name != str(rec.id):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    rows = os.path.join(root, str(rec.id), ROWS)
+    if os.path.exists(rows):
+        os.unlink(rows)
 
 
 def _finish_pending(worker, cfg: TrainConfig, state: OnlineState, ckroot: str) -> None:
     """After a restart: publishes the pending export again if its donefile line is
-    missing (same id, same rows: the rows it published are kept beside its checkpoint,
-    ``ROWS``; a checkpoint from before ``ROWS`` holds the whole table, ``SNAPSHOT``, and the
-    patch is cut from it by ``table_diff`` as it was then)."""
+    missing (same id, same rows: ``exports/<id>/ROWS``; a state from before that layout
+    kept them beside the checkpoint taken for it, ``ROWS``, or, older still, the whole
+    table, ``SNAPSHOT``, the patch then cut by ``table_diff`` against the previous
+    export's as it was then)."""
     rec = state.pending
     lines = donefile.read(cfg.output, rec.kind) if cfg.output else []
     if any(r.id == rec.id for r in lines):
         log.info("%s: pending %s %d was published before the restart", worker.who, rec.kind, rec.id)
     else:
-        directory = os.path.join(ckroot, state.resume_point()[1])
-        rows_file = os.path.join(directory, ROWS)
-        with np.load(rows_file if os.path.exists(rows_file) else os.path.join(directory, SNAPSHOT)) as z:
+        rows_file = os.path.join(export_dir(cfg.state_dir, rec.id), ROWS)
+        legacy = os.path.join(ckroot, checkpoint_name(partitions.Hour.parse(rec.hour).next()))
+        if not os.path.exists(rows_file):
+            rows_file = os.path.join(legacy, ROWS)
+        with np.load(rows_file if os.path.exists(rows_file) else os.path.join(legacy, SNAPSHOT)) as z:
             keys, values = z["keys"], z["values"]
         idx = np.arange(len(keys))
         if rec.kind == "patch" and not os.path.exists(rows_file):
-            prev = os.path.join(ckroot, state.checkpoint, SNAPSHOT) if state.checkpoint else None
-            if prev is None or not os.path.exists(prev):
+            prev = os.path.join(ckroot, checkpoint_name(partitions.Hour.parse(state.next_hour)), SNAPSHOT)
+            if not state.exports or not os.path.exists(prev):
                 raise RuntimeError(f"pending patch {rec.id}: the previous export's table ({prev}) is missing")
             with np.load(prev) as z:
                 idx = table_diff(z["keys"], z["values"], keys, values)
         log.info("%s: publishing pending %s %d again (no donefile line)", worker.who, rec.kind, rec.id)
         if cfg.output:
             _publish(worker, cfg, rec, keys[idx], values[idx])
-    _commit(state, rec, cfg, ckroot)
+    _commit(state, rec, cfg)

@@ -41,11 +41,28 @@ def test_state_roundtrip_and_bad_file(tmp_path):
     st.pending = online.ExportRecord(id=3, kind="patch", base=1, hour=START, rows=5)
     st.save(str(tmp_path))
     again = online.OnlineState.load(str(tmp_path))
-    assert again == st and again.resume_point() == ("20261120/01", "20261120-01")
+    # no checkpoint yet: from the start; the pending export's hour counts as published
+    assert again == st and again.resume_point() == (START, None)
+    assert str(again.published_hour()) == "20261120/01"
+    st.checkpoint_hour = "20261120/01"
+    assert st.resume_point() == ("20261120/01", "20261120-01")
     assert [p.name for p in tmp_path.iterdir()] == [online.STATE_FILE]  # no temporary left
     (tmp_path / online.STATE_FILE).write_text('{"data_root": 1}')
     with pytest.raises(ValueError, match="not a valid online training state"):
         online.OnlineState.load(str(tmp_path))
+
+
+def test_state_from_before_checkpoint_every_reads_its_checkpoint_at_the_last_export(tmp_path):
+    """A state file written when every export took a checkpoint first (no checkpoint_hour)."""
+    rec = {"id": 7, "kind": "base", "base": 7, "hour": START, "rows": 5}
+    old = {"schema_version": 1, "data_root": "/d", "start_hour": START, "next_hour": "20261120/01",
+           "base_id": 7, "since_base": 0, "pending": None, "base_due": None, "exports": [rec]}
+    st = online.OnlineState.model_validate(old)
+    assert st.resume_point() == ("20261120/01", "20261120-01")
+    pend = dict(old, pending=dict(rec, id=8, kind="patch", hour="20261120/01"))
+    assert online.OnlineState.model_validate(pend).resume_point() == ("20261120/02", "20261120-02")
+    fresh = online.OnlineState.model_validate(dict(old, exports=[], next_hour=START))
+    assert fresh.resume_point() == (START, None)
 
 
 @pytest.fixture(scope="module")
@@ -122,12 +139,15 @@ def test_single_continuous_base_patches_equal_the_trainers_table(hours, tmp_path
         new = np.setdiff1d(touched, keys)
         assert np.isin(new, pk).all(), "a new feasign missing from the patch"
         keys, values = online.apply_patch(keys, values, pk, pv)
-    # the trainer's own table at the last export (kept beside its checkpoint)
+    # the trainer's own table at the last export
     st = online.OnlineState.load(str(state))
-    with np.load(state / online.CHECKPOINTS / st.checkpoint / online.SNAPSHOT) as z:
+    with np.load(Path(online.export_dir(str(state), st.exports[-1].id)) / online.SNAPSHOT) as z:
         assert np.array_equal(z["keys"], keys)
         assert np.array_equal(z["values"].view(np.uint32), values.astype(np.float32).view(np.uint32))
     assert st.next_hour == "20261120/03" and st.pending is None
+    # the end hour was reached: a checkpoint after its export, the only one kept
+    assert st.checkpoint_hour == "20261120/03" and os.listdir(state / online.CHECKPOINTS) == ["20261120-03"]
+    assert not (Path(online.export_dir(str(state), st.exports[-1].id)) / online.ROWS).exists()
     # resumes with the next hour only, exports a patch on the same base
     r2 = _run(["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START,
                "--end-hour", "20261120/03", "--state-dir", str(state), "--output", str(out), "--base-every", "4",
@@ -137,6 +157,61 @@ def test_single_continuous_base_patches_equal_the_trainers_table(hours, tmp_path
     assert s2["partitions"][0]["auc_before"] > 0.7  # the restored model, not a fresh one
     ids = [e["id"] for e in s2["exports"]]
     assert ids == sorted(ids) and len(ids) == 4 and s2["exports"][-1]["kind"] == "patch"
+
+
+def _chain_table(chain):
+    keys, values = chain[0][2], chain[0][3]
+    for _, _, pk, pv in chain[1:]:
+        keys, values = online.apply_patch(keys, values, pk, pv)
+    return keys, values
+
+
+def _fed(root, *hours_) -> np.ndarray:
+    f = np.unique(np.concatenate([readers.read_all(partitions.files(str(root), partitions.Hour.parse(h))).feasigns
+                                  .ravel() for h in hours_]))
+    return f[f != 0]
+
+
+def test_single_resume_from_an_older_checkpoint_trains_again_and_exports_every_row_fed_since(hours, tmp_path):
+    """--checkpoint-every 2: the checkpoint follows 01's export, 02 is exported without one;
+    stopped there, the job resumes from the checkpoint, trains 02 again without exporting
+    it a second time, and 03's patch carries every row fed in 02 and 03, so the chain still
+    equals the trainer's table bit for bit."""
+    import shutil
+
+    src, _ = hours
+    root, out, state = tmp_path / "data", tmp_path / "out", tmp_path / "state"
+    for h in ("20261120/00", "20261120/01", "20261120/02"):
+        shutil.copytree(partitions.Hour.parse(h).location(str(src)), partitions.Hour.parse(h).location(str(root)))
+    args = ["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START, "--state-dir",
+            str(state), "--output", str(out), "--base-every", "4", "--checkpoint-every", "2", "--poll-s", "0.2"]
+    p = CliProcess(["train", *args], tmp_path)
+    p.wait_for("waiting for partition 20261120/03")
+    p.proc.send_signal(signal.SIGTERM)
+    assert p.wait(60) == 0, p.text()[-3000:]
+    st = online.OnlineState.load(str(state))
+    assert [e.kind for e in st.exports] == ["base", "patch", "patch"]
+    assert st.next_hour == "20261120/03" and st.checkpoint_hour == "20261120/02" and st.since_checkpoint == 1
+    assert [e.checkpoint_seconds is not None for e in st.exports] == [False, True, False]
+    assert os.listdir(state / online.CHECKPOINTS) == ["20261120-02"]
+    hour3 = partitions.Hour.parse("20261120/03")
+    shutil.copytree(hour3.location(str(src)), hour3.location(str(root)))
+    r = _run([*args, "--end-hour", "20261120/03"], tmp_path)
+    s = _summary(r)
+    assert [x["hour"] for x in s["partitions"]] == ["20261120/02", "20261120/03"]
+    assert "their rows go into the next export" in r.stderr + r.stdout
+    st = online.OnlineState.load(str(state))
+    assert [e.hour for e in st.exports] == ["20261120/00", "20261120/01", "20261120/02", "20261120/03"]
+    assert [e.kind for e in st.exports] == ["base", "patch", "patch", "patch"]
+    ids = [e.id for e in st.exports]
+    assert ids == sorted(ids) and len(set(ids)) == 4
+    chain = _chain(out)
+    assert np.isin(_fed(root, "20261120/02", "20261120/03"), chain[-1][2]).all(), "a row fed since the restore"
+    keys, values = _chain_table(chain)
+    with np.load(Path(online.export_dir(str(state), ids[-1])) / online.SNAPSHOT) as z:
+        assert np.array_equal(z["keys"], keys)
+        assert np.array_equal(z["values"].view(np.uint32), values.astype(np.float32).view(np.uint32))
+    assert st.checkpoint_hour == "20261120/04" and os.listdir(state / online.CHECKPOINTS) == ["20261120-04"]
 
 
 def test_continuous_waits_for_the_done_marker(tmp_path):
@@ -158,9 +233,11 @@ def test_continuous_waits_for_the_done_marker(tmp_path):
 
 @pytest.mark.slow
 def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
-    """Trainer 0 killed in the middle of partition 2: the launcher fails the job; the same
-    command again resumes from the last export: every hour is trained once in the served
-    lineage, none skipped, version ids increase."""
+    """--checkpoint-every 2: the checkpoint follows 01's export and 02 is exported without
+    one; trainer 0 is killed in the middle of partition 03: the launcher fails the job; the
+    same command again restores the checkpoint, trains 02 again without exporting it twice,
+    then 03 (a base: the restored tables are text): every hour once in the served lineage,
+    none skipped, version ids increase."""
     from runtime import proc
     from runtime.trainer.cluster import run_local_cluster
     from runtime.trainer.config import TrainConfig
@@ -168,7 +245,7 @@ def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
     root, _ = hours
     out, state = tmp_path / "out", tmp_path / "state"
     cfg = TrainConfig(mode="continuous", data_root=str(root), start_hour=START, end_hour="20261120/03",
-                      state_dir=str(state), output=str(out), base_every=3, poll_s=0.2)
+                      state_dir=str(state), output=str(out), base_every=3, checkpoint_every=2, poll_s=0.2)
     logs = tmp_path / "logs1"
     killed = {}
 
@@ -178,7 +255,7 @@ def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline:
                 text = log0.read_text(errors="replace") if log0.exists() else ""
-                if "partition 20261120/02: auc" in text:  # trained 00, 01; now in 02
+                if "partition 20261120/03: auc" in text:  # exported 00, 01, 02; now in 03
                     time.sleep(0.5)
                     os.kill(pids[0], signal.SIGKILL)
                     killed["at"] = time.monotonic()
@@ -190,7 +267,9 @@ def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
         run_local_cluster(cfg, 1, 2, log_dir=str(logs), timeout_s=300, on_started=started)
     assert "at" in killed
     first = online.OnlineState.load(str(state))
-    assert first.next_hour == "20261120/02" and [e.hour for e in first.exports] == ["20261120/00", "20261120/01"]
+    assert first.next_hour == "20261120/03" and [e.hour for e in first.exports] == [
+        "20261120/00", "20261120/01", "20261120/02"]
+    assert first.checkpoint_hour == "20261120/02"
     rec = run_local_cluster(cfg, 1, 2, log_dir=str(tmp_path / "logs2"), timeout_s=300)
     assert [p["hour"] for p in rec["partitions"]] == ["20261120/02", "20261120/03"]
     # the job's rate counts both trainers' rows of 02 and 03 (it reported 0)
@@ -198,8 +277,8 @@ def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
     final = online.OnlineState.load(str(state))
     assert [e.hour for e in final.exports] == ["20261120/00", "20261120/01", "20261120/02", "20261120/03"]
     # the restored tables hold the checkpoint's text values, not the exported floats: the
-    # first export after the restore is a base (the state's base_due), then patches again
-    assert [e.kind for e in final.exports] == ["base", "patch", "base", "patch"]
+    # first export after the restore is a base (the state's base_due)
+    assert [e.kind for e in final.exports] == ["base", "patch", "patch", "base"]
     ids = [e.id for e in final.exports]
     assert ids == sorted(ids) and len(set(ids)) == 4
     chain = _chain(out)
@@ -207,19 +286,17 @@ def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
     # the pservers resumed from the checkpoint: rows trained before the kill and not
     # touched since are in the base after the restore with the values they had at the export of 01
     k01, v01 = online.apply_patch(chain[0][2], chain[0][3], chain[1][2], chain[1][3])
-    later = np.unique(np.concatenate([readers.read_all(partitions.files(str(root), partitions.Hour.parse(h))).feasigns.ravel()
-                                      for h in ("20261120/02",)]))
-    keep = ~np.isin(k01, later)
+    keep = ~np.isin(k01, _fed(root, "20261120/02", "20261120/03"))
     assert keep.sum() > 100
-    kb, vb = chain[2][2], chain[2][3]
+    kb, vb = chain[3][2], chain[3][3]
     order = np.argsort(kb)
     pos = np.searchsorted(kb[order], k01[keep])
     assert np.array_equal(kb[order][pos], k01[keep])
     np.testing.assert_allclose(vb[order][pos], v01[keep], rtol=1e-5, atol=1e-7)
-    # and the dense head: the same rows score about as they did before the kill
+    # and the dense head: the same rows score as they did when 02 was first trained
     text = (logs / "trainer-0.log").read_text(errors="replace")
-    before_kill = float(text.split("partition 20261120/02: auc ")[1].split()[0])
-    assert abs(rec["partitions"][0]["auc_before"] - before_kill) < 0.002, (before_kill, rec["partitions"][0])
+    first_02 = float(text.split("partition 20261120/02: auc ")[1].split()[0])
+    assert abs(rec["partitions"][0]["auc_before"] - first_02) < 0.002, (first_02, rec["partitions"][0])
 
 
 def test_sigterm_while_waiting_exits_0_with_the_exports_done(tmp_path):
