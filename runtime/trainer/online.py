@@ -205,12 +205,14 @@ def apply_patch(keys: np.ndarray, values: np.ndarray, patch_keys: np.ndarray,
 
 
 def _wait_for(cfg: TrainConfig, hour: partitions.Hour, stop) -> bool:
-    """Waits until ``hour`` is complete; False if a stop was requested meanwhile."""
+    """Waits until ``hour`` is complete; False if a stop was requested meanwhile. Logs the
+    wait at once, then once a minute (an hourly job would otherwise log every few seconds)."""
     waited = 0
+    every = max(1, round(60.0 / cfg.poll_s))
     while not partitions.is_complete(cfg.data_root, hour):
         if stop.requested:
             return False
-        if waited % 10 == 0:
+        if waited % every == 0:
             log.info("waiting for partition %s: no %s in %s yet (polling every %g s)", hour,
                      partitions.DONE_MARKER, hour.location(cfg.data_root), cfg.poll_s)
         waited += 1
@@ -251,7 +253,7 @@ def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
             log.info("%s: tables restored (%s): the next export is a base", worker.who, change)
             state.base_due = change
             state.save(cfg.state_dir)
-    elif state.exports and worker.chief and state.base_due is None:
+    elif (state.exports or state.pending) and worker.chief and state.base_due is None:
         # versions are out but no checkpoint was taken: the tables start empty and every
         # partition is trained again, so the next export replaces the whole served table
         state.base_due = "no checkpoint: trained again from the start hour"

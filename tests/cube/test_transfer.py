@@ -485,3 +485,44 @@ def test_a_newer_base_waits_for_the_relayout(cluster, root, tmp_path):
         (12, "finished", "relayout 2->3 shards", 3), (20, "finished", None, 3)]
     assert tr.poll_once() is None and tr.info().relayout is None
     assert cluster.versions() == [20] * 6
+
+
+def test_reloading_keeps_a_replica_of_every_shard_out_of_the_wave(cluster, root, tmp_path):
+    """Reloading (building the version's table, seconds of a server's CPU) never runs on
+    both replicas of a shard at once, so lookups always have a replica that is not busy."""
+    import threading
+
+    from runtime.cube.transfer.agents import reload_waves
+    from runtime.formats.topology import Instance
+
+    tr = make_transfer(cluster, root, tmp_path / "work")
+    spans: dict[str, tuple[float, float]] = {}
+    lock = threading.Lock()
+    drive = tr.agents.drive
+
+    def timed(inst, step, *a, **kw):
+        t0 = time.monotonic()
+        if step == "reload":
+            time.sleep(0.2)  # long enough for overlapping calls to overlap
+        drive(inst, step, *a, **kw)
+        if step == "reload":
+            with lock:
+                spans[inst.name] = (t0, time.monotonic())
+
+    tr.agents.drive = timed
+    add_version(root, 100, 100)
+    assert tr.poll_once()["status"] == "finished"
+    assert cluster.versions() == [100] * 4 and len(spans) == 4
+    for shard in (0, 1):
+        a, b = spans[f"shard{shard}/replica0"], spans[f"shard{shard}/replica1"]
+        assert a[1] <= b[0], (shard, a, b)  # replica 1 starts after replica 0 ended
+    # the two shards' first replicas did reload together (one wave, not one at a time)
+    r0, r1 = spans["shard0/replica0"], spans["shard1/replica0"]
+    assert max(r0[0], r1[0]) < min(r0[1], r1[1])
+
+    def insts(spec):
+        return [Instance(shard=s, replica=r, server="s", http="h", agent="a") for s, r in spec]
+
+    waves = reload_waves(insts([(0, 2), (0, 0), (0, 1), (1, 0)]))
+    assert [[(i.shard, i.replica) for i in w] for w in waves] == [[(0, 0), (0, 1), (1, 0)], [(0, 2)]]
+    assert len(reload_waves(insts([(0, 0), (1, 0)]))) == 1

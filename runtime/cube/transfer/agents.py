@@ -119,7 +119,12 @@ class AgentClient:
                 enabled: Optional[set[Instance]] = None) -> None:
         """Runs ``phase``'s step on every instance of ``todo`` concurrently; returns when all
         succeeded, raises ``RolloutError`` (naming the instances) when any failed.
-        ``enabled`` collects the instances that succeeded (Enabling)."""
+        ``enabled`` collects the instances that succeeded (Enabling).
+
+        Reloading runs in two waves (``reload_waves``): building a version's table costs a
+        server CPU for seconds (a patch is applied to a copy of the served table), and a
+        lookup that reaches a server doing it can wait past the cube client's timeout; with
+        the waves every shard keeps at least one replica that is not reloading to answer."""
         step = STEPS[phase]
         v = plan.version
         if not todo:
@@ -129,19 +134,23 @@ class AgentClient:
         log.info("%s version=%d: 0/%d instances", phase.value, v, len(todo))
         failures: list[str] = []
         done = 0
+        waves = reload_waves(todo) if phase == Phase.RELOADING else [todo]
         with cf.ThreadPoolExecutor(max_workers=min(32, len(todo)), thread_name_prefix=step) as ex:
-            futs = {ex.submit(self.drive, inst, step, plan, ship, deadline): inst for inst in todo}
-            for fut in cf.as_completed(futs):
-                inst = futs[fut]
-                try:
-                    fut.result()
-                    done += 1
-                    if enabled is not None:
-                        enabled.add(inst)
-                except Exception as exc:  # noqa: BLE001 - reported with the instance
-                    failures.append(f"{inst.name} ({inst.agent}) {step}: {exc}")
-        log.info("%s version=%d: %d/%d instances, %d failed, %.2f s", phase.value, v, done, len(todo),
-                 len(failures), time.monotonic() - t0)
+            for wave in waves:
+                futs = {ex.submit(self.drive, inst, step, plan, ship, deadline): inst for inst in wave}
+                for fut in cf.as_completed(futs):
+                    inst = futs[fut]
+                    try:
+                        fut.result()
+                        done += 1
+                        if enabled is not None:
+                            enabled.add(inst)
+                    except Exception as exc:  # noqa: BLE001 - reported with the instance
+                        failures.append(f"{inst.name} ({inst.agent}) {step}: {exc}")
+                if failures:
+                    break
+        log.info("%s version=%d: %d/%d instances, %d failed, %.2f s%s", phase.value, v, done, len(todo),
+                 len(failures), time.monotonic() - t0, f" ({len(waves)} waves)" if len(waves) > 1 else "")
         if failures:
             raise RolloutError(phase, "; ".join(failures))
 
@@ -176,3 +185,20 @@ class AgentClient:
 
         with cf.ThreadPoolExecutor(max_workers=min(32, len(instances))) as ex:
             return dict(zip(instances, ex.map(one, instances)))
+
+
+def reload_waves(todo: list[Instance]) -> list[list[Instance]]:
+    """``todo`` in at most two waves: the first ``ceil(r / 2)`` of each shard's ``r``
+    instances (by replica index), then the rest, so that a shard with two or more
+    replicas always has one out of the wave. One wave when no shard has two."""
+    by_shard: dict[int, list[Instance]] = {}
+    for inst in todo:
+        by_shard.setdefault(inst.shard, []).append(inst)
+    first: list[Instance] = []
+    second: list[Instance] = []
+    for insts in by_shard.values():
+        insts = sorted(insts, key=lambda i: i.replica)
+        half = -(-len(insts) // 2)
+        first += insts[:half]
+        second += insts[half:]
+    return [w for w in (first, second) if w]
