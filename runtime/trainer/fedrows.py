@@ -70,7 +70,9 @@ def gather_keys(worker, purpose: str = "patch rows") -> np.ndarray | None:
     finally:
         worker.barrier()
         shutil.rmtree(shared, ignore_errors=True)
-    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
+    from runtime.trainer.dataset import distinct
+
+    return distinct(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
 
 
 def pull(worker, keys: np.ndarray, rows: int = PULL_ROWS) -> np.ndarray:

@@ -154,7 +154,7 @@ class Worker:
                                collect_keys=self.collect_keys)
         if staged.ids_seen is not None:
             prev = self.keys_seen if self.keys_seen is not None else np.zeros(0, np.uint64)
-            self.keys_seen = np.union1d(prev, staged.ids_seen)
+            self.keys_seen = dataset.distinct(np.concatenate([prev, staged.ids_seen]))
         t0 = time.monotonic()
         ds = dataset.load(staged, self.net.use_vars, self.cfg.batch_size, self.cfg.threads)
         log.info("%s: %d rows staged in %.1f s, loaded in %.1f s", self.who, staged.rows, staged.seconds,

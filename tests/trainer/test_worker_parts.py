@@ -86,3 +86,17 @@ def test_train_argv_roundtrips_new_flags(tmp_path):
     again = tconfig.config_from_args(args)
     for k in ("threads", "ps_mode", "geo_k_steps", "geo_table_rows", "work_dir", "mode"):
         assert getattr(again, k) == getattr(cfg, k), k
+
+
+def test_distinct_equals_numpy_unique():
+    from runtime.trainer.dataset import distinct
+
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 1 << 63, (5000, 26), dtype=np.uint64)
+    a[::7] = a[1::7][: len(a[::7])]  # repeated rows
+    got = distinct(a)
+    assert got.dtype == np.uint64 and np.array_equal(got, np.unique(a))
+    assert distinct(np.zeros(0, np.uint64)).shape == (0,)
+    assert distinct(np.array([[5]], np.uint64)).tolist() == [5]
+    seen = distinct(a[:100])
+    assert np.array_equal(distinct(np.concatenate([seen, distinct(a[50:])])), np.unique(a))
