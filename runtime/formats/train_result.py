@@ -56,8 +56,9 @@ class PartitionResult(BaseModel):
 class ExportResult(BaseModel):
     """One version a continuous job exported (``runtime.trainer.online.ExportRecord``):
     ``id``, ``kind``, its ``base``, the last ``hour`` in it, sparse ``rows``, ``seconds``
-    (export wall time, s: cutting the rows, the checkpoint and the publication, each also
-    given: ``rows_seconds``, ``checkpoint_seconds``, ``publish_seconds``)."""
+    (export wall time until published, s: cutting the rows and the publication, each also
+    given: ``rows_seconds``, ``publish_seconds``), ``checkpoint_seconds`` (the checkpoint
+    taken after it was published, s; ``None`` when none was due: ``--checkpoint-every``)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -166,6 +166,16 @@ def _chain_table(chain):
     return keys, values
 
 
+def _four_hours_exported(state: Path, kinds: list[str]):
+    """The state after a resumed run: one export per hour 00..03 of ``kinds``, ids increasing."""
+    st = online.OnlineState.load(str(state))
+    assert [e.hour for e in st.exports] == ["20261120/00", "20261120/01", "20261120/02", "20261120/03"]
+    assert [e.kind for e in st.exports] == kinds
+    ids = [e.id for e in st.exports]
+    assert ids == sorted(ids) and len(set(ids)) == 4
+    return st, ids
+
+
 def _fed(root, *hours_) -> np.ndarray:
     f = np.unique(np.concatenate([readers.read_all(partitions.files(str(root), partitions.Hour.parse(h))).feasigns
                                   .ravel() for h in hours_]))
@@ -200,11 +210,7 @@ def test_single_resume_from_an_older_checkpoint_trains_again_and_exports_every_r
     s = _summary(r)
     assert [x["hour"] for x in s["partitions"]] == ["20261120/02", "20261120/03"]
     assert "their rows go into the next export" in r.stderr + r.stdout
-    st = online.OnlineState.load(str(state))
-    assert [e.hour for e in st.exports] == ["20261120/00", "20261120/01", "20261120/02", "20261120/03"]
-    assert [e.kind for e in st.exports] == ["base", "patch", "patch", "patch"]
-    ids = [e.id for e in st.exports]
-    assert ids == sorted(ids) and len(set(ids)) == 4
+    st, ids = _four_hours_exported(state, ["base", "patch", "patch", "patch"])
     chain = _chain(out)
     assert np.isin(_fed(root, "20261120/02", "20261120/03"), chain[-1][2]).all(), "a row fed since the restore"
     keys, values = _chain_table(chain)
@@ -274,13 +280,9 @@ def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
     assert [p["hour"] for p in rec["partitions"]] == ["20261120/02", "20261120/03"]
     # the job's rate counts both trainers' rows of 02 and 03 (it reported 0)
     assert rec["examples_total"] == 2 * 6000 and rec["examples_per_s_total"] > 0
-    final = online.OnlineState.load(str(state))
-    assert [e.hour for e in final.exports] == ["20261120/00", "20261120/01", "20261120/02", "20261120/03"]
     # the restored tables hold the checkpoint's text values, not the exported floats: the
     # first export after the restore is a base (the state's base_due)
-    assert [e.kind for e in final.exports] == ["base", "patch", "patch", "base"]
-    ids = [e.id for e in final.exports]
-    assert ids == sorted(ids) and len(set(ids)) == 4
+    _, ids = _four_hours_exported(state, ["base", "patch", "patch", "base"])
     chain = _chain(out)
     assert [c[1] for c in chain] == ids
     # the pservers resumed from the checkpoint: rows trained before the kill and not
