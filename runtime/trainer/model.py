@@ -102,12 +102,12 @@ def build_train(num_slots: int, dim: int, layers: tuple[int, ...], ps: bool,
 def add_auc(net: Net) -> Net:
     """Adds Paddle's ``auc`` op on ``prob`` to ``net.main`` (call after cloning the test
     program, before ``minimize``); sets ``net.stat_pos`` / ``net.stat_neg`` and makes the
-    loss persistable (readable by a ``FetchHandler`` while a pass runs)."""
+    loss persistable (readable by the progress thread while a pass runs)."""
     with paddle.static.program_guard(net.main, net.startup):
         two = paddle.concat([1 - net.prob, net.prob], axis=1)
         _, _, stats = paddle.static.auc(input=two, label=net.label, num_thresholds=4095, slide_steps=20)
         # a persistable copy of the loss: the loss itself is freed after use, so a
-        # FetchHandler (which reads the scope while a pass runs) would find nothing
+        # progress thread (which reads the scope while a pass runs) would find nothing
         net.last_loss = paddle.static.create_global_var([1], 0.0, "float32", persistable=True,
                                                         name="last_loss")
         paddle.assign(net.loss, output=net.last_loss)

@@ -9,8 +9,8 @@ auc op's buckets), ``runtime.trainer.geo`` (GEO's table at an export point).
 A pass: the worker's shard of the input is staged as MultiSlot files
 (``runtime.trainer.dataset.stage``), loaded into an ``InMemoryDataset`` once, and each pass
 is one ``exe.train_from_dataset`` (``thread_num`` = ``--threads``). Progress lines come from
-a ``FetchHandler`` thread every ``--log-every-s`` seconds: examples, examples/s, loss and
-the running AUC of the pass (Paddle's ``auc`` op buckets, reset every pass). After the pass
+a thread of this module (``PassProgress``, not Paddle's ``FetchHandler``) every
+``--log-every-s`` seconds: examples, examples/s, loss and the running AUC of the pass (Paddle's ``auc`` op buckets, reset every pass). After the pass
 the bucket counts must add up to the rows loaded, or the pass failed silently and the
 worker raises.
 
@@ -34,8 +34,10 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -65,34 +67,79 @@ class PassStats:
         return self.examples / max(self.seconds, 1e-9)
 
 
-def _handler_class():
-    import paddle
+class PassProgress:
+    """Progress lines while a pass runs: a thread reads the loss and the ``auc`` op's
+    buckets from the global scope every ``period_s`` (s) and logs examples, examples/s, loss
+    and the running AUC; leaving the block stops the thread (at once) and takes a last
+    reading, so ``loss`` is the pass's last loss.
 
-    class ProgressHandler(paddle.base.executor.FetchHandler):
-        """Logs a progress line from Paddle's fetch-handler thread (it reads worker thread
-        0's scope every ``period_secs``)."""
+    Why not Paddle's ``FetchHandler`` (``train_from_dataset(fetch_handler=...)``): its
+    monitor thread (``paddle.base.trainer_factory.FetchHandlerMonitor``, 3.0.0) sleeps 1 s
+    holding its lock and takes the lock again right after releasing it, so the
+    ``stop()`` that ``train_from_dataset`` calls after the pass waits until a release
+    happens to reach the waiting thread first: seconds at the end of a pass, or without
+    bound on an idle machine (a continuous job hung after its second partition's pass, both
+    threads idle, for minutes; the same loop alone starved a waiter 10 s in 3 runs of 8).
+    The variables are read the way that monitor reads them (a tensor of the scope, from
+    another thread while the pass writes it); ``loss`` and the buckets are persistable, so
+    they live in the global scope the training threads write.
 
-        def __init__(self, var_dict, period_secs, who, label):
-            super().__init__(var_dict=var_dict, period_secs=period_secs)
-            self.who, self.label = who, label
-            self.t0 = self.t_last = time.monotonic()
-            self.n_last = 0
-            self.loss = float("nan")
+    Args:
+        names: ``{"loss": var, "stat_pos": var, "stat_neg": var}``: the variables' names.
+        period_s: seconds between two lines (>= 0.1).
+        who, label: name the process and the pass in the lines.
+    """
 
-        def handler(self, res):
-            pos, neg, loss = res.get("stat_pos"), res.get("stat_neg"), res.get("loss")
-            if pos is None or neg is None:
-                return
-            n = int(np.asarray(pos).sum() + np.asarray(neg).sum())
-            if loss is not None:
-                self.loss = float(np.asarray(loss).ravel()[0])
-            now = time.monotonic()
-            rate = (n - self.n_last) / max(now - self.t_last, 1e-9)
-            self.t_last, self.n_last = now, n
-            log.info("%s %s examples %d | %.0f ex/s | loss %.4f | running auc %.4f", self.who, self.label,
-                     n, rate, self.loss, bucket_auc(pos, neg))
+    def __init__(self, names: dict[str, str], period_s: float, who: str, label: str):
+        self.names, self.period_s = names, max(0.1, float(period_s))
+        self.who, self.label = who, label
+        self.loss = float("nan")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"progress-{label}", daemon=True)
+        self.t_last, self.n_last = time.monotonic(), 0
 
-    return ProgressHandler
+    def __enter__(self) -> "PassProgress":
+        self.t_last, self.n_last = time.monotonic(), 0
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.read()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                self.log(*self.read())
+            except Exception:  # noqa: BLE001 - a progress line never fails the pass
+                log.debug("%s %s: progress not readable", self.who, self.label, exc_info=True)
+
+    def read(self) -> tuple[Optional[np.ndarray], Optional[np.ndarray]]:
+        """``(stat_pos, stat_neg)`` int64 bucket counts as they are now (None where not
+        initialized yet); updates ``loss``."""
+        import paddle
+
+        scope = paddle.static.global_scope()
+        vals = {}
+        for key, name in self.names.items():
+            var = scope.find_var(name)
+            t = var.get_tensor() if var is not None else None
+            vals[key] = np.array(t) if t is not None and t._is_initialized() else None
+        if vals.get("loss") is not None and vals["loss"].size:
+            self.loss = float(vals["loss"].ravel()[0])
+        return vals.get("stat_pos"), vals.get("stat_neg")
+
+    def log(self, pos: Optional[np.ndarray], neg: Optional[np.ndarray]) -> None:
+        """One progress line from the buckets ``read`` returned (none while either is None)."""
+        if pos is None or neg is None:
+            return
+        n = int(pos.sum() + neg.sum())
+        now = time.monotonic()
+        rate = (n - self.n_last) / max(now - self.t_last, 1e-9)
+        self.t_last, self.n_last = now, n
+        log.info("%s %s examples %d | %.0f ex/s | loss %.4f | running auc %.4f", self.who, self.label,
+                 n, rate, self.loss, bucket_auc(pos, neg))
 
 
 @contextlib.contextmanager
@@ -181,19 +228,17 @@ class Worker:
         Raises ``RuntimeError`` if fewer than ``expected_rows`` examples were trained."""
         self._reset_auc()
         self._eval_exe = None  # see _predict_exe
-        handler = _handler_class()(
-            {"loss": self.net.last_loss, "stat_pos": self.net.stat_pos, "stat_neg": self.net.stat_neg},
-            max(1, int(round(self.cfg.log_every_s))), self.who, label)
+        progress = PassProgress({"loss": self.net.last_loss.name, "stat_pos": self.net.stat_pos.name,
+                                 "stat_neg": self.net.stat_neg.name}, self.cfg.log_every_s, self.who, label)
         t0 = time.monotonic()
-        with _scratch_cwd(self.cfg.work_dir):
-            self.exe.train_from_dataset(program=self.main, dataset=ds, thread=self.cfg.threads,
-                                        fetch_handler=handler)
+        with _scratch_cwd(self.cfg.work_dir), progress:
+            self.exe.train_from_dataset(program=self.main, dataset=ds, thread=self.cfg.threads)
         seconds = time.monotonic() - t0
         pos, neg = self._buckets()
         n = int(pos.sum() + neg.sum())
         if n != expected_rows:
             raise RuntimeError(f"{self.who} {label}: trained {n} examples of the {expected_rows} loaded")
-        st = PassStats(n, round(seconds, 3), bucket_auc(pos, neg), handler.loss)
+        st = PassStats(n, round(seconds, 3), bucket_auc(pos, neg), progress.loss)
         log.info("%s %s done: %d examples in %.1f s (%.0f ex/s), train auc %.4f", self.who, label, n,
                  seconds, st.examples_per_s, st.train_auc)
         return st

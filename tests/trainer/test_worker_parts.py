@@ -100,3 +100,50 @@ def test_distinct_equals_numpy_unique():
     assert distinct(np.array([[5]], np.uint64)).tolist() == [5]
     seen = distinct(a[:100])
     assert np.array_equal(distinct(np.concatenate([seen, distinct(a[50:])])), np.unique(a))
+
+
+def test_pass_progress_reads_the_scope_logs_and_stops_at_once(caplog):
+    """The progress thread of a pass (``PassProgress``, in place of Paddle's FetchHandler,
+    whose stop could wait without bound): it logs lines from the variables of the global
+    scope while the block runs, its last reading gives the loss, and leaving the block does
+    not wait for the period."""
+    import logging
+    import time
+
+    from runtime.inference import import_paddle
+    from runtime.trainer.worker import PassProgress
+
+    paddle = import_paddle()
+    scope = paddle.static.global_scope()
+    names = {"loss": "test_progress_loss", "stat_pos": "test_progress_pos", "stat_neg": "test_progress_neg"}
+    pos = np.zeros((1, 4096), np.int64)
+    neg = np.zeros((1, 4096), np.int64)
+    pos[0, 3000], neg[0, 1000] = 30, 70
+
+    def put(name, value):
+        scope.var(name).get_tensor().set(value, paddle.CPUPlace())
+
+    put(names["stat_pos"], pos)
+    put(names["stat_neg"], neg)
+    put(names["loss"], np.array([0.5], np.float32))
+    with caplog.at_level(logging.INFO, logger="runtime.trainer.worker"):
+        with PassProgress(names, 0.1, "trainer-0", "pass 1/1") as progress:
+            deadline = time.monotonic() + 10
+            while "examples 100 |" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.05)
+            put(names["loss"], np.array([0.25], np.float32))
+    assert "trainer-0 pass 1/1 examples 100 |" in caplog.text and "running auc 1.0000" in caplog.text
+    assert progress.loss == 0.25  # the reading taken on leaving the block
+
+    t0 = time.monotonic()
+    with PassProgress(names, 30.0, "trainer-0", "pass 2/2") as slow:
+        time.sleep(0.1)
+    assert time.monotonic() - t0 < 5.0, "leaving the block waited for the period"
+    assert not slow._thread.is_alive()
+
+    missing = PassProgress({"loss": "test_progress_absent", "stat_pos": "test_progress_absent2",
+                            "stat_neg": names["stat_neg"]}, 0.1, "trainer-0", "pass 3/3")
+    got_pos, got_neg = missing.read()
+    assert got_pos is None and np.array_equal(got_neg, neg) and np.isnan(missing.loss)
+    missing.log(got_pos, got_neg)  # no line without both bucket arrays
+    assert "pass 3/3" not in caplog.text
