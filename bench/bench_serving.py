@@ -26,6 +26,7 @@ Targets (2 cores): batch-1 p50 <= 3 ms; >= 600 requests/s at batch 1 with 4 clie
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import multiprocessing as mp
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +57,73 @@ def make_version(root: Path, vid: int, rows, dim: int = 9) -> None:
     np.savez(root / "table.npz", keys=keys, values=vals)
     subprocess.run([sys.executable, "-m", "runtime.trainer.export", "--root", str(root), "--version", str(vid),
                     "--table", str(root / "table.npz"), "--seed", "7"], check=True, capture_output=True, cwd=REPO)
+
+
+@dataclass
+class ServedVersion:
+    """What ``served_version`` sets up: ``tmp`` (the scratch directory), ``data`` (the
+    generated test file, criteo text), ``rows`` (its parsed rows), ``root`` (the version
+    root), ``vid`` (the version id) and ``cube`` (a running 2-shard
+    ``LocalCubeCluster`` serving ``vid``)."""
+
+    tmp: Path
+    data: Path
+    rows: object
+    root: Path
+    vid: int
+    cube: object
+
+
+@contextlib.contextmanager
+def served_version(prefix: str, test_rows: int = 4096, rollout_timeout_s: float = 120.0):
+    """Generated rows (``test_rows`` of them, seed 3), a version published from them
+    (``make_version``, id = the current Unix time) and a local cube of 2 shards x 1 replica
+    with that version rolled out, in a temporary directory named ``prefix``*; yields a
+    ``ServedVersion`` and removes it all on exit. Raises ``TimeoutError`` when the rollout
+    takes longer than ``rollout_timeout_s`` (s)."""
+    from runtime.cube.cluster import LocalCubeCluster
+    from runtime.trainer import generator
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        tmp = Path(tmp)
+        generator.generate(tmp / "data", rows=10, test_rows=test_rows, seed=3)
+        data = tmp / "data" / "test.txt"
+        rows = load_rows([str(data)], "criteo")
+        root = tmp / "root"
+        vid = int(time.time())
+        make_version(root, vid, rows)
+        with LocalCubeCluster(tmp / "cube", root, shards=2, replicas=1) as cube:
+            cube.wait_version(vid, timeout_s=rollout_timeout_s)
+            yield ServedVersion(tmp, data, rows, root, vid, cube)
+
+
+def start_serving(cube, work_dir: Path, workers: int, threads: int, grpc: bool = True, extra: tuple = (),
+                  timeout_s: float = 120.0, **start_kw):
+    """Starts ``elastic-ctr serve`` on 127.0.0.1 over ``cube`` (a ``LocalCubeCluster``)
+    in its process group with ``workers`` worker processes x ``threads`` threads, a 2 s
+    cube lookup timeout (a loaded machine must slow the figures down, not fail requests)
+    and ``extra`` arguments; ``start_kw`` goes to ``ProcessGroup.start`` (env, cwd).
+    Returns ``(role, url, grpc_target)`` once ``/v2/health/ready`` answers 200
+    (``grpc_target`` None without ``grpc``). Raises ``TimeoutError`` with the log's tail
+    when it is not ready within ``timeout_s`` (s), and what ``ProcessGroup.check`` raises
+    when a role of the group exits meanwhile."""
+    port, grpc_port = proc.free_ports(2)
+    url = f"http://127.0.0.1:{port}"
+    role = cube.group.start("serving", proc.self_command() + [
+        "serve", "--topology", str(cube.topology_path), "--model-root", cube.root_url,
+        "--transfer-url", cube.transfer_url, "--host", "127.0.0.1", "--port", str(port),
+        "--grpc-port", str(grpc_port) if grpc else "0", "--workers", str(workers), "--threads", str(threads),
+        "--cube-timeout-ms", "2000", "--work-dir", str(work_dir), *extra], **start_kw)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        cube.group.check()
+        try:
+            if storage.session().get(url + "/v2/health/ready", timeout=2).status_code == 200:
+                return role, url, (f"127.0.0.1:{grpc_port}" if grpc else None)
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"serving not ready after {timeout_s:.0f} s:\n{proc.tail(role.log_path)}")
 
 
 def _http_client(url: str, bodies: list, duration_s: float, q) -> None:
@@ -318,94 +387,65 @@ def main() -> int:
     batches = [int(x) for x in args.batches.split(",")]
     transports = args.transports.split(",")
 
-    from runtime.cube.cluster import LocalCubeCluster
-    from runtime.trainer import generator
+    t_roll = time.monotonic()
+    with served_version("bench-serving-", args.rows) as setup:
+        tmp, rows, root, vid, cube = setup.tmp, setup.rows, setup.root, setup.vid, setup.cube
+        print(f"cube: 2 shards, version {vid} generated and rolled out in {time.monotonic() - t_roll:.1f} s",
+              flush=True)
+        floor = floor_figures(str(cube.topology_path), str(root), vid, str(setup.data), batches, transports,
+                              args.floor_s)
+        print("floor (no server; CPU ms per request): model run alone + cube lookups alone (the client's "
+              "share) = floor; in process = the whole request without the HTTP/gRPC server", flush=True)
+        for b, f in floor.items():
+            print(f"  batch {b:>4}: model {f['model']:.3f} + cube {f['cube']:.3f} = floor {f['floor']:.3f} ms; "
+                  "in process: " + ", ".join(f"{t} {f[t]:.3f} ms ({f[t] / f['floor']:.2f}x floor)"
+                                             for t in transports), flush=True)
+        if args.floor_only:
+            return 0
+        sv, url, grpc_target = start_serving(cube, tmp / "serving", args.workers, args.threads)
+        print(f"serving: {args.workers} worker(s) x {args.threads} threads; {os.cpu_count()} CPUs on this machine",
+              flush=True)
+        results = []
+        targets = {"json": url, "binary": url, "grpc": grpc_target}
+        for transport in transports:
+            for b in batches:
+                if transport == "json":
+                    payloads = [(body, {"Content-Type": "application/json"}) for body, _, _ in encode_batches(rows, b)]
+                elif transport == "binary":
+                    payloads = encode_binary(rows, b)
+                else:
+                    payloads = encode_grpc(rows, b)
+                kind = "grpc" if transport == "grpc" else "http"
+                load(targets[transport], payloads[:50], 1, 1.0, kind)  # warm-up
+                for c in [int(x) for x in args.clients.split(",")]:
+                    cpu0 = tree_cpu_s(sv.proc.pid)
+                    cube0 = sum(_proc_cpu_s(r.proc.pid) for r in cube.servers.values())
+                    r = load(targets[transport], payloads, c, args.duration, kind)
+                    r.update(transport=transport, batch=b, clients=c)
+                    r["serving_cpu_ms"] = (tree_cpu_s(sv.proc.pid) - cpu0) * 1e3 / max(1, r["requests"])
+                    r["cube_cpu_ms"] = (sum(_proc_cpu_s(x.proc.pid) for x in cube.servers.values()) - cube0
+                                        ) * 1e3 / max(1, r["requests"])
+                    r["floor_ms"] = floor[b]["floor"]
+                    results.append(r)
+                    print(f"  {transport:<6} batch {b:>4} clients {c}: {r['rps']:8.1f} requests/s "
+                          f"({r['rps'] * b:9.0f} rows/s)  p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms  "
+                          f"failed {r['failed']}  CPU/request: serving {r['serving_cpu_ms']:.2f} ms "
+                          f"(floor {r['floor_ms']:.2f} ms, {r['serving_cpu_ms'] / r['floor_ms']:.1f}x), "
+                          f"cube {r['cube_cpu_ms']:.2f} ms", flush=True)
+        text = storage.session().get(url + "/metrics", timeout=5).text
+        runs = sum(float(ln.split()[-1]) for ln in text.splitlines()
+                   if ln.startswith("elastic_ctr_serving_predictor_runs_total"))
+        reqs = sum(float(ln.split()[-1]) for ln in text.splitlines()
+                   if ln.startswith("elastic_ctr_serving_requests_total") and 'code="200"' in ln)
+        print(f"serving: {reqs:.0f} requests answered with {runs:.0f} predictor runs "
+              f"(concurrent requests combined: {reqs / max(runs, 1):.2f} requests per run)")
+        overload = None
+        if args.overload_connections > 0:  # bench/overload.py: more connections than serving can take
+            from bench.overload import format_row, overload_row
 
-    with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
-        tmp = Path(tmp)
-        generator.generate(tmp / "data", rows=10, test_rows=args.rows, seed=3)
-        rows = load_rows([str(tmp / "data" / "test.txt")], "criteo")
-        root = tmp / "root"
-        vid = int(time.time())
-        make_version(root, vid, rows)
-        with LocalCubeCluster(tmp / "cube", root, shards=2, replicas=1) as cube:
-            t_roll = time.monotonic()
-            cube.wait_version(vid, timeout_s=120)
-            print(f"cube: 2 shards, version {vid} rolled out in {time.monotonic() - t_roll:.1f} s", flush=True)
-            floor = floor_figures(str(cube.topology_path), str(root), vid, str(tmp / "data" / "test.txt"),
-                                  batches, transports, args.floor_s)
-            print("floor (no server; CPU ms per request): model run alone + cube lookups alone (the client's "
-                  "share) = floor; in process = the whole request without the HTTP/gRPC server", flush=True)
-            for b, f in floor.items():
-                print(f"  batch {b:>4}: model {f['model']:.3f} + cube {f['cube']:.3f} = floor {f['floor']:.3f} ms; "
-                      "in process: " + ", ".join(f"{t} {f[t]:.3f} ms ({f[t] / f['floor']:.2f}x floor)"
-                                                 for t in transports), flush=True)
-            if args.floor_only:
-                return 0
-            port, grpc_port = proc.free_ports(2)
-            url = f"http://127.0.0.1:{port}"
-            sv = cube.group.start("serving", proc.self_command() + [
-                "serve", "--topology", str(cube.topology_path), "--model-root", cube.root_url,
-                "--transfer-url", cube.transfer_url, "--host", "127.0.0.1", "--port", str(port),
-                "--grpc-port", str(grpc_port), "--workers", str(args.workers), "--threads", str(args.threads),
-                "--cube-timeout-ms", "2000",  # a loaded machine must slow the figures down, not fail requests
-                "--work-dir", str(tmp / "serving")])
-            proc.wait_for_port("127.0.0.1", port, 120, sv.proc, sv.name, sv.log_path)
-            proc.wait_for_port("127.0.0.1", grpc_port, 120, sv.proc, sv.name, sv.log_path)
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                cube.group.check()
-                try:
-                    if storage.session().get(url + "/v2/health/ready", timeout=2).status_code == 200:
-                        break
-                except Exception:
-                    pass
-                time.sleep(0.2)
-            else:
-                raise TimeoutError(f"serving not ready:\n{proc.tail(sv.log_path)}")
-            print(f"serving: {args.workers} worker(s) x {args.threads} threads; {os.cpu_count()} CPUs on this machine",
-                  flush=True)
-            results = []
-            targets = {"json": url, "binary": url, "grpc": f"127.0.0.1:{grpc_port}"}
-            for transport in transports:
-                for b in batches:
-                    if transport == "json":
-                        payloads = [(body, {"Content-Type": "application/json"}) for body, _, _ in encode_batches(rows, b)]
-                    elif transport == "binary":
-                        payloads = encode_binary(rows, b)
-                    else:
-                        payloads = encode_grpc(rows, b)
-                    kind = "grpc" if transport == "grpc" else "http"
-                    load(targets[transport], payloads[:50], 1, 1.0, kind)  # warm-up
-                    for c in [int(x) for x in args.clients.split(",")]:
-                        cpu0 = tree_cpu_s(sv.proc.pid)
-                        cube0 = sum(_proc_cpu_s(r.proc.pid) for r in cube.servers.values())
-                        r = load(targets[transport], payloads, c, args.duration, kind)
-                        r.update(transport=transport, batch=b, clients=c)
-                        r["serving_cpu_ms"] = (tree_cpu_s(sv.proc.pid) - cpu0) * 1e3 / max(1, r["requests"])
-                        r["cube_cpu_ms"] = (sum(_proc_cpu_s(x.proc.pid) for x in cube.servers.values()) - cube0
-                                            ) * 1e3 / max(1, r["requests"])
-                        r["floor_ms"] = floor[b]["floor"]
-                        results.append(r)
-                        print(f"  {transport:<6} batch {b:>4} clients {c}: {r['rps']:8.1f} requests/s "
-                              f"({r['rps'] * b:9.0f} rows/s)  p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms  "
-                              f"failed {r['failed']}  CPU/request: serving {r['serving_cpu_ms']:.2f} ms "
-                              f"(floor {r['floor_ms']:.2f} ms, {r['serving_cpu_ms'] / r['floor_ms']:.1f}x), "
-                              f"cube {r['cube_cpu_ms']:.2f} ms", flush=True)
-            text = storage.session().get(url + "/metrics", timeout=5).text
-            runs = sum(float(ln.split()[-1]) for ln in text.splitlines()
-                       if ln.startswith("elastic_ctr_serving_predictor_runs_total"))
-            reqs = sum(float(ln.split()[-1]) for ln in text.splitlines()
-                       if ln.startswith("elastic_ctr_serving_requests_total") and 'code="200"' in ln)
-            print(f"serving: {reqs:.0f} requests answered with {runs:.0f} predictor runs "
-                  f"(concurrent requests combined: {reqs / max(runs, 1):.2f} requests per run)")
-            overload = None
-            if args.overload_connections > 0:  # bench/overload.py: more connections than serving can take
-                from bench.overload import format_row, overload_row
-
-                payloads = [(body, {"Content-Type": "application/json"}) for body, _, _ in encode_batches(rows, 256)]
-                overload = overload_row(url, payloads, args.overload_connections, args.duration)
-                print(format_row(overload, 256), flush=True)
+            payloads = [(body, {"Content-Type": "application/json"}) for body, _, _ in encode_batches(rows, 256)]
+            overload = overload_row(url, payloads, args.overload_connections, args.duration)
+            print(format_row(overload, 256), flush=True)
     print("\n| transport | batch | clients | requests/s | rows/s | p50 ms | p99 ms | failed | serving CPU ms/request "
           "| in process ms | floor ms (model + cube) | serving / floor |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

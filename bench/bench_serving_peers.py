@@ -38,7 +38,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -46,12 +45,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_serving import _proc_cpu_s, make_version, tree_cpu_s  # noqa: E402
+from bench_serving import _proc_cpu_s, served_version, tree_cpu_s  # noqa: E402
 from bench_serving import floor_figures as bench_floor_figures  # noqa: E402
 from wrk_load import compare_answers, loads, run_wrk, write_bodies, wrk_path  # noqa: E402
 
 from runtime import proc  # noqa: E402
-from runtime.serving.client import encode_batches, load_rows  # noqa: E402
+from runtime.serving.client import encode_batches  # noqa: E402
 
 INFER_PATH = "/v2/models/ctr/infer"
 
@@ -196,62 +195,52 @@ def main() -> int:
         raise SystemExit(f"--kserve-python: {args.kserve_python} is not an executable (make bench-serving-peers "
                          "creates .venv-kserve)")
 
-    from runtime.cube.cluster import LocalCubeCluster
-    from runtime.trainer import generator
-
     load_before = os.getloadavg()
     results, floor = [], {}
-    with tempfile.TemporaryDirectory(prefix="bench-serving-peers-") as tmp:
-        tmp = Path(tmp)
-        generator.generate(tmp / "data", rows=10, test_rows=args.rows, seed=3)
-        rows = load_rows([str(tmp / "data" / "test.txt")], "criteo")
-        root = tmp / "root"
-        vid = int(time.time())
-        make_version(root, vid, rows)
-        with LocalCubeCluster(tmp / "cube", root, shards=2, replicas=1) as cube:
-            cube.wait_version(vid, timeout_s=120)
-            print(f"cube: 2 shards, version {vid}; serving code from {REPO}", flush=True)
-            floor = floor_figures(cube, root, vid, str(tmp / "data" / "test.txt"), batches)
-            for b, f in floor.items():
-                print(f"floor batch {b:>4}: lookups {f['lookup_cpu_ms']:.3f} ms CPU, model run "
-                      f"{f['model_cpu_ms']:.3f} ms CPU, floor {f['floor_cpu_ms']:.3f} ms CPU", flush=True)
-            servers = start_servers(cube, tmp, args)
-            print(f"servers: ours and KServe, {args.workers} workers x {args.threads} threads each (KServe's "
-                  f"predict: {args.kserve_predict}); {os.cpu_count()} CPUs", flush=True)
-            for b in batches:
-                bodies = [body for body, _, _ in encode_batches(rows, b)]
-                n = same_answers(servers, bodies[:args.compare], b)
-                print(f"batch {b}: {n} answers compared, equal", flush=True)
-                bfile = write_bodies(bodies, tmp / f"bodies-{b}.txt")
-                for name, (_, url) in servers.items():  # warm-up: both workers, every code path
-                    run_wrk(url, INFER_PATH, bfile, args.connections, 2.0, wrk=args.wrk)
-                for rnd in range(args.rounds):
-                    order = ["ours", "kserve"] if rnd % 2 == 0 else ["kserve", "ours"]
-                    for name in order:
-                        role, url = servers[name]
-                        cpu0, kids0 = tree_cpu_s(role.proc.pid), children_cpu_s(role.proc.pid)
-                        cube0 = sum(_proc_cpu_s(r.proc.pid) for r in cube.servers.values())
-                        r = run_wrk(url, INFER_PATH, bfile, args.connections, args.duration, wrk=args.wrk)
-                        cpu = tree_cpu_s(role.proc.pid) - cpu0
-                        kids = children_cpu_s(role.proc.pid)
-                        split = sorted((kids[k] - kids0.get(k, 0.0) for k in kids), reverse=True)[:args.workers]
-                        cube_cpu = sum(_proc_cpu_s(x.proc.pid) for x in cube.servers.values()) - cube0
-                        ok = max(0, r["requests"] - r["non_2xx"])
-                        r.update(server=name, batch=b, round=rnd, ok=ok, load=os.getloadavg()[0],
-                                 cpu_ms=cpu * 1e3 / max(1, r["requests"]),
-                                 cube_cpu_ms=cube_cpu * 1e3 / max(1, r["requests"]))
-                        results.append(r)
-                        print(f"  batch {b:>4} round {rnd} {name:<6}: {ok / r['duration_s']:8.1f} requests/s "
-                              f"({ok * b / r['duration_s']:9.0f} rows/s)  p50 {r['p50_ms']:7.2f} ms  "
-                              f"p99 {r['p99_ms']:7.2f} ms  non-2xx {r['non_2xx']}  socket errors "
-                              f"{r['socket_errors']}  CPU/request: server {r['cpu_ms']:.2f} ms, cube "
-                              f"{r['cube_cpu_ms']:.2f} ms  workers' CPU s {'/'.join(f'{x:.1f}' for x in split)}  "
-                              f"load {r['load']:.1f}", flush=True)
+    with served_version("bench-serving-peers-", args.rows) as setup:
+        tmp, rows, root, vid, cube = setup.tmp, setup.rows, setup.root, setup.vid, setup.cube
+        print(f"cube: 2 shards, version {vid}; serving code from {REPO}", flush=True)
+        floor = floor_figures(cube, root, vid, str(setup.data), batches)
+        for b, f in floor.items():
+            print(f"floor batch {b:>4}: lookups {f['lookup_cpu_ms']:.3f} ms CPU, model run "
+                  f"{f['model_cpu_ms']:.3f} ms CPU, floor {f['floor_cpu_ms']:.3f} ms CPU", flush=True)
+        servers = start_servers(cube, tmp, args)
+        print(f"servers: ours and KServe, {args.workers} workers x {args.threads} threads each (KServe's "
+              f"predict: {args.kserve_predict}); {os.cpu_count()} CPUs", flush=True)
+        for b in batches:
+            bodies = [body for body, _, _ in encode_batches(rows, b)]
+            n = same_answers(servers, bodies[:args.compare], b)
+            print(f"batch {b}: {n} answers compared, equal", flush=True)
+            bfile = write_bodies(bodies, tmp / f"bodies-{b}.txt")
+            for name, (_, url) in servers.items():  # warm-up: both workers, every code path
+                run_wrk(url, INFER_PATH, bfile, args.connections, 2.0, wrk=args.wrk)
+            for rnd in range(args.rounds):
+                order = ["ours", "kserve"] if rnd % 2 == 0 else ["kserve", "ours"]
+                for name in order:
+                    role, url = servers[name]
+                    cpu0, kids0 = tree_cpu_s(role.proc.pid), children_cpu_s(role.proc.pid)
+                    cube0 = sum(_proc_cpu_s(r.proc.pid) for r in cube.servers.values())
+                    r = run_wrk(url, INFER_PATH, bfile, args.connections, args.duration, wrk=args.wrk)
+                    cpu = tree_cpu_s(role.proc.pid) - cpu0
+                    kids = children_cpu_s(role.proc.pid)
+                    split = sorted((kids[k] - kids0.get(k, 0.0) for k in kids), reverse=True)[:args.workers]
+                    cube_cpu = sum(_proc_cpu_s(x.proc.pid) for x in cube.servers.values()) - cube0
+                    ok = max(0, r["requests"] - r["non_2xx"])
+                    r.update(server=name, batch=b, round=rnd, ok=ok, load=os.getloadavg()[0],
+                             cpu_ms=cpu * 1e3 / max(1, r["requests"]),
+                             cube_cpu_ms=cube_cpu * 1e3 / max(1, r["requests"]))
+                    results.append(r)
+                    print(f"  batch {b:>4} round {rnd} {name:<6}: {ok / r['duration_s']:8.1f} requests/s "
+                          f"({ok * b / r['duration_s']:9.0f} rows/s)  p50 {r['p50_ms']:7.2f} ms  "
+                          f"p99 {r['p99_ms']:7.2f} ms  non-2xx {r['non_2xx']}  socket errors "
+                          f"{r['socket_errors']}  CPU/request: server {r['cpu_ms']:.2f} ms, cube "
+                          f"{r['cube_cpu_ms']:.2f} ms  workers' CPU s {'/'.join(f'{x:.1f}' for x in split)}  "
+                          f"load {r['load']:.1f}", flush=True)
 
-            for name, (role, _) in servers.items():
-                stop(role)
-            print("servers stopped by SIGTERM: " + ", ".join(f"{name} exit {role.proc.returncode}"
-                                                             for name, (role, _) in servers.items()), flush=True)
+        for name, (role, _) in servers.items():
+            stop(role)
+        print("servers stopped by SIGTERM: " + ", ".join(f"{name} exit {role.proc.returncode}"
+                                                         for name, (role, _) in servers.items()), flush=True)
 
     def agg(name: str, b: int) -> dict:
         rs = [r for r in results if r["server"] == name and r["batch"] == b]

@@ -23,7 +23,6 @@ import http.client
 import multiprocessing as mp
 import os
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -154,47 +153,21 @@ def main() -> int:
     ap.add_argument("--serve-args", default="", help="more arguments for elastic-ctr serve, e.g. '--max-queue 8'")
     args = ap.parse_args()
 
-    from bench.bench_serving import make_version
-    from runtime import proc, storage
-    from runtime.cube.cluster import LocalCubeCluster
-    from runtime.serving.client import encode_batches, load_rows
-    from runtime.trainer import generator
+    from bench.bench_serving import served_version, start_serving
+    from runtime.serving.client import encode_batches
 
-    with tempfile.TemporaryDirectory(prefix="bench-overload-") as tmp:
-        tmp = Path(tmp)
-        generator.generate(tmp / "data", rows=10, test_rows=4096, seed=3)
-        rows = load_rows([str(tmp / "data" / "test.txt")], "criteo")
-        root = tmp / "root"
-        vid = int(time.time())
-        make_version(root, vid, rows)
-        with LocalCubeCluster(tmp / "cube", root, shards=2, replicas=1) as cube:
-            cube.wait_version(vid, timeout_s=120)
-            port = proc.free_ports(1)[0]
-            url = f"http://127.0.0.1:{port}"
-            sv = cube.group.start("serving", proc.self_command() + [
-                "serve", "--topology", str(cube.topology_path), "--model-root", cube.root_url,
-                "--transfer-url", cube.transfer_url, "--host", "127.0.0.1", "--port", str(port), "--grpc-port", "0",
-                "--workers", str(args.workers), "--threads", str(args.threads), "--work-dir", str(tmp / "serving"),
-                *args.serve_args.split()])
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                cube.group.check()
-                try:
-                    if storage.session().get(url + "/v2/health/ready", timeout=2).status_code == 200:
-                        break
-                except Exception:  # noqa: BLE001 - not up yet
-                    pass
-                time.sleep(0.2)
-            else:
-                raise TimeoutError(f"serving not ready:\n{proc.tail(sv.log_path)}")
-            payloads = [(body, {"Content-Type": "application/json"}) for body, _, _ in encode_batches(rows, args.batch)]
-            overload_row(url, payloads[:8], 1, 1.0, 1)  # warm-up
-            print(f"serving: {args.workers} worker(s) x {args.threads} threads {args.serve_args}; "
-                  f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}", flush=True)
-            base = overload_row(url, payloads, 4, args.duration, 4)
-            print(format_row(base, args.batch), flush=True)
-            over = overload_row(url, payloads, args.connections, args.duration, backoff=not args.no_backoff)
-            print(format_row(over, args.batch), flush=True)
+    with served_version("bench-overload-") as setup:
+        _, url, _ = start_serving(setup.cube, setup.tmp / "serving", args.workers, args.threads, grpc=False,
+                                   extra=tuple(args.serve_args.split()))
+        rows = setup.rows
+        payloads = [(body, {"Content-Type": "application/json"}) for body, _, _ in encode_batches(rows, args.batch)]
+        overload_row(url, payloads[:8], 1, 1.0, 1)  # warm-up
+        print(f"serving: {args.workers} worker(s) x {args.threads} threads {args.serve_args}; "
+              f"{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}", flush=True)
+        base = overload_row(url, payloads, 4, args.duration, 4)
+        print(format_row(base, args.batch), flush=True)
+        over = overload_row(url, payloads, args.connections, args.duration, backoff=not args.no_backoff)
+        print(format_row(over, args.batch), flush=True)
     la = os.getloadavg()
     print(f"load average: {la[0]:.1f} {la[1]:.1f} {la[2]:.1f} on {os.cpu_count()} CPUs")
     print(f"serving_overload connections={over['connections']} batch={args.batch} ok_rps={over['ok_rps']:.1f} "
