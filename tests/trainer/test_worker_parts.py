@@ -3,6 +3,7 @@ push flags written through ctypes, the GEO row hash, the config checks of the ne
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 
@@ -102,12 +103,45 @@ def test_distinct_equals_numpy_unique():
     assert np.array_equal(distinct(np.concatenate([seen, distinct(a[50:])])), np.unique(a))
 
 
-def test_pass_progress_reads_the_scope_logs_and_stops_at_once(caplog):
+class _Lines(logging.Handler):
+    """The messages logged to the logger it is added to."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+@pytest.fixture
+def worker_lines():
+    """The lines ``runtime.trainer.worker`` logs during the test, wherever an earlier test
+    left the logging configuration (a ``dictConfig`` disables existing loggers, a level
+    above INFO)."""
+    lg = logging.getLogger("runtime.trainer.worker")
+    saved = (lg.level, lg.disabled)
+    h = _Lines()
+    lg.setLevel(logging.INFO)
+    lg.disabled = False
+    lg.addHandler(h)
+    try:
+        yield h
+    finally:
+        lg.removeHandler(h)
+        lg.setLevel(saved[0])
+        lg.disabled = saved[1]
+
+
+def test_pass_progress_reads_the_scope_logs_and_stops_at_once(worker_lines):
     """The progress thread of a pass (``PassProgress``, in place of Paddle's FetchHandler,
     whose stop could wait without bound): it logs lines from the variables of the global
     scope while the block runs, its last reading gives the loss, and leaving the block does
     not wait for the period."""
-    import logging
     import time
 
     from runtime.inference import import_paddle
@@ -126,13 +160,12 @@ def test_pass_progress_reads_the_scope_logs_and_stops_at_once(caplog):
     put(names["stat_pos"], pos)
     put(names["stat_neg"], neg)
     put(names["loss"], np.array([0.5], np.float32))
-    with caplog.at_level(logging.INFO, logger="runtime.trainer.worker"):
-        with PassProgress(names, 0.1, "trainer-0", "pass 1/1") as progress:
-            deadline = time.monotonic() + 10
-            while "examples 100 |" not in caplog.text and time.monotonic() < deadline:
-                time.sleep(0.05)
-            put(names["loss"], np.array([0.25], np.float32))
-    assert "trainer-0 pass 1/1 examples 100 |" in caplog.text and "running auc 1.0000" in caplog.text
+    with PassProgress(names, 0.1, "trainer-0", "pass 1/1") as progress:
+        deadline = time.monotonic() + 10
+        while "examples 100 |" not in worker_lines.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+        put(names["loss"], np.array([0.25], np.float32))
+    assert "trainer-0 pass 1/1 examples 100 |" in worker_lines.text and "running auc 1.0000" in worker_lines.text
     assert progress.loss == 0.25  # the reading taken on leaving the block
 
     t0 = time.monotonic()
@@ -146,4 +179,4 @@ def test_pass_progress_reads_the_scope_logs_and_stops_at_once(caplog):
     got_pos, got_neg = missing.read()
     assert got_pos is None and np.array_equal(got_neg, neg) and np.isnan(missing.loss)
     missing.log(got_pos, got_neg)  # no line without both bucket arrays
-    assert "pass 3/3" not in caplog.text
+    assert "pass 3/3" not in worker_lines.text
