@@ -10,9 +10,9 @@ A pass: the worker's shard of the input is staged as MultiSlot files
 (``runtime.trainer.dataset.stage``), loaded into an ``InMemoryDataset`` once, and each pass
 is one ``exe.train_from_dataset`` (``thread_num`` = ``--threads``). Progress lines come from
 a thread of this module (``PassProgress``, not Paddle's ``FetchHandler``) every
-``--log-every-s`` seconds: examples, examples/s, loss and the running AUC of the pass (Paddle's ``auc`` op buckets, reset every pass). After the pass
-the bucket counts must add up to the rows loaded, or the pass failed silently and the
-worker raises.
+``--log-every-s`` seconds: examples, examples/s, loss and the running AUC of the pass
+(Paddle's ``auc`` op buckets, reset every pass). After the pass the bucket counts must add
+up to the rows loaded, or the pass failed silently and the worker raises.
 
 Paddle APIs used outside the public ones, and why (``PsWorker``):
 
@@ -99,14 +99,14 @@ class PassProgress:
         self.t_last, self.n_last = time.monotonic(), 0
 
     def __enter__(self) -> "PassProgress":
-        self.t_last, self.n_last = time.monotonic(), 0
+        self.t_last = time.monotonic()
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self.read()
+        self._read_loss()  # the pass's last loss (the worker reads the buckets itself)
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -115,20 +115,25 @@ class PassProgress:
             except Exception:  # noqa: BLE001 - a progress line never fails the pass
                 log.debug("%s %s: progress not readable", self.who, self.label, exc_info=True)
 
+    def _tensor(self, key: str) -> Optional[np.ndarray]:
+        """The variable ``names[key]`` of the global scope as it is now (None: absent or
+        not initialized yet)."""
+        import paddle
+
+        var = paddle.static.global_scope().find_var(self.names[key])
+        t = var.get_tensor() if var is not None else None
+        return np.array(t) if t is not None and t._is_initialized() else None
+
+    def _read_loss(self) -> None:
+        loss = self._tensor("loss")
+        if loss is not None and loss.size:
+            self.loss = float(loss.ravel()[0])
+
     def read(self) -> tuple[Optional[np.ndarray], Optional[np.ndarray]]:
         """``(stat_pos, stat_neg)`` int64 bucket counts as they are now (None where not
         initialized yet); updates ``loss``."""
-        import paddle
-
-        scope = paddle.static.global_scope()
-        vals = {}
-        for key, name in self.names.items():
-            var = scope.find_var(name)
-            t = var.get_tensor() if var is not None else None
-            vals[key] = np.array(t) if t is not None and t._is_initialized() else None
-        if vals.get("loss") is not None and vals["loss"].size:
-            self.loss = float(vals["loss"].ravel()[0])
-        return vals.get("stat_pos"), vals.get("stat_neg")
+        self._read_loss()
+        return self._tensor("stat_pos"), self._tensor("stat_neg")
 
     def log(self, pos: Optional[np.ndarray], neg: Optional[np.ndarray]) -> None:
         """One progress line from the buckets ``read`` returned (none while either is None)."""
