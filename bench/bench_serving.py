@@ -98,28 +98,33 @@ def served_version(prefix: str, test_rows: int = 4096, rollout_timeout_s: float 
 
 
 def start_serving(cube, work_dir: Path, workers: int, threads: int, grpc: bool = True, extra: tuple = (),
-                  timeout_s: float = 120.0, **start_kw):
+                  cube_timeout_ms: float = 2000.0, timeout_s: float = 120.0, **start_kw):
     """Starts ``elastic-ctr serve`` on 127.0.0.1 over ``cube`` (a ``LocalCubeCluster``)
-    in its process group with ``workers`` worker processes x ``threads`` threads, a 2 s
-    cube lookup timeout (a loaded machine must slow the figures down, not fail requests)
-    and ``extra`` arguments; ``start_kw`` goes to ``ProcessGroup.start`` (env, cwd).
-    Returns ``(role, url, grpc_target)`` once ``/v2/health/ready`` answers 200
-    (``grpc_target`` None without ``grpc``). Raises ``TimeoutError`` with the log's tail
-    when it is not ready within ``timeout_s`` (s), and what ``ProcessGroup.check`` raises
-    when a role of the group exits meanwhile."""
+    in its process group with ``workers`` worker processes x ``threads`` threads, a cube
+    lookup timeout of ``cube_timeout_ms`` (default 2 s: a loaded machine must slow the
+    figures down, not fail requests), gRPC on a free port (``grpc``; else none) and
+    ``extra`` arguments; ``start_kw`` goes to ``ProcessGroup.start`` (env, cwd).
+    Returns ``(role, url, grpc_target)`` once ``/v2/health/ready`` answers 200 and the
+    gRPC port accepts (``grpc_target`` None without ``grpc``). Raises ``TimeoutError``
+    with the log's tail when it is not ready within ``timeout_s`` (s), and what
+    ``ProcessGroup.check`` raises when a role of the group exits meanwhile."""
     port, grpc_port = proc.free_ports(2)
     url = f"http://127.0.0.1:{port}"
     role = cube.group.start("serving", proc.self_command() + [
         "serve", "--topology", str(cube.topology_path), "--model-root", cube.root_url,
         "--transfer-url", cube.transfer_url, "--host", "127.0.0.1", "--port", str(port),
         "--grpc-port", str(grpc_port) if grpc else "0", "--workers", str(workers), "--threads", str(threads),
-        "--cube-timeout-ms", "2000", "--work-dir", str(work_dir), *extra], **start_kw)
+        "--cube-timeout-ms", str(cube_timeout_ms), "--work-dir", str(work_dir), *extra], **start_kw)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         cube.group.check()
         try:
             if storage.session().get(url + "/v2/health/ready", timeout=2).status_code == 200:
-                return role, url, (f"127.0.0.1:{grpc_port}" if grpc else None)
+                if not grpc:
+                    return role, url, None
+                proc.wait_for_port("127.0.0.1", grpc_port, max(1.0, deadline - time.monotonic()), role.proc,
+                                   role.name, role.log_path)
+                return role, url, f"127.0.0.1:{grpc_port}"
         except Exception:  # noqa: BLE001 - not up yet
             pass
         time.sleep(0.2)

@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_serving import _proc_cpu_s, served_version, tree_cpu_s  # noqa: E402
+from bench_serving import _proc_cpu_s, served_version, start_serving, tree_cpu_s  # noqa: E402
 from bench_serving import floor_figures as bench_floor_figures  # noqa: E402
 from wrk_load import compare_answers, loads, run_wrk, write_bodies, wrk_path  # noqa: E402
 
@@ -109,13 +109,9 @@ def start_servers(cube, tmp: Path, args) -> dict[str, tuple[proc.Role, str]]:
     """Starts ``elastic-ctr serve`` (``ours``) and the KServe peer (``kserve``) over ``cube``;
     returns ``{name: (role, url)}`` once both answer ready with every worker loaded."""
     env = {"PYTHONPATH": str(REPO)}
-    port, kport = proc.free_ports(2)
-    ours = cube.group.start("serving", proc.self_command() + [
-        "serve", "--topology", str(cube.topology_path), "--model-root", cube.root_url,
-        "--transfer-url", cube.transfer_url, "--host", "127.0.0.1", "--port", str(port),
-        "--workers", str(args.workers), "--threads", str(args.threads), "--work-dir", str(tmp / "serving"),
-        "--cube-timeout-ms", str(args.cube_timeout_ms)],
-        env=env, cwd=REPO)
+    ours, url, _ = start_serving(cube, tmp / "serving", args.workers, args.threads, grpc=False,
+                                 cube_timeout_ms=args.cube_timeout_ms, timeout_s=180.0, env=env, cwd=REPO)
+    kport = proc.free_ports(1)[0]
     kdir = tmp / "kserve"
     peer = cube.group.start("kserve", [args.kserve_python, str(REPO / "bench" / "kserve_peer.py"),
                                        "--topology", str(cube.topology_path), "--model-root", cube.root_url,
@@ -124,8 +120,7 @@ def start_servers(cube, tmp: Path, args) -> dict[str, tuple[proc.Role, str]]:
                                        "--work-dir", str(kdir), "--predict-on", args.kserve_predict,
                                        "--cube-timeout-ms", str(args.cube_timeout_ms)],
                             env=env, cwd=REPO)
-    servers = {"ours": (ours, f"http://127.0.0.1:{port}"), "kserve": (peer, f"http://127.0.0.1:{kport}")}
-    wait_ready(cube.group, ours, servers["ours"][1])
+    servers = {"ours": (ours, url), "kserve": (peer, f"http://127.0.0.1:{kport}")}
     wait_ready(cube.group, peer, servers["kserve"][1], markers=(kdir, args.workers))
     return servers
 
