@@ -198,7 +198,9 @@ class LocalCubeCluster:
         codes = {}
         for r in range(gen.replicas - 1, replicas - 1, -1):
             for s in range(gen.shards):
-                for roles in (gen.servers, gen.agents):
+                # the agent first: stopped after its server, it kept retrying a reload the
+                # transfer had asked for against the gone server and outlived its grace
+                for roles in (gen.agents, gen.servers):
                     role = roles.pop((s, r))
                     self.group.stop(role)
                     codes[role.name] = role.proc.returncode
@@ -217,7 +219,7 @@ class LocalCubeCluster:
         is answered first), as pulumi deletes the StatefulSets that left the program.
         Returns each role's exit code by name."""
         codes = {}
-        for role in list(gen.servers.values()) + list(gen.agents.values()):
+        for role in list(gen.agents.values()) + list(gen.servers.values()):  # agents first (shrink_generation)
             self.group.stop(role)
             codes[role.name] = role.proc.returncode
             if role in self.group.roles:
