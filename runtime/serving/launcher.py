@@ -188,7 +188,7 @@ def main(args) -> int:
     from gunicorn.app.base import BaseApplication
 
     from runtime.serving.rest import create_app
-    from runtime.serving.worker import WaitressWorker
+    from runtime.serving.worker import ConnectionShare, WaitressWorker
 
     slots = features.DEFAULT_SLOTS
     if args.slot_file:
@@ -230,7 +230,7 @@ def main(args) -> int:
     hooks = ServerHooks(mp_dir, grace_s, multiprocess.mark_process_dead)
     worker_class = type("ServingWorker", (WaitressWorker,), {"options": {
         "max_queue": args.max_queue, "header_timeout_s": args.header_timeout, "idle_timeout_s": args.idle_timeout,
-        "max_body_bytes": args.max_body_bytes}})
+        "max_body_bytes": args.max_body_bytes}, "share": ConnectionShare(max(64, 2 * args.workers))})
 
     class ServingApplication(BaseApplication):
         def load_config(self):
@@ -238,6 +238,7 @@ def main(args) -> int:
                                "worker_class": worker_class, "threads": args.threads,
                                "timeout": 60, "graceful_timeout": grace_s, "accesslog": None,
                                "child_exit": hooks.child_exit, "post_worker_init": hooks.post_worker_init,
+                               "pre_fork": worker_class.pre_fork,
                                "worker_exit": hooks.worker_exit}.items():
                 self.cfg.set(key, value)
 

@@ -1,0 +1,108 @@
+"""Processes serving one listening socket spread their connections
+(``runtime.webserver``'s ``share``, ``runtime.serving.worker.ConnectionShare``): a process
+holding more than another leaves a pending connection to it, and takes it itself when the
+others do not within ``ACCEPT_ESCAPE_S``."""
+from __future__ import annotations
+
+import http.client
+import socket
+import time
+
+import pytest
+
+from runtime import webserver
+from runtime.serving.worker import ConnectionShare
+from runtime.webserver import WebServer
+
+
+def _named_app(name: str):
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(name)))])
+        return [name.encode()]
+    return app
+
+
+@pytest.fixture
+def listener():
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    s.listen(64)
+    s.setblocking(False)
+    yield s
+    s.close()
+
+
+def _connect(port: int) -> tuple[http.client.HTTPConnection, str]:
+    """A keep-alive connection and the name of the server that answered its first request."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", "/")
+    r = c.getresponse()
+    assert r.status == 200
+    return c, r.read().decode()
+
+
+def test_share_assigns_free_slots_and_counts_live_ones():
+    share = ConnectionShare(3)
+    assert share.assign(set()) == 0 and share.assign({0}) == 1 and share.assign({0, 2}) == 1
+    with pytest.raises(RuntimeError, match="all 3 slots"):
+        share.assign({0, 1, 2})
+    a, b, c = share.bind(0), share.bind(1), share.bind(2)
+    assert a.least(5)  # nobody else has published: alone
+    b.publish(2)
+    assert a.least(2) and not a.least(3)
+    c.publish(1)
+    assert not a.least(2) and a.least(1)
+    c.leave()  # stopping: no longer counted
+    assert a.least(2)
+    share.beats[1] = time.monotonic() - ConnectionShare.STALE_S - 1  # b stopped publishing (gone, hung)
+    assert a.least(100)
+    with pytest.raises(ValueError, match="slots"):
+        ConnectionShare(0)
+
+
+def test_two_servers_over_one_socket_split_keepalive_connections(listener):
+    share = ConnectionShare(4)
+    servers = [WebServer(_named_app(n), sockets=[listener.dup()], threads=2, probes=False, share=share.bind(i),
+                         name=n).start() for i, n in enumerate("ab")]
+    conns = []
+    try:
+        for k in range(8):
+            c, who = _connect(servers[0].port)
+            conns.append((c, who))
+            names = [w for _, w in conns]
+            # each new connection goes to the server holding fewer: never more than one apart
+            assert abs(names.count("a") - names.count("b")) <= 1, names
+        assert sorted(names) == ["a"] * 4 + ["b"] * 4
+        for c, who in conns:  # the connections stay where they were accepted
+            c.request("GET", "/")
+            assert c.getresponse().read().decode() == who
+        assert sum(g.deferred for s in servers for g in s._gates) >= 1
+    finally:
+        for c, _ in conns:
+            c.close()
+        for s in servers:
+            s.stop()
+
+
+def test_a_pending_connection_is_taken_after_the_escape_when_the_others_do_not(listener):
+    share = ConnectionShare(2)
+    other = share.bind(1)
+    other.publish(0)  # a live process holding nothing that never accepts (busy)
+    w = WebServer(_named_app("a"), sockets=[listener], threads=2, probes=False, share=share.bind(0), name="a")
+    w.start()
+    try:
+        first, _ = _connect(w.port)  # 0 <= 0: taken at once
+        other.publish(0)
+        t0 = time.monotonic()
+        second, who = _connect(w.port)  # 1 > 0: left to the other, then taken after the escape
+        waited = time.monotonic() - t0
+        gate = w._gates[0]
+        assert who == "a" and gate.deferred == 1 and gate.escaped == 1
+        assert webserver.ACCEPT_ESCAPE_S * 0.8 <= waited < 2.0, waited
+        assert share.conns[0] == 2  # published as soon as it was accepted
+        first.close()
+        second.close()
+    finally:
+        w.stop()
+    assert share.beats[0] == 0.0  # stopping left the share: the others no longer wait for it
