@@ -149,10 +149,18 @@ class WaitressWorker(Worker):
         #: every request answered: ``launcher.ServerHooks.worker_exit`` may end the process at once
         self.drained = True
 
+    #: s between two heartbeats to the master (gunicorn's ``timeout`` is 60 s; one per loop step cost
+    #: a syscall per request)
+    NOTIFY_S = 1.0
+    _notified = 0.0
+
     def _tick(self) -> None:
-        """The loop's heartbeat: tells the master this worker lives; stops the loop once
-        the worker is to exit (SIGTERM, or the master gone)."""
-        self.notify()
+        """The loop's heartbeat: tells the master this worker lives (every ``NOTIFY_S``);
+        stops the loop once the worker is to exit (SIGTERM, or the master gone)."""
+        now = time.monotonic()
+        if now - self._notified >= self.NOTIFY_S:
+            self._notified = now
+            self.notify()
         if self.alive and self.ppid != os.getppid():
             self.log.info("Parent changed, shutting down: %s", self)
             self.alive = False
