@@ -377,7 +377,7 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=8.0, help="seconds per measurement (default 8)")
     ap.add_argument("--rows", type=int, default=4096, help="distinct rows sent (default 4096)")
     ap.add_argument("--workers", type=int, default=2, help="serving worker processes (default 2)")
-    ap.add_argument("--threads", type=int, default=2, help="serving threads per worker (default 2)")
+    ap.add_argument("--threads", type=int, default=1, help="serving threads per worker (default 1, as serve's)")
     ap.add_argument("--clients", default="1,4", help="concurrent clients to try (default 1,4)")
     ap.add_argument("--batches", default="1,256", help="batch sizes to try (default 1,256)")
     ap.add_argument("--transports", default="json,binary,grpc",

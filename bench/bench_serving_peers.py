@@ -169,7 +169,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="rounds per batch size, order alternating (default 2)")
     ap.add_argument("--rows", type=int, default=4096, help="distinct rows sent (default 4096)")
     ap.add_argument("--workers", type=int, default=2, help="worker processes of each server (default 2)")
-    ap.add_argument("--threads", type=int, default=2, help="threads (and predictors) per worker (default 2)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="threads (and predictors) per worker (default 1, as serve's)")
     ap.add_argument("--connections", type=int, default=4, help="wrk connections (default 4)")
     ap.add_argument("--batches", default="1,256", help="batch sizes (default 1,256)")
     ap.add_argument("--compare", type=int, default=8, help="bodies per batch size whose answers are compared (default 8)")

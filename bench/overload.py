@@ -10,7 +10,7 @@ requests/s answered 200, p50/p99 latency of the 200s and of every answer, the sh
 503s, errors, and the probes' p99 and max.
 
 Run alone (``python bench/overload.py``), it sets up what ``bench/bench_serving.py`` sets
-up (a local cube of 2 shards, ``elastic-ctr serve``, 2 workers x 2 threads) and measures
+up (a local cube of 2 shards, ``elastic-ctr serve``, 2 workers x 1 thread) and measures
 4 connections then ``--connections`` (64) at batch 256, JSON; last line
 ``serving_overload connections=<n> batch=256 ok_rps=<x> ok_rps_at_4=<y> p50_ms=<a> p99_ms=<b>
 share_503=<s> probe_p99_ms=<p>``. ``bench_serving.py`` can call ``overload_row`` with its
@@ -148,7 +148,7 @@ def main() -> int:
     ap.add_argument("--connections", type=int, default=64, help="connections of the overload row (default 64)")
     ap.add_argument("--batch", type=int, default=256, help="rows per request (default 256)")
     ap.add_argument("--workers", type=int, default=2, help="serving worker processes (default 2)")
-    ap.add_argument("--threads", type=int, default=2, help="serving threads per worker (default 2)")
+    ap.add_argument("--threads", type=int, default=1, help="serving threads per worker (default 1, as serve's)")
     ap.add_argument("--no-backoff", action="store_true", help="clients send again at once after a 503")
     ap.add_argument("--serve-args", default="", help="more arguments for elastic-ctr serve, e.g. '--max-queue 8'")
     args = ap.parse_args()

@@ -53,8 +53,10 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    "the dense model "
                    "and its own cube clients (Paddle holds the GIL while it runs, so processes, not threads, "
                    "use several cores)")
-    p.add_argument("--threads", type=int, default=2,
-                   help="inference threads per worker; concurrent requests in a worker are combined "
+    p.add_argument("--threads", type=int, default=1,
+                   help="inference threads per worker (default 1: Paddle holds the GIL while it runs, and a "
+                   "second thread cost 14-17%% more CPU per request at batch 1 and 256 in "
+                   "make bench-serving-peers' setup); with more, concurrent requests in a worker are combined "
                    "into one cube lookup and predictor run")
     p.add_argument("--max-batch", type=int, default=4096,
                    help="largest batch accepted, in samples (larger: 400 / INVALID_ARGUMENT)")
