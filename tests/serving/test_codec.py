@@ -61,14 +61,44 @@ DOCS = [
     ("not-json", b'{"inputs": [1,'),
     ("utf16", _doc("[1.0,2.0,3.0]", "[1,2]").decode().encode("utf-16")),
     ("escaped-key", _doc("[1.0,2.0,3.0]", "[1,2]").replace(b'"data"', b'"d\\u0061ta"', 1)),
+    # nulls: read as missing values of FP arrays first (rest_codec.MISSING), kept only when exact
+    ("nulls-all", _doc("[null,null,null]", "[1,2]")),
+    ("null-fp64", _doc("[null,2.0,1e300]", "[1,2]", dense_type="FP64")),
+    ("null-fp16", _doc("[null,2.0,3.0]", "[1,2]", dense_type="FP16")),
+    ("null-and-missing-literal-fp64", _doc("[null,-1.5e308,3.0]", "[1,2]", dense_type="FP64")),
+    ("null-and-missing-literal-fp32", _doc("[null,-1.5e308,3.0]", "[1,2]")),
+    ("null-and-missing-literal-spelled", _doc("[null,-15e307,3.0]", "[1,2]", dense_type="FP64")),
+    ("null-and-overflow", _doc("[null,2.0,1e39]", "[1,2]")),
+    ("null-and-nan-literal", _doc("[null,NaN,3.0]", "[1,2]")),
+    ("null-and-bool", _doc("[null,true,3.0]", "[1,2]")),
+    ("null-and-string", _doc('[null,"null",3.0]', "[1,2]")),
+    ("null-nested", _doc("[[null,2.0,3.0]]", "[[1,2]]")),
+    ("null-in-int64", _doc("[1.0,2.0,3.0]", "[null,2]", fs_type="INT64")),
+    ("null-in-bytes", _doc("[null,2.0,3.0]", '["a",null]', fs_type="BYTES")),
+    ("null-id", _doc("[null,2.0,3.0]", "[1,2]", extra=',"outputs":null').replace(b'"id":"r"', b'"id":null')),
+    ("null-in-id-string", _doc("[null,2.0,3.0]", "[1,2]").replace(b'"id":"r"', b'"id":"not null"')),
+    ("null-parameter", _doc("[null,2.0,3.0]", "[1,2]", extra=',"parameters":{"x":null}')),
+    ("null-in-key", _doc("[null,2.0,3.0]", "[1,2]", extra=',"parameters":{"nullable":1}')),
+    ("null-data", _doc("null", "[1,2]")),
+    ("null-escaped-in-string", _doc("[null,2.0,3.0]", "[1,2]").replace(b'"id":"r"', b'"id":"a\\nullb"')),
+    ("missing-text-in-string", _doc("[null,2.0,3.0]", "[1,2]").replace(b'"id":"r"', b'"id":"-1.5e308"')),
+    # a null outside the FP arrays and a MISSING sent as a number: as many as the nulls, but not them
+    ("null-in-string-and-missing-literal", _doc("[1.0,-1.5e308,3.0]", "[1,2]", dense_type="FP64")
+     .replace(b'"id":"r"', b'"id":"null"')),
+    ("null-in-key-and-missing-literal", _doc("[1.0,-1.5e308,3.0]", "[1,2]", dense_type="FP64",
+                                             extra=',"parameters":{"null":1}')),
+    ("null-parameter-and-missing-literal", _doc("[1.0,-1.5e308,3.0]", "[1,2]", dense_type="FP64",
+                                                extra=',"parameters":{"x":null}')),
 ]
 
 
 def _outcome(body: bytes):
-    """The tensors the model would get from ``body`` (or the error message)."""
+    """The tensors the model would get from ``body``, then the request's id, parameters and
+    requested outputs (or the error message)."""
     try:
         req = rest_codec.decode_rest_request(body)
-        return [(i.name, i.datatype, i.array()) for i in req.inputs]
+        outputs = None if req.outputs is None else [(o.name, o.parameters) for o in req.outputs]
+        return [(i.name, i.datatype, i.array()) for i in req.inputs] + [("", "", (req.id, req.parameters, outputs))]
     except BadRequest as exc:
         return str(exc)
 
@@ -94,7 +124,8 @@ def test_simdjson_reading_equals_the_json_reading(case, body, small, monkeypatch
         return
     assert not isinstance(got, str), (case, got)
     assert [(n, d) for n, d, _ in got] == [(n, d) for n, d, _ in want]
-    for (_, _, a), (_, _, b) in zip(got, want):
+    assert got[-1] == want[-1], case  # id, parameters, outputs
+    for (_, _, a), (_, _, b) in zip(got[:-1], want[:-1]):
         assert a.dtype == b.dtype, case
         if a.dtype == object:
             assert a.tolist() == b.tolist(), case
@@ -104,16 +135,21 @@ def test_simdjson_reading_equals_the_json_reading(case, body, small, monkeypatch
 
 def test_numbers_go_straight_into_typed_arrays(monkeypatch):
     """In a document over ``SMALL_DOCUMENT`` bytes, a flat array of numbers never becomes a
-    list of Python numbers (``JsonNumbers``); one with a null (a missing dense value) does,
-    and is read the same."""
+    list of Python numbers (``JsonNumbers``), nor does an FP one with nulls (missing dense
+    values) unless a null lies where no FP array accounts for it."""
     monkeypatch.setattr(rest_codec, "SMALL_DOCUMENT", 0)
     req = rest_codec.decode_rest_request(_doc("[1.5,2,-3e2]", "[7,%d]" % U64_MAX))
     dense, fs = req.inputs
     assert isinstance(dense.data, JsonNumbers) and dense.data.values.dtype == np.float32
     assert isinstance(fs.data, JsonNumbers) and fs.data.values.dtype == np.uint64
     np.testing.assert_array_equal(fs.array(), np.array([7, U64_MAX], dtype=np.uint64))
+    # missing values (null) too: read as rest_codec.MISSING, then NaN
     req = rest_codec.decode_rest_request(_doc("[null,2,3]", "[1,2]"))
-    assert isinstance(req.inputs[0].data, list) and isinstance(req.inputs[1].data, JsonNumbers)
+    assert isinstance(req.inputs[0].data, JsonNumbers) and isinstance(req.inputs[1].data, JsonNumbers)
+    np.testing.assert_array_equal(req.inputs[0].array(), np.array([np.nan, 2, 3], dtype=np.float32))
+    # a null the FP arrays cannot account for (here in a string): read as sent, values as JSON
+    req = rest_codec.decode_rest_request(_doc("[null,2,3]", "[1,2]", extra=',"parameters":{"n":"null"}'))
+    assert isinstance(req.inputs[0].data, list) and req.parameters == {"n": "null"}
     assert np.isnan(req.inputs[0].array()[0])
     # a "[" in a string only costs the fast path, never the reading
     req = rest_codec.decode_rest_request(_doc("[1.0,2.0,3.0]", "[1,2]", extra=',"id":"x[y"'))
