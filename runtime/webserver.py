@@ -403,7 +403,7 @@ class WebServer:
                     timeout = min(timeout, w)
         wasyncore.loop(timeout=timeout, map=self._map, use_poll=True, count=1)
         if self.share is not None and not self._stop_requested.is_set():
-            self.share.publish(len(self._map) - self._fixed)
+            self.share.publish(self.open_connections())  # also the heartbeat the others count it by
         rejects = self.pools.rejects
         while rejects:  # 503s (Overloaded), written here, outside waitress's received()
             rejects.popleft().service()

@@ -54,10 +54,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    "and its own cube clients (Paddle holds the GIL while it runs, so processes, not threads, "
                    "use several cores)")
     p.add_argument("--threads", type=int, default=1,
-                   help="inference threads per worker (default 1: Paddle holds the GIL while it runs, and a "
-                   "second thread cost 14-17%% more CPU per request at batch 1 and 256 in "
-                   "make bench-serving-peers' setup); with more, concurrent requests in a worker are combined "
-                   "into one cube lookup and predictor run")
+                   help="inference threads per worker (default 1: Paddle holds the GIL while it runs, so under "
+                   "concurrent requests a second thread mostly contends for it; README, Benchmarks, Serving); "
+                   "with more, concurrent requests in a worker are combined into one cube lookup and predictor run")
     p.add_argument("--max-batch", type=int, default=4096,
                    help="largest batch accepted, in samples (larger: 400 / INVALID_ARGUMENT)")
     p.add_argument("--max-body-bytes", type=int, default=64 << 20,

@@ -53,6 +53,7 @@ _ROUTES = Map([
     Rule("/metrics", endpoint="metrics", methods=["GET"]),
 ], strict_slashes=False)
 
+
 @functools.lru_cache(maxsize=1024)
 def _route(method: str, script_name: str, path_info: str) -> tuple[str, dict]:
     """``(endpoint, values)`` of ``_ROUTES`` for a request's method, ``SCRIPT_NAME`` and
