@@ -5,6 +5,7 @@ Heavy imports (Flask, Paddle, numpy) happen inside the handlers so ``--help`` is
 from __future__ import annotations
 
 import argparse
+import math
 
 from runtime.cli import HelpFormatter
 import os
@@ -28,6 +29,17 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _non_negative_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds >= 0 (else a usage error naming the value)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number of seconds >= 0")
+    return value
+
+
 def register(sub: "argparse._SubParsersAction") -> None:
     """Adds ``serve`` and ``client`` to the top-level parser."""
     # -- serve --------------------------------------------------------------------------
@@ -48,6 +60,10 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--port", type=int, default=8000, help="HTTP port (REST: v2 protocol, /predict, /metrics)")
     p.add_argument("--grpc-port", type=int, default=8001,
                    help="gRPC port (inference.GRPCInferenceService), served by every worker; 0 = no gRPC")
+    p.add_argument("--grpc-max-connection-age", type=_non_negative_seconds, default=30.0, metavar="SECONDS",
+                   help="a gRPC connection older than this is asked to reconnect (GOAWAY; calls in flight "
+                   "finish; the client's channel reconnects by itself), so long-lived channels spread over "
+                   "the workers and over replicas added later (default 30; 0 = never)")
     p.add_argument("--workers", type=int, default=_env_int("SERVING_WORKERS", 2),
                    help="gunicorn worker processes serving HTTP with waitress (or $SERVING_WORKERS); each loads "
                    "the dense model "

@@ -31,6 +31,8 @@ from runtime.serving.protocol import InferenceError
 
 #: handler threads beyond those of ModelInfer: health, metadata, refusals
 CONTROL_THREADS = 2
+#: calls in flight on a connection past its maximum age get this long to finish (s)
+MAX_AGE_GRACE_S = 30.0
 
 
 class Overloaded(InferenceError):
@@ -128,16 +130,26 @@ class GrpcServer:
     """``inference.GRPCInferenceService`` on ``host:port`` over ``plane``: ``threads``
     ``ModelInfer`` calls at once, ``max_queue`` more waiting (None: no limit; module
     docstring); messages up to ``max_message_bytes``. ``SO_REUSEPORT`` is on, so every serving
-    worker process listens on the same port (the kernel spreads connections). Raises
-    ``RuntimeError`` when the port cannot be bound."""
+    worker process listens on the same port: the kernel hashes each new connection to one of
+    them, and a client keeps its connection (a gRPC channel) for as long as it lives.
+    ``max_connection_age_s`` (s; None or 0: never) bounds that: past it (gRPC adds up to
+    +-10 % jitter) the server sends GOAWAY, calls in flight get ``MAX_AGE_GRACE_S`` to finish,
+    and the client's channel reconnects by itself, landing on a worker (and, behind a
+    Kubernetes Service, a pod) chosen anew, so connections spread over workers and over
+    replicas added since (gRPC's ``GRPC_ARG_MAX_CONNECTION_AGE_MS``). Raises ``RuntimeError``
+    when the port cannot be bound."""
 
     def __init__(self, plane: DataPlane, host: str = "0.0.0.0", port: int = 8001, threads: int = 4,
-                 max_message_bytes: int = 64 << 20, max_queue: int | None = None):
+                 max_message_bytes: int = 64 << 20, max_queue: int | None = None,
+                 max_connection_age_s: float | None = None):
         handlers = threads + (max_queue if max_queue is not None else 2 * threads) + CONTROL_THREADS
+        options = [("grpc.so_reuseport", 1), ("grpc.max_receive_message_length", max_message_bytes),
+                   ("grpc.max_send_message_length", max_message_bytes)]
+        if max_connection_age_s:
+            options += [("grpc.max_connection_age_ms", max(1, int(max_connection_age_s * 1000))),
+                        ("grpc.max_connection_age_grace_ms", int(MAX_AGE_GRACE_S * 1000))]
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=handlers, thread_name_prefix="grpc"),
-            options=[("grpc.so_reuseport", 1), ("grpc.max_receive_message_length", max_message_bytes),
-                     ("grpc.max_send_message_length", max_message_bytes)])
+            futures.ThreadPoolExecutor(max_workers=handlers, thread_name_prefix="grpc"), options=options)
         self.servicer = InferenceServicer(plane, threads, max_queue)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, self.server)
         self.port = self.server.add_insecure_port(f"{host}:{port}")

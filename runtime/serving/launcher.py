@@ -224,7 +224,8 @@ def main(args) -> int:
             from runtime.serving.grpc_server import GrpcServer
 
             grpc_server = GrpcServer(plane, args.host, args.grpc_port, threads=args.threads,
-                                     max_message_bytes=args.max_body_bytes, max_queue=args.max_queue)
+                                     max_message_bytes=args.max_body_bytes, max_queue=args.max_queue,
+                                     max_connection_age_s=args.grpc_max_connection_age)
         return Transports(plane, create_app(plane, args.max_body_bytes), grpc_server)
 
     hooks = ServerHooks(mp_dir, grace_s, multiprocess.mark_process_dead)

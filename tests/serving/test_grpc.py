@@ -84,3 +84,33 @@ def test_readiness_cube_down_and_metrics(served, env, stub):
     text = served["client"].get("/metrics").data.decode()
     assert 'elastic_ctr_serving_requests_total{code="503",endpoint="grpc_ModelInfer"} 1.0' in text
     assert 'elastic_ctr_serving_requests_total{code="200",endpoint="grpc_ServerReady"} 3.0' in text
+
+
+@pytest.mark.parametrize("age_s", [0.4, None])
+def test_max_connection_age_reconnects_without_a_failed_call(served, env, age_s):
+    """With a maximum connection age the server sends GOAWAY once a connection is that old
+    and the client's channel connects again by itself (each new connection is hashed to a
+    worker anew); no call fails meanwhile. Without one, the channel keeps its connection."""
+    import time
+
+    server = GrpcServer(served["plane"], "127.0.0.1", 0, threads=2, max_connection_age_s=age_s).start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    states: list = []
+    channel.subscribe(states.append, try_to_connect=True)
+    stub = pb_grpc.GRPCInferenceServiceStub(channel)
+    try:
+        calls, until = 0, time.monotonic() + 2.5
+        while time.monotonic() < until:
+            r = stub.ModelInfer(_typed(env["batch"], 2), timeout=10)
+            assert r.model_version == str(V1)
+            calls += 1
+            time.sleep(0.01)
+    finally:
+        channel.close()
+        server.stop(grace_s=1)
+    ready = states.count(grpc.ChannelConnectivity.READY)
+    assert calls > 20
+    if age_s:
+        assert ready >= 3, f"{ready} connections in 2.5 s at a maximum age of {age_s} s: {states}"
+    else:
+        assert ready == 1, states
