@@ -270,3 +270,29 @@ def test_safe_extract_without_the_data_filter(tmp_path, monkeypatch):
     with pytest.raises(AgentError, match="escapes"):
         safe_extract(evil, tmp_path / "out2")
     assert not (tmp_path / "escape.txt").exists()
+
+
+def test_shutdown_starts_no_step_and_abandons_a_running_reload(tmp_path, server):
+    """Once the process is stopping (``shutdown``, on SIGTERM), a running reload stops
+    polling the server (it would outlive the process otherwise) and no new step starts:
+    the commands answer 503, the transfer retries elsewhere or after the restart."""
+    import time
+
+    server.load_delay_s = 30.0  # the server's load outlasts the test
+    agent = Agent(server.url, tmp_path / "agent", load_timeout_s=60, poll_s=0.01)
+    client = create_app(agent).test_client()
+    tar = tmp_path / "d_part0.tar"
+    md5 = make_tar(tar, {"data": b"x"})
+    assert client.post("/download", json={"url": str(tar), "md5": md5, "version": 3, "wait": 10}).status_code == 200
+    r = client.post("/reload", json={"version": 3})
+    assert r.status_code == 202 and r.json["state"] == "running", r.json
+    agent.shutdown()
+    deadline = time.monotonic() + 5
+    while agent.steps["reload"].state == "running" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    st = agent.steps["reload"]
+    assert st.state == "failed" and "shutting down" in st.error, st
+    for path, body in [("/reload", {"version": 3}), ("/download", {"url": str(tar), "md5": md5, "version": 4})]:
+        r = client.post(path, json=body)
+        assert r.status_code == 503 and "shutting down" in r.json["error"], (path, r.status_code, r.json)
+    assert agent.steps["download"].version == 3  # nothing new began

@@ -184,6 +184,8 @@ class Agent(StepMachine):
                 with self._lock:
                     if self.steps["reload"].state == "aborted":
                         raise AgentError("reload", f"reload of version {version} aborted")
+                if self.closing:  # the process is stopping: no more polls of the server
+                    raise AgentError("reload", f"reload of version {version} abandoned: the agent is shutting down")
                 if time.monotonic() > deadline:
                     raise AgentError("reload", f"cube server {self.server_http}: version {version} "
                                                f"not loaded after {self.load_timeout_s:.0f} s "

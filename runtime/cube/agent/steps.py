@@ -86,6 +86,8 @@ class StepMachine:
         """Runs ``fn`` in a background thread as ``step`` of ``version``; waits up to
         ``wait_s`` seconds for the outcome. Returns ``(http_status, body)``."""
         with self._lock:
+            if self._closing:  # a step started now would outlive the process (the transfer retries)
+                return 503, {"step": step, "error": "the agent is shutting down"}
             code, body = self._begin(step, version)
             if code:
                 if code == 202 and wait_s > 0:
@@ -107,6 +109,11 @@ class StepMachine:
                 self._worker = threading.Thread(target=target, name=f"agent-{step}", daemon=True)
                 self._worker.start()
         return self._wait(step, version, wait_s)
+
+    @property
+    def closing(self) -> bool:
+        """Whether ``shutdown`` was called."""
+        return self._closing
 
     def _wait(self, step: str, version: int, wait_s: float) -> tuple[int, dict]:
         deadline = time.monotonic() + max(0.0, wait_s)
@@ -130,7 +137,8 @@ class StepMachine:
 
     def shutdown(self) -> None:
         """The process is stopping: commands waiting for a step's outcome answer 503 now
-        (the transfer retries), so no request is left hanging."""
+        (the transfer retries), so no request is left hanging; no new step starts (503),
+        and a running reload stops waiting for the server (``closing``)."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
