@@ -45,7 +45,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_serving import _proc_cpu_s, served_version, start_serving, tree_cpu_s  # noqa: E402
+from bench.served import served_version, start_serving  # noqa: E402
+from bench_serving import _proc_cpu_s, tree_cpu_s  # noqa: E402
 from bench_serving import floor_figures as bench_floor_figures  # noqa: E402
 from wrk_load import compare_answers, loads, run_wrk, write_bodies, wrk_path  # noqa: E402
 

@@ -153,7 +153,7 @@ def main() -> int:
     ap.add_argument("--serve-args", default="", help="more arguments for elastic-ctr serve, e.g. '--max-queue 8'")
     args = ap.parse_args()
 
-    from bench.bench_serving import served_version, start_serving
+    from bench.served import served_version, start_serving
     from runtime.serving.client import encode_batches
 
     with served_version("bench-overload-") as setup:
