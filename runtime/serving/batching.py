@@ -17,7 +17,7 @@ class _Job:
 
     def __init__(self, arrays: tuple[np.ndarray, ...]):
         self.arrays, self.n = arrays, arrays[0].shape[0]
-        self.event = threading.Event()
+        self.event: threading.Event | None = None  # made only for a request that queues
         self.result = self.error = None
         self.lead = False
 
@@ -59,6 +59,7 @@ class Combiner:
                 self.active += 1
                 job.lead = True
             else:
+                job.event = threading.Event()
                 self.pending.append(job)
         if not job.lead:
             job.event.wait()
