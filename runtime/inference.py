@@ -202,9 +202,12 @@ class DensePredictor:
     def predict(self, dense: np.ndarray, emb: np.ndarray) -> np.ndarray:
         """``dense``: float32[n, num_dense], normalized; ``emb``: float32[num_slots * n, dim]
         in slot-major order (rows ``s*n .. s*n+n-1`` are slot ``s``'s embeddings); n >= 1.
-        Returns the click probabilities, float32[n,1]. Raises ``ValueError`` naming the
-        shapes when ``emb`` does not hold ``num_slots * n`` rows of ``dim``."""
+        Returns the click probabilities, float32[n,1]. Raises ``ValueError`` for an empty
+        batch (Paddle 3.0 crashes the process on one) and, naming the shapes, when ``emb``
+        does not hold ``num_slots * n`` rows of ``dim``."""
         n = dense.shape[0]
+        if n < 1:
+            raise ValueError(f"dense: shape {dense.shape}, an empty batch (at least one row is needed)")
         if emb.shape != (self.num_slots * n, self.dim):
             raise ValueError(f"embeddings: shape {emb.shape}, expected ({self.num_slots * n}, {self.dim}) "
                              f"for {n} rows of {self.num_slots} slots")

@@ -105,3 +105,14 @@ def test_static_graph_mode_copies_and_binds_again_after(env):
             if static:
                 paddle.disable_static()
         assert np.array_equal(got, copied.predict(dense, emb)), f"batch {n} (static graph: {static})"
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_empty_batch_is_refused_not_run(env, zero_copy):
+    """Paddle 3.0 crashes the process on a batch of 0 rows: the predictor refuses it
+    first, and answers the next batch as usual."""
+    pred = DensePredictor(env["dirs"][V1], zero_copy=zero_copy)
+    dense, emb = _inputs(pred, 2, np.random.default_rng(1))
+    with pytest.raises(ValueError, match="empty batch"):
+        pred.predict(dense[:0], emb[:0])
+    assert pred.predict(dense, emb).shape == (2, 1)
