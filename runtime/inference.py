@@ -8,8 +8,8 @@ native CPU kernels (oneDNN off): for this small DNN at small batches the fixed p
 dominates, and the old executor's is the lowest; oneDNN's kernels (Paddle 3.0 turns them on
 for CPU predictors) doubled it. The inputs are bound once per batch size to buffers the
 predictor owns (``Tensor.share_external_data``): a run copies the caller's two arrays into
-them instead of calling ``copy_from_cpu`` once per input (27 calls). The model run alone, CPU ms per call (``bench/bench_serving.py``'s floor, 3 runs
-each on this 2-core machine): oneDNN with ``copy_from_cpu`` 0.27-0.57 at batch 1 and
+them instead of calling ``copy_from_cpu`` once per input (27 calls). The model run alone,
+CPU ms per call (``bench/bench_serving.py``'s floor, 3 runs each on this 2-core machine): oneDNN with ``copy_from_cpu`` 0.27-0.57 at batch 1 and
 0.60-1.17 at batch 256; now 0.04-0.06 and 0.30-0.55. Split (``predict`` timed in a loop
 over 64 batches, median of 5 passes): oneDNN off alone 0.16-0.20 / 0.45-0.69, then the
 bound inputs 0.06-0.08 / 0.38-0.48.
@@ -192,6 +192,7 @@ class DensePredictor:
             raise PredictorError(f"{prog}: inputs {sorted(inputs)} / outputs {sorted(outputs)} do not match "
                                  f"model_meta.json's feeds {self.meta.feeds} / fetch {self.meta.fetch!r}")
         self.num_slots = self.meta.num_slots
+        self.num_dense = self.meta.features.num_dense
         self.dim = self.meta.embedding_dim
         self.zero_copy = zero_copy
         self._pool: queue.SimpleQueue = queue.SimpleQueue()
@@ -203,19 +204,22 @@ class DensePredictor:
         """``dense``: float32[n, num_dense], normalized; ``emb``: float32[num_slots * n, dim]
         in slot-major order (rows ``s*n .. s*n+n-1`` are slot ``s``'s embeddings); n >= 1.
         Returns the click probabilities, float32[n,1]. Raises ``ValueError`` for an empty
-        batch (Paddle 3.0 crashes the process on one) and, naming the shapes, when ``emb``
-        does not hold ``num_slots * n`` rows of ``dim``."""
+        batch (Paddle 3.0 crashes the process on one) and, naming the shapes, when ``dense``
+        is not ``[n, num_dense]`` or ``emb`` does not hold ``num_slots * n`` rows of ``dim``."""
         n = dense.shape[0]
         if n < 1:
             raise ValueError(f"dense: shape {dense.shape}, an empty batch (at least one row is needed)")
+        if dense.shape != (n, self.num_dense):
+            raise ValueError(f"dense: shape {dense.shape}, expected ({n}, {self.num_dense}) "
+                             f"(model_meta.json's num_dense)")
         if emb.shape != (self.num_slots * n, self.dim):
             raise ValueError(f"embeddings: shape {emb.shape}, expected ({self.num_slots * n}, {self.dim}) "
                              f"for {n} rows of {self.num_slots} slots")
         b = self._pool.get()
         try:
-            bound = b.n == n and b.dense.shape[1] == dense.shape[1]
+            bound = b.n == n
             if self.zero_copy and not bound and _dynamic_mode():
-                self._bind(b, n, dense.shape[1])
+                self._bind(b, n)
                 bound = True
             if bound:
                 b.dense[...] = dense
@@ -230,7 +234,7 @@ class DensePredictor:
         finally:
             self._pool.put(b)
 
-    def _bind(self, b: _Bound, n: int, num_dense: int) -> None:
+    def _bind(self, b: _Bound, n: int) -> None:
         """Makes ``b``'s buffers for ``n`` rows and binds its inputs to them: the dense
         input to ``float32[n, num_dense]``, slot ``s``'s to rows ``s*n .. s*n+n-1`` of
         ``float32[num_slots * n, dim]``. The Paddle tensors wrap the buffers without a copy
@@ -238,7 +242,7 @@ class DensePredictor:
         import paddle
 
         cpu = paddle.CPUPlace()
-        dense = np.zeros((n, num_dense), np.float32)
+        dense = np.zeros((n, self.num_dense), np.float32)
         emb = np.zeros((self.num_slots * n, self.dim), np.float32)
         tensors = [paddle.Tensor(dense, cpu, False, True)]  # value, place, persistable, zero_copy
         tensors += [paddle.Tensor(emb[s * n:(s + 1) * n], cpu, False, True) for s in range(self.num_slots)]

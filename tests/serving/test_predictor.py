@@ -116,3 +116,11 @@ def test_empty_batch_is_refused_not_run(env, zero_copy):
     with pytest.raises(ValueError, match="empty batch"):
         pred.predict(dense[:0], emb[:0])
     assert pred.predict(dense, emb).shape == (2, 1)
+
+
+def test_wrong_dense_width_is_refused(env):
+    pred = DensePredictor(env["dirs"][V1])
+    dense, emb = _inputs(pred, 3, np.random.default_rng(2))
+    with pytest.raises(ValueError, match=r"dense: shape \(3, 12\), expected \(3, %d\)" % pred.num_dense):
+        pred.predict(dense[:, :12], emb)
+    assert pred.predict(dense, emb).shape == (3, 1)

@@ -175,6 +175,8 @@ class Agent(StepMachine):
             self._server_post("reload", path, body)
             deadline = time.monotonic() + self.load_timeout_s
             while True:
+                if self.closing:  # the process is stopping: no more polls of the server
+                    raise AgentError("reload", f"reload of version {version} abandoned: the agent is shutting down")
                 st = self.server_status()
                 if st.get("bg_version") == version and st.get("bg_state") == "loaded":
                     return {"keys": st.get("keys"), "server_version": st.get("version")}
@@ -184,8 +186,6 @@ class Agent(StepMachine):
                 with self._lock:
                     if self.steps["reload"].state == "aborted":
                         raise AgentError("reload", f"reload of version {version} aborted")
-                if self.closing:  # the process is stopping: no more polls of the server
-                    raise AgentError("reload", f"reload of version {version} abandoned: the agent is shutting down")
                 if time.monotonic() > deadline:
                     raise AgentError("reload", f"cube server {self.server_http}: version {version} "
                                                f"not loaded after {self.load_timeout_s:.0f} s "
