@@ -65,7 +65,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    "finish; the client's channel reconnects by itself), so long-lived channels spread over "
                    "the workers and over replicas added later (default 30; 0 = never)")
     p.add_argument("--workers", type=int, default=_env_int("SERVING_WORKERS", 2),
-                   help="gunicorn worker processes serving HTTP with waitress (or $SERVING_WORKERS); each loads "
+                   help="gunicorn worker processes serving HTTP (or $SERVING_WORKERS); each loads "
                    "the dense model "
                    "and its own cube clients (Paddle holds the GIL while it runs, so processes, not threads, "
                    "use several cores)")
@@ -82,7 +82,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="per worker: inference requests that may wait for a worker thread (REST; gRPC likewise, "
                    "beyond --threads running); one more is answered at once 503 with Retry-After: 1 (gRPC "
                    "RESOURCE_EXHAUSTED), so a request waits at most about (threads + max-queue) request times "
-                   "(8: near 0.1 s at batch 256 on 2 idle cores); health and metadata have their own threads "
+                   "(8: near 0.1 s at batch 256 on 2 idle cores); health and metadata are answered by the event loop "
                    "and keep answering")
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a client may take to send a request's headers before its connection is closed")

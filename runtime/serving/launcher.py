@@ -1,11 +1,11 @@
 """``elastic-ctr serve``: wires a serving process (cube client, version watcher, the CTR
 model, data plane) and runs both transports: HTTP under gunicorn, gRPC in every worker.
 
-gunicorn's master with ``--workers`` worker processes, each serving HTTP with waitress
-(``runtime.serving.worker.WaitressWorker``: whole requests buffered by an event loop before
-a thread sees them, so slow clients hold no thread; inference requests beyond
-``--max-queue`` waiting are answered 503 with ``Retry-After`` at once; probes have their
-own threads). Paddle holds the GIL while a predictor runs, so several processes, not
+gunicorn's master with ``--workers`` worker processes, each serving HTTP with an asyncio
+loop and httptools' parser (``runtime.serving.worker.LoopWorker``: whole requests
+buffered by the loop before a thread sees them, so slow clients hold no thread; inference
+requests beyond ``--max-queue`` waiting are answered 503 with ``Retry-After`` at once;
+the loop answers the probes itself). Paddle holds the GIL while a predictor runs, so several processes, not
 threads, use several cores; each worker loads the dense model and its own cube clients,
 and concurrent requests of one worker are combined (``runtime.serving.batching.Combiner``).
 Each worker also serves gRPC on ``--grpc-port`` (``SO_REUSEPORT``: one port for all
@@ -183,12 +183,12 @@ class ServerHooks:
 
 
 def main(args) -> int:
-    """Runs gunicorn with ``args.workers`` waitress workers until SIGTERM; returns the exit
+    """Runs gunicorn with ``args.workers`` serving workers (``LoopWorker``) until SIGTERM; returns the exit
     code (0 after a graceful stop)."""
     from gunicorn.app.base import BaseApplication
 
     from runtime.serving.rest import create_app
-    from runtime.serving.worker import ConnectionShare, WaitressWorker
+    from runtime.serving.worker import ConnectionShare, LoopWorker
 
     slots = features.DEFAULT_SLOTS
     if args.slot_file:
@@ -229,7 +229,7 @@ def main(args) -> int:
         return Transports(plane, create_app(plane, args.max_body_bytes), grpc_server)
 
     hooks = ServerHooks(mp_dir, grace_s, multiprocess.mark_process_dead)
-    worker_class = type("ServingWorker", (WaitressWorker,), {"options": {
+    worker_class = type("ServingWorker", (LoopWorker,), {"options": {
         "max_queue": args.max_queue, "header_timeout_s": args.header_timeout, "idle_timeout_s": args.idle_timeout,
         "max_body_bytes": args.max_body_bytes}, "share": ConnectionShare(max(64, 2 * args.workers))})
 
@@ -246,7 +246,7 @@ def main(args) -> int:
         def load(self):
             return hooks.load(make_transports)
 
-    log.info("serving on http://%s:%d (pid %d; gunicorn, %d waitress workers x %d threads, queue limit %d)%s",
+    log.info("serving on http://%s:%d (pid %d; gunicorn, %d workers x %d threads, queue limit %d)%s",
              args.host, int(args.port), os.getpid(), args.workers, args.threads, args.max_queue,
              f" and gRPC {args.host}:{int(args.grpc_port)}" if args.grpc_port else "")
     ServingApplication().run()

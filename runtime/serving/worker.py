@@ -1,29 +1,31 @@
-"""Serving's gunicorn worker: waitress (``runtime.webserver.WebServer``) in each worker
-process, over the listening sockets gunicorn's master bound and shares.
+"""Serving's gunicorn worker: an asyncio event loop with httptools' parser
+(``runtime.serving.http_server.HttpServer``) in each worker process, over the listening
+sockets gunicorn's master bound and shares.
 
 Why not gunicorn's own ``gthread`` worker: it gives a connection to a thread as soon as it
 is readable and reads the request there, so 4 clients sending their headers one line per
 second held every thread and serving answered nothing, probes included (gunicorn's
 documentation: its sync and threaded workers expect a buffering proxy in front, and a pod
-has none). waitress's event loop buffers whole requests first; a thread only ever sees a
-complete request. Per worker:
+has none). The loop buffers whole requests first; a thread only ever sees a complete
+request. Why not waitress, which the other roles use (``runtime.webserver``): its Python
+parser and poll loop cost serving more per request than the model run (README,
+Benchmarks, Serving). Per worker:
 
 - ``--threads`` work threads run inference (``POST``); concurrent requests of one worker
   are combined (``runtime.serving.batching.Combiner``);
-- ``CONTROL_THREADS`` threads answer everything else (``/v2/health/*``, metadata,
-  ``/metrics``), so probes are answered while the work threads are busy;
+- the loop itself answers everything else (``/v2/health/*``, metadata, ``/metrics``), so
+  probes are answered while the work threads are busy;
 - beyond ``--max-queue`` inference requests waiting for a work thread, a new one is
-  answered at once ``503`` with ``Retry-After: 1`` by the event loop
-  (``runtime.webserver.Overloaded``; the connection stays open) and counted in the
-  metrics (``elastic_ctr_serving_requests_total{endpoint="overloaded"}``);
+  answered at once ``503`` with ``Retry-After: 1`` by the loop (the connection stays open)
+  and counted in the metrics (``elastic_ctr_serving_requests_total{endpoint="overloaded"}``);
 - ``--header-timeout`` and ``--idle-timeout`` bound how long a client may hold a
-  connection without sending (``runtime.webserver``);
+  connection without sending;
 - the workers spread their connections: each publishes how many it holds open in memory
   shared with the others (``ConnectionShare``, made by the master before it forks them), and
   a worker holding more than another leaves a pending connection to it
-  (``runtime.webserver``: ``share``). All workers poll the master's one listening socket
-  and the first to wake accepts, so a client's 4 keep-alive connections went all to one of
-  2 workers in 3 rounds of 8 of ``make bench-serving-peers``, halving what the pod served.
+  (``HttpServer``'s ``share``). All workers poll the master's one listening socket and the
+  first to wake accepts, so a client's 4 keep-alive connections went all to one of 2
+  workers in 3 rounds of 8 of ``make bench-serving-peers``, halving what the pod served.
 
 Stopping: gunicorn's master sends SIGTERM; the worker's handler (``launcher.ServerHooks``)
 turns readiness false and calls ``handle_exit``; at its next tick the loop accepts what is
@@ -40,10 +42,6 @@ import time
 
 import numpy as np
 from gunicorn.workers.base import Worker
-
-#: threads per worker for probes, metadata and metrics
-CONTROL_THREADS = 2
-
 
 def is_inference(method: str, path: str) -> bool:
     """The work of serving: every ``POST`` (``/v2/models/.../infer``, ``/predict``)."""
@@ -110,8 +108,8 @@ class SharedSlot:
         self.share.beats[self.slot] = 0.0
 
 
-class WaitressWorker(Worker):
-    """gunicorn worker serving its app with waitress (module docstring). Options of the
+class LoopWorker(Worker):
+    """gunicorn worker serving its app with ``HttpServer`` (module docstring). Options of the
     server (``max_queue``, ``header_timeout_s``, ``idle_timeout_s``, ``max_body_bytes``)
     come from the class attribute ``options``: the launcher makes a subclass setting it, and
     ``share`` (a ``ConnectionShare``; None: connections not spread), whose slot the master
@@ -123,14 +121,14 @@ class WaitressWorker(Worker):
     share_slot: int = -1
 
     @classmethod
-    def pre_fork(cls, arbiter, worker: "WaitressWorker") -> None:
+    def pre_fork(cls, arbiter, worker: "LoopWorker") -> None:
         """gunicorn's ``pre_fork`` hook (master, before it forks ``worker``): gives the worker
         a slot of ``share`` no live worker holds."""
         if cls.share is not None:
             worker.share_slot = cls.share.assign({w.share_slot for w in arbiter.WORKERS.values()})
 
     def run(self) -> None:
-        from runtime.webserver import WebServer
+        from runtime.serving.http_server import HttpServer
 
         metrics = getattr(self.wsgi, "metrics", None)  # serving's RestApp: count the 503s
 
@@ -138,11 +136,10 @@ class WaitressWorker(Worker):
             metrics.observe("overloaded", 503, 0.0)
             metrics.error(503)
 
-        self.server = WebServer(
+        self.server = HttpServer(
             self.wsgi, threads=self.cfg.threads, name="serving",
             shutdown_timeout_s=max(1.0, self.cfg.graceful_timeout - 1.0),
-            sockets=[s.sock for s in self.sockets], probes=False, control_threads=CONTROL_THREADS,
-            is_work=is_inference, on_reject=on_reject if metrics is not None else None,
+            sockets=[s.sock for s in self.sockets], is_work=is_inference, on_reject=on_reject if metrics is not None else None,
             share=self.share.bind(self.share_slot) if self.share is not None and self.share_slot >= 0 else None,
             **self.options)
         self.server.serve(on_tick=self._tick)

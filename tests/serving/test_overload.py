@@ -1,12 +1,12 @@
 """Serving under overload and slow clients (issue 21, items 4 and 5).
 
 In process, with the data plane's inference held: beyond the queue limit a REST inference
-request (served as serving's workers serve it: ``runtime.webserver.WebServer`` with
-``runtime.serving.worker.is_inference``) is answered 503 with ``Retry-After`` and a JSON
+request (served as serving's workers serve it: ``runtime.serving.http_server.HttpServer``
+with ``runtime.serving.worker.is_inference``) is answered 503 with ``Retry-After`` and a JSON
 error at once, a gRPC ``ModelInfer`` ``RESOURCE_EXHAUSTED``, and health and readiness keep
 answering on both transports; the refusals are counted in the metrics.
 
-As a real ``elastic-ctr serve`` (gunicorn master, waitress workers) over a local cube: with
+As a real ``elastic-ctr serve`` (gunicorn master, ``LoopWorker`` workers) over a local cube: with
 64 slow clients open, ``/v2/health/live``, ``/v2/health/ready`` and an inference are
 answered within their usual latency; with more concurrent large requests than one worker
 thread and a queue of 2 can take, some are answered 503 with ``Retry-After``, every other
@@ -31,8 +31,8 @@ from runtime.serving.grpc_server import GrpcServer
 from runtime.serving.proto import open_inference_pb2 as pb
 from runtime.serving.proto import open_inference_pb2_grpc as pb_grpc
 from runtime.serving.rest import create_app
-from runtime.serving.worker import CONTROL_THREADS, is_inference
-from runtime.webserver import WebServer
+from runtime.serving.http_server import HttpServer
+from runtime.serving.worker import is_inference
 from tests.slow_clients import check_answered, latency
 
 
@@ -70,15 +70,14 @@ def test_rest_beyond_the_queue_limit_answers_503_at_once(served, env):
     app = create_app(plane)
     release, entered = _hold(plane)
     body = _infer_json(env["batch"], 4)
-    with WebServer(app, threads=1, probes=False, control_threads=CONTROL_THREADS, is_work=is_inference,
-                   max_queue=2, on_reject=lambda: (app.metrics.observe("overloaded", 503, 0.0),
-                                                   app.metrics.error(503))) as w:
+    with HttpServer(app, threads=1, is_work=is_inference, max_queue=2,
+                    on_reject=lambda: (app.metrics.observe("overloaded", 503, 0.0), app.metrics.error(503))) as w:
         url = w.url + "/v2/models/ctr/infer"
         with ThreadPoolExecutor(3) as pool:
             first = [pool.submit(requests.post, url, json=body, timeout=30)]
             assert _wait(lambda: entered), "one running"
             first += [pool.submit(requests.post, url, json=body, timeout=30) for _ in range(2)]
-            assert _wait(lambda: len(w.pools.work.queue) == 2), "two waiting"
+            assert _wait(lambda: w.queued() == 2), "two waiting"
             t0 = time.perf_counter()
             r = requests.post(url, json=body, timeout=5)
             took = time.perf_counter() - t0

@@ -315,17 +315,17 @@ def test_combiner_merges_concurrent_requests_and_splits_results():
 
 
 def test_demo_client_over_http(served, env, tmp_path):
-    """The demo client against the real WSGI stack over HTTP: every row scored once, the
+    """The demo client against serving's HTTP server (``HttpServer``) over HTTP: every row scored once, the
     AUC equals the offline AUC of the rows' served predictions, nothing failed; a
     malformed request body would count as failed (checked by summarize on errors)."""
     from runtime.serving.client import encode_batches, load_rows, run_load, summarize
-    from runtime.webserver import WebServer
+    from runtime.serving.http_server import HttpServer
 
     data = tmp_path / "test.txt"
     data.write_text("\n".join(env["lines"]) + "\n")
     rows = load_rows([str(data)])
     assert rows.fmt == "criteo" and len(rows.labels) == 64
-    with WebServer(served["client"].application, threads=4) as st:
+    with HttpServer(served["client"].application, threads=4) as st:
         for mode in ("features", "lines"):
             res = run_load(st.url, encode_batches(rows, 5, mode), rows.labels, concurrency=3)
             rep = summarize(res, rows.labels)

@@ -22,7 +22,7 @@ from werkzeug.test import Client
 
 from runtime.serving.grpc_server import GrpcServer
 from runtime.serving.rest import create_app
-from runtime.webserver import WebServer
+from runtime.serving.http_server import HttpServer
 from tests.helpers import V1
 from tests.serving.conftest import ctr_plane
 
@@ -44,7 +44,7 @@ def probe(served, env, tmp_path):
                                 "feasigns": b.feasigns.tolist(), "lines": env["lines"]}))
     plane = ctr_plane(served["watcher"], served["cube"], max_batch=64)
     app = create_app(plane)
-    with WebServer(app, threads=4) as http:
+    with HttpServer(app, threads=4) as http:
         grpc_server = GrpcServer(plane, "127.0.0.1", 0, threads=4).start()
         try:
             predict = Client(app).post("/predict", json={"lines": env["lines"]}).json

@@ -1,0 +1,215 @@
+"""Serving's HTTP server (``runtime.serving.http_server.HttpServer``): HTTP/1.1 as clients
+speak it (keep-alive, pipelining, chunked bodies, ``Expect: 100-continue``, ``HEAD``,
+HTTP/1.0), the limits on clients (slow headers, large bodies, malformed requests), the
+queue limit, and the graceful stop with keep-alive clients sending. Loopback only.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+import requests
+
+from runtime.serving.http_server import HttpServer
+from tests.lifecycle.test_keepalive_drain import CLIENTS, DRAIN_BOUND_S, GRACE_S, _app as _work_app, _Client
+from tests.slow_clients import SlowClients, check_answered, latency
+
+
+def _echo(environ, start_response):
+    """Answers what it was sent: method, path, query, one header, the body's length and its
+    first bytes; ``/boom`` raises."""
+    if environ["PATH_INFO"] == "/boom":
+        raise RuntimeError("boom")
+    body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+    data = json.dumps({"method": environ["REQUEST_METHOD"], "path": environ["PATH_INFO"],
+                       "query": environ["QUERY_STRING"], "x": environ.get("HTTP_X_TEST"),
+                       "length": len(body), "head": body[:16].decode("latin-1")}).encode()
+    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+    return [data]
+
+
+@pytest.fixture
+def server():
+    with HttpServer(_echo, threads=2, max_body_bytes=1000, header_timeout_s=1.0, name="test") as w:
+        yield w
+
+
+def _raw(server: HttpServer, data: bytes, until: int = 1, timeout_s: float = 5.0) -> list[tuple[bytes, dict, bytes]]:
+    """Sends ``data`` on a new connection and reads ``until`` answers (or to EOF):
+    ``[(status line, headers lower-cased, body)]``."""
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=timeout_s)
+    try:
+        s.sendall(data)
+        buf, out = b"", []
+        while len(out) < until:
+            while b"\r\n\r\n" not in buf:
+                chunk = s.recv(65536)
+                if not chunk:
+                    return out
+                buf += chunk
+            head, buf = buf.split(b"\r\n\r\n", 1)
+            status, *lines = head.split(b"\r\n")
+            headers = {k.strip().lower().decode(): v.strip().decode() for k, v in (x.split(b":", 1) for x in lines)}
+            if status.split()[1] == b"100":
+                continue
+            n = int(headers.get("content-length", 0))
+            while len(buf) < n and not data.startswith(b"HEAD"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+            if data.startswith(b"HEAD"):
+                n = 0
+            out.append((status, headers, buf[:n]))
+            buf = buf[n:]
+        return out
+    finally:
+        s.close()
+
+
+def test_requests_and_keep_alive(server):
+    with requests.Session() as s:
+        for i in range(3):
+            r = s.post(server.url + "/a%20b/c?x=1&y=2", data=b"z" * (100 + i), headers={"X-Test": "t"}, timeout=5)
+            assert r.status_code == 200 and "date" in r.headers and r.headers.get("Connection") != "close"
+            assert r.json() == {"method": "POST", "path": "/a b/c", "query": "x=1&y=2", "x": "t",
+                                "length": 100 + i, "head": "z" * 16}
+    assert server.open_connections() <= 1
+
+
+def test_pipelined_requests_are_answered_in_order(server):
+    reqs = b"".join(b"POST /p%d HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (i, i, b"b" * i)
+                    for i in range(1, 6))
+    out = _raw(server, reqs, until=5)
+    assert [json.loads(b)["path"] for _, _, b in out] == [f"/p{i}" for i in range(1, 6)]
+    assert [json.loads(b)["length"] for _, _, b in out] == [1, 2, 3, 4, 5]
+    many = b"".join(b"GET /g%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(3000))  # answered by the loop
+    out = _raw(server, many, until=3000, timeout_s=30)
+    assert [json.loads(b)["path"] for _, _, b in out] == [f"/g{i}" for i in range(3000)]
+
+
+def test_chunked_body_expect_continue_head_and_http10(server):
+    chunked = b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+    (_, _, body), = _raw(server, chunked)
+    assert json.loads(body)["length"] == 11 and json.loads(body)["head"] == "hello world"
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    try:  # Expect: 100-continue is answered before the body is sent
+        s.sendall(b"POST /e HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+        assert s.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        s.sendall(b"abcd")
+        assert b'"length": 4' in s.recv(1000)
+    finally:
+        s.close()
+    (status, headers, body), = _raw(server, b"HEAD /h HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 200") and int(headers["content-length"]) > 0 and body == b""
+    out = _raw(server, b"GET /old HTTP/1.0\r\n\r\n", until=2)  # HTTP/1.0: closed after the answer
+    assert len(out) == 1 and out[0][1]["connection"] == "close"
+    kept = b"GET /k HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"  # unless it asks to keep it
+    out = _raw(server, kept * 2, until=2)
+    assert [h["connection"] for _, h, _ in out] == ["keep-alive", "keep-alive"]
+
+
+def test_bad_requests_are_refused_and_the_app_error_is_a_500(server):
+    (status, headers, body), = _raw(server, b"POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: 1001\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 413") and headers["connection"] == "close"
+    assert "1001 bytes exceeds the limit of 1000" in json.loads(body)["error"]
+    big_chunks = b"POST /big HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + b"200\r\n" + b"a" * 512 \
+        + b"\r\n" + b"200\r\n" + b"a" * 512 + b"\r\n0\r\n\r\n"
+    (status, _, body), = _raw(server, big_chunks)
+    assert status.startswith(b"HTTP/1.1 413") and "more than 1000 bytes" in json.loads(body)["error"]
+    (status, headers, body), = _raw(server, b"BAD REQUEST LINE\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 400") and "malformed request" in json.loads(body)["error"]
+    r = requests.get(server.url + "/boom", timeout=5)
+    assert r.status_code == 500 and r.json() == {"error": "internal error: RuntimeError"}
+    assert requests.get(server.url + "/after", timeout=5).json()["path"] == "/after"  # the server lives on
+
+
+def test_incomplete_headers_are_closed_after_the_header_timeout(server):
+    with SlowClients(server.url, n=4, interval_s=0.2, max_s=10) as slow:
+        deadline = time.monotonic() + 5
+        while slow.closed_by_server < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert slow.closed_by_server == 4, f"{slow.closed_by_server} of 4 closed after the header timeout"
+    assert server.header_timeouts == 4
+    assert requests.get(server.url + "/x", timeout=5).json()["path"] == "/x"
+
+
+def test_64_slow_clients_take_nothing_from_others():
+    with HttpServer(_echo, threads=1, header_timeout_s=10.0) as w:
+        out = check_answered({"get": lambda: latency(w.url + "/live"),
+                              "post": lambda: latency(w.url + "/work", data=b"x" * 100)}, w.url)
+    print("http_server with 64 slow clients (without, with) s:", out)
+
+
+def test_beyond_the_queue_limit_work_is_answered_503_at_once_and_probes_answer():
+    release, entered = threading.Event(), threading.Event()
+
+    def app(environ, start_response):
+        if environ["REQUEST_METHOD"] == "POST":
+            entered.set()
+            release.wait(20)  # the work is stuck until the test releases it
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    rejected = []
+    with HttpServer(app, threads=1, max_queue=2, on_reject=lambda: rejected.append(1)) as w:
+        results: list = []
+
+        def call():
+            try:
+                r = requests.post(w.url + "/work", data=b"x", timeout=30)
+                results.append(r.status_code)
+            except requests.RequestException as exc:
+                results.append(exc)
+
+        first = [threading.Thread(target=call) for _ in range(3)]  # one running, two waiting
+        first[0].start()
+        assert entered.wait(5)
+        for t in first[1:]:
+            t.start()
+        deadline = time.monotonic() + 5
+        while w.queued() < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert w.queued() == 2
+        with requests.Session() as s:
+            t0 = time.perf_counter()
+            r = s.post(w.url + "/work", data=b"x", timeout=5)
+            took = time.perf_counter() - t0
+            assert r.status_code == 503 and r.headers["Retry-After"] == "1", (r.status_code, r.headers)
+            assert "queue limit 2" in r.json()["error"] and took < 1.0 and rejected == [1]
+            assert s.get(w.url + "/healthz", timeout=2).status_code == 200  # same connection: kept open
+        release.set()
+        for t in first:
+            t.join(30)
+    assert sorted(results) == [200, 200, 200], results
+
+
+def test_stop_lets_go_of_keepalive_clients_that_keep_sending():
+    server = HttpServer(_work_app, threads=4, name="keepalive", shutdown_timeout_s=GRACE_S).start()
+    clients = [_Client(server.url, time.monotonic() + GRACE_S + 15) for _ in range(CLIENTS)]
+    for c in clients:
+        c.start()
+    time.sleep(1.0)
+    assert all(c.ok > 0 for c in clients), "every client is answered before the stop"
+    t0 = time.monotonic()
+    server.stop()
+    took = time.monotonic() - t0
+    for c in clients:
+        c.join(GRACE_S + 20)
+    summary = {"stop_s": round(took, 2), "ok": sum(c.ok for c in clients), "closes": sum(c.closes for c in clients),
+               "lost": sum(len(c.lost) for c in clients), "bad": [b for c in clients for b in c.bad]}
+    print("keep-alive drain:", summary)
+    assert took < DRAIN_BOUND_S, summary
+    assert all(c.refused for c in clients) and not summary["bad"], summary
+    assert summary["closes"] >= 1, f"answers while draining say Connection: close: {summary}"
+    assert all(len(c.lost) <= 1 for c in clients), [c.lost for c in clients]
+
+
+def test_bad_settings_are_refused_by_name():
+    with pytest.raises(ValueError, match="threads"):
+        HttpServer(_echo, threads=0)
+    with pytest.raises(ValueError, match="max_queue"):
+        HttpServer(_echo, max_queue=-1)
