@@ -1,7 +1,8 @@
-"""The one HTTP server of the project: the file server, the cube server's control port,
-the cube agent and the cube transfer serve through ``WebServer`` in their process, and
-serving's gunicorn workers run it over gunicorn's listening sockets
-(``runtime.serving.worker``).
+"""The roles' HTTP server: the file server, the cube server's control port, the cube
+agent and the cube transfer serve through ``WebServer`` in their process. Serving's
+gunicorn workers use ``runtime.serving.http_server.HttpServer`` (an asyncio loop with
+httptools' parser: same limits and stop, a fraction of the CPU per request), which shares
+this module's constants and ``ConnectionShare``.
 
 waitress (the Pylons project's WSGI server): its event loop (``waitress.wasyncore``) reads
 every connection and buffers a whole request, headers and body (bodies above 512 KiB
@@ -224,7 +225,7 @@ class _Pools:
                 d.shutdown(cancel_pending=True, timeout=timeout)
 
 
-def _readable(sock) -> bool:
+def readable_now(sock) -> bool:
     """True when ``sock`` has something to read now (data, a connection, EOF or an error);
     ``poll``, not ``select``: any descriptor number."""
     try:
@@ -450,7 +451,7 @@ class WebServer:
             s.elastic_draining = True
         if self.share is not None:
             self.share.leave()
-        while time.monotonic() - t0 < ACCEPT_DRAIN_S and any(_readable(s.socket) for s in listeners):
+        while time.monotonic() - t0 < ACCEPT_DRAIN_S and any(readable_now(s.socket) for s in listeners):
             self._step()  # the backlog: connections made before the stop are served
             if on_tick is not None:
                 on_tick()
@@ -461,7 +462,7 @@ class WebServer:
         while (now := time.monotonic()) < deadline:
             busy = self.pools.queued() > 0 or bool(self.pools.rejects)
             for ch in self._channels():
-                if ch.requests or ch.request is not None or ch.total_outbufs_len or _readable(ch.socket):
+                if ch.requests or ch.request is not None or ch.total_outbufs_len or readable_now(ch.socket):
                     busy = True  # a request being received, run or answered (or bytes not yet read)
                     idle_since.pop(ch, None)
                 elif not ch.will_close and now - idle_since.setdefault(ch, now) >= DRAIN_IDLE_S:

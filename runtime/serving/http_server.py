@@ -4,9 +4,10 @@ answers are whole byte strings (serving's ``runtime.serving.rest.RestApp``).
 
 Why not waitress (``runtime.webserver``, which the other roles keep): for serving's small,
 frequent requests its Python parser, poll loop and task machinery cost more than the
-model run. A trivial app behind each, ``wrk`` at 4 connections, CPU per request: waitress
-0.3-0.4 ms, this loop 0.02 ms with the app run in the loop, 0.09-0.13 ms handing it to a
-thread (README, Benchmarks, Serving, for the measured figures).
+model run. Serving over one cube, both versions side by side (2 workers x 1 thread, ``wrk``
+at 4 connections, 3 alternating rounds): CPU per request 1.07 -> 0.77 ms at batch 1, 2.64
+-> 2.37 ms at batch 256 (README, Benchmarks, Serving against KServe). This loop with a
+trivial app: 0.06 ms per request, the hand-off to the work thread included.
 
 What it keeps from ``runtime.webserver.WebServer`` (same limits, same meaning):
 
@@ -55,7 +56,7 @@ from urllib.parse import unquote_to_bytes
 import httptools
 
 from runtime.webserver import (ACCEPT_DEFER_S, ACCEPT_DRAIN_S, ACCEPT_ESCAPE_S, DRAIN_IDLE_S, ConnectionShare,
-                               _readable)
+                               readable_now)
 
 log = logging.getLogger(__name__)
 
@@ -581,7 +582,7 @@ class HttpServer:
         if self.share is not None:
             self.share.leave()
         self._pause_accepting(None)
-        while time.monotonic() - t0 < ACCEPT_DRAIN_S and any(_readable(s) for s in self.sockets):
+        while time.monotonic() - t0 < ACCEPT_DRAIN_S and any(readable_now(s) for s in self.sockets):
             for s in self.sockets:  # the backlog: connections made before the stop are served
                 while self._accept(s):
                     pass
@@ -594,7 +595,7 @@ class HttpServer:
             self._sweep(now)  # a request whose headers never end does not hold the stop to its deadline
             busy = self.work.qsize() > 0
             for c in list(self.connections):
-                if c.busy() or (c.transport is not None and _readable(c.transport.get_extra_info("socket"))):
+                if c.busy() or (c.transport is not None and readable_now(c.transport.get_extra_info("socket"))):
                     busy = True
                     idle_since.pop(c, None)
                 elif now - idle_since.setdefault(c, now) >= DRAIN_IDLE_S:
