@@ -17,7 +17,9 @@ What it keeps from ``runtime.webserver.WebServer`` (same limits, same meaning):
   first byte is closed (slowloris); ``idle_timeout_s``: a connection with nothing received
   for this long (keep-alive between requests, a stalled body) is closed;
 - ``max_body_bytes``: a larger body (``Content-Length``, or chunks adding up) is answered
-  413 and the connection closed; a request the parser refuses is answered 400 and closed;
+  413 and the connection closed; request line and headers above ``MAX_HEAD_BYTES``: 431;
+  bodies being received beyond ``max_buffered_bytes`` in all: 503; a request the parser
+  refuses is answered 400 and closed;
 - ``connection_limit`` open connections (beyond, new ones wait in the listen backlog);
 - work (``is_work(method, path)``: serving's ``POST``) runs on ``threads`` work threads;
   with ``max_queue`` work requests already waiting for one, a new one is answered at once
@@ -60,8 +62,12 @@ from runtime.webserver import (ACCEPT_DEFER_S, ACCEPT_DRAIN_S, ACCEPT_ESCAPE_S, 
 
 log = logging.getLogger(__name__)
 
+#: bytes of a request line and headers (URL, names, values) accepted; more: 431 and closed
+MAX_HEAD_BYTES = 64 << 10
+
 _REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             408: "Request Timeout", 411: "Length Required", 413: "Payload Too Large",
+            431: "Request Header Fields Too Large",
             500: "Internal Server Error", 503: "Service Unavailable"}
 
 
@@ -107,6 +113,8 @@ class _Connection(asyncio.Protocol):
         self.last_seen = time.monotonic()  # monotonic s of the last bytes received
         self.waiting: list[_Request] = []  # received whole, not yet run (pipelined)
         self.refusal: bytes | None = None  # a 400/413 to send once the request in flight is answered
+        self.head_bytes = 0  # bytes of the request line and headers received
+        self.held = 0  # bytes of the body being received, counted in the server's ``buffered``
         self.in_flight = False  # a request dispatched and not yet answered
         self.closing = False  # no more requests taken: closed once what is in flight is answered
         self.paused = False
@@ -121,6 +129,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
         self.closing = True
+        self._release()
         self.server.connection_closed()
 
     def data_received(self, data: bytes) -> None:
@@ -144,12 +153,21 @@ class _Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.started = time.monotonic()
         self.url, self.headers, self.body, self.body_bytes, self.headers_done = b"", [], [], 0, False
+        self.head_bytes = 0
 
     def on_url(self, url: bytes) -> None:
         self.url += url
+        self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
+        self._count_head(len(name) + len(value))
+
+    def _count_head(self, n: int) -> None:
+        self.head_bytes += n
+        if self.head_bytes > MAX_HEAD_BYTES and not self.closing:
+            self.headers, self.url = [], b""
+            self._refuse(431, f"request line and headers exceed {MAX_HEAD_BYTES} bytes")
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
@@ -174,6 +192,13 @@ class _Connection(asyncio.Protocol):
         if self.body_bytes > self.server.max_body_bytes:
             self._refuse(413, f"request body of more than {self.server.max_body_bytes} bytes")
             return
+        server = self.server
+        if server.buffered + len(body) > server.max_buffered_bytes:
+            self._refuse(503, f"the server holds {server.buffered} bytes of request bodies being received "
+                              f"(limit {server.max_buffered_bytes}); retry later")
+            return
+        server.buffered += len(body)
+        self.held += len(body)
         self.body.append(body)
 
     def on_message_complete(self) -> None:
@@ -185,6 +210,7 @@ class _Connection(asyncio.Protocol):
                                    self.body[0] if len(self.body) == 1 else b"".join(self.body),
                                    p.get_http_version(), p.should_keep_alive())
         self.started, self.headers, self.body = None, [], []
+        self._release()
         self.waiting.append(req)
         if self.in_flight:
             if not self.paused:  # one at a time: no more read until this one is answered
@@ -193,10 +219,17 @@ class _Connection(asyncio.Protocol):
         else:
             self._next()
 
+    def _release(self) -> None:
+        """The body being received no longer counts in the server's ``buffered``."""
+        self.server.buffered -= self.held
+        self.held = 0
+
     # -- answers -------------------------------------------------------------------------------
     def _refuse(self, status: int, message: str) -> None:
         """Answers ``status`` with ``{"error": message}`` and closes (after what is in flight)."""
         self.closing = True
+        self.body = []
+        self._release()
         self.waiting.clear()
         body = json.dumps({"error": message}).encode()
         self.refusal = self.server._encode(status, [("Content-Type", "application/json")], body, False, False)
@@ -263,10 +296,14 @@ class HttpServer:
         on_reject: called (loop thread) for every request refused by ``max_queue``.
         header_timeout_s, idle_timeout_s, max_body_bytes (bytes), connection_limit: limits on
             clients (module docstring).
+        max_buffered_bytes: bytes of request bodies being received, over every connection,
+            the server holds at most; a body that would go beyond is answered 503 and its
+            connection closed (many large uploads at once cannot exhaust the worker's memory).
+            Default: 4 x ``max_body_bytes``, within 256 MiB .. 1 GiB.
         share: the open connections of the other processes serving ``sockets``.
 
-    Raises ``OSError`` when the address cannot be bound, ``ValueError`` for ``threads`` < 1 or
-    a negative ``max_queue``.
+    Raises ``OSError`` when the address cannot be bound, ``ValueError`` for ``threads`` < 1, a
+    negative ``max_queue`` or ``max_buffered_bytes`` below ``max_body_bytes``.
     """
 
     #: s between two looks at timeouts, the stop request and ``on_tick``
@@ -277,7 +314,13 @@ class HttpServer:
                  is_work: Callable[[str, str], bool] = lambda method, path: method == "POST",
                  max_queue: int | None = None, on_reject: Callable[[], None] | None = None,
                  header_timeout_s: float = 10.0, idle_timeout_s: float = 30.0, max_body_bytes: int = 1 << 40,
-                 connection_limit: int = 1000, share: ConnectionShare | None = None):
+                 connection_limit: int = 1000, share: ConnectionShare | None = None,
+                 max_buffered_bytes: int | None = None):
+        if max_buffered_bytes is None:
+            max_buffered_bytes = max(256 << 20, min(4 * max_body_bytes, 1 << 30))
+        if max_buffered_bytes < min(max_body_bytes, 1 << 30):
+            raise ValueError(f"max_buffered_bytes: {max_buffered_bytes} is below max_body_bytes {max_body_bytes}: "
+                             "a request of the largest size allowed could never be received")
         if threads < 1:
             raise ValueError(f"threads: {threads}, at least 1 is needed")
         if max_queue is not None and max_queue < 0:
@@ -287,6 +330,8 @@ class HttpServer:
         self.is_work, self.max_queue, self.on_reject = is_work, max_queue, on_reject
         self.header_timeout_s, self.idle_timeout_s = header_timeout_s, idle_timeout_s
         self.max_body_bytes, self.connection_limit, self.share = max_body_bytes, connection_limit, share
+        self.max_buffered_bytes = max_buffered_bytes
+        self.buffered = 0  # bytes of request bodies being received, over every connection
         self.ready, self.reason = False, "starting"
         self.draining = False
         self.header_timeouts = 0  # connections closed by header_timeout_s

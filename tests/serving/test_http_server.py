@@ -122,9 +122,33 @@ def test_bad_requests_are_refused_and_the_app_error_is_a_500(server):
     assert status.startswith(b"HTTP/1.1 413") and "more than 1000 bytes" in json.loads(body)["error"]
     (status, headers, body), = _raw(server, b"BAD REQUEST LINE\r\n\r\n")
     assert status.startswith(b"HTTP/1.1 400") and "malformed request" in json.loads(body)["error"]
+    (status, headers, body), = _raw(server, b"GET /h HTTP/1.1\r\nX-Big: " + b"v" * (70 << 10) + b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 431") and "exceed 65536 bytes" in json.loads(body)["error"]
     r = requests.get(server.url + "/boom", timeout=5)
     assert r.status_code == 500 and r.json() == {"error": "internal error: RuntimeError"}
     assert requests.get(server.url + "/after", timeout=5).json()["path"] == "/after"  # the server lives on
+
+
+def test_bodies_being_received_are_bounded_over_all_connections():
+    with HttpServer(_echo, max_body_bytes=1000, max_buffered_bytes=1500) as w:
+        first = socket.create_connection(("127.0.0.1", w.port), timeout=5)
+        try:  # 900 bytes of a 1000-byte body held, the rest never sent
+            first.sendall(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"a" * 900)
+            deadline = time.monotonic() + 5
+            while w.buffered < 900 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert w.buffered == 900
+            (status, _, body), = _raw(w, b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"b" * 1000)
+            assert status.startswith(b"HTTP/1.1 503") and "(limit 1500)" in json.loads(body)["error"]
+            first.sendall(b"a" * 100)  # the first completes: answered, and no longer counted
+            assert b'"length": 1000' in first.recv(1000)
+            assert w.buffered == 0
+            r = requests.post(w.url + "/c", data=b"c" * 1000, timeout=5)
+            assert r.status_code == 200 and r.json()["length"] == 1000
+        finally:
+            first.close()
+    with pytest.raises(ValueError, match="max_buffered_bytes"):
+        HttpServer(_echo, max_body_bytes=1000, max_buffered_bytes=999)
 
 
 def test_incomplete_headers_are_closed_after_the_header_timeout(server):
