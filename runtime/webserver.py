@@ -120,6 +120,19 @@ def json_errors(app):
     return app
 
 
+def refuse_work(method: str, path: str, waiting: int, max_queue: int,
+                on_reject: Callable[[], None] | None) -> str:
+    """A work request refused because ``waiting`` >= ``max_queue`` requests already wait:
+    calls ``on_reject`` (its errors logged, never raised: counting must not stop a loop)
+    and returns the 503's message."""
+    if on_reject is not None:
+        try:
+            on_reject()
+        except Exception:  # noqa: BLE001
+            log.exception("on_reject failed")
+    return f"{method} {path}: overloaded, {waiting} requests are already waiting (queue limit {max_queue}); retry later"
+
+
 class Overloaded(Error):
     """waitress's error answer for a work request refused because ``max_queue`` requests
     already wait: ``503`` with ``Retry-After: <retry_after_s>`` and the JSON body
@@ -204,14 +217,9 @@ class _Pools:
         if req.error is not None or not self.is_work(req.command, req.path):
             return (self.control or self.work).add_task(channel)
         if self.max_queue is not None and len(self.work.queue) >= self.max_queue:
-            req.error = Overloaded(f"{req.command} {req.path}: overloaded, {len(self.work.queue)} requests are "
-                                   f"already waiting (queue limit {self.max_queue}); retry later")
+            req.error = Overloaded(refuse_work(req.command, req.path, len(self.work.queue), self.max_queue,
+                                               self.on_reject))
             self.rejected += 1
-            if self.on_reject is not None:
-                try:
-                    self.on_reject()
-                except Exception:  # noqa: BLE001 - counting must not stop the loop
-                    log.exception("on_reject failed")
             self.rejects.append(channel)  # a few bytes to write: no thread needed
             return None
         self.work.add_task(channel)

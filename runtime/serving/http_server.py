@@ -58,7 +58,7 @@ from urllib.parse import unquote_to_bytes
 import httptools
 
 from runtime.webserver import (ACCEPT_DEFER_S, ACCEPT_DRAIN_S, ACCEPT_ESCAPE_S, DRAIN_IDLE_S, ConnectionShare,
-                               readable_now)
+                               readable_now, refuse_work)
 
 log = logging.getLogger(__name__)
 
@@ -412,14 +412,9 @@ class HttpServer:
         waiting = self.work.qsize()
         if self.max_queue is not None and waiting >= self.max_queue:
             self.rejected += 1
-            if self.on_reject is not None:
-                try:
-                    self.on_reject()
-                except Exception:  # noqa: BLE001 - counting must not stop the loop
-                    log.exception("on_reject failed")
             e = req.environ
-            body = json.dumps({"error": f"{e['REQUEST_METHOD']} {e['PATH_INFO']}: overloaded, {waiting} requests "
-                                        f"are already waiting (queue limit {self.max_queue}); retry later"}).encode()
+            body = json.dumps({"error": refuse_work(e["REQUEST_METHOD"], e["PATH_INFO"], waiting, self.max_queue,
+                                                    self.on_reject)}).encode()
             return self._encode(503, [("Content-Type", "application/json"), ("Retry-After", "1")], body,
                                 keep, req.head, http10=req.http10), keep
         conn.in_flight = True

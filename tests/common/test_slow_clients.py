@@ -3,7 +3,8 @@ send request headers one line per second, the probes and other requests of the s
 are answered within their usual latency (tests.slow_clients). The file server, the cube
 agent and the cube transfer serve their Flask apps through ``runtime.webserver.WebServer``
 (tested here with the real apps, and once as a real file-server process); the cube
-server's control port through the same class inside a real cube server. Also: a
+server's control port through the same class inside a real cube server. Also, for
+``WebServer`` and serving's ``runtime.serving.http_server.HttpServer`` alike: a
 connection whose headers do not finish is closed after the header timeout, and requests
 beyond the work queue limit are answered 503 with Retry-After at once while probes
 answer."""
@@ -17,7 +18,16 @@ import pytest
 import requests
 
 from runtime import proc
+from runtime.serving.http_server import HttpServer
 from runtime.webserver import WebServer
+
+#: the servers with a header timeout and a work queue limit
+SERVERS = {"webserver": WebServer, "http_server": HttpServer}
+
+
+def _queued(server) -> int:
+    """Work requests waiting for a work thread."""
+    return server.queued() if isinstance(server, HttpServer) else len(server.pools.work.queue)
 from tests.slow_clients import SlowClients, check_answered, latency
 
 
@@ -73,12 +83,13 @@ def test_fileserver_process_answers_with_64_slow_clients(tmp_path):
     print("fileserver process", out)
 
 
-def test_incomplete_headers_are_closed_after_the_header_timeout():
+@pytest.mark.parametrize("kind", SERVERS)
+def test_incomplete_headers_are_closed_after_the_header_timeout(kind):
     def app(environ, start_response):
         start_response("200 OK", [("Content-Length", "2")])
         return [b"ok"]
 
-    with WebServer(app, threads=1, header_timeout_s=1.0) as w:
+    with SERVERS[kind](app, threads=1, header_timeout_s=1.0) as w:
         with SlowClients(w.url, n=4, interval_s=0.2, max_s=10) as slow:
             deadline = time.monotonic() + 5
             while slow.closed_by_server < 4 and time.monotonic() < deadline:
@@ -88,17 +99,19 @@ def test_incomplete_headers_are_closed_after_the_header_timeout():
         assert requests.get(w.url + "/x", timeout=5).text == "ok"
 
 
-def test_beyond_the_queue_limit_work_is_answered_503_at_once_and_probes_answer():
+@pytest.mark.parametrize("kind", SERVERS)
+def test_beyond_the_queue_limit_work_is_answered_503_at_once_and_probes_answer(kind):
     release, entered = threading.Event(), threading.Event()
 
     def app(environ, start_response):
-        entered.set()
-        release.wait(20)  # the work is stuck until the test releases it
+        if environ["REQUEST_METHOD"] == "POST":  # the work (HttpServer answers a GET in its loop)
+            entered.set()
+            release.wait(20)  # the work is stuck until the test releases it
         start_response("200 OK", [("Content-Length", "2")])
         return [b"ok"]
 
     rejected = []
-    with WebServer(app, threads=1, max_queue=2, on_reject=lambda: rejected.append(1)) as w:
+    with SERVERS[kind](app, threads=1, max_queue=2, on_reject=lambda: rejected.append(1)) as w:
         results: list = []
 
         def call():
@@ -114,24 +127,25 @@ def test_beyond_the_queue_limit_work_is_answered_503_at_once_and_probes_answer()
         for t in first[1:]:
             t.start()
         deadline = time.monotonic() + 5
-        while len(w.pools.work.queue) < 2 and time.monotonic() < deadline:
+        while _queued(w) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert len(w.pools.work.queue) == 2
+        assert _queued(w) == 2
         t0 = time.perf_counter()
         r = requests.post(w.url + "/work", data=b"x", timeout=5)
         took = time.perf_counter() - t0
         assert r.status_code == 503 and r.headers["Retry-After"] == "1", (r.status_code, r.headers)
         assert "queue limit 2" in json.loads(r.content)["error"]
         assert took < 1.0 and rejected == [1]
-        assert requests.get(w.url + "/healthz", timeout=2).status_code == 200  # probes: their own thread
+        assert requests.get(w.url + "/healthz", timeout=2).status_code == 200  # probes: not on the work thread
         release.set()
         for t in first:
             t.join(30)
     assert sorted(x[0] for x in results) == [200, 200, 200], results
 
 
-def test_bad_pool_settings_are_refused_by_name():
+@pytest.mark.parametrize("kind", SERVERS)
+def test_bad_pool_settings_are_refused_by_name(kind):
     with pytest.raises(ValueError, match="threads"):
-        WebServer(lambda e, s: [], threads=0)
+        SERVERS[kind](lambda e, s: [], threads=0)
     with pytest.raises(ValueError, match="max_queue"):
-        WebServer(lambda e, s: [], max_queue=-1)
+        SERVERS[kind](lambda e, s: [], max_queue=-1)

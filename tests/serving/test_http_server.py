@@ -1,13 +1,14 @@
 """Serving's HTTP server (``runtime.serving.http_server.HttpServer``): HTTP/1.1 as clients
 speak it (keep-alive, pipelining, chunked bodies, ``Expect: 100-continue``, ``HEAD``,
-HTTP/1.0), the limits on clients (slow headers, large bodies, malformed requests), the
-queue limit, and the graceful stop with keep-alive clients sending. Loopback only.
+HTTP/1.0), the limits on clients (64 slow clients, large heads and bodies, malformed
+requests), and the graceful stop with keep-alive clients sending. Loopback only. The
+header timeout, the queue limit and the connection spreading are tested with
+``WebServer``'s (``tests/common/test_slow_clients.py``, ``test_connection_share.py``).
 """
 from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 
 import pytest
@@ -15,7 +16,7 @@ import requests
 
 from runtime.serving.http_server import HttpServer
 from tests.lifecycle.test_keepalive_drain import CLIENTS, DRAIN_BOUND_S, GRACE_S, _app as _work_app, _Client
-from tests.slow_clients import SlowClients, check_answered, latency
+from tests.slow_clients import check_answered, latency
 
 
 def _echo(environ, start_response):
@@ -151,64 +152,11 @@ def test_bodies_being_received_are_bounded_over_all_connections():
         HttpServer(_echo, max_body_bytes=1000, max_buffered_bytes=999)
 
 
-def test_incomplete_headers_are_closed_after_the_header_timeout(server):
-    with SlowClients(server.url, n=4, interval_s=0.2, max_s=10) as slow:
-        deadline = time.monotonic() + 5
-        while slow.closed_by_server < 4 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert slow.closed_by_server == 4, f"{slow.closed_by_server} of 4 closed after the header timeout"
-    assert server.header_timeouts == 4
-    assert requests.get(server.url + "/x", timeout=5).json()["path"] == "/x"
-
-
 def test_64_slow_clients_take_nothing_from_others():
     with HttpServer(_echo, threads=1, header_timeout_s=10.0) as w:
         out = check_answered({"get": lambda: latency(w.url + "/live"),
                               "post": lambda: latency(w.url + "/work", data=b"x" * 100)}, w.url)
     print("http_server with 64 slow clients (without, with) s:", out)
-
-
-def test_beyond_the_queue_limit_work_is_answered_503_at_once_and_probes_answer():
-    release, entered = threading.Event(), threading.Event()
-
-    def app(environ, start_response):
-        if environ["REQUEST_METHOD"] == "POST":
-            entered.set()
-            release.wait(20)  # the work is stuck until the test releases it
-        start_response("200 OK", [("Content-Length", "2")])
-        return [b"ok"]
-
-    rejected = []
-    with HttpServer(app, threads=1, max_queue=2, on_reject=lambda: rejected.append(1)) as w:
-        results: list = []
-
-        def call():
-            try:
-                r = requests.post(w.url + "/work", data=b"x", timeout=30)
-                results.append(r.status_code)
-            except requests.RequestException as exc:
-                results.append(exc)
-
-        first = [threading.Thread(target=call) for _ in range(3)]  # one running, two waiting
-        first[0].start()
-        assert entered.wait(5)
-        for t in first[1:]:
-            t.start()
-        deadline = time.monotonic() + 5
-        while w.queued() < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert w.queued() == 2
-        with requests.Session() as s:
-            t0 = time.perf_counter()
-            r = s.post(w.url + "/work", data=b"x", timeout=5)
-            took = time.perf_counter() - t0
-            assert r.status_code == 503 and r.headers["Retry-After"] == "1", (r.status_code, r.headers)
-            assert "queue limit 2" in r.json()["error"] and took < 1.0 and rejected == [1]
-            assert s.get(w.url + "/healthz", timeout=2).status_code == 200  # same connection: kept open
-        release.set()
-        for t in first:
-            t.join(30)
-    assert sorted(results) == [200, 200, 200], results
 
 
 def test_stop_lets_go_of_keepalive_clients_that_keep_sending():
@@ -230,10 +178,3 @@ def test_stop_lets_go_of_keepalive_clients_that_keep_sending():
     assert all(c.refused for c in clients) and not summary["bad"], summary
     assert summary["closes"] >= 1, f"answers while draining say Connection: close: {summary}"
     assert all(len(c.lost) <= 1 for c in clients), [c.lost for c in clients]
-
-
-def test_bad_settings_are_refused_by_name():
-    with pytest.raises(ValueError, match="threads"):
-        HttpServer(_echo, threads=0)
-    with pytest.raises(ValueError, match="max_queue"):
-        HttpServer(_echo, max_queue=-1)
