@@ -36,8 +36,11 @@ What it keeps from ``runtime.webserver.WebServer`` (same limits, same meaning):
 
 HTTP/1.1 as RFC 9112 has it for an origin server: keep-alive by default (HTTP/1.0 on
 request), pipelined requests answered in order (one at a time per connection: its
-reading pauses while one is in flight), ``Expect: 100-continue`` answered before the body
-is read, chunked request bodies, ``HEAD`` answered without a body, a ``Date`` header.
+reading pauses while one is in flight, and while the client leaves its answers unread
+beyond the transport's high-water mark), ``Expect: 100-continue`` answered before the body
+is read, chunked request bodies, ``HEAD`` answered without a body, a ``Date`` header; a
+client that half-closes gets the answers to what it sent (reading is paused while a
+request is in flight, so its end of input is seen once they are answered).
 """
 from __future__ import annotations
 
@@ -117,7 +120,8 @@ class _Connection(asyncio.Protocol):
         self.held = 0  # bytes of the body being received, counted in the server's ``buffered``
         self.in_flight = False  # a request dispatched and not yet answered
         self.closing = False  # no more requests taken: closed once what is in flight is answered
-        self.paused = False
+        self.paused = False  # reading paused: a request in flight, or answers not yet sent
+        self.write_blocked = False  # the transport's buffer is above its high-water mark
 
     # -- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -144,10 +148,23 @@ class _Connection(asyncio.Protocol):
             self._refuse(400, f"malformed request: {exc}")
 
     def eof_received(self) -> bool:
-        self.closing = True  # the client sends nothing more: answer what it sent, then close
-        if not self.in_flight and not self.waiting:
-            return False  # asyncio closes the transport
-        return True
+        # the client sends nothing more. Reading is paused while a request is in flight or
+        # waits, so what it sent before is answered first; the transport closes now.
+        self.closing = True
+        return False
+
+    def pause_writing(self) -> None:
+        """The client does not read its answers as fast as it sends requests: no more
+        read (so no more answers buffered) until the transport's buffer drains."""
+        self.write_blocked = True
+        if not self.paused:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_blocked = False
+        if not self.in_flight and not self.closing:
+            self._next()  # the requests left waiting, then reading again
 
     # -- httptools callbacks -------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -156,10 +173,14 @@ class _Connection(asyncio.Protocol):
         self.head_bytes = 0
 
     def on_url(self, url: bytes) -> None:
+        if self.closing:
+            return
         self.url += url
         self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.closing:
+            return
         self.headers.append((name, value))
         self._count_head(len(name) + len(value))
 
@@ -182,7 +203,8 @@ class _Connection(asyncio.Protocol):
                 if n > limit:
                     self._refuse(413, f"request body of {n} bytes exceeds the limit of {limit}")
                     return
-            elif lname == b"expect" and value.lower() == b"100-continue" and self.transport is not None:
+            elif lname == b"expect" and value.lower() == b"100-continue" and not self.in_flight \
+                    and not self.waiting:  # (behind a pipelined request it would come before that one's answer)
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
@@ -249,10 +271,11 @@ class _Connection(asyncio.Protocol):
         self._next()
 
     def _next(self) -> None:
-        """Runs the requests waiting, in order, until one goes to a work thread; closes the
-        connection when it is to close, else reads on."""
+        """Runs the requests waiting, in order, until one goes to a work thread or the
+        transport's buffer is full; closes the connection when it is to close, else reads on
+        once nothing waits."""
         t = self.transport
-        while self.waiting and not self.closing:
+        while self.waiting and not self.closing and not self.write_blocked:
             out = self.server._dispatch(self, self.waiting.pop(0))
             if out is None:  # on a work thread: answer() comes back here
                 return
@@ -266,7 +289,7 @@ class _Connection(asyncio.Protocol):
                 t.write(self.refusal)
                 self.refusal = None
             t.close()
-        elif self.paused:
+        elif self.paused and not self.write_blocked:
             self.paused = False
             t.resume_reading()
 

@@ -92,6 +92,44 @@ def test_pipelined_requests_are_answered_in_order(server):
     assert [json.loads(b)["path"] for _, _, b in out] == [f"/g{i}" for i in range(3000)]
 
 
+def test_a_client_that_does_not_read_holds_a_bounded_buffer(server):
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    s.setblocking(False)
+    req = b"GET /flood HTTP/1.1\r\nHost: x\r\n\r\n" * 1000
+    sent, t0 = 0, time.monotonic()
+    try:  # pipelined requests for 2 s, no answer read: the server stops reading once its buffer is full
+        while time.monotonic() - t0 < 2.0:
+            try:
+                sent += s.send(req)
+            except BlockingIOError:
+                time.sleep(0.01)
+        held = max(c.transport.get_write_buffer_size() for c in server.connections)
+        print(f"answers buffered for a client that reads none: {held} bytes ({sent} bytes of requests sent)")
+        assert held < 256 << 10, f"{held} bytes of answers buffered for a client that reads none ({sent} bytes sent)"
+    finally:
+        s.close()
+    assert requests.get(server.url + "/after", timeout=5).json()["path"] == "/after"
+
+
+def test_half_closed_client_gets_its_answers():
+    def slow_first(environ, start_response):  # the end of input arrives while the first is in flight
+        if environ["PATH_INFO"] == "/h0":
+            time.sleep(0.3)
+        return _echo(environ, start_response)
+
+    with HttpServer(slow_first, threads=1) as w:
+        s = socket.create_connection(("127.0.0.1", w.port), timeout=5)
+        try:
+            s.sendall(b"".join(b"POST /h%d HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx" % i for i in range(3)))
+            s.shutdown(socket.SHUT_WR)
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        finally:
+            s.close()
+    assert [f"/h{i}" in data.decode() for i in range(3)] == [True] * 3, data
+
+
 def test_chunked_body_expect_continue_head_and_http10(server):
     chunked = b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
     (_, _, body), = _raw(server, chunked)
