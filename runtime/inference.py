@@ -9,10 +9,11 @@ dominates, and the old executor's is the lowest; oneDNN's kernels (Paddle 3.0 tu
 for CPU predictors) doubled it. The inputs are bound once per batch size to buffers the
 predictor owns (``Tensor.share_external_data``): a run copies the caller's two arrays into
 them instead of calling ``copy_from_cpu`` once per input (27 calls). The model run alone,
-CPU ms per call (``bench/bench_serving.py``'s floor, 3 runs each on this 2-core machine): oneDNN with ``copy_from_cpu`` 0.27-0.57 at batch 1 and
-0.60-1.17 at batch 256; now 0.04-0.06 and 0.30-0.55. Split (``predict`` timed in a loop
-over 64 batches, median of 5 passes): oneDNN off alone 0.16-0.20 / 0.45-0.69, then the
-bound inputs 0.06-0.08 / 0.38-0.48.
+CPU ms per call (``bench/bench_serving.py``'s floor, 3 runs each on this 2-core machine):
+oneDNN with ``copy_from_cpu`` 0.27-0.57 at batch 1 and 0.60-1.17 at batch 256; now
+0.04-0.06 and 0.30-0.55. Split (``predict`` timed in a loop over 64 batches, median of 5
+passes): oneDNN off alone 0.16-0.20 / 0.45-0.69, then the bound inputs 0.06-0.08 /
+0.38-0.48.
 
 Paddle is imported through ``import_paddle`` only: importing it installs Paddle's own C++
 handler for SIGTERM (below), which would take the process's graceful stop away, and

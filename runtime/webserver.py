@@ -1,8 +1,8 @@
 """The roles' HTTP server: the file server, the cube server's control port, the cube
 agent and the cube transfer serve through ``WebServer`` in their process. Serving's
 gunicorn workers use ``runtime.serving.http_server.HttpServer`` (an asyncio loop with
-httptools' parser: same limits and stop, a fraction of the CPU per request), which shares
-this module's constants and ``ConnectionShare``.
+httptools' parser: the same limits and stop, a fraction of the CPU per request, and the
+connection spreading between processes), which shares this module's drain constants.
 
 waitress (the Pylons project's WSGI server): its event loop (``waitress.wasyncore``) reads
 every connection and buffers a whole request, headers and body (bodies above 512 KiB
@@ -41,13 +41,6 @@ the listening sockets closed, then every request received or partly received fin
 and its answer is sent with ``Connection: close`` (a keep-alive client sending request
 after request lets go after its answer), connections idle for ``DRAIN_IDLE_S`` are closed
 (up to ``shutdown_timeout_s``).
-With ``share`` (several processes serving one listening socket, as gunicorn's workers
-do), a process holding more open connections than the least loaded of the others leaves a
-pending connection to them: every process polls the shared socket and whichever accepts
-first would take it, so a client's few long-lived keep-alive connections landed all on one
-process of two in 3 rounds of 8 of ``make bench-serving-peers``, the other idle. The
-process waits ``ACCEPT_DEFER_S`` at a time and takes the connection itself after
-``ACCEPT_ESCAPE_S`` (the others busy or gone); while stopping it accepts at once.
 ``serve_forever`` runs a role's server in the main thread's stead until SIGTERM or
 SIGINT: readiness turns false, ``on_stop`` runs (the role stops its own work), requests
 in flight finish, and it returns so the process exits 0.
@@ -62,7 +55,7 @@ import signal
 import threading
 import time
 from collections import deque
-from typing import Callable, Protocol, Sequence
+from typing import Callable
 
 from waitress import wasyncore
 from waitress.channel import HTTPChannel
@@ -84,10 +77,6 @@ DRAIN_IDLE_S = 0.5
 #: bytes read from a connection at a time (waitress's 8 KiB took 13 reads for a 99 KB request
 #: of 256 rows); below glibc's mmap threshold, so a small read allocates no mapping
 RECV_BYTES = 64 << 10
-#: s a process with more open connections than another leaves a pending one to the others, at a time
-ACCEPT_DEFER_S = 0.005
-#: s a pending connection waits at most for a less loaded process before a busier one takes it
-ACCEPT_ESCAPE_S = 0.05
 
 
 def _json(start_response, status: str, body: dict) -> list[bytes]:
@@ -244,78 +233,16 @@ def readable_now(sock) -> bool:
         return False
 
 
-class ConnectionShare(Protocol):
-    """Open connections of the processes serving one listening socket (``WebServer``'s
-    ``share``; ``runtime.serving.worker.ConnectionShare`` is gunicorn's)."""
-
-    def publish(self, connections: int) -> None:
-        """This process now holds ``connections`` open connections."""
-
-    def least(self, connections: int) -> bool:
-        """True when no live process of the others holds fewer than ``connections``."""
-
-    def leave(self) -> None:
-        """This process accepts no more: the others no longer leave connections to it."""
-
-
-class _AcceptGate:
-    """Wraps a listener's ``readable`` and ``handle_accept`` so that a pending connection
-    goes to the process holding the fewest (module docstring)."""
-
-    def __init__(self, server: "WebServer", listener: BaseWSGIServer, share: ConnectionShare):
-        self.server, self.listener, self.share = server, listener, share
-        self._readable, self._accept = listener.readable, listener.handle_accept
-        listener.readable, listener.handle_accept = self.readable, self.handle_accept
-        self.until = 0.0  # monotonic s: not polled for connections before then (deferring)
-        self.since: float | None = None  # monotonic s: when the connection pending was first left
-        self.deferred = 0  # connections left to the others at least once
-        self.escaped = 0  # connections taken after ACCEPT_ESCAPE_S
-
-    def readable(self) -> bool:
-        ok = self._readable()  # waitress's: maintenance, the connection limit
-        if self.until:
-            if time.monotonic() < self.until:
-                return False
-            self.until = 0.0  # polled once more: handle_accept if it is still pending
-        elif self.since is not None:  # polled last time and nothing was pending: another took it
-            self.since = None
-        return ok
-
-    def handle_accept(self) -> None:
-        now = time.monotonic()
-        draining = getattr(self.listener, "elastic_draining", False)
-        if not draining:
-            if self.since is None or now - self.since < ACCEPT_ESCAPE_S:
-                if not self.share.least(self.server.open_connections()):
-                    if self.since is None:
-                        self.since = now
-                        self.deferred += 1
-                    self.until = now + ACCEPT_DEFER_S
-                    return
-            else:
-                self.escaped += 1
-        self.since, self.until = None, 0.0
-        self._accept()
-        if not draining:  # the others see it at once (it left the share when it began to stop)
-            self.share.publish(self.server.open_connections())
-
-    def wait_s(self, now: float) -> float | None:
-        """Seconds until this gate polls its listener again (None: not deferring)."""
-        return max(0.0, self.until - now) if self.until else None
-
-
 class WebServer:
     """A WSGI ``app`` served by waitress (module docstring) on ``host:port`` (``port=0``:
-    any free port; the bound one is ``port`` after construction), or on already
-    listening ``sockets`` (then ``host`` and ``port`` are those of the first).
+    any free port; the bound one is ``port`` after construction).
 
     Args:
         app: the WSGI application.
-        host, port: where to listen (ignored with ``sockets``).
+        host, port: where to listen.
         threads: work threads (concurrent requests of the app).
         name: for log lines.
         shutdown_timeout_s: how long a stop waits for requests in flight (s).
-        sockets: listening ``socket.socket`` objects to serve instead of binding.
         probes: answer ``/healthz`` and ``/readyz`` ahead of the app.
         control_threads: threads for requests ``is_work`` says are not work (0: one pool).
         is_work: ``(method, path) -> bool``; by default everything but the probes.
@@ -323,8 +250,6 @@ class WebServer:
         on_reject: called (event loop thread) for every request refused by ``max_queue``.
         header_timeout_s, idle_timeout_s, max_body_bytes, connection_limit: limits on
             clients (module docstring).
-        share: the open connections of the other processes serving ``sockets``; a pending
-            connection goes to the least loaded (module docstring).
 
     Raises ``OSError`` when the address cannot be bound, ``ValueError`` for ``threads`` < 1 or a
     negative ``max_queue``.
@@ -334,11 +259,11 @@ class WebServer:
     TICK_S = 0.1
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, threads: int = 8, name: str = "",
-                 shutdown_timeout_s: float = 10.0, *, sockets: Sequence = (), probes: bool = True,
+                 shutdown_timeout_s: float = 10.0, *, probes: bool = True,
                  control_threads: int = 1, is_work: Callable[[str, str], bool] = _probe_or_not_post,
                  max_queue: int | None = None, on_reject: Callable[[], None] | None = None,
                  header_timeout_s: float = 10.0, idle_timeout_s: float = 30.0, max_body_bytes: int = 1 << 40,
-                 connection_limit: int = 1000, share: ConnectionShare | None = None):
+                 connection_limit: int = 1000):
         if threads < 1:
             raise ValueError(f"threads: {threads}, at least 1 is needed")
         if max_queue is not None and max_queue < 0:
@@ -352,9 +277,8 @@ class WebServer:
         self.header_timeouts = 0  # connections closed by header_timeout_s
         self.pools = _Pools(threads, control_threads, is_work, max_queue, on_reject)
         self._map: dict = {}
-        where = {"sockets": list(sockets)} if sockets else {"host": host, "port": port}
         server = create_server(
-            self._dispatch if probes else app, map=self._map, _dispatcher=self.pools, **where,
+            self._dispatch if probes else app, map=self._map, _dispatcher=self.pools, host=host, port=port,
             channel_timeout=max(1, round(idle_timeout_s)), cleanup_interval=1,
             max_request_body_size=max_body_bytes, connection_limit=connection_limit, asyncore_use_poll=True,
             ident=self.name, clear_untrusted_proxy_headers=False, backlog=1024, recv_bytes=RECV_BYTES,
@@ -364,19 +288,12 @@ class WebServer:
         for listener in self._listeners():
             listener.channel_class = _Channel
         first = server if isinstance(server, BaseWSGIServer) else self._listeners()[0]
-        self.host = host if not sockets else first.effective_host
+        self.host = host
         self.port = int(first.effective_port)
         self._stop_requested = threading.Event()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_check = 0.0
-        self._fixed = len(self._map)  # the listeners and waitress's trigger: not connections
-        self.share = share
-        self._gates = [_AcceptGate(self, s, share) for s in self._listeners()] if share is not None else []
-
-    def open_connections(self) -> int:
-        """Connections this server holds open now."""
-        return len(self._map) - self._fixed
 
     @property
     def url(self) -> str:
@@ -403,16 +320,7 @@ class WebServer:
         return [d for d in self._map.values() if isinstance(d, HTTPChannel)]
 
     def _step(self) -> None:
-        timeout = self.TICK_S
-        if self._gates:
-            now = time.monotonic()
-            for g in self._gates:
-                w = g.wait_s(now)
-                if w is not None:
-                    timeout = min(timeout, w)
-        wasyncore.loop(timeout=timeout, map=self._map, use_poll=True, count=1)
-        if self.share is not None and not self._stop_requested.is_set():
-            self.share.publish(self.open_connections())  # also the heartbeat the others count it by
+        wasyncore.loop(timeout=self.TICK_S, map=self._map, use_poll=True, count=1)
         rejects = self.pools.rejects
         while rejects:  # 503s (Overloaded), written here, outside waitress's received()
             rejects.popleft().service()
@@ -457,8 +365,6 @@ class WebServer:
         listeners = self._listeners()
         for s in listeners:  # answers from now on say Connection: close (_ClosingWhenDraining)
             s.elastic_draining = True
-        if self.share is not None:
-            self.share.leave()
         while time.monotonic() - t0 < ACCEPT_DRAIN_S and any(readable_now(s.socket) for s in listeners):
             self._step()  # the backlog: connections made before the stop are served
             if on_tick is not None:

@@ -6,10 +6,9 @@ Why not waitress (``runtime.webserver``, which the other roles keep): for servin
 frequent requests its Python parser, poll loop and task machinery cost more than the
 model run. Serving over one cube, both versions side by side (2 workers x 1 thread, ``wrk``
 at 4 connections, 3 alternating rounds): CPU per request 1.07 -> 0.77 ms at batch 1, 2.64
--> 2.37 ms at batch 256 (README, Benchmarks, Serving against KServe). This loop with a
-trivial app: 0.06 ms per request, the hand-off to the work thread included.
+-> 2.37 ms at batch 256 (README, Benchmarks, Serving against KServe).
 
-What it keeps from ``runtime.webserver.WebServer`` (same limits, same meaning):
+What it keeps from ``runtime.webserver.WebServer`` (same limits, same meaning), and adds:
 
 - whole requests, headers and body, are buffered by the loop before the app sees them: a
   client that sends slowly holds a socket, never a thread;
@@ -26,9 +25,13 @@ What it keeps from ``runtime.webserver.WebServer`` (same limits, same meaning):
   ``503`` with ``Retry-After: 1`` and ``{"error"}`` by the loop (the connection stays open)
   and ``on_reject`` is called; everything else (probes, metadata, metrics) is answered by
   the loop itself, so it answers while every work thread is busy;
-- ``share``: a process holding more open connections than the least loaded process of the
-  others serving the same listening socket leaves a pending connection to them
-  (``runtime.webserver``'s ``ACCEPT_DEFER_S``, ``ACCEPT_ESCAPE_S``);
+- ``share`` (several processes serving one listening socket, as gunicorn's workers do): a
+  process holding more open connections than the least loaded of the others leaves a
+  pending connection to them. Every process polls the shared socket and whichever accepts
+  first would take it, so a client's few long-lived keep-alive connections landed all on
+  one process of two in 3 rounds of 8 of ``make bench-serving-peers``, the other idle. The
+  process waits ``ACCEPT_DEFER_S`` at a time and takes the connection itself after
+  ``ACCEPT_ESCAPE_S`` (the others busy or gone); while stopping it accepts at once;
 - stopping (``request_stop``): readiness false, the connections already in the listen
   backlog accepted (at most ``ACCEPT_DRAIN_S``), the listening sockets closed, every request
   received or partly received finishes and is answered with ``Connection: close``,
@@ -39,8 +42,7 @@ request), pipelined requests answered in order (one at a time per connection: it
 reading pauses while one is in flight, and while the client leaves its answers unread
 beyond the transport's high-water mark), ``Expect: 100-continue`` answered before the body
 is read, chunked request bodies, ``HEAD`` answered without a body, a ``Date`` header; a
-client that half-closes gets the answers to what it sent (reading is paused while a
-request is in flight, so its end of input is seen once they are answered).
+client that half-closes gets the answers to what it sent.
 """
 from __future__ import annotations
 
@@ -55,23 +57,40 @@ import sys
 import threading
 import time
 from email.utils import formatdate
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 from urllib.parse import unquote_to_bytes
 
 import httptools
 
-from runtime.webserver import (ACCEPT_DEFER_S, ACCEPT_DRAIN_S, ACCEPT_ESCAPE_S, DRAIN_IDLE_S, ConnectionShare,
-                               readable_now, refuse_work)
+from runtime.webserver import ACCEPT_DRAIN_S, DRAIN_IDLE_S, readable_now, refuse_work
 
 log = logging.getLogger(__name__)
 
 #: bytes of a request line and headers (URL, names, values) accepted; more: 431 and closed
 MAX_HEAD_BYTES = 64 << 10
 
-_REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            408: "Request Timeout", 411: "Length Required", 413: "Payload Too Large",
-            431: "Request Header Fields Too Large",
+#: s a process with more open connections than another leaves a pending one to the others, at a time
+ACCEPT_DEFER_S = 0.005
+#: s a pending connection waits at most for a less loaded process before a busier one takes it
+ACCEPT_ESCAPE_S = 0.05
+
+#: the statuses this server answers itself (the app gives its own status line)
+_REASONS = {400: "Bad Request", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
             500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+class ConnectionShare(Protocol):
+    """Open connections of the processes serving one listening socket (``HttpServer``'s
+    ``share``; ``runtime.serving.worker.ConnectionShare`` is gunicorn's)."""
+
+    def publish(self, connections: int) -> None:
+        """This process now holds ``connections`` open connections."""
+
+    def least(self, connections: int) -> bool:
+        """True when no live process of the others holds fewer than ``connections``."""
+
+    def leave(self) -> None:
+        """This process accepts no more: the others no longer leave connections to it."""
 
 
 class _Date:
@@ -148,10 +167,11 @@ class _Connection(asyncio.Protocol):
             self._refuse(400, f"malformed request: {exc}")
 
     def eof_received(self) -> bool:
-        # the client sends nothing more. Reading is paused while a request is in flight or
-        # waits, so what it sent before is answered first; the transport closes now.
+        # the client sends nothing more: the request in flight is answered, then the
+        # connection closes (_next). Reading is paused while a second one waits, so none
+        # is left unread behind it.
         self.closing = True
-        return False
+        return self.in_flight  # False: asyncio closes the transport now
 
     def pause_writing(self) -> None:
         """The client does not read its answers as fast as it sends requests: no more
@@ -429,9 +449,9 @@ class HttpServer:
     def _dispatch(self, conn: _Connection, req: _Request) -> tuple[bytes, bool] | None:
         """Loop thread: runs ``req`` here or refuses it (503), returning ``(answer,
         keep_alive)``, or queues it for a work thread (None; ``conn`` is then in flight)."""
-        keep = req.keep_alive and not self.draining
         if not req.work:
-            return self._run(req), keep
+            return self._run(req)
+        keep = req.keep_alive and not self.draining
         waiting = self.work.qsize()
         if self.max_queue is not None and waiting >= self.max_queue:
             self.rejected += 1
@@ -452,19 +472,21 @@ class HttpServer:
             if item is None:
                 return
             conn, req = item
-            data = self._run(req)
+            data, keep = self._run(req)
             try:
-                loop.call_soon_threadsafe(conn.answer, data, req.keep_alive and not self.draining)
+                loop.call_soon_threadsafe(conn.answer, data, keep)
             except RuntimeError:  # the loop is closed: the stop's deadline passed
                 return
 
-    def _run(self, req: _Request) -> bytes:
-        """Runs the app on ``req``: the whole answer, encoded."""
+    def _run(self, req: _Request) -> tuple[bytes, bool]:
+        """Runs the app on ``req``: ``(the whole answer encoded, keep_alive)``; the app's
+        failure (or an answer that cannot be encoded) is a JSON 500."""
         state: list = []
 
         def start_response(status, headers, exc_info=None):
             state[:] = [status, headers]
 
+        keep = req.keep_alive and not self.draining
         try:
             result = self.app(req.environ, start_response)
             try:
@@ -474,14 +496,12 @@ class HttpServer:
                 if close is not None:
                     close()
             status, headers = state
-            code = int(status[:3])
+            return self._encode(int(status[:3]), headers, body, keep, req.head, status, req.http10), keep
         except Exception as exc:  # noqa: BLE001 - the app's bug is a 500, never a dead connection
             log.exception("%s: the app failed", self.name)
-            code, headers = 500, [("Content-Type", "application/json")]
             body = json.dumps({"error": f"internal error: {exc.__class__.__name__}"}).encode()
-            status = None
-        keep = req.keep_alive and not self.draining
-        return self._encode(code, headers, body, keep, req.head, status, req.http10)
+            return self._encode(500, [("Content-Type", "application/json")], body, keep, req.head,
+                                http10=req.http10), keep
 
     def _encode(self, code: int, headers: list, body: bytes, keep_alive: bool, head: bool,
                 status: str | None = None, http10: bool = False) -> bytes:

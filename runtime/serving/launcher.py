@@ -5,8 +5,8 @@ gunicorn's master with ``--workers`` worker processes, each serving HTTP with an
 loop and httptools' parser (``runtime.serving.worker.LoopWorker``: whole requests
 buffered by the loop before a thread sees them, so slow clients hold no thread; inference
 requests beyond ``--max-queue`` waiting are answered 503 with ``Retry-After`` at once;
-the loop answers the probes itself). Paddle holds the GIL while a predictor runs, so several processes, not
-threads, use several cores; each worker loads the dense model and its own cube clients,
+the loop answers the probes itself). Paddle holds the GIL while a predictor runs, so
+several processes, not threads, use several cores; each worker loads the dense model and its own cube clients,
 and concurrent requests of one worker are combined (``runtime.serving.batching.Combiner``).
 Each worker also serves gRPC on ``--grpc-port`` (``SO_REUSEPORT``: one port for all
 workers) over the same data plane, with the same queue limit (``RESOURCE_EXHAUSTED``
@@ -183,8 +183,8 @@ class ServerHooks:
 
 
 def main(args) -> int:
-    """Runs gunicorn with ``args.workers`` serving workers (``LoopWorker``) until SIGTERM; returns the exit
-    code (0 after a graceful stop)."""
+    """Runs gunicorn with ``args.workers`` serving workers (``LoopWorker``) until SIGTERM;
+    returns the exit code (0 after a graceful stop)."""
     from gunicorn.app.base import BaseApplication
 
     from runtime.serving.rest import create_app

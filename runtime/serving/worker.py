@@ -43,6 +43,7 @@ import time
 import numpy as np
 from gunicorn.workers.base import Worker
 
+
 def is_inference(method: str, path: str) -> bool:
     """The work of serving: every ``POST`` (``/v2/models/.../infer``, ``/predict``)."""
     return method == "POST"
@@ -79,7 +80,7 @@ class ConnectionShare:
         raise RuntimeError(f"ConnectionShare: all {self.slots} slots taken by live workers")
 
     def bind(self, slot: int) -> "SharedSlot":
-        """Worker: its own ``slot`` (``runtime.webserver.ConnectionShare``'s methods)."""
+        """Worker: its own ``slot`` (``runtime.serving.http_server.ConnectionShare``'s methods)."""
         return SharedSlot(self, slot)
 
 
@@ -139,7 +140,8 @@ class LoopWorker(Worker):
         self.server = HttpServer(
             self.wsgi, threads=self.cfg.threads, name="serving",
             shutdown_timeout_s=max(1.0, self.cfg.graceful_timeout - 1.0),
-            sockets=[s.sock for s in self.sockets], is_work=is_inference, on_reject=on_reject if metrics is not None else None,
+            sockets=[s.sock for s in self.sockets], is_work=is_inference,
+            on_reject=on_reject if metrics is not None else None,
             share=self.share.bind(self.share_slot) if self.share is not None and self.share_slot >= 0 else None,
             **self.options)
         self.server.serve(on_tick=self._tick)

@@ -1,8 +1,8 @@
 """Processes serving one listening socket spread their connections
-(``runtime.webserver``'s ``share``, ``runtime.serving.worker.ConnectionShare``): a process
-holding more than another leaves a pending connection to it, and takes it itself when the
-others do not within ``ACCEPT_ESCAPE_S``. Both servers that take a ``share``: the roles'
-``WebServer`` and serving's ``HttpServer``."""
+(``runtime.serving.http_server.HttpServer``'s ``share``,
+``runtime.serving.worker.ConnectionShare``): a process holding more than another leaves a
+pending connection to it, and takes it itself when the others do not within
+``ACCEPT_ESCAPE_S``."""
 from __future__ import annotations
 
 import http.client
@@ -11,20 +11,9 @@ import time
 
 import pytest
 
-from runtime import webserver
+from runtime.serving import http_server
 from runtime.serving.http_server import HttpServer
 from runtime.serving.worker import ConnectionShare
-from runtime.webserver import WebServer
-
-SERVERS = {"webserver": lambda app, **kw: WebServer(app, probes=False, **kw),
-           "http_server": lambda app, **kw: HttpServer(app, **kw)}
-
-
-def _counts(server) -> tuple[int, int]:
-    """(connections left to the others at least once, connections taken after the escape)."""
-    if isinstance(server, HttpServer):
-        return server.deferred, server.escaped
-    return sum(g.deferred for g in server._gates), sum(g.escaped for g in server._gates)
 
 
 def _named_app(name: str):
@@ -73,11 +62,10 @@ def test_share_assigns_free_slots_and_counts_live_ones():
         ConnectionShare(0)
 
 
-@pytest.mark.parametrize("kind", SERVERS)
-def test_two_servers_over_one_socket_split_keepalive_connections(listener, kind):
+def test_two_servers_over_one_socket_split_keepalive_connections(listener):
     share = ConnectionShare(4)
-    servers = [SERVERS[kind](_named_app(n), sockets=[listener.dup()], threads=2, share=share.bind(i),
-                             name=n).start() for i, n in enumerate("ab")]
+    servers = [HttpServer(_named_app(n), sockets=[listener.dup()], threads=2, share=share.bind(i),
+                          name=n).start() for i, n in enumerate("ab")]
     conns = []
     try:
         deadline = time.monotonic() + 5  # each counts the other once it has published (its loop runs)
@@ -93,7 +81,7 @@ def test_two_servers_over_one_socket_split_keepalive_connections(listener, kind)
         for c, who in conns:  # the connections stay where they were accepted
             c.request("GET", "/")
             assert c.getresponse().read().decode() == who
-        assert sum(_counts(s)[0] for s in servers) >= 1
+        assert sum(s.deferred for s in servers) >= 1
     finally:
         for c, _ in conns:
             c.close()
@@ -101,12 +89,11 @@ def test_two_servers_over_one_socket_split_keepalive_connections(listener, kind)
             s.stop()
 
 
-@pytest.mark.parametrize("kind", SERVERS)
-def test_a_pending_connection_is_taken_after_the_escape_when_the_others_do_not(listener, kind):
+def test_a_pending_connection_is_taken_after_the_escape_when_the_others_do_not(listener):
     share = ConnectionShare(2)
     other = share.bind(1)
     other.publish(0)  # a live process holding nothing that never accepts (busy)
-    w = SERVERS[kind](_named_app("a"), sockets=[listener], threads=2, share=share.bind(0), name="a")
+    w = HttpServer(_named_app("a"), sockets=[listener], threads=2, share=share.bind(0), name="a")
     w.start()
     try:
         first, _ = _connect(w.port)  # 0 <= 0: taken at once
@@ -114,8 +101,8 @@ def test_a_pending_connection_is_taken_after_the_escape_when_the_others_do_not(l
         t0 = time.monotonic()
         second, who = _connect(w.port)  # 1 > 0: left to the other, then taken after the escape
         waited = time.monotonic() - t0
-        assert who == "a" and _counts(w) == (1, 1)
-        assert webserver.ACCEPT_ESCAPE_S * 0.8 <= waited < 2.0, waited
+        assert who == "a" and (w.deferred, w.escaped) == (1, 1)
+        assert http_server.ACCEPT_ESCAPE_S * 0.8 <= waited < 2.0, waited
         assert share.conns[0] == 2  # published as soon as it was accepted
         first.close()
         second.close()

@@ -24,6 +24,9 @@ def _echo(environ, start_response):
     first bytes; ``/boom`` raises."""
     if environ["PATH_INFO"] == "/boom":
         raise RuntimeError("boom")
+    if environ["PATH_INFO"] == "/bad-header":  # not encodable in an HTTP header (latin-1)
+        start_response("200 OK", [("X-Name", "\u2603")])
+        return [b"x"]
     body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
     data = json.dumps({"method": environ["REQUEST_METHOD"], "path": environ["PATH_INFO"],
                        "query": environ["QUERY_STRING"], "x": environ.get("HTTP_X_TEST"),
@@ -117,17 +120,23 @@ def test_half_closed_client_gets_its_answers():
             time.sleep(0.3)
         return _echo(environ, start_response)
 
-    with HttpServer(slow_first, threads=1) as w:
+    def send_and_close(w: HttpServer, n: int) -> str:
         s = socket.create_connection(("127.0.0.1", w.port), timeout=5)
         try:
-            s.sendall(b"".join(b"POST /h%d HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx" % i for i in range(3)))
+            s.sendall(b"".join(b"POST /h%d HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx" % i for i in range(n)))
             s.shutdown(socket.SHUT_WR)
             data = b""
             while chunk := s.recv(65536):
                 data += chunk
+            return data.decode()
         finally:
             s.close()
-    assert [f"/h{i}" in data.decode() for i in range(3)] == [True] * 3, data
+
+    with HttpServer(slow_first, threads=1) as w:
+        one = send_and_close(w, 1)  # its end of input arrives while its one request runs
+        three = send_and_close(w, 3)  # pipelined: reading paused behind the first
+    assert '"path": "/h0"' in one, one
+    assert [f"/h{i}" in three for i in range(3)] == [True] * 3, three
 
 
 def test_chunked_body_expect_continue_head_and_http10(server):
@@ -165,6 +174,8 @@ def test_bad_requests_are_refused_and_the_app_error_is_a_500(server):
     assert status.startswith(b"HTTP/1.1 431") and "exceed 65536 bytes" in json.loads(body)["error"]
     r = requests.get(server.url + "/boom", timeout=5)
     assert r.status_code == 500 and r.json() == {"error": "internal error: RuntimeError"}
+    r = requests.post(server.url + "/bad-header", data=b"x", timeout=5)  # on a work thread, which lives on
+    assert r.status_code == 500 and r.json() == {"error": "internal error: UnicodeEncodeError"}
     assert requests.get(server.url + "/after", timeout=5).json()["path"] == "/after"  # the server lives on
 
 
