@@ -62,6 +62,31 @@ class SeekResult:
     version: int
 
 
+def _scatter(n: int, dim: int, idx: dict[int, np.ndarray], out: dict[int, "_Outcome"]) -> tuple[np.ndarray,
+                                                                                                  np.ndarray]:
+    """The shards' replies put back in the batch's order: ``(values float32[n, dim],
+    found bool[n])``; ``idx[s]``: the rows (int64) of the batch's keys on shard ``s``
+    (``shard_rows``), ``out[s]``: its reply (``values`` float32[len(idx[s]), dim]). Every row
+    is some shard's, so nothing is zero-filled first. A row of ``dim`` floats is moved as
+    one item (a ``void`` view, ``np.put``): at 6656 keys over 2 shards 92 us against 173 us
+    for 2-D fancy indexing into zeros. Raises ``ValueError`` when a reply's shape does not
+    fit its rows."""
+    values = np.empty((n, dim), np.float32)
+    found = np.empty(n, bool)
+    row = np.dtype((np.void, 4 * dim))
+    rows_of = values.view(row).reshape(n)
+    for s, i in idx.items():
+        if not i.shape[0]:
+            continue
+        o = out[s]
+        if o.values.shape != (i.shape[0], dim) or o.found.shape != i.shape:
+            raise ValueError(f"cube shard {s}: a reply of {list(o.values.shape)} values for {i.shape[0]} keys "
+                             f"of dim {dim}")
+        np.put(rows_of, i, np.ascontiguousarray(o.values, dtype=np.float32).view(row).reshape(-1))
+        np.put(found, i, o.found)
+    return values, found
+
+
 class _Replica:
     """One server address with its pool of idle connections."""
 
@@ -219,14 +244,7 @@ class CubeClient:
         self._dim = dim
         if idx is None:
             return SeekResult(first.values, first.found, ver)
-        values = np.zeros((keys.shape[0], dim), np.float32)
-        found = np.zeros(keys.shape[0], bool)
-        for s, o in out.items():
-            i = idx[s]
-            if i.shape[0]:
-                values[i] = o.values
-                found[i] = o.found
-        return SeekResult(values, found, ver)
+        return SeekResult(*_scatter(keys.shape[0], dim, idx, out), ver)
 
     def probe(self, version: int) -> SeekResult:
         """Asks EVERY shard for ``version`` (one key per shard: key ``i`` lives on shard

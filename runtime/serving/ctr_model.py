@@ -47,7 +47,9 @@ class CtrModel(Model):
     Args:
         watcher: a ``VersionWatcher`` (its ``current`` model answers).
         cube_factory: makes a cube client (``seek(keys uint64[m], version) -> result with
-            values float32[m,dim], found bool[m], version``); one per thread.
+            values float32[m,dim], found bool[m], version``; a missing key's values are
+            zeros, as ``runtime.cube.client.SeekResult`` and the cube's wire protocol give
+            them, and are fed to the model as they are); one per thread.
         max_batch: largest batch accepted (samples).
         fmt, slots: the raw-line format when the model's metadata does not say.
         metrics: Prometheus metrics (samples, predictor runs, the version served;
@@ -262,9 +264,5 @@ class CtrModel(Model):
         values = res.values
         if values.dtype != np.float32 or not values.flags.c_contiguous:
             values = np.ascontiguousarray(values, dtype=np.float32)
-        found = res.found
-        if found is not None and not found.all():
-            values = values.copy() if not values.flags.writeable else values
-            values[~found] = 0.0
         self.metrics.samples.inc(n)
         return model.predict(dense, values)

@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from runtime.cube.client import CubeClient, CubeUnavailable, CubeVersionUnavailable
-from runtime.formats.topology import Topology, shard_of
+from runtime.cube.client import CubeClient, CubeUnavailable, CubeVersionUnavailable, _Outcome, _scatter
+from runtime.formats.topology import Topology, shard_of, shard_rows
 from tests.helpers import build_version, load_and_enable, make_data, shard_dir, start_server
 
 
@@ -179,3 +179,19 @@ def test_thread_safe(cluster):
     c.close()
 
 
+
+
+def test_scatter_puts_replies_back_in_batch_order_and_refuses_a_misfit():
+    keys = np.random.default_rng(5).integers(0, 2**64, size=301, dtype=np.uint64)
+    dim = 4
+    expect = np.random.default_rng(6).random((301, dim), dtype=np.float32)
+    hit = np.random.default_rng(7).random(301) > 0.2
+    expect[~hit] = 0.0
+    idx = dict(enumerate(shard_rows(keys, 3)))
+    out = {s: _Outcome(True, 1, None, hit[i], expect[i]) for s, i in idx.items()}
+    values, found = _scatter(301, dim, idx, out)
+    np.testing.assert_array_equal(values, expect)
+    np.testing.assert_array_equal(found, hit)
+    out[1] = _Outcome(True, 1, None, hit[idx[1]][:-1], expect[idx[1]][:-1])
+    with pytest.raises(ValueError, match="cube shard 1"):
+        _scatter(301, dim, idx, out)

@@ -49,7 +49,7 @@ def test_unreadable_file(tmp_path):
         Topology.load(p)
 
 
-@pytest.mark.parametrize("shard_num", [1, 3, 16, 17, 40])
+@pytest.mark.parametrize("shard_num", [1, 2, 3, 16, 17, 40, 64])
 def test_shard_of_and_rows(shard_num):
     keys = np.random.default_rng(0).integers(0, 2**64, size=2000, dtype=np.uint64)
     keys[:3] = [0, 2**64 - 1, shard_num]
