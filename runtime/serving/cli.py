@@ -67,11 +67,12 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--workers", type=int, default=_env_int("SERVING_WORKERS", 2),
                    help="gunicorn worker processes serving HTTP (or $SERVING_WORKERS); each loads "
                    "the dense model "
-                   "and its own cube clients (Paddle holds the GIL while it runs, so processes, not threads, "
-                   "use several cores)")
+                   "and its own cube clients (a request's Python work holds the GIL, so processes, not "
+                   "threads, use several cores)")
     p.add_argument("--threads", type=int, default=1,
-                   help="inference threads per worker (default 1: Paddle holds the GIL while it runs, so under "
-                   "concurrent requests a second thread mostly contends for it; README, Benchmarks, Serving); "
+                   help="inference threads per worker (default 1: Paddle releases the GIL while a predictor "
+                   "runs, but decoding, the cube lookups and encoding hold it, so under concurrent requests a "
+                   "second thread mostly waits for it; README, Benchmarks, Serving); "
                    "with more, concurrent requests in a worker are combined into one cube lookup and predictor run")
     p.add_argument("--max-batch", type=int, default=4096,
                    help="largest batch accepted, in samples (larger: 400 / INVALID_ARGUMENT)")
