@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -40,21 +41,54 @@ class RoleFailed(RuntimeError):
         )
 
 
+#: the kernel's ephemeral port range (Linux); outgoing connections take their local port from it
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+#: the ports ``free_ports`` hands out lie in ``[low - SPAN, low)`` below the ephemeral range
+SPAN = 12288
+_rng = random.SystemRandom()
+
+
+def listen_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int] | None:
+    """``[first, end)``: the ports to hand out to listeners, just below the kernel's
+    ephemeral range (``path``: its ``low high`` file), or None when it cannot be read or
+    leaves fewer than ``SPAN`` ports above 1024 below it. A port the kernel picks by itself
+    (``bind(host, 0)``) is ephemeral: until the role that is to listen on it binds it, an
+    outgoing connection (a readiness probe, a client's pooled connection) may take it as
+    its local port, and the role then fails with ``EADDRINUSE``; a bench run hit this."""
+    try:
+        with open(path) as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (low - SPAN, low) if low - SPAN >= 1024 else None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """Returns a TCP port on ``host`` that was free at the time of the call."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """Returns a TCP port on ``host`` that was free at the time of the call (``free_ports``)."""
+    return free_ports(1, host)[0]
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """Returns ``n`` distinct free TCP ports on ``host`` (held open together while chosen)."""
+    """Returns ``n`` distinct TCP ports on ``host`` that were free at the time of the call
+    (held bound together while chosen), taken at random from ``listen_range`` (outside the
+    ephemeral range, so no outgoing connection takes one before its listener binds it);
+    where there is none, the kernel's choice. Raises ``OSError`` when ``host`` cannot be
+    bound at all."""
     socks, ports = [], []
+    span = listen_range()
     try:
-        for _ in range(n):
+        tries = 0
+        while len(ports) < n:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
             socks.append(s)
+            port = _rng.randrange(*span) if span is not None and tries < 64 * n else 0
+            tries += 1
+            try:
+                s.bind((host, port))
+            except OSError:
+                if port == 0:
+                    raise
+                continue  # taken: another draw
             ports.append(s.getsockname()[1])
     finally:
         for s in socks:
