@@ -403,6 +403,7 @@ class HttpServer:
         self._accepting = False
         self._defer_until = 0.0  # monotonic s: connections left to the others until then
         self._defer_since: float | None = None  # monotonic s: the pending connection was first left
+        self._resume_timer: asyncio.TimerHandle | None = None  # the one pending _resume_accepting
         self.deferred = 0  # connections left to the others at least once
         self.escaped = 0  # connections taken after ACCEPT_ESCAPE_S
 
@@ -587,10 +588,18 @@ class HttpServer:
             self._accepting = False
         if for_s is not None:
             self._defer_until = time.monotonic() + for_s
-            self._loop.call_later(for_s, self._resume_accepting)
+            if self._resume_timer is not None:
+                self._resume_timer.cancel()  # this pause replaces the one pending
+            self._resume_timer = self._loop.call_later(for_s, self._resume_accepting)
 
     def _resume_accepting(self) -> None:
-        if time.monotonic() >= self._defer_until - 1e-4 and self.open_connections() < self.connection_limit:
+        """The pause of ``_pause_accepting(for_s)`` is over. No check of the clock here:
+        uvloop's timers run on the loop's millisecond clock and may fire up to a millisecond
+        before ``time.monotonic()`` reaches ``_defer_until``; a check that then did nothing
+        left accepting paused until a connection closed (readiness probes waited 8 s under
+        the overload of ``make bench-serving``)."""
+        self._resume_timer = None
+        if self.open_connections() < self.connection_limit:
             self._start_accepting()
 
     def connection_closed(self) -> None:

@@ -109,3 +109,25 @@ def test_a_pending_connection_is_taken_after_the_escape_when_the_others_do_not(l
     finally:
         w.stop()
     assert share.beats[0] == 0.0  # stopping left the share: the others no longer wait for it
+
+
+def test_a_pause_ends_even_when_its_timer_fires_before_the_clock_says_so(listener):
+    """The loop's timers may fire before ``time.monotonic()`` reaches the pause's end (uvloop
+    keeps a millisecond clock): the pause ends anyway, and a new connection is answered."""
+    w = HttpServer(_named_app("a"), sockets=[listener], threads=1, name="a")
+    w.start()
+    try:
+        c, _ = _connect(w.port)
+        c.close()
+
+        def pause_with_a_clock_ahead():
+            w._pause_accepting(0.02)
+            w._defer_until += 0.05  # the timer will fire 50 ms before this
+        w._loop.call_soon_threadsafe(pause_with_a_clock_ahead)
+        time.sleep(0.3)  # past the timer, and past _defer_until too
+        assert w._accepting
+        c, who = _connect(w.port)
+        assert who == "a"
+        c.close()
+    finally:
+        w.stop()
