@@ -1,14 +1,12 @@
-"""Serving's HTTP server: an asyncio event loop (uvloop's: libuv, in C) reading every
-connection with ``httptools``' parser (llhttp, Node.js's HTTP/1.1 parser, in C), serving a
-WSGI app whose answers are whole byte strings (serving's ``runtime.serving.rest.RestApp``).
+"""Serving's HTTP server: an asyncio event loop reading every connection with
+``httptools``' parser (llhttp, Node.js's HTTP/1.1 parser, in C), serving a WSGI app whose
+answers are whole byte strings (serving's ``runtime.serving.rest.RestApp``).
 
 Why not waitress (``runtime.webserver``, which the other roles keep): for serving's small,
 frequent requests its Python parser, poll loop and task machinery cost more than the
 model run. Serving over one cube, both versions side by side (2 workers x 1 thread, ``wrk``
 at 4 connections, 3 alternating rounds): CPU per request 1.07 -> 0.77 ms at batch 1, 2.64
--> 2.37 ms at batch 256 (README, Benchmarks, Serving against KServe). uvloop instead of
-the standard library's loop, the same A/B: 0.88 -> 0.84 ms and 2.19 -> 2.08 ms (means of
-3 rounds, each round lower).
+-> 2.37 ms at batch 256 (README, Benchmarks, Serving against KServe).
 
 What it keeps from ``runtime.webserver.WebServer`` (same limits, same meaning), and adds:
 
@@ -63,7 +61,6 @@ from typing import Callable, Protocol, Sequence
 from urllib.parse import unquote_to_bytes
 
 import httptools
-import uvloop
 
 from runtime.webserver import ACCEPT_DRAIN_S, DRAIN_IDLE_S, readable_now, refuse_work
 
@@ -593,11 +590,11 @@ class HttpServer:
             self._resume_timer = self._loop.call_later(for_s, self._resume_accepting)
 
     def _resume_accepting(self) -> None:
-        """The pause of ``_pause_accepting(for_s)`` is over. No check of the clock here:
-        uvloop's timers run on the loop's millisecond clock and may fire up to a millisecond
-        before ``time.monotonic()`` reaches ``_defer_until``; a check that then did nothing
-        left accepting paused until a connection closed (readiness probes waited 8 s under
-        the overload of ``make bench-serving``)."""
+        """The pause of ``_pause_accepting(for_s)`` is over. No check of the clock here: a
+        loop's timers may fire before ``time.monotonic()`` reaches ``_defer_until`` (uvloop's
+        millisecond clock did, up to a millisecond early, while serving was tried on it),
+        and a check that then did nothing left accepting paused until a connection closed
+        (readiness probes waited 8 s under the overload of ``make bench-serving``)."""
         self._resume_timer = None
         if self.open_connections() < self.connection_limit:
             self._start_accepting()
@@ -631,7 +628,7 @@ class HttpServer:
         """Runs the event loop in this thread until a stop is requested, then stops
         gracefully (module docstring) and returns. ``on_tick`` is called every ``TICK_S`` s
         (e.g. a gunicorn worker's heartbeat, which may call ``request_stop``)."""
-        loop = self._loop = uvloop.new_event_loop()
+        loop = self._loop = asyncio.new_event_loop()
         self.ready, self.reason = True, ""
         try:
             for i in range(self.threads):

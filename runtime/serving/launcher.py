@@ -2,7 +2,7 @@
 model, data plane) and runs both transports: HTTP under gunicorn, gRPC in every worker.
 
 gunicorn's master with ``--workers`` worker processes, each serving HTTP with an asyncio
-loop (uvloop) and httptools' parser (``runtime.serving.worker.LoopWorker``: whole requests
+loop and httptools' parser (``runtime.serving.worker.LoopWorker``: whole requests
 buffered by the loop before a thread sees them, so slow clients hold no thread; inference
 requests beyond ``--max-queue`` waiting are answered 503 with ``Retry-After`` at once;
 the loop answers the probes itself). Paddle releases the GIL while a predictor runs, but

@@ -1,4 +1,4 @@
-"""Serving's gunicorn worker: an asyncio event loop (uvloop) with httptools' parser
+"""Serving's gunicorn worker: an asyncio event loop with httptools' parser
 (``runtime.serving.http_server.HttpServer``) in each worker process, over the listening
 sockets gunicorn's master bound and shares.
 
