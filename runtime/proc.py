@@ -45,7 +45,7 @@ class RoleFailed(RuntimeError):
 EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 #: the ports ``free_ports`` hands out lie in ``[low - SPAN, low)`` below the ephemeral range
 SPAN = 12288
-_rng = random.SystemRandom()
+_rng = random.SystemRandom()  # not the seedable global one: two processes picking at once draw apart
 
 
 def listen_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int] | None:
