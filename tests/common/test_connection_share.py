@@ -81,7 +81,11 @@ def test_two_servers_over_one_socket_split_keepalive_connections(listener):
         for c, who in conns:  # the connections stay where they were accepted
             c.request("GET", "/")
             assert c.getresponse().read().decode() == who
-        assert sum(s.deferred for s in servers) >= 1
+        # No count of deferrals is asserted here: both loops are woken for each pending
+        # connection, and when the one holding fewer accepts before the other looks, nothing
+        # was deferred (a race, seen in CI). The deferral itself is tested on its own below;
+        # the split above is what can fail: with the share's ``least`` always true it failed
+        # in 6 runs of 6 (one loop takes most connections).
     finally:
         for c, _ in conns:
             c.close()
