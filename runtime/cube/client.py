@@ -27,6 +27,14 @@
   asked for V; a replica not holding V is skipped for another one.
 - Thread-safe: any number of threads may call ``seek`` on one client (each call uses its
   own connections, taken from and returned to the locked pools).
+- The common case runs in C (``native``, the default when no backup requests are asked):
+  one replica per shard, every request sent, the replies read and put back in the batch's
+  order by ``kernel.c``'s ``cube_client_seek`` with the GIL released. When anything is
+  not plain (a shard failing, timing out or answering other than OK, versions differing,
+  the first seek that learns ``dim``), its outcome is applied as above (a failed or timed
+  out replica is marked down, its connection closed) and the batch goes through the
+  Python path described here, from the start; so the C attempt adds one attempt before
+  the ``retries``, on replicas then marked down.
 """
 from __future__ import annotations
 
@@ -40,7 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime.cube import protocol
+from runtime.cube import kernel, protocol
 from runtime.formats.topology import Topology, shard_rows
 
 
@@ -151,7 +159,7 @@ class CubeClient:
 
     def __init__(self, shards: list[list[str]], dict_name: str = "", timeout_ms: float = 500.0,
                  retries: int = 2, backup_request_ms: float | None = None, down_s: float = 1.0,
-                 pin_rounds: int = 4):
+                 pin_rounds: int = 4, native: bool = True):
         if not shards or any(not r for r in shards):
             raise ValueError("topology needs at least one shard, each with at least one replica")
         self.dict_name = dict_name
@@ -165,6 +173,8 @@ class CubeClient:
         self._rr = [itertools.count() for _ in shards]
         self._dim: int | None = None
         self._rid = itertools.count(1)
+        self.native = bool(native) and self.backup_s is None
+        self.native_fallbacks = 0  # seeks the C path handed to the Python path
 
     @classmethod
     def from_topology(cls, source, timeout_ms: float = 500.0, retries: int = 2,
@@ -200,6 +210,11 @@ class CubeClient:
 
         Raises ``CubeUnavailable`` (a shard unreachable) or ``CubeVersionUnavailable``."""
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        if self.native and self._dim and keys.shape[0]:
+            res = self._seek_native(keys, version)
+            if res is not None:
+                return res
+            self.native_fallbacks += 1
         S = self.shard_num
         if S == 1:
             parts, idx = {0: keys}, None
@@ -245,6 +260,42 @@ class CubeClient:
         if idx is None:
             return SeekResult(first.values, first.found, ver)
         return SeekResult(*_scatter(keys.shape[0], dim, idx, out), ver)
+
+    def _seek_native(self, keys: np.ndarray, version: int | None) -> SeekResult | None:
+        """``seek``'s common case in C (module docstring): ``keys: uint64[n]`` (n > 0,
+        ``dim`` known). Returns None when the batch needs the Python path."""
+        S, n, dim = self.shard_num, keys.shape[0], self._dim
+        picked: list[tuple[_Replica, socket.socket]] = []
+        try:
+            for s in range(S):
+                r = self._pick(s, ())
+                picked.append((r, r.get()))
+        except OSError:
+            r.down_until = time.monotonic() + self.down_s
+            for r, sock in picked:
+                r.put(sock)
+            return None
+        fds = np.array([sock.fileno() for _, sock in picked], np.int32)
+        values = np.empty((n, dim), np.float32)
+        found = np.empty(n, bool)
+        meta = np.zeros(3 * S, np.int64)  # per shard: outcome, version, other
+        rc = kernel.KERNEL.client_seek_raw(
+            keys.ctypes.data, n, S, fds.ctypes.data, dim, int(version or 0),
+            int(self.timeout_s * 1e6), values.ctypes.data, found.ctypes.data, meta.ctypes.data)
+        outcome = meta[0::3].tolist() if rc >= 0 else [kernel.SEEK_NONE] * S
+        for (r, sock), o in zip(picked, outcome):
+            if o in (protocol.OK, protocol.VERSION_UNAVAILABLE, protocol.NOT_READY, kernel.SEEK_NONE):
+                r.put(sock)  # the connection is in step: its reply was read whole, or nothing was sent
+                continue
+            sock.close()  # the server closes after BAD_REQUEST/TOO_LARGE; a half-read reply is lost
+            if o in (kernel.SEEK_IO, kernel.SEEK_TIMEOUT, kernel.SEEK_MALFORMED):
+                r.down_until = time.monotonic() + self.down_s
+        if rc != 0:
+            return None
+        versions = {v for o, v in zip(outcome, meta.view(np.uint64)[1::3].tolist()) if o == protocol.OK}
+        if len(versions) != 1:
+            return None  # shards answered from different versions: pinning (Python path)
+        return SeekResult(values, found, versions.pop())
 
     def probe(self, version: int) -> SeekResult:
         """Asks EVERY shard for ``version`` (one key per shard: key ``i`` lives on shard

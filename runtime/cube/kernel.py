@@ -1,5 +1,7 @@
 """The cube data plane's hot loops, in C (``kernel.c``): hash index build and batch
-lookup of the dict files, and the server's inline table (build, upsert, rehash, lookup).
+lookup of the dict files, the server's inline table (build, upsert, rehash, lookup), and
+the client's request path (split a batch by shard, one request per shard, gather the
+replies: ``CubeClient.seek``'s common case, with the GIL released).
 
 ``kernel.c`` is compiled when the project is installed (a setuptools extension module,
 ``runtime.cube._kernel``; it exports plain C functions, no Python module) and called
@@ -18,6 +20,10 @@ import logging
 import numpy as np
 
 log = logging.getLogger(__name__)
+
+
+#: Outcomes of ``cube_client_seek`` for a shard besides a reply's status byte (``kernel.c``).
+SEEK_NONE, SEEK_IO, SEEK_TIMEOUT, SEEK_MALFORMED = -1, -2, -3, -4
 
 
 class KernelError(RuntimeError):
@@ -73,6 +79,14 @@ class CKernel:
         #: found_addr, rows_addr or None) -> hits; addresses are ints (no checks: callers
         #: own the buffers' sizes). Used by the server's hot path.
         self.lookup_raw = lib.cube_lookup
+        lib.cube_client_seek.argtypes = [vp, i64, i64, vp, i64, u64, i64, vp, vp, vp]
+        lib.cube_client_seek.restype = i64
+        #: raw entry of the cube client's request path (``CubeClient.seek``'s common case):
+        #: (keys_addr, n, shard_num, fds_addr int32[shard_num], dim, version or 0,
+        #: timeout_us, values_addr float32[n, dim], found_addr bool[n], meta_addr
+        #: int64[3 * shard_num]) -> 0 (every shard asked answered OK), 1 (some did not:
+        #: ``meta`` says which, see ``kernel.c``), -1 (out of memory, nothing sent).
+        self.client_seek_raw = lib.cube_client_seek
 
     def build_index(self, keys: np.ndarray, cap: int) -> np.ndarray:
         keys = np.ascontiguousarray(keys, dtype=np.uint64)

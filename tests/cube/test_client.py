@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+from runtime.cube import kernel
 from runtime.cube.client import CubeClient, CubeUnavailable, CubeVersionUnavailable, _Outcome, _scatter
 from runtime.formats.topology import Topology, shard_of, shard_rows
 from tests.helpers import build_version, load_and_enable, make_data, shard_dir, start_server
@@ -149,8 +150,10 @@ def test_version_pinning_during_a_switch(cluster):
     res = c.seek(keys[:400], version=100)
     assert res.version == 100
     np.testing.assert_array_equal(res.values, values[:400])
-    with pytest.raises(CubeVersionUnavailable, match="99"):
+    fallbacks = c.native_fallbacks
+    with pytest.raises(CubeVersionUnavailable, match="99"):  # refused in C, explained in Python
         c.seek(keys[:10], version=99)
+    assert c.native_fallbacks == fallbacks + 1
     c.close()
 
 
@@ -179,6 +182,94 @@ def test_thread_safe(cluster):
     c.close()
 
 
+class Garbage(BlackHole):
+    """Answers every request with a frame of the right length prefix and a wrong magic."""
+
+    def _run(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            threading.Thread(target=self._answer, args=(c,), daemon=True).start()
+
+    @staticmethod
+    def _answer(c):
+        try:
+            while c.recv(65536):
+                c.sendall(b"\x24\x00\x00\x00" + b"\x00" * 36)
+        except OSError:
+            pass
+
+
+@pytest.fixture
+def counted_native(monkeypatch):
+    """Counts the calls of the C request path (``kernel.c``'s ``cube_client_seek``)."""
+    calls = []
+    raw = kernel.KERNEL.client_seek_raw
+
+    def counting(*args):
+        calls.append(args[2])
+        return raw(*args)
+    monkeypatch.setattr(kernel.KERNEL, "client_seek_raw", counting)
+    return calls
+
+
+@pytest.mark.parametrize("shard_num", [3, 4])
+def test_native_path_answers_as_the_python_path(tmp_path, counted_native, shard_num):
+    keys, values = make_data(3000, 5, seed=shard_num)
+    base = build_version(tmp_path, keys, values, version=7, shard_num=shard_num)
+    servers = [[start_server(s, shard_num)] for s in range(shard_num)]
+    try:
+        for s in range(shard_num):
+            load_and_enable(servers[s][0], shard_dir(base, s), 7)
+        native = CubeClient.from_topology(_topology(servers), timeout_ms=2000)
+        python = CubeClient.from_topology(_topology(servers), timeout_ms=2000, native=False)
+        rng = np.random.default_rng(1)
+        for n in (1, 2, 26, 700):  # some batches leave shards without keys
+            q = keys[rng.integers(0, len(keys), n)]
+            q[rng.random(n) < 0.3] ^= np.uint64(1 << 62)  # misses
+            a, b = native.seek(q), python.seek(q)
+            assert a.version == b.version == 7
+            np.testing.assert_array_equal(a.found, b.found)
+            np.testing.assert_array_equal(a.values, b.values)
+            hit = np.isin(q, keys)
+            np.testing.assert_array_equal(a.found, hit)
+            assert (a.values[~hit] == 0).all()
+            assert native.seek(q, version=7).version == 7
+        # the first seek learned dim through the Python path; every later one ran in C
+        assert len(counted_native) == 7 and native.native_fallbacks == 0
+        assert counted_native[0] == shard_num
+        native.close()
+        python.close()
+    finally:
+        for reps in servers:
+            reps[0].stop()
+
+
+def test_native_path_hands_what_is_not_plain_to_the_python_path(cluster, counted_native):
+    servers, keys, values, _ = cluster
+    hole, garbage = BlackHole(), Garbage()
+    try:
+        good0, good1 = (f"127.0.0.1:{servers[s][0].port}" for s in range(2))
+        c = CubeClient([[good0], [f"127.0.0.1:{hole.port}", f"127.0.0.1:{garbage.port}", good1]],
+                       timeout_ms=300, retries=2, down_s=30)
+        c.seek(keys[shard_of(keys, 2) == 0][:1])  # learns dim (Python path, shard 0 only)
+        for _ in range(3):  # a hung, a garbling and a good replica of shard 1: right answers
+            res = c.seek(keys[:200])
+            np.testing.assert_array_equal(res.values, values[:200])
+        assert c.native_fallbacks == 1 and len(counted_native) == 3  # the first met the hung one
+        down = [r.addr for r in c.shards[1] if r.down_until > time.monotonic()]
+        assert down == [f"127.0.0.1:{hole.port}", f"127.0.0.1:{garbage.port}"]
+        fallbacks = c.native_fallbacks
+        for _ in range(3):  # both marked down: the C path goes to the good one
+            np.testing.assert_array_equal(c.seek(keys[:200]).values, values[:200])
+        assert c.native_fallbacks == fallbacks
+        c.close()
+    finally:
+        hole.close()
+        garbage.close()
 
 
 def test_scatter_puts_replies_back_in_batch_order_and_refuses_a_misfit():
