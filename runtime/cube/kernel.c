@@ -6,12 +6,23 @@
  * public domain), then linear probing. Keys of one shard share key % shard_num, so the
  * low bits are not random: the mixer is what spreads them.
  *
+ * And the cube client's request path (cube_client_seek, at the end).
+ *
  * Built when the project is installed (the extension module runtime.cube._kernel of
  * pyproject.toml; it defines no Python module, only these functions) and called through
  * ctypes by runtime/cube/kernel.py, which releases the GIL for the duration of each call.
  */
+#include <errno.h>
+#include <poll.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the cube wire protocol is little-endian; the client's request path copies integers as they lie in memory"
+#endif
 
 static inline uint64_t fmix64(uint64_t k) {
     k ^= k >> 33;
@@ -270,16 +281,6 @@ int64_t cube_table_lookup(const uint8_t *table, int64_t cap, int64_t stride, uin
  * 1 otherwise, -1 when out of memory (nothing sent). Holds no lock and touches no Python
  * object: called through ctypes, which releases the GIL around it.
  */
-#include <errno.h>
-#include <poll.h>
-#include <stdlib.h>
-#include <sys/socket.h>
-#include <time.h>
-
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "the cube wire protocol is little-endian; this code copies integers as they lie in memory"
-#endif
-
 #define CS_NONE (-1)
 #define CS_IO (-2)
 #define CS_TIMEOUT (-3)

@@ -40,6 +40,10 @@ previous one: ``version``/``other`` say what is held), ``NOT_READY`` (nothing lo
 ``TOO_LARGE`` (length above the server's limit, default 1 Mi keys). After BAD_REQUEST
 or TOO_LARGE the server closes the connection (the stream can no longer be trusted);
 other connections are unaffected.
+
+This module owns the format. The cube client's C request path
+(``runtime/cube/kernel.c``: ``cube_client_seek``) writes requests and reads replies by the
+same layout; ``tests/cube/test_client.py`` checks its answers against the Python path's.
 """
 from __future__ import annotations
 
