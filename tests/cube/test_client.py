@@ -33,6 +33,10 @@ class BlackHole:
             except OSError:
                 return
             self.conns.append(c)
+            self.accepted(c)
+
+    def accepted(self, c):
+        """A new connection: kept open, never answered."""
 
     def close(self):
         self.sock.close()
@@ -185,14 +189,8 @@ def test_thread_safe(cluster):
 class Garbage(BlackHole):
     """Answers every request with a frame of the right length prefix and a wrong magic."""
 
-    def _run(self):
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            self.conns.append(c)
-            threading.Thread(target=self._answer, args=(c,), daemon=True).start()
+    def accepted(self, c):
+        threading.Thread(target=self._answer, args=(c,), daemon=True).start()
 
     @staticmethod
     def _answer(c):
