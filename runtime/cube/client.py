@@ -31,8 +31,10 @@
   one replica per shard, every request sent, the replies read and put back in the batch's
   order by ``kernel.c``'s ``cube_client_seek`` with the GIL released. When anything is
   not plain (a shard failing, timing out or answering other than OK, versions differing,
-  the first seek that learns ``dim``), its outcome is applied as above (a failed or timed
-  out replica is marked down, its connection closed) and the batch goes through the
+  the first seek that learns ``dim``), its outcome is applied as the Python path would
+  (a replica that failed, timed out, garbled its reply or refused the request with
+  BAD_REQUEST, TOO_LARGE or SERVER_ERROR is marked down and its connection closed; one
+  that answered VERSION_UNAVAILABLE or NOT_READY is not) and the batch goes through the
   Python path described here, from the start; so the C attempt adds one attempt before
   the ``retries``, on replicas then marked down.
 """
@@ -287,9 +289,10 @@ class CubeClient:
             if o in (protocol.OK, protocol.VERSION_UNAVAILABLE, protocol.NOT_READY, kernel.SEEK_NONE):
                 r.put(sock)  # the connection is in step: its reply was read whole, or nothing was sent
                 continue
-            sock.close()  # the server closes after BAD_REQUEST/TOO_LARGE; a half-read reply is lost
-            if o in (kernel.SEEK_IO, kernel.SEEK_TIMEOUT, kernel.SEEK_MALFORMED):
-                r.down_until = time.monotonic() + self.down_s
+            # failed, timed out, malformed, or refused (BAD_REQUEST, TOO_LARGE, SERVER_ERROR: the
+            # server may have closed it): down, as the Python path marks it
+            sock.close()
+            r.down_until = time.monotonic() + self.down_s
         if rc != 0:
             return None
         versions = {v for o, v in zip(outcome, meta.view(np.uint64)[1::3].tolist()) if o == protocol.OK}

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from runtime.cube import kernel
+from runtime.cube import kernel, protocol
 from runtime.cube.client import CubeClient, CubeUnavailable, CubeVersionUnavailable, _Outcome, _scatter
 from runtime.formats.topology import Topology, shard_of, shard_rows
 from tests.helpers import build_version, load_and_enable, make_data, shard_dir, start_server
@@ -199,6 +199,93 @@ class Garbage(BlackHole):
                 c.sendall(b"\x24\x00\x00\x00" + b"\x00" * 36)
         except OSError:
             pass
+
+
+class Replier(BlackHole):
+    """Answers each request (read whole: its length prefix) with ``reply(count)`` bytes;
+    closes the connection after a reply that ends with ``CLOSE``."""
+
+    CLOSE = b"<close>"
+
+    def __init__(self, reply):
+        self.reply = reply
+        super().__init__()
+
+    def accepted(self, c):
+        threading.Thread(target=self._answer, args=(c,), daemon=True).start()
+
+    def _answer(self, c):
+        buf = b""
+        try:
+            while True:
+                while len(buf) < 4 or len(buf) < 4 + protocol.LEN.unpack_from(buf)[0]:
+                    got = c.recv(65536)
+                    if not got:
+                        return
+                    buf += got
+                size = 4 + protocol.LEN.unpack_from(buf)[0]
+                count = protocol.REQ_HEADER.unpack_from(buf, 4)[5]
+                buf = buf[size:]
+                out = self.reply(count)
+                c.sendall(out.removesuffix(self.CLOSE))
+                if out.endswith(self.CLOSE):
+                    c.close()
+                    return
+        except OSError:
+            pass
+
+
+def _ok_header(count: int, dim: int, length: int | None = None) -> bytes:
+    size = protocol.reply_size(count, dim)
+    return protocol.LEN.pack((size if length is None else length) - 4) + protocol.REP_HEADER.pack(
+        protocol.MAGIC, protocol.OK, 0, 0, 0, count, dim, 100, 0)
+
+
+BAD_REPLIES = {  # name: (reply(count), the C path's outcome for the shard)
+    "wrong magic": (lambda n: b"\x24\x00\x00\x00" + b"\x00" * 36, kernel.SEEK_MALFORMED),
+    "count disagrees": (lambda n: _ok_header(n - 1, 3) + bytes(protocol.reply_size(n - 1, 3) - 40),
+                        kernel.SEEK_MALFORMED),
+    "dim disagrees": (lambda n: _ok_header(n, 4) + bytes(protocol.reply_size(n, 4) - 40), kernel.SEEK_MALFORMED),
+    "length beyond the reply": (lambda n: _ok_header(n, 3, 1 << 20) + Replier.CLOSE, kernel.SEEK_MALFORMED),
+    "closed mid-reply": (lambda n: _ok_header(n, 3)[:30] + Replier.CLOSE, kernel.SEEK_IO),
+    "no answer": (lambda n: Replier.CLOSE, kernel.SEEK_IO),
+    "server error": (lambda n: protocol.encode_error(protocol.SERVER_ERROR, 0, 100, 0, "boom"), protocol.SERVER_ERROR),
+    "version unavailable": (lambda n: protocol.encode_error(protocol.VERSION_UNAVAILABLE, 0, 100, 99, "no"),
+                            protocol.VERSION_UNAVAILABLE),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_REPLIES))
+def test_native_path_names_each_bad_reply_and_the_client_still_answers(cluster, bad):
+    servers, keys, values, _ = cluster
+    reply, outcome = BAD_REPLIES[bad]
+    fake = Replier(reply)
+    try:
+        sock = socket.create_connection(("127.0.0.1", fake.port))
+        sock.setblocking(False)
+        q = keys[:20]
+        fds, meta = np.array([sock.fileno()], np.int32), np.zeros(3, np.int64)
+        vals, found = np.empty((20, 3), np.float32), np.empty(20, bool)
+        rc = kernel.KERNEL.client_seek_raw(q.ctypes.data, 20, 1, fds.ctypes.data, 3, 0, 300_000,
+                                           vals.ctypes.data, found.ctypes.data, meta.ctypes.data)
+        sock.close()
+        assert (rc, int(meta[0])) == (1, outcome)
+        if outcome == protocol.VERSION_UNAVAILABLE:
+            assert meta[1:].tolist() == [100, 99]  # what the replica holds, for the pinning
+        # through the client: a bad replica beside a good one of shard 1, right answers
+        c = CubeClient([[f"127.0.0.1:{servers[0][0].port}"],
+                        [f"127.0.0.1:{fake.port}", f"127.0.0.1:{servers[1][0].port}"]],
+                       timeout_ms=300, retries=2, down_s=30)
+        c.seek(keys[shard_of(keys, 2) == 0][:1])  # learns dim
+        for _ in range(3):
+            np.testing.assert_array_equal(c.seek(keys[:200]).values, values[:200])
+        # a replica holding other versions is not marked down (the Python path pins a
+        # version): each batch that meets it (round robin: every one here) is handed over;
+        # every other bad one is marked down by the first
+        assert c.native_fallbacks == (3 if outcome == protocol.VERSION_UNAVAILABLE else 1)
+        c.close()
+    finally:
+        fake.close()
 
 
 @pytest.fixture
