@@ -288,7 +288,7 @@ int64_t cube_table_lookup(const uint8_t *table, int64_t cap, int64_t stride, uin
 #define CUBE_MAGIC 0x45425543u
 #define REQ_PREFIX 32
 #define REP_PREFIX 40
-#define ERROR_ROOM (REP_PREFIX + 4096)  /* an error reply: header + message (<= 4096 bytes) */
+#define ERROR_ROOM (REP_PREFIX + 4096)  /* an error reply: header + message (protocol.py's MAX_ERROR_MESSAGE) */
 
 static int64_t mono_us(void) {
     struct timespec t;

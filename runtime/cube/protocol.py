@@ -72,6 +72,7 @@ STATUS_NAMES = {OK: "OK", VERSION_UNAVAILABLE: "VERSION_UNAVAILABLE", NOT_READY:
                 BAD_REQUEST: "BAD_REQUEST", TOO_LARGE: "TOO_LARGE", SERVER_ERROR: "SERVER_ERROR"}
 
 DEFAULT_MAX_KEYS = 1 << 20
+MAX_ERROR_MESSAGE = 4096  # bytes of an error reply's message at most (``encode_error`` cuts it)
 
 
 def request_size(count: int) -> int:
@@ -109,7 +110,7 @@ def encode_request(keys: np.ndarray, version: int | None = None, request_id: int
 
 def encode_error(status: int, request_id: int, version: int, other: int, message: str) -> bytes:
     """An error reply frame (``status`` != OK) carrying ``message``."""
-    msg = message.encode("utf-8", "replace")[:4096]
+    msg = message.encode("utf-8", "replace")[:MAX_ERROR_MESSAGE]
     return LEN.pack(REP_HEADER.size + len(msg)) + REP_HEADER.pack(
         MAGIC, status, 0, 0, request_id & 0xFFFFFFFF, 0, 0, version, other) + msg
 

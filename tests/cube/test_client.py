@@ -250,6 +250,8 @@ BAD_REPLIES = {  # name: (reply(count), the C path's outcome for the shard)
     "closed mid-reply": (lambda n: _ok_header(n, 3)[:30] + Replier.CLOSE, kernel.SEEK_IO),
     "no answer": (lambda n: Replier.CLOSE, kernel.SEEK_IO),
     "server error": (lambda n: protocol.encode_error(protocol.SERVER_ERROR, 0, 100, 0, "boom"), protocol.SERVER_ERROR),
+    "server error, longest message": (lambda n: protocol.encode_error(
+        protocol.SERVER_ERROR, 0, 100, 0, "x" * (protocol.MAX_ERROR_MESSAGE + 1)), protocol.SERVER_ERROR),
     "version unavailable": (lambda n: protocol.encode_error(protocol.VERSION_UNAVAILABLE, 0, 100, 99, "no"),
                             protocol.VERSION_UNAVAILABLE),
 }
