@@ -160,8 +160,9 @@ def measure_floor(topology: str, root: str, vid: int, data: str, batches: list[i
     batch's keys, pinned to ``vid``; the client's CPU, which is serving's share of a lookup)
     and (c) the whole request in process per transport (codec + data plane + model + cube,
     no HTTP or gRPC server: the REST app called as WSGI, the gRPC servicer called with the
-    parsed message). Puts ``{batch: {"model": ms, "cube": ms, "floor": ms, <transport>: ms}}``
-    on ``q``."""
+    parsed message); beside (b), the same lookups by the client's Python path
+    (``CubeClient(native=False)``, ``cube_python``), its peer. Puts ``{batch: {"model": ms,
+    "cube": ms, "cube_python": ms, "floor": ms, <transport>: ms}}`` on ``q``."""
     import io
 
     from werkzeug.test import EnvironBuilder
@@ -177,6 +178,7 @@ def measure_floor(topology: str, root: str, vid: int, data: str, batches: list[i
     rows = load_rows([data], "criteo")
     dense_model = DenseModel(vid, Path(root) / "versions" / str(vid) / "dense", pool_size=1)
     cube = CubeClient.from_topology(topology, timeout_ms=2000, retries=2)
+    cube_python = CubeClient.from_topology(topology, timeout_ms=2000, retries=2, native=False)  # the peer
     with tempfile.TemporaryDirectory(prefix="bench-floor-") as work:
         plane = build_dataplane(topology, root, None, work, threads=1, wait_s=60, cube_timeout_ms=2000)
         app, servicer = create_app(plane), InferenceServicer(plane)
@@ -192,7 +194,8 @@ def measure_floor(topology: str, root: str, vid: int, data: str, batches: list[i
                 dn = features.normalize_dense(rows.dense[s:s + b], dense_model.meta.normalization.clip_max)
                 runs.append((dn, vals))
             r = {"model": _cpu_ms_per_call(lambda x: dense_model.predict(*x), runs, min_s),
-                 "cube": _cpu_ms_per_call(lambda k: cube.seek(k, version=vid), keys, min_s)}
+                 "cube": _cpu_ms_per_call(lambda k: cube.seek(k, version=vid), keys, min_s),
+                 "cube_python": _cpu_ms_per_call(lambda k: cube_python.seek(k, version=vid), keys, min_s)}
             r["floor"] = r["model"] + r["cube"]
             for t in transports:
                 if t == "grpc":
@@ -216,6 +219,7 @@ def measure_floor(topology: str, root: str, vid: int, data: str, batches: list[i
                 r[t] = _cpu_ms_per_call(call, envs, min_s)
             out[b] = r
     cube.close()
+    cube_python.close()
     q.put(out)
 
 
@@ -319,6 +323,9 @@ def main() -> int:
             print(f"  batch {b:>4}: model {f['model']:.3f} + cube {f['cube']:.3f} = floor {f['floor']:.3f} ms; "
                   "in process: " + ", ".join(f"{t} {f[t]:.3f} ms ({f[t] / f['floor']:.2f}x floor)"
                                              for t in transports), flush=True)
+        for b, f in floor.items():
+            print(f"  batch {b:>4}: cube client CPU ms per lookup: C path {f['cube']:.3f}, Python path "
+                  f"{f['cube_python']:.3f} ({f['cube_python'] / f['cube']:.2f}x)", flush=True)
         if args.floor_only:
             return 0
         sv, url, grpc_target = start_serving(cube, tmp / "serving", args.workers, args.threads)
