@@ -40,6 +40,17 @@ def _non_negative_seconds(text: str) -> float:
     return value
 
 
+def _non_negative_ms(text: str) -> float:
+    """argparse type: a finite number of milliseconds >= 0 (else a usage error naming the value)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number of milliseconds >= 0")
+    return value
+
+
 def register(sub: "argparse._SubParsersAction") -> None:
     """Adds ``serve`` and ``client`` to the top-level parser."""
     # -- serve --------------------------------------------------------------------------
@@ -85,6 +96,11 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    "RESOURCE_EXHAUSTED), so a request waits at most about (threads + max-queue) request times "
                    "(8: near 0.1 s at batch 256 on 2 idle cores); health and metadata are answered by the event loop "
                    "and keep answering")
+    p.add_argument("--inline-budget-ms", type=_non_negative_ms, default=20.0, metavar="MS",
+                   help="an inference request that arrives alone (none queued or running) runs on the worker's "
+                   "event loop instead of a worker thread (no hand-off between threads), if it can finish waiting at "
+                   "most this long (ms) for the cube; one that cannot goes to a worker thread (requests then stay off "
+                   "the loop for 1 s), so probes wait at most this long behind it; 0: every request on a worker thread")
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a client may take to send a request's headers before its connection is closed")
     p.add_argument("--idle-timeout", type=float, default=30.0,

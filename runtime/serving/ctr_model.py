@@ -49,7 +49,10 @@ class CtrModel(Model):
         cube_factory: makes a cube client (``seek(keys uint64[m], version) -> result with
             values float32[m,dim], found bool[m], version``; a missing key's values are
             zeros, as ``runtime.cube.client.SeekResult`` and the cube's wire protocol give
-            them, and are fed to the model as they are); one per thread.
+            them, and are fed to the model as they are); called once, at the first lookup, and
+            shared by every thread that serves requests (its ``seek`` must be thread-safe, as
+            ``CubeClient``'s is: what one thread's lookups learn, such as the embedding
+            width its C path needs, serves the others, the event loop's thread included).
         max_batch: largest batch accepted (samples).
         fmt, slots: the raw-line format when the model's metadata does not say.
         metrics: Prometheus metrics (samples, predictor runs, the version served;
@@ -70,7 +73,7 @@ class CtrModel(Model):
         self.metrics = metrics or Metrics()
         self.combine = combine
         self._comb_lock = threading.Lock()
-        self._local = threading.local()
+        self._cube = None
         self.cube_ok = True
         self.cube_error: Optional[str] = None
         watcher.on_switch.append(self._switched)
@@ -82,10 +85,13 @@ class CtrModel(Model):
         self.metrics.switches.inc()
 
     def cube(self):
-        """This thread's cube client."""
-        c = getattr(self._local, "cube", None)
+        """The cube client (made at the first call; shared by the request threads)."""
+        c = self._cube
         if c is None:
-            c = self._local.cube = self.cube_factory()
+            with self._comb_lock:
+                c = self._cube
+                if c is None:
+                    c = self._cube = self.cube_factory()
         return c
 
     # -- versions, health and metadata -------------------------------------------------------

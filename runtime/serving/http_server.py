@@ -32,6 +32,16 @@ What it keeps from ``runtime.webserver.WebServer`` (same limits, same meaning), 
   one process of two in 3 rounds of 8 of ``make bench-serving-peers``, the other idle. The
   process waits ``ACCEPT_DEFER_S`` at a time and takes the connection itself after
   ``ACCEPT_ESCAPE_S`` (the others busy or gone); while stopping it accepts at once;
+- ``inline_budget_s``: a work request that is alone (none other waiting to run) runs on the
+  loop thread itself, once no work thread runs one, without the hand-off to a work thread
+  and back, under that wait budget (``runtime.bounded``). One arriving while another
+  waits goes to the work threads, with the one waiting first, so under load the loop stays
+  free for reads, probes and 503s. One that cannot finish within the budget without
+  waiting (the app raises ``bounded.WouldBlock``: a cube reply late, another thread's
+  batch in the way) runs again on a work thread from the start, and work requests stay
+  off the loop for ``INLINE_COOLDOWN_S``. So the loop, and with it every probe and
+  connection, waits at most the budget plus one request's CPU; ``max_queue`` counts the
+  requests waiting for either;
 - stopping (``request_stop``): readiness false, the connections already in the listen
   backlog accepted (at most ``ACCEPT_DRAIN_S``), the listening sockets closed, every request
   received or partly received finishes and is answered with ``Connection: close``,
@@ -47,6 +57,7 @@ client that half-closes gets the answers to what it sent.
 from __future__ import annotations
 
 import asyncio
+import collections
 import io
 import json
 import logging
@@ -62,6 +73,7 @@ from urllib.parse import unquote_to_bytes
 
 import httptools
 
+from runtime import bounded
 from runtime.webserver import ACCEPT_DRAIN_S, DRAIN_IDLE_S, readable_now, refuse_work
 
 log = logging.getLogger(__name__)
@@ -73,6 +85,9 @@ MAX_HEAD_BYTES = 64 << 10
 ACCEPT_DEFER_S = 0.005
 #: s a pending connection waits at most for a less loaded process before a busier one takes it
 ACCEPT_ESCAPE_S = 0.05
+
+#: s requests stay off the loop thread after one could not finish within ``inline_budget_s``
+INLINE_COOLDOWN_S = 1.0
 
 #: the statuses this server answers itself (the app gives its own status line)
 _REASONS = {400: "Bad Request", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
@@ -344,6 +359,8 @@ class HttpServer:
             connection closed (many large uploads at once cannot exhaust the worker's memory).
             Default: 4 x ``max_body_bytes``, within 256 MiB .. 1 GiB.
         share: the open connections of the other processes serving ``sockets``.
+        inline_budget_s: s a lone work request may wait on the loop thread (module
+            docstring); None: every work request runs on a work thread.
 
     Raises ``OSError`` when the address cannot be bound, ``ValueError`` for ``threads`` < 1, a
     negative ``max_queue`` or ``max_buffered_bytes`` below ``max_body_bytes``.
@@ -358,7 +375,7 @@ class HttpServer:
                  max_queue: int | None = None, on_reject: Callable[[], None] | None = None,
                  header_timeout_s: float = 10.0, idle_timeout_s: float = 30.0, max_body_bytes: int = 1 << 40,
                  connection_limit: int = 1000, share: ConnectionShare | None = None,
-                 max_buffered_bytes: int | None = None):
+                 max_buffered_bytes: int | None = None, inline_budget_s: float | None = None):
         if max_buffered_bytes is None:
             max_buffered_bytes = max(256 << 20, min(4 * max_body_bytes, 1 << 30))
         if max_buffered_bytes < min(max_body_bytes, 1 << 30):
@@ -368,12 +385,21 @@ class HttpServer:
             raise ValueError(f"threads: {threads}, at least 1 is needed")
         if max_queue is not None and max_queue < 0:
             raise ValueError(f"max_queue: {max_queue} is negative")
+        if inline_budget_s is not None and inline_budget_s < 0:
+            raise ValueError(f"inline_budget_s: {inline_budget_s} is negative")
         self.app, self.threads, self.name = app, threads, name or "http"
         self.shutdown_timeout_s = shutdown_timeout_s
         self.is_work, self.max_queue, self.on_reject = is_work, max_queue, on_reject
         self.header_timeout_s, self.idle_timeout_s = header_timeout_s, idle_timeout_s
         self.max_body_bytes, self.connection_limit, self.share = max_body_bytes, connection_limit, share
         self.max_buffered_bytes = max_buffered_bytes
+        self.inline_budget_s = inline_budget_s
+        self.outstanding = 0  # work requests queued or running on a work thread (loop thread's count)
+        self._pending: collections.deque[tuple[_Connection, _Request]] = collections.deque()  # to run on the loop
+        self._place_due = False  # _place scheduled
+        self._inline_off_until = 0.0  # monotonic s: no request on the loop before then
+        self.inlined = 0  # work requests run on the loop thread
+        self.handed = 0  # of those, handed to a work thread (bounded.WouldBlock)
         self.buffered = 0  # bytes of request bodies being received, over every connection
         self.ready, self.reason = False, "starting"
         self.draining = False
@@ -415,8 +441,8 @@ class HttpServer:
         return len(self.connections) + self.accepting_now
 
     def queued(self) -> int:
-        """Work requests waiting for a work thread."""
-        return self.work.qsize()
+        """Work requests waiting to run (on the loop thread or a work thread)."""
+        return len(self._pending) + self.work.qsize()
 
     # -- requests -------------------------------------------------------------------------------
     def _request(self, conn: _Connection, method: str, url: bytes, headers: list[tuple[bytes, bytes]],
@@ -449,21 +475,82 @@ class HttpServer:
 
     def _dispatch(self, conn: _Connection, req: _Request) -> tuple[bytes, bool] | None:
         """Loop thread: runs ``req`` here or refuses it (503), returning ``(answer,
-        keep_alive)``, or queues it for a work thread (None; ``conn`` is then in flight)."""
+        keep_alive)``, or leaves it to be run (None; ``conn`` is then in flight): by the
+        loop (``_place``) while requests run there, else by a work thread."""
         if not req.work:
             return self._run(req)
-        keep = req.keep_alive and not self.draining
-        waiting = self.work.qsize()
+        waiting = len(self._pending) + self.work.qsize()
         if self.max_queue is not None and waiting >= self.max_queue:
-            self.rejected += 1
-            e = req.environ
-            body = json.dumps({"error": refuse_work(e["REQUEST_METHOD"], e["PATH_INFO"], waiting, self.max_queue,
-                                                    self.on_reject)}).encode()
-            return self._encode(503, [("Content-Type", "application/json"), ("Retry-After", "1")], body,
-                                keep, req.head, http10=req.http10), keep
+            return self._refuse_work(req, waiting)
         conn.in_flight = True
-        self.work.put((conn, req))
+        if not self._pending and self._on_loop():
+            self._pending.append((conn, req))  # alone: the loop runs it, once no work thread does
+            self._schedule_place()
+        else:  # not alone (or not on the loop now): to the work threads, the one waiting first
+            self._to_threads()
+            self._queue(conn, req)
         return None
+
+    def _on_loop(self) -> bool:
+        """Work requests run on the loop thread now (module docstring, ``inline_budget_s``)."""
+        return self.inline_budget_s is not None and not self.draining and (
+            not self._inline_off_until or time.monotonic() >= self._inline_off_until)
+
+    def _schedule_place(self) -> None:
+        """``_place`` at the next turn of the loop, once no request runs on a work thread."""
+        if self._pending and not self._place_due and not self.outstanding:
+            self._place_due = True
+            self._loop.call_soon(self._place)
+
+    def _place(self) -> None:
+        """Loop: runs the work request waiting alone here under ``inline_budget_s``. One that
+        cannot finish within the budget (``bounded.WouldBlock``) goes to the work threads,
+        and requests stay off the loop for ``INLINE_COOLDOWN_S``."""
+        self._place_due = False
+        if not self._pending or self.outstanding:
+            return
+        if not self._on_loop():
+            self._to_threads()
+            return
+        conn, req = self._pending.popleft()
+        if conn.transport is None or conn.transport.is_closing():
+            conn.in_flight = False  # the client went: nothing to answer
+            self._schedule_place()
+            return
+        self.inlined += 1
+        try:
+            with bounded.budget(self.inline_budget_s):
+                out = self._run(req)
+        except bounded.WouldBlock as exc:
+            self.handed += 1
+            self._inline_off_until = time.monotonic() + INLINE_COOLDOWN_S
+            log.info("%s: requests go to the work threads for %.0f s: %s", self.name, INLINE_COOLDOWN_S, exc)
+            req.environ["wsgi.input"].seek(0)
+            self._pending.appendleft((conn, req))
+            self._to_threads()
+            return
+        conn.answer(*out)
+        self._schedule_place()
+
+    def _to_threads(self) -> None:
+        """Loop: the requests waiting to run on the loop go to the work threads, in order
+        (admitted already: no ``max_queue`` check)."""
+        while self._pending:
+            self._queue(*self._pending.popleft())
+
+    def _queue(self, conn: _Connection, req: _Request) -> None:
+        self.outstanding += 1
+        self.work.put((conn, req))
+
+    def _refuse_work(self, req: _Request, waiting: int) -> tuple[bytes, bool]:
+        """Loop: the 503 of a work request refused by ``max_queue`` (``waiting`` already)."""
+        keep = req.keep_alive and not self.draining
+        self.rejected += 1
+        e = req.environ
+        body = json.dumps({"error": refuse_work(e["REQUEST_METHOD"], e["PATH_INFO"], waiting, self.max_queue,
+                                                self.on_reject)}).encode()
+        return self._encode(503, [("Content-Type", "application/json"), ("Retry-After", "1")], body,
+                            keep, req.head, http10=req.http10), keep
 
     def _work(self) -> None:
         """A work thread: runs queued requests, hands each answer to the loop."""
@@ -475,9 +562,15 @@ class HttpServer:
             conn, req = item
             data, keep = self._run(req)
             try:
-                loop.call_soon_threadsafe(conn.answer, data, keep)
+                loop.call_soon_threadsafe(self._answered, conn, data, keep)
             except RuntimeError:  # the loop is closed: the stop's deadline passed
                 return
+
+    def _answered(self, conn: _Connection, data: bytes, keep: bool) -> None:
+        """Loop: a work thread's answer."""
+        self.outstanding -= 1
+        conn.answer(data, keep)
+        self._schedule_place()
 
     def _run(self, req: _Request) -> tuple[bytes, bool]:
         """Runs the app on ``req``: ``(the whole answer encoded, keep_alive)``; the app's
@@ -670,6 +763,7 @@ class HttpServer:
     async def _drain(self, on_tick: Callable[[], None] | None) -> None:
         self.ready, self.reason = False, self.reason or "stopping"
         self.draining = True  # answers from now on close their connection
+        self._to_threads()
         t0 = time.monotonic()
         if self.share is not None:
             self.share.leave()
@@ -685,7 +779,7 @@ class HttpServer:
         idle_since: dict[_Connection, float] = {}
         while (now := time.monotonic()) < deadline:
             self._sweep(now)  # a request whose headers never end does not hold the stop to its deadline
-            busy = self.work.qsize() > 0
+            busy = self.work.qsize() > 0 or bool(self._pending)
             for c in list(self.connections):
                 if c.busy() or (c.transport is not None and readable_now(c.transport.get_extra_info("socket"))):
                     busy = True

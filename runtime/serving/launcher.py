@@ -42,7 +42,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
@@ -86,13 +85,8 @@ def build_dataplane(topology: str, model_root: str, transfer_url: str | None, wo
     metrics = Metrics()
     model = CtrModel(watcher, cube_factory, max_batch=max_batch, fmt=fmt, slots=slots, metrics=metrics)
     plane = DataPlane([model], metrics)
-    probe_local = threading.local()  # the watcher's probe runs on its own thread: its own client
-
-    def probe(v: int) -> None:
-        c = getattr(probe_local, "c", None)
-        if c is None:
-            c = probe_local.c = cube_factory()
-        c.probe(v)
+    def probe(v: int) -> None:  # with the requests' client: its first lookup is done before any request's
+        model.cube().probe(v)
 
     watcher.probe = probe
     watcher.poll_once()
@@ -235,7 +229,9 @@ def main(args) -> int:
     hooks = ServerHooks(mp_dir, grace_s, multiprocess.mark_process_dead)
     worker_class = type("ServingWorker", (LoopWorker,), {"options": {
         "max_queue": args.max_queue, "header_timeout_s": args.header_timeout, "idle_timeout_s": args.idle_timeout,
-        "max_body_bytes": args.max_body_bytes}, "share": ConnectionShare(max(64, 2 * args.workers))})
+        "max_body_bytes": args.max_body_bytes,
+        "inline_budget_s": args.inline_budget_ms / 1000.0 if args.inline_budget_ms > 0 else None},
+        "share": ConnectionShare(max(64, 2 * args.workers))})
 
     class ServingApplication(BaseApplication):
         def load_config(self):

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
+from runtime import bounded
+from runtime.serving import http_server
 from runtime.serving.http_server import HttpServer
 from tests.lifecycle.test_keepalive_drain import CLIENTS, DRAIN_BOUND_S, GRACE_S, _app as _work_app, _Client
 from tests.slow_clients import check_answered, latency
@@ -35,9 +39,11 @@ def _echo(environ, start_response):
     return [data]
 
 
-@pytest.fixture
-def server():
-    with HttpServer(_echo, threads=2, max_body_bytes=1000, header_timeout_s=1.0, name="test") as w:
+@pytest.fixture(params=[None, 0.05], ids=["threads", "inline"])
+def server(request):
+    """The server with work requests on work threads, and on the loop thread (``inline_budget_s``)."""
+    with HttpServer(_echo, threads=2, max_body_bytes=1000, header_timeout_s=1.0, name="test",
+                    inline_budget_s=request.param) as w:
         yield w
 
 
@@ -227,3 +233,48 @@ def test_stop_lets_go_of_keepalive_clients_that_keep_sending():
     assert all(c.refused for c in clients) and not summary["bad"], summary
     assert summary["closes"] >= 1, f"answers while draining say Connection: close: {summary}"
     assert all(len(c.lost) <= 1 for c in clients), [c.lost for c in clients]
+
+
+def test_lone_requests_run_on_the_loop_and_what_would_wait_goes_to_a_work_thread(monkeypatch):
+    """With ``inline_budget_s`` a lone work request runs on the loop thread; one that would
+    wait longer than the budget (``bounded.WouldBlock``) is run again on a work thread,
+    probes are answered meanwhile, and requests stay off the loop for the cool-down."""
+    monkeypatch.setattr(http_server, "INLINE_COOLDOWN_S", 0.5)
+    ran: list[tuple[str, str]] = []
+    release = threading.Event()
+
+    def app(environ, start_response):
+        path = environ["PATH_INFO"]
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        if environ["REQUEST_METHOD"] == "POST":
+            ran.append((path, threading.current_thread().name))
+        if path == "/slow":
+            left = bounded.remaining_s()
+            if left is not None:  # a reply that does not come within the budget
+                release.wait(left)
+                raise bounded.WouldBlock("late")
+            release.wait(10)  # on a work thread: waits as long as it takes
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [path.encode() + b":" + body]
+
+    with HttpServer(app, threads=1, name="t", inline_budget_s=0.1) as w:
+        s = requests.Session()
+        assert [s.post(w.url + f"/a{i}", data=b"x%d" % i, timeout=5).text for i in range(3)] == \
+            ["/a0:x0", "/a1:x1", "/a2:x2"]
+        assert all(not name.startswith("t-work") for _, name in ran) and w.inlined == 3 and w.handed == 0
+        with ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(requests.post, w.url + "/slow", data=b"s", timeout=10)
+            deadline = time.monotonic() + 5
+            while not any(n.startswith("t-work") for p, n in ran if p == "/slow") and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert w.handed == 1, ran  # tried on the loop for 0.1 s, then handed over
+            probes = [latency(w.url + "/live") for _ in range(5)]  # the work thread waits; the loop answers
+            assert max(probes) < 0.1, probes
+            release.set()
+            assert slow.result().text == "/slow:s"  # the body read again, whole
+        ran.clear()
+        assert s.post(w.url + "/b", data=b"y", timeout=5).text == "/b:y"
+        assert ran[-1][1].startswith("t-work")  # within the cool-down: a work thread
+        time.sleep(0.6)
+        assert s.post(w.url + "/c", data=b"z", timeout=5).text == "/c:z"
+        assert not ran[-1][1].startswith("t-work")  # the loop took them back
