@@ -111,7 +111,8 @@ def start_servers(cube, tmp: Path, args) -> dict[str, tuple[proc.Role, str]]:
     returns ``{name: (role, url)}`` once both answer ready with every worker loaded."""
     env = {"PYTHONPATH": str(REPO)}
     ours, url, _ = start_serving(cube, tmp / "serving", args.workers, args.threads, grpc=False,
-                                 cube_timeout_ms=args.cube_timeout_ms, timeout_s=180.0, env=env, cwd=REPO)
+                                 cube_timeout_ms=args.cube_timeout_ms, timeout_s=180.0,
+                                 extra=tuple(args.serve_args.split()), env=env, cwd=REPO)
     kport = proc.free_ports(1)[0]
     kdir = tmp / "kserve"
     peer = cube.group.start("kserve", [args.kserve_python, str(REPO / "bench" / "kserve_peer.py"),
@@ -185,6 +186,9 @@ def main() -> int:
                     help="both servers' cube lookup timeout (serve --cube-timeout-ms; default 2000: a loaded "
                          "machine slows the figures down rather than failing requests)")
     ap.add_argument("--wrk", default="wrk", help="the wrk executable (default: wrk on PATH)")
+    ap.add_argument("--serve-args", default="",
+                    help="more arguments for elastic-ctr serve (ours), e.g. '--inline-budget-ms 0' to measure "
+                         "every request on a work thread")
     args = ap.parse_args()
     batches = [int(x) for x in args.batches.split(",")]
     wrk_path(args.wrk)  # fail now, not after the setup
@@ -196,7 +200,8 @@ def main() -> int:
     results, floor = [], {}
     with served_version("bench-serving-peers-", args.rows) as setup:
         tmp, rows, root, vid, cube = setup.tmp, setup.rows, setup.root, setup.vid, setup.cube
-        print(f"cube: 2 shards, version {vid}; serving code from {REPO}", flush=True)
+        print(f"cube: 2 shards, version {vid}; serving code from {REPO}"
+              + (f"; serve {args.serve_args}" if args.serve_args else ""), flush=True)
         floor = floor_figures(cube, root, vid, str(setup.data), batches)
         for b, f in floor.items():
             print(f"floor batch {b:>4}: lookups {f['lookup_cpu_ms']:.3f} ms CPU, model run "

@@ -34,8 +34,9 @@ class Combiner:
     when a batch finishes the oldest queued request leads the next one. A lone request is
     never delayed. Under a wait budget (``runtime.bounded``) a request never queues (it
     raises ``bounded.WouldBlock`` when every slot is taken) and runs alone, so that what
-    its run raises (``WouldBlock`` included) reaches no other request. A caller that needs all requests of a batch to see the same state (one
-    model version) makes one ``Combiner`` per state.
+    its run raises (``WouldBlock`` included) reaches no other request. A caller that needs
+    all requests of a batch to see the same state (one model version) makes one
+    ``Combiner`` per state.
 
     Args:
         process: ``(*arrays) -> out``: arrays with n rows each (axis 0) -> an array with

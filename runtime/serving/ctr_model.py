@@ -263,10 +263,10 @@ class CtrModel(Model):
 
     def _predict(self, model: DenseModel, dense_raw: np.ndarray, feasigns: np.ndarray) -> np.ndarray:
         n = feasigns.shape[0]
-        self.metrics.runs.inc()
         dense = features.normalize_dense(dense_raw, model.meta.normalization.clip_max)
         keys = np.ascontiguousarray(feasigns.T).ravel()  # slot-major: slot s = rows s*n..s*n+n-1
         res = self._seek(keys, model.version)
+        self.metrics.runs.inc()  # counted once the lookups answered (not for a lookup run again elsewhere)
         values = res.values
         if values.dtype != np.float32 or not values.flags.c_contiguous:
             values = np.ascontiguousarray(values, dtype=np.float32)

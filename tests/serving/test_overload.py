@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -156,7 +158,7 @@ def serving(tmp_path_factory):
             "--workers", "1", "--threads", "1", "--max-queue", "2", "--work-dir", str(tmp / "work")])
         url = f"http://127.0.0.1:{port}"
         support.wait_ready(role, url + "/v2/health/ready", timeout_s=120)
-        yield {"url": url, "lines": lines, "batch": batch, "role": role}
+        yield {"url": url, "lines": lines, "batch": batch, "role": role, "cube": c}
 
 
 @pytest.mark.slow
@@ -167,6 +169,41 @@ def test_serving_answers_with_64_slow_clients(serving):
                           "ready": lambda: latency(u + "/v2/health/ready"),
                           "infer": lambda: latency(u + "/v2/models/ctr/infer", json=body)}, u)
     print("serving", out)
+
+
+@pytest.mark.slow
+def test_a_lone_request_on_a_hung_cube_leaves_the_loop_within_its_budget(serving):
+    """A lone request runs on the worker's event loop (``--inline-budget-ms``, 20 ms by
+    default). With the cube server stopped (SIGSTOP) it cannot finish within the budget:
+    it goes to the work thread, where it waits out the cube timeout, and the loop answers
+    liveness probes meanwhile as fast as ever."""
+    u = serving["url"]
+    body = _infer_json(serving["batch"], 4)
+    s = requests.Session()
+    assert s.post(u + "/v2/models/ctr/infer", json=body, timeout=10).status_code == 200
+    assert s.post(u + "/v2/models/ctr/infer", json=body, timeout=10).status_code == 200  # on the loop
+    (server,) = serving["cube"].servers.values()
+    log = serving["role"].log_path
+    handed_before = log.read_text().count("requests go to the work threads")
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            lone = pool.submit(requests.post, u + "/v2/models/ctr/infer", json=body, timeout=30)
+            time.sleep(0.05)  # past the budget: on the work thread now, waiting for the cube
+            probes = []
+            while not lone.done() and len(probes) < 50:
+                probes.append(latency(u + "/v2/health/live"))
+            assert not lone.done(), "the request should still wait for the stopped cube"
+            assert max(probes) < 0.1, f"liveness probes while a request waited on the cube (s): {probes}"
+            os.kill(server.proc.pid, signal.SIGCONT)
+            assert lone.result().status_code in (200, 503)  # the cube's timeout may have passed
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    assert log.read_text().count("requests go to the work threads") == handed_before + 1
+    deadline = time.monotonic() + 20
+    while s.post(u + "/v2/models/ctr/infer", json=body, timeout=10).status_code != 200:
+        assert time.monotonic() < deadline, "serving did not answer again after the cube came back"
+        time.sleep(0.2)
 
 
 @pytest.mark.slow
