@@ -306,6 +306,9 @@ def main() -> int:
                     help="connections of the overload row (JSON, batch 256; bench/overload.py); 0: no such row")
     ap.add_argument("--floor-only", action="store_true",
                     help="measure the floor and the in-process requests only (no server, no load)")
+    ap.add_argument("--serve-args", default="",
+                    help="more arguments for elastic-ctr serve, e.g. '--inline-budget-ms 0' (every request on a "
+                         "work thread)")
     args = ap.parse_args()
     batches = [int(x) for x in args.batches.split(",")]
     transports = args.transports.split(",")
@@ -328,9 +331,11 @@ def main() -> int:
                   f"{f['cube_python']:.3f} ({f['cube_python'] / f['cube']:.2f}x)", flush=True)
         if args.floor_only:
             return 0
-        sv, url, grpc_target = start_serving(cube, tmp / "serving", args.workers, args.threads)
-        print(f"serving: {args.workers} worker(s) x {args.threads} threads; {os.cpu_count()} CPUs on this machine",
-              flush=True)
+        sv, url, grpc_target = start_serving(cube, tmp / "serving", args.workers, args.threads,
+                                             extra=tuple(args.serve_args.split()))
+        print(f"serving: {args.workers} worker(s) x {args.threads} threads"
+              + (f", serve {args.serve_args}" if args.serve_args else "")
+              + f"; {os.cpu_count()} CPUs on this machine", flush=True)
         results = []
         targets = {"json": url, "binary": url, "grpc": grpc_target}
         for transport in transports:

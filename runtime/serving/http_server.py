@@ -32,16 +32,16 @@ What it keeps from ``runtime.webserver.WebServer`` (same limits, same meaning), 
   one process of two in 3 rounds of 8 of ``make bench-serving-peers``, the other idle. The
   process waits ``ACCEPT_DEFER_S`` at a time and takes the connection itself after
   ``ACCEPT_ESCAPE_S`` (the others busy or gone); while stopping it accepts at once;
-- ``inline_budget_s``: a work request that is alone (none other waiting to run) runs on the
-  loop thread itself, once no work thread runs one, without the hand-off to a work thread
-  and back, under that wait budget (``runtime.bounded``). One arriving while another
-  waits goes to the work threads, with the one waiting first, so under load the loop stays
-  free for reads, probes and 503s. One that cannot finish within the budget without
-  waiting (the app raises ``bounded.WouldBlock``: a cube reply late, another thread's
-  batch in the way) runs again on a work thread from the start, and work requests stay
-  off the loop for ``INLINE_COOLDOWN_S``. So the loop, and with it every probe and
-  connection, waits at most the budget plus one request's CPU; ``max_queue`` counts the
-  requests waiting for either;
+- ``inline_budget_s``: while few work requests wait (at most ``INLINE_DEPTH``) and none
+  runs on a work thread, they run on the loop thread itself, one per turn of the loop
+  (reads, probes and answers in between), without the hand-off to a work thread and back,
+  each under that wait budget (``runtime.bounded``). One more arriving sends them all to
+  the work threads, in order, so under load the loop stays free for reads, probes and
+  503s. One that cannot finish within the budget without waiting (the app raises
+  ``bounded.WouldBlock``: a cube reply late, another thread's batch in the way) runs again
+  on a work thread from the start, and work requests stay off the loop for
+  ``INLINE_COOLDOWN_S``. So a probe waits at most the budget plus one request's CPU;
+  ``max_queue`` counts the requests waiting for either;
 - stopping (``request_stop``): readiness false, the connections already in the listen
   backlog accepted (at most ``ACCEPT_DRAIN_S``), the listening sockets closed, every request
   received or partly received finishes and is answered with ``Connection: close``,
@@ -88,6 +88,8 @@ ACCEPT_ESCAPE_S = 0.05
 
 #: s requests stay off the loop thread after one could not finish within ``inline_budget_s``
 INLINE_COOLDOWN_S = 1.0
+#: work requests that may wait to run on the loop thread; one more sends them all to the work threads
+INLINE_DEPTH = 4
 
 #: the statuses this server answers itself (the app gives its own status line)
 _REASONS = {400: "Bad Request", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
@@ -400,6 +402,7 @@ class HttpServer:
         self._inline_off_until = 0.0  # monotonic s: no request on the loop before then
         self.inlined = 0  # work requests run on the loop thread
         self.handed = 0  # of those, handed to a work thread (bounded.WouldBlock)
+        self.threaded = 0  # work requests run on a work thread
         self.buffered = 0  # bytes of request bodies being received, over every connection
         self.ready, self.reason = False, "starting"
         self.draining = False
@@ -483,10 +486,10 @@ class HttpServer:
         if self.max_queue is not None and waiting >= self.max_queue:
             return self._refuse_work(req, waiting)
         conn.in_flight = True
-        if not self._pending and self._on_loop():
-            self._pending.append((conn, req))  # alone: the loop runs it, once no work thread does
+        if len(self._pending) < INLINE_DEPTH and self._on_loop():
+            self._pending.append((conn, req))  # the loop runs it, once no work thread runs one
             self._schedule_place()
-        else:  # not alone (or not on the loop now): to the work threads, the one waiting first
+        else:  # one too many (or not on the loop now): to the work threads, those waiting first
             self._to_threads()
             self._queue(conn, req)
         return None
@@ -503,9 +506,10 @@ class HttpServer:
             self._loop.call_soon(self._place)
 
     def _place(self) -> None:
-        """Loop: runs the work request waiting alone here under ``inline_budget_s``. One that
-        cannot finish within the budget (``bounded.WouldBlock``) goes to the work threads,
-        and requests stay off the loop for ``INLINE_COOLDOWN_S``."""
+        """Loop: runs the oldest work request waiting here under ``inline_budget_s``, then
+        lets the loop turn before the next. One that cannot finish within the budget
+        (``bounded.WouldBlock``) goes to the work threads with those waiting behind it, and
+        requests stay off the loop for ``INLINE_COOLDOWN_S``."""
         self._place_due = False
         if not self._pending or self.outstanding:
             return
@@ -539,6 +543,7 @@ class HttpServer:
             self._queue(*self._pending.popleft())
 
     def _queue(self, conn: _Connection, req: _Request) -> None:
+        self.threaded += 1
         self.outstanding += 1
         self.work.put((conn, req))
 
@@ -741,6 +746,9 @@ class HttpServer:
             loop.close()
             for s in self.sockets:
                 s.close()
+            if self.inline_budget_s is not None:
+                log.info("%s: work requests run on the loop thread %d (%d of them then on a work thread), on a "
+                         "work thread %d in all", self.name, self.inlined, self.handed, self.threaded)
             self._done.set()
 
     async def _main(self, on_tick: Callable[[], None] | None) -> None:

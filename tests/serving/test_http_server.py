@@ -278,3 +278,38 @@ def test_lone_requests_run_on_the_loop_and_what_would_wait_goes_to_a_work_thread
         time.sleep(0.6)
         assert s.post(w.url + "/c", data=b"z", timeout=5).text == "/c:z"
         assert not ran[-1][1].startswith("t-work")  # the loop took them back
+
+
+def test_requests_beyond_the_inline_depth_go_to_the_work_threads():
+    """While the loop runs one request, requests arriving on other connections wait for
+    it: up to ``INLINE_DEPTH`` run on the loop after it, one more sends them all to the
+    work threads, answered in full either way."""
+    ran: list[str] = []
+
+    def app(environ, start_response):
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        ran.append(threading.current_thread().name)
+        if environ["PATH_INFO"] == "/busy":
+            time.sleep(0.3)  # CPU on the loop, as far as the loop can tell: the others arrive meanwhile
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [body]
+
+    for extra, on_threads in ((http_server.INLINE_DEPTH, False), (http_server.INLINE_DEPTH + 2, True)):
+        ran.clear()
+        with HttpServer(app, threads=2, name="t", inline_budget_s=0.05) as w:
+            socks = [socket.create_connection(("127.0.0.1", w.port), timeout=10) for _ in range(extra + 1)]
+            time.sleep(0.1)  # every connection accepted
+            socks[0].sendall(b"POST /busy HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n0")
+            time.sleep(0.1)  # the loop runs it
+            for i, s in enumerate(socks[1:], 1):
+                s.sendall(b"POST /r HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%d" % (len(str(i)), i))
+            for i, s in enumerate(socks):
+                buf = b""
+                while not buf.endswith(b"\r\n\r\n" + str(i).encode()):
+                    chunk = s.recv(4096)
+                    assert chunk, f"connection {i} closed before its answer"
+                    buf += chunk
+                s.close()
+        assert len(ran) == extra + 1
+        assert any(n.startswith("t-work") for n in ran) == on_threads, (extra, ran)
+        assert not ran[0].startswith("t-work")  # the first ran on the loop
