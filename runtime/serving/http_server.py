@@ -32,16 +32,17 @@ What it keeps from ``runtime.webserver.WebServer`` (same limits, same meaning), 
   one process of two in 3 rounds of 8 of ``make bench-serving-peers``, the other idle. The
   process waits ``ACCEPT_DEFER_S`` at a time and takes the connection itself after
   ``ACCEPT_ESCAPE_S`` (the others busy or gone); while stopping it accepts at once;
-- ``inline_budget_s``: while few work requests wait (at most ``INLINE_DEPTH``) and none
-  runs on a work thread, they run on the loop thread itself, one per turn of the loop
-  (reads, probes and answers in between), without the hand-off to a work thread and back,
-  each under that wait budget (``runtime.bounded``). One more arriving sends them all to
-  the work threads, in order, so under load the loop stays free for reads, probes and
-  503s. One that cannot finish within the budget without waiting (the app raises
-  ``bounded.WouldBlock``: a cube reply late, another thread's batch in the way) runs again
-  on a work thread from the start, and work requests stay off the loop for
-  ``INLINE_COOLDOWN_S``. So a probe waits at most the budget plus one request's CPU;
-  ``max_queue`` counts the requests waiting for either;
+- ``inline_budget_s``: while the server holds few connections (at most
+  ``INLINE_CONNECTIONS``), few work requests wait (at most ``INLINE_DEPTH``) and none runs
+  on a work thread, they run on the loop thread itself, one per turn of the loop (reads,
+  probes and answers in between), without the hand-off to a work thread and back, each
+  under that wait budget (``runtime.bounded``). One more waiting sends them all to the
+  work threads, in order; with more connections every one goes there: under load the
+  loop stays free for reads, probes and 503s. One that cannot finish within the budget
+  without waiting (the app raises ``bounded.WouldBlock``: a cube reply late, another
+  thread's batch in the way) runs again on a work thread from the start, and work
+  requests stay off the loop for ``INLINE_COOLDOWN_S``. So a probe waits at most the
+  budget plus one request's CPU; ``max_queue`` counts the requests waiting for either;
 - stopping (``request_stop``): readiness false, the connections already in the listen
   backlog accepted (at most ``ACCEPT_DRAIN_S``), the listening sockets closed, every request
   received or partly received finishes and is answered with ``Connection: close``,
@@ -90,6 +91,9 @@ ACCEPT_ESCAPE_S = 0.05
 INLINE_COOLDOWN_S = 1.0
 #: work requests that may wait to run on the loop thread; one more sends them all to the work threads
 INLINE_DEPTH = 4
+#: open connections beyond which work requests run on the work threads only (many clients: the
+#: loop stays free for reads, probes and 503s)
+INLINE_CONNECTIONS = 8
 
 #: the statuses this server answers itself (the app gives its own status line)
 _REASONS = {400: "Bad Request", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
@@ -496,8 +500,9 @@ class HttpServer:
 
     def _on_loop(self) -> bool:
         """Work requests run on the loop thread now (module docstring, ``inline_budget_s``)."""
-        return self.inline_budget_s is not None and not self.draining and (
-            not self._inline_off_until or time.monotonic() >= self._inline_off_until)
+        return self.inline_budget_s is not None and not self.draining \
+            and len(self.connections) <= INLINE_CONNECTIONS \
+            and (not self._inline_off_until or time.monotonic() >= self._inline_off_until)
 
     def _schedule_place(self) -> None:
         """``_place`` at the next turn of the loop, once no request runs on a work thread."""

@@ -313,3 +313,30 @@ def test_requests_beyond_the_inline_depth_go_to_the_work_threads():
         assert len(ran) == extra + 1
         assert any(n.startswith("t-work") for n in ran) == on_threads, (extra, ran)
         assert not ran[0].startswith("t-work")  # the first ran on the loop
+
+
+def test_with_many_connections_open_work_requests_stay_on_the_work_threads(monkeypatch):
+    """Beyond ``INLINE_CONNECTIONS`` open connections a lone request runs on a work thread
+    (the loop stays free for many clients); with fewer, on the loop again."""
+    monkeypatch.setattr(http_server, "INLINE_CONNECTIONS", 3)
+    ran: list[str] = []
+
+    def app(environ, start_response):
+        ran.append(threading.current_thread().name)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    with HttpServer(app, threads=1, name="t", inline_budget_s=0.05) as w:
+        s = requests.Session()
+        assert s.post(w.url + "/a", timeout=5).text == "ok"  # 1 connection
+        idle = [socket.create_connection(("127.0.0.1", w.port), timeout=5) for _ in range(3)]
+        deadline = time.monotonic() + 5
+        while len(w.connections) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert s.post(w.url + "/b", timeout=5).text == "ok"  # 4 connections
+        for c in idle:
+            c.close()
+        while len(w.connections) > 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert s.post(w.url + "/c", timeout=5).text == "ok"  # 1 again
+    assert [n.startswith("t-work") for n in ran] == [False, True, False], ran
