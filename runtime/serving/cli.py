@@ -29,26 +29,23 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
-def _non_negative_seconds(text: str) -> float:
-    """argparse type: a finite number of seconds >= 0 (else a usage error naming the value)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a finite number of seconds >= 0")
-    return value
+def _non_negative(unit: str):
+    """argparse type: a finite number of ``unit`` >= 0 (else a usage error naming the value)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number of {unit} >= 0")
+        return value
+
+    return parse
 
 
-def _non_negative_ms(text: str) -> float:
-    """argparse type: a finite number of milliseconds >= 0 (else a usage error naming the value)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a finite number of milliseconds >= 0")
-    return value
+_non_negative_seconds = _non_negative("seconds")
+_non_negative_ms = _non_negative("milliseconds")
 
 
 def register(sub: "argparse._SubParsersAction") -> None:

@@ -36,3 +36,19 @@ def test_a_role_parser_imports_no_other_role():
 def test_the_full_parser_lists_every_role():
     parser_mods = _modules_after("from runtime.cli import build_parser; build_parser()")
     assert {"runtime.trainer.cli", "runtime.cube.cli", "runtime.serving.cli", "runtime.local.cli"} <= parser_mods
+
+
+def test_serve_reads_its_durations_and_refuses_a_bad_one(capsys):
+    from runtime.cli import build_parser
+
+    base = ["serve", "--topology", "t.yaml", "--model-root", "r", "--transfer-url", "http://x"]
+    args = build_parser("serve").parse_args(base + ["--inline-budget-ms", "5.5", "--grpc-max-connection-age", "0"])
+    assert args.inline_budget_ms == 5.5 and args.grpc_max_connection_age == 0.0
+    assert build_parser("serve").parse_args(base).inline_budget_ms == 20.0
+    for flag, value, unit in (("--inline-budget-ms", "-1", "milliseconds"),
+                              ("--inline-budget-ms", "nan", "milliseconds"),
+                              ("--grpc-max-connection-age", "soon", "seconds")):
+        with pytest.raises(SystemExit):
+            build_parser("serve").parse_args(base + [flag, value])
+        err = capsys.readouterr().err
+        assert f"argument {flag}" in err and value in err and unit in err, err
