@@ -365,7 +365,7 @@ class HttpServer:
             connection closed (many large uploads at once cannot exhaust the worker's memory).
             Default: 4 x ``max_body_bytes``, within 256 MiB .. 1 GiB.
         share: the open connections of the other processes serving ``sockets``.
-        inline_budget_s: s a lone work request may wait on the loop thread (module
+        inline_budget_s: s a work request run on the loop thread may wait there (module
             docstring); None: every work request runs on a work thread.
 
     Raises ``OSError`` when the address cannot be bound, ``ValueError`` for ``threads`` < 1, a
