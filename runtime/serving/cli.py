@@ -94,11 +94,11 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    "(8: near 0.1 s at batch 256 on 2 idle cores); health and metadata are answered by the event loop "
                    "and keep answering")
     p.add_argument("--inline-budget-ms", type=_non_negative_ms, default=20.0, metavar="MS",
-                   help="while a worker holds at most 8 connections, at most 4 inference requests wait and none runs "
-                   "on a worker thread, they run on the worker's event loop, one at a time (no hand-off between threads), each if it can finish waiting "
-                   "at most this long (ms) for the cube; one that cannot goes to a worker thread (requests then stay "
-                   "off the loop for 1 s), so a probe waits at most this long plus one request's CPU; 0: every "
-                   "request on a worker thread")
+                   help="while a worker holds few connections and few inference requests wait, none on a worker "
+                   "thread, its event loop runs them itself, one at a time (no hand-off between threads), each if its "
+                   "cube lookup answers within this many ms; one that would wait longer runs again on a worker thread "
+                   "and requests stay there a while (runtime/serving/http_server.py), so a probe waits at most this "
+                   "long plus one request's CPU; 0: every request on a worker thread")
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a client may take to send a request's headers before its connection is closed")
     p.add_argument("--idle-timeout", type=float, default=30.0,

@@ -72,7 +72,7 @@ class CtrModel(Model):
         self.slots = tuple(slots)
         self.metrics = metrics or Metrics()
         self.combine = combine
-        self._comb_lock = threading.Lock()
+        self._lock = threading.Lock()  # the lazily made combiner and cube client
         self._cube = None
         self.cube_ok = True
         self.cube_error: Optional[str] = None
@@ -88,7 +88,7 @@ class CtrModel(Model):
         """The cube client (made at the first call; shared by the request threads)."""
         c = self._cube
         if c is None:
-            with self._comb_lock:
+            with self._lock:
                 c = self._cube
                 if c is None:
                     c = self._cube = self.cube_factory()
@@ -240,7 +240,7 @@ class CtrModel(Model):
             return self._predict(model, dense_raw, feasigns)
         comb = model.combiner
         if comb is None:
-            with self._comb_lock:
+            with self._lock:
                 comb = model.combiner
                 if comb is None:
                     comb = model.combiner = Combiner(lambda d, f, m=model: self._predict(m, d, f),

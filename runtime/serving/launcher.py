@@ -85,6 +85,7 @@ def build_dataplane(topology: str, model_root: str, transfer_url: str | None, wo
     metrics = Metrics()
     model = CtrModel(watcher, cube_factory, max_batch=max_batch, fmt=fmt, slots=slots, metrics=metrics)
     plane = DataPlane([model], metrics)
+
     def probe(v: int) -> None:  # with the requests' client: its first lookup is done before any request's
         model.cube().probe(v)
 
