@@ -32,8 +32,8 @@ batch 1, 20 -> 17 us and 6.7 -> 3.0 us.
 
 Missing values (``null``) in a large document's FP ``data`` arrays: simdjson copies only
 arrays of numbers into typed arrays, so the body is read once more with every ``null``
-spelled ``MISSING`` (a number), each FP array taken as numbers and its ``MISSING``
-elements made NaN. That reading is kept only when it is exact: the ``MISSING`` numbers
+spelled ``MISSING_TEXT`` (``1e99``, a number; ``spell_nulls``), each FP array taken as
+numbers and its ``MISSING`` elements made NaN. That reading is kept only when it is exact: the ``MISSING`` numbers
 found in FP data arrays are as many as the ``null`` tokens of the body (so every
 ``null`` was a missing value there, and no number sent was ``MISSING`` itself), and no
 other value, string or key of the document holds ``MISSING`` (a ``null`` inside a string
@@ -64,11 +64,15 @@ _NUMBERS = {"f": ("d", np.dtype(np.float64)), "i": ("i", np.dtype(np.int64)), "u
 #: than the lazy reading of a larger one; at batch 1 it is the cheaper of the two)
 SMALL_DOCUMENT = 4096
 _local = threading.local()  # a simdjson parser per thread (a parser is not shared between threads)
-#: how a large document's ``null`` is read in its FP data arrays first (module docstring): a
-#: float64 beyond every FP datatype's range but FP64's, so no FP32 value sent can be it
-MISSING = -1.5e308
-_MISSING_STR = repr(MISSING)
-_MISSING_TEXT = _MISSING_STR.encode()
+#: how a large document's ``null`` is spelled to read its FP data arrays first (module
+#: docstring): a number as long as ``null`` (so the spelling is a copy with bytes written in
+#: place), a float64 beyond every FP datatype's range but FP64's (no FP16/FP32 value sent
+#: can be it)
+MISSING_TEXT = "1e99"
+MISSING = float(MISSING_TEXT)
+_NULL = np.frombuffer(b"null", np.uint8)
+_MISSING_BYTES = np.frombuffer(MISSING_TEXT.encode(), np.uint8)
+_OPEN_BRACKET = ord("[")
 
 
 class _Nulls:
@@ -106,7 +110,7 @@ def _plain(v: Any, arrays: list, nulls: Optional[_Nulls] = None) -> Any:
     if isinstance(v, simdjson.Array):
         arrays[0] += 1
         return [_plain(x, arrays, nulls) for x in v]
-    if nulls is not None and (v == MISSING if type(v) is float else type(v) is str and _MISSING_STR in v):
+    if nulls is not None and (v == MISSING if type(v) is float else type(v) is str and MISSING_TEXT in v):
         raise _NotMissing
     return v
 
@@ -115,7 +119,7 @@ def _keys(obj: "simdjson.Object", nulls: Optional[_Nulls] = None) -> list[str]:
     keys = list(obj)
     if len(set(keys)) != len(keys):
         raise _Reparse  # json keeps the last value of a duplicate key, simdjson's lookup the first
-    if nulls is not None and any(_MISSING_STR in k for k in keys):
+    if nulls is not None and any(MISSING_TEXT in k for k in keys):
         raise _NotMissing
     return keys
 
@@ -219,11 +223,36 @@ def _loads(text: bytes, nulls: Optional[_Nulls] = None) -> tuple[Any, Optional[b
         doc, arrays = _simd_document(text, nulls)
         # every "[" in the text opens an array or lies in a string: as many as the arrays
         # outside data contents plus the data arrays means no data array holds an array
-        return doc, text.count(b"[") == arrays
+        return doc, _count_open_brackets(text) == arrays
     except (ValueError, RuntimeError, _Reparse):
         if nulls is not None:
             raise _NotMissing from None
         return json.loads(text, parse_constant=NonFinite), None
+
+
+def _count_open_brackets(text: bytes) -> int:
+    """How many ``[`` bytes ``text`` holds (numpy's compare and count: about 4x
+    ``bytes.count`` of one byte on a 100 kB body)."""
+    return int(np.count_nonzero(np.frombuffer(text, np.uint8) == _OPEN_BRACKET))
+
+
+def spell_nulls(body: bytes) -> tuple[bytes, int]:
+    """``(text, count)``: ``body`` with each of its ``count`` ``null`` byte sequences
+    (tokens, or inside strings and keys) written as ``MISSING_TEXT``; ``body`` itself
+    when it has none. The same text as ``body.replace(b"null", b"1e99")`` (``null`` cannot
+    overlap itself), found with numpy (the ``n`` bytes, then the three after each) and
+    written in place in one copy: about 4x faster than ``bytes.replace`` on the
+    benchmark's batch-256 body (100 kB, 330 nulls)."""
+    a = np.frombuffer(body, np.uint8)
+    at = np.flatnonzero(a[:-3] == _NULL[0]) if a.shape[0] >= 4 else np.empty(0, np.intp)
+    for j in (1, 2, 3):
+        at = at[a[at + j] == _NULL[j]]
+    if not at.shape[0]:
+        return body, 0
+    out = a.copy()
+    for j in range(4):
+        out[at + j] = _MISSING_BYTES[j]
+    return out.tobytes(), int(at.shape[0])
 
 
 def decode_rest_request(body: bytes, header_length: Optional[int] = None) -> InferRequest:
@@ -231,8 +260,8 @@ def decode_rest_request(body: bytes, header_length: Optional[int] = None) -> Inf
     ``header_length``: the ``Inference-Header-Content-Length`` header (None: the whole body
     is JSON). Raises ``BadRequest`` naming the field."""
     if header_length is None and len(body) > SMALL_DOCUMENT and b"null" in body:
-        spelled = body.replace(b"null", _MISSING_TEXT)
-        nulls = _Nulls((len(spelled) - len(body)) // (len(_MISSING_TEXT) - len(b"null")))  # every null replaced
+        spelled, count = spell_nulls(body)
+        nulls = _Nulls(count)
         try:
             req = _decode(spelled, None, nulls)
             if nulls.left == 0:

@@ -65,9 +65,11 @@ DOCS = [
     ("nulls-all", _doc("[null,null,null]", "[1,2]")),
     ("null-fp64", _doc("[null,2.0,1e300]", "[1,2]", dense_type="FP64")),
     ("null-fp16", _doc("[null,2.0,3.0]", "[1,2]", dense_type="FP16")),
-    ("null-and-missing-literal-fp64", _doc("[null,-1.5e308,3.0]", "[1,2]", dense_type="FP64")),
-    ("null-and-missing-literal-fp32", _doc("[null,-1.5e308,3.0]", "[1,2]")),
-    ("null-and-missing-literal-spelled", _doc("[null,-15e307,3.0]", "[1,2]", dense_type="FP64")),
+    ("null-and-missing-literal-fp64", _doc("[null,1e99,3.0]", "[1,2]", dense_type="FP64")),
+    ("null-and-missing-literal-fp32", _doc("[null,1e99,3.0]", "[1,2]")),
+    ("null-and-missing-literal-fp16", _doc("[null,1e99,3.0]", "[1,2]", dense_type="FP16")),
+    ("null-and-missing-literal-spelled", _doc("[null,10e98,3.0]", "[1,2]", dense_type="FP64")),
+    ("null-and-missing-literal-in-int64", _doc("[null,2.0,3.0]", "[1,1e99]", fs_type="INT64")),
     ("null-and-overflow", _doc("[null,2.0,1e39]", "[1,2]")),
     ("null-and-nan-literal", _doc("[null,NaN,3.0]", "[1,2]")),
     ("null-and-bool", _doc("[null,true,3.0]", "[1,2]")),
@@ -82,14 +84,15 @@ DOCS = [
     ("null-data", _doc("null", "[1,2]")),
     ("null-escaped-in-string", _doc("[null,2.0,3.0]", "[1,2]").replace(b'"id":"r"', b'"id":"a\\nullb"')),
     ("missing-text-in-string", _doc("[null,2.0,3.0]", "[1,2]").replace(
-        b'"id":"r"', b'"id":"%s"' % repr(rest_codec.MISSING).encode())),
+        b'"id":"r"', b'"id":"%s"' % rest_codec.MISSING_TEXT.encode())),
     # a null outside the FP arrays and a MISSING sent as a number: as many as the nulls, but not them
-    ("null-in-string-and-missing-literal", _doc("[1.0,-1.5e308,3.0]", "[1,2]", dense_type="FP64")
+    ("null-in-string-and-missing-literal", _doc("[1.0,1e99,3.0]", "[1,2]", dense_type="FP64")
      .replace(b'"id":"r"', b'"id":"null"')),
-    ("null-in-key-and-missing-literal", _doc("[1.0,-1.5e308,3.0]", "[1,2]", dense_type="FP64",
+    ("null-in-key-and-missing-literal", _doc("[1.0,1e99,3.0]", "[1,2]", dense_type="FP64",
                                              extra=',"parameters":{"null":1}')),
-    ("null-parameter-and-missing-literal", _doc("[1.0,-1.5e308,3.0]", "[1,2]", dense_type="FP64",
+    ("null-parameter-and-missing-literal", _doc("[1.0,1e99,3.0]", "[1,2]", dense_type="FP64",
                                                 extra=',"parameters":{"x":null}')),
+    ("null-only-outside-data", _doc("[1.0,2.0,3.0]", "[1,2]", extra=',"parameters":{"x":null}')),
 ]
 
 
@@ -132,6 +135,17 @@ def test_simdjson_reading_equals_the_json_reading(case, body, small, monkeypatch
             assert a.tolist() == b.tolist(), case
         else:
             np.testing.assert_array_equal(a, b, err_msg=case)
+
+
+@pytest.mark.parametrize("body", [b"", b"n", b"nul", b"null", b"nulll", b"nnull", b"nullnull", b"null,null",
+                                  b'{"a":[null,1,null]}', b"nu ll", b"NULL", b"xnul", b"nulx", b"nuxl",
+                                  b"nulnull", b"null" * 1000 + b"nul"])
+def test_spell_nulls_is_replace(body):
+    """``spell_nulls`` writes what ``bytes.replace`` writes, and counts what it replaced."""
+    text, count = rest_codec.spell_nulls(body)
+    assert text == body.replace(b"null", rest_codec.MISSING_TEXT.encode())
+    assert count == body.count(b"null")
+    assert type(text) is bytes
 
 
 def test_numbers_go_straight_into_typed_arrays(monkeypatch):
