@@ -6,8 +6,9 @@ Setup (``bench/bench_serving.py``'s, by import): generated test rows, a syntheti
 shaped like the trainer's export (``make_version``), a local cube of 2 shards
 (``LocalCubeCluster``: file server, transfer, cube servers and agents as processes). Then:
 
-- the floor: CPU per batch of the model run and of the cube lookups with no server
-  (``bench_serving.floor_figures``, ``make bench-serving``'s, in a spawned process);
+- the floor: CPU per batch of a cube lookup then the model run on its embeddings, as a
+  request runs them, with no server (``bench_serving.floor_figures``, ``make
+  bench-serving``'s, in a spawned process);
 - ``elastic-ctr serve`` (``--workers`` gunicorn workers, ``--threads`` each, HTTP only) and
   ``bench/kserve_peer.py`` in its own venv (``--kserve-python``, KServe needs protobuf 6):
   a ``ModelServer`` with as many uvicorn workers whose ``Model.predict`` calls this
@@ -26,7 +27,7 @@ shaped like the trainer's export (``make_version``), a local cube of 2 shards
 Prints a table and, last, ``serving_peers batch1_ratio=<ours/kserve>
 batch256_ratio=<ours/kserve> batch256_rows_s=<x> batch256_cpu_ms=<y> batch256_floor_ms=<z>``:
 the ratios of requests/s answered 200, ours' rows/s and serving CPU ms per request at batch
-256, and the floor's CPU ms for a batch of 256 (model run + lookups). Requests/s on a shared
+256, and the floor's CPU ms for a batch of 256 (lookups then model run). Requests/s on a shared
 machine move with its load: the ratios (servers measured in the same minutes) are the
 figures to compare; the load average is printed with them.
 """
@@ -157,9 +158,10 @@ def same_answers(servers: dict, bodies: list[bytes], batch: int) -> int:
 
 
 def floor_figures(cube, root: Path, vid: int, data: str, batches: list[int]) -> dict:
-    """The floor per batch size (``{batch: {"lookup_cpu_ms", "model_cpu_ms", "floor_cpu_ms"}}``),
-    measured by ``make bench-serving``'s own ``bench_serving.floor_figures`` (a spawned
-    process, no server). Raises ``RuntimeError`` when that process dies."""
+    """The floor per batch size (``{batch: {"lookup_cpu_ms", "model_cpu_ms", "floor_cpu_ms"}}``:
+    each alone, and a lookup then the model run as a request runs them), measured by ``make
+    bench-serving``'s own ``bench_serving.floor_figures`` (a spawned process, no server).
+    Raises ``RuntimeError`` when that process dies."""
     res = bench_floor_figures(str(cube.topology_path), str(root), vid, data, batches, [], 1.0)
     return {b: {"lookup_cpu_ms": res[b]["cube"], "model_cpu_ms": res[b]["model"], "floor_cpu_ms": res[b]["floor"]}
             for b in batches}
@@ -204,8 +206,9 @@ def main() -> int:
               + (f"; serve {args.serve_args}" if args.serve_args else ""), flush=True)
         floor = floor_figures(cube, root, vid, str(setup.data), batches)
         for b, f in floor.items():
-            print(f"floor batch {b:>4}: lookups {f['lookup_cpu_ms']:.3f} ms CPU, model run "
-                  f"{f['model_cpu_ms']:.3f} ms CPU, floor {f['floor_cpu_ms']:.3f} ms CPU", flush=True)
+            print(f"floor batch {b:>4}: a lookup then the model run {f['floor_cpu_ms']:.3f} ms CPU (alone, each in "
+                  f"a loop of its own: lookups {f['lookup_cpu_ms']:.3f} ms, model run {f['model_cpu_ms']:.3f} ms)",
+                  flush=True)
         servers = start_servers(cube, tmp, args)
         print(f"servers: ours and KServe, {args.workers} workers x {args.threads} threads each (KServe's "
               f"predict: {args.kserve_predict}); {os.cpu_count()} CPUs", flush=True)
