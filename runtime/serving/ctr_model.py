@@ -28,6 +28,12 @@ from runtime.serving.protocol import BadRequest, InferOutput, InferRequest, Infe
 
 MODEL_NAME = "ctr"
 DENSE, FEASIGNS, LINES, PROBABILITY = "dense_features", "feasigns", "lines", "probability"
+#: how long readiness waits (s) for the cube lookup it makes after a failed one. The lookup
+#: runs on a thread of its own: a cube that answers does so well within this, so readiness
+#: turns true as soon as the cube is back; a hung one leaves the lookup waiting out the
+#: client's timeouts there while readiness answers "not ready" (it is answered on the
+#: worker's event loop, which must not wait out those timeouts: 3 x 200 ms by default)
+READY_CHECK_WAIT_S = 0.05
 
 
 def signature(num_slots: int = features.NUM_SLOTS) -> tuple[list[dict], list[dict]]:
@@ -74,6 +80,7 @@ class CtrModel(Model):
         self.combine = combine
         self._lock = threading.Lock()  # the lazily made combiner and cube client
         self._cube = None
+        self._check: Optional[_CubeCheck] = None  # readiness's cube lookup after a failed one
         self.cube_ok = True
         self.cube_error: Optional[str] = None
         watcher.on_switch.append(self._switched)
@@ -100,15 +107,33 @@ class CtrModel(Model):
         return [str(m.version)] if m is not None else []
 
     def ready(self) -> tuple[bool, str]:
-        """``(ready, reason)``: a version is loaded and cube answers a pinned lookup."""
+        """``(ready, reason)``: a version is loaded and cube answers a pinned lookup. After
+        a failed lookup, readiness asks cube again (``_check_cube``) and waits for the
+        answer at most ``READY_CHECK_WAIT_S``."""
         m = self.watcher.current
         if m is None:
             return False, self._no_version()
         if not self.cube_ok:
-            try:
-                self._seek(np.array([features.missing_feasign(1)], dtype=np.uint64), m.version)
-            except Unavailable as exc:
-                return False, str(exc)
+            return self._check_cube(m.version)
+        return True, "ready"
+
+    def _check_cube(self, version: int) -> tuple[bool, str]:
+        """``(ready, reason)`` from a pinned lookup of one key (a lookup that answers sets
+        ``cube_ok``), run on a thread of its own, one at a time: a probe finding none
+        running starts one; any waits for it at most ``READY_CHECK_WAIT_S`` and, when it
+        has not answered by then, answers not ready, the lookup still waiting for cube."""
+        with self._lock:
+            check = self._check
+            if check is None or check.done.is_set():
+                keys = np.array([features.missing_feasign(1)], dtype=np.uint64)
+                check = self._check = _CubeCheck(version, lambda: self._seek(keys, version))
+        if not check.done.wait(READY_CHECK_WAIT_S):
+            return False, (f"cube lookup failed: {self.cube_error}; asked again (version {check.version}), no "
+                           f"answer within {READY_CHECK_WAIT_S * 1e3:.0f} ms yet")
+        if check.error is not None:
+            return False, check.error
+        if check.version != version:  # the version switched meanwhile: this one is not asked yet
+            return self._check_cube(version)
         return True, "ready"
 
     def _no_version(self) -> str:
@@ -272,3 +297,25 @@ class CtrModel(Model):
             values = np.ascontiguousarray(values, dtype=np.float32)
         self.metrics.samples.inc(n)
         return model.predict(dense, values)
+
+
+class _CubeCheck:
+    """One readiness lookup on a daemon thread of its own: ``version`` (int) asked,
+    ``done`` (``threading.Event``) set once it answered or failed, ``error`` (str) the
+    failure's message, None when it answered."""
+
+    def __init__(self, version: int, lookup: Callable[[], Any]):
+        self.version = version
+        self.done = threading.Event()
+        self.error: Optional[str] = None
+        threading.Thread(target=self._run, args=(lookup,), name="cube-ready-check", daemon=True).start()
+
+    def _run(self, lookup: Callable[[], Any]) -> None:
+        try:
+            lookup()
+        except Unavailable as exc:
+            self.error = str(exc)
+        except Exception as exc:  # anything else the lookup raises is a failure to report, not to lose
+            self.error = f"cube lookup failed: {exc.__class__.__name__}: {exc}"
+        finally:
+            self.done.set()

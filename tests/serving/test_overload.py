@@ -206,6 +206,38 @@ def test_a_lone_request_on_a_hung_cube_leaves_the_loop_within_its_budget(serving
         time.sleep(0.2)
 
 
+def test_readiness_on_a_hung_cube_answers_at_once(serving):
+    """With the cube server stopped (SIGSTOP), a request fails once the cube's timeouts
+    have passed (503), and readiness then asks cube again on a thread of its own: each
+    readiness probe answers "not ready" within ``READY_CHECK_WAIT_S`` and a bit, not after
+    the client's timeouts and retries (600 ms) on the worker's event loop, and liveness
+    probes meanwhile answer as fast as ever. Readiness turns true again once the cube
+    answers."""
+    from runtime.serving.ctr_model import READY_CHECK_WAIT_S
+
+    u = serving["url"]
+    body = _infer_json(serving["batch"], 4)
+    (server,) = serving["cube"].servers.values()
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        r = requests.post(u + "/v2/models/ctr/infer", json=body, timeout=30)
+        assert r.status_code == 503 and "cube" in r.json()["error"], r.text
+        ready, live = [], []
+        for _ in range(6):
+            t0 = time.perf_counter()
+            r = requests.get(u + "/v2/health/ready", timeout=10)
+            ready.append(time.perf_counter() - t0)
+            assert r.status_code == 400 and r.json()["ready"] is False, r.text
+            live.append(latency(u + "/v2/health/live"))
+        assert max(ready) < READY_CHECK_WAIT_S + 0.1, f"readiness probes on a hung cube (s): {ready}"
+        assert max(live) < 0.1, f"liveness probes on a hung cube (s): {live}"
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    assert _wait(lambda: requests.get(u + "/v2/health/ready", timeout=10).status_code == 200, 10.0), \
+        "readiness did not turn true after the cube came back"
+    assert requests.post(u + "/v2/models/ctr/infer", json=body, timeout=10).status_code == 200
+
+
 @pytest.mark.slow
 def test_serving_overloaded_answers_503_and_probes_answer(serving):
     u = serving["url"]

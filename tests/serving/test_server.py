@@ -198,6 +198,48 @@ def test_cube_down_is_503_and_not_ready(served, env):
     assert c.post("/v2/models/ctr/infer", json=v2_request(env["batch"])).status_code == 200
 
 
+def test_readiness_asks_a_hung_cube_once_and_does_not_wait_for_it(served, env, monkeypatch):
+    """After a failed lookup, readiness asks cube on a thread of its own and waits for it
+    at most ``READY_CHECK_WAIT_S``: probes while that lookup hangs answer not ready at
+    once and start no second one; once cube answers, readiness is true."""
+    from runtime.serving import ctr_model
+
+    c, cube, plane = served["client"], served["cube"], served["plane"]
+    cube.down = True
+    assert c.post("/v2/models/ctr/infer", json=v2_request(env["batch"])).status_code == 503
+    release, asked = threading.Event(), []
+    seek = cube.seek
+
+    def hung(keys, version=None):
+        asked.append(version)
+        release.wait(10)
+        return seek(keys, version)
+
+    monkeypatch.setattr(cube, "seek", hung)
+    cube.down = False
+    try:
+        for _ in range(3):
+            t0 = time.monotonic()
+            r = c.get("/v2/health/ready")
+            assert time.monotonic() - t0 < ctr_model.READY_CHECK_WAIT_S + 0.5
+            assert r.status_code == 400 and "asked again" in r.json["error"], r.json
+        assert asked == [V1]  # one lookup, still waiting
+    finally:
+        release.set()
+    assert _until(lambda: c.get("/v2/health/ready").status_code == 200)
+    assert asked == [V1]
+    assert c.post("/v2/models/ctr/infer", json=v2_request(env["batch"])).status_code == 200
+
+
+def _until(pred, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def test_no_version_yet_is_503(env, tmp_path):
     cube = FakeCube(env["tables"])
     watcher = VersionWatcher(str(tmp_path / "empty"), None, tmp_path / "work")
