@@ -128,8 +128,8 @@ class CtrModel(Model):
                 keys = np.array([features.missing_feasign(1)], dtype=np.uint64)
                 check = self._check = _CubeCheck(version, lambda: self._seek(keys, version))
         if not check.done.wait(READY_CHECK_WAIT_S):
-            return False, (f"cube lookup failed: {self.cube_error}; asked again (version {check.version}), no "
-                           f"answer within {READY_CHECK_WAIT_S * 1e3:.0f} ms yet")
+            return False, (f"cube lookup failed: {self.cube_error or 'no answer'}; asked again (version "
+                           f"{check.version}), no answer within {READY_CHECK_WAIT_S * 1e3:.0f} ms yet")
         if check.error is not None:
             return False, check.error
         if check.version != version:  # the version switched meanwhile: this one is not asked yet
