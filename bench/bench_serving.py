@@ -165,13 +165,12 @@ def measure_floor(topology: str, root: str, vid: int, data: str, batches: list[i
     called as WSGI, the gRPC servicer called with the parsed message); beside (b), the same
     lookups by the client's Python path (``CubeClient(native=False)``, ``cube_python``),
     its peer. (a) and (b) each run in a loop of their own, which keeps their own data and
-    code in the CPU's caches, and never waits: their sum (``parts``) is below what a
-    request pays for the two (measured at batch 256: 0.44 against 0.94 ms). A request waits
-    for the cube's replies, and other work runs on its core meanwhile: a model run after a
-    0.3 ms sleep (no lookup) took 0.54-0.61 ms against 0.34-0.51 in a loop. So (c) is the
-    floor. Puts ``{batch:
-    {"model": ms, "cube": ms, "cube_python": ms, "floor": ms, "parts": ms, <transport>:
-    ms}}`` on ``q``."""
+    code in the CPU's caches, and never waits: their sum (``parts``) can be well below what
+    a request pays for the two (at batch 256: 0.44 against 0.94 ms in one run, 0.76
+    against 0.70 in another). A request waits for the cube's replies, and other work runs
+    on its core meanwhile: a model run after a 0.3 ms sleep (no lookup) took 0.54-0.61 ms
+    against 0.34-0.51 in a loop. So (c) is the floor. Puts ``{batch: {"model": ms, "cube":
+    ms, "cube_python": ms, "floor": ms, "parts": ms, <transport>: ms}}`` on ``q``."""
     import io
 
     from werkzeug.test import EnvironBuilder
@@ -333,8 +332,8 @@ def main() -> int:
         floor = floor_figures(str(cube.topology_path), str(root), vid, str(setup.data), batches, transports,
                               args.floor_s)
         print("floor (no server; CPU ms per request): a cube lookup (the client's share) then the model run, one "
-              "after the other as a request runs them; beside it each alone, in a loop of its own (their sum "
-              "is below the floor: each loop keeps its own data in the CPU's caches); in process = the whole "
+              "after the other as a request runs them; beside it each alone, in a loop of its own (each loop "
+              "keeps its own data in the CPU's caches and never waits for cube); in process = the whole "
               "request without the HTTP/gRPC server", flush=True)
         for b, f in floor.items():
             print(f"  batch {b:>4}: floor {f['floor']:.3f} ms (alone: model {f['model']:.3f} + cube {f['cube']:.3f} "
