@@ -128,7 +128,7 @@ class CtrModel(Model):
                 keys = np.array([features.missing_feasign(1)], dtype=np.uint64)
                 check = self._check = _CubeCheck(version, lambda: self._seek(keys, version))
         if not check.done.wait(READY_CHECK_WAIT_S):
-            return False, (f"cube lookup failed: {self.cube_error or 'no answer'}; asked again (version "
+            return False, (f"cube lookup failed: {self.cube_error}; asked again (version "
                            f"{check.version}), no answer within {READY_CHECK_WAIT_S * 1e3:.0f} ms yet")
         if check.error is not None:
             return False, check.error
@@ -282,7 +282,8 @@ class CtrModel(Model):
         got = getattr(res, "version", version)
         if got is not None and int(got) != version:
             self.cube_ok = False
-            raise Unavailable(f"cube answered version {got}, request pinned to {version}")
+            self.cube_error = f"cube answered version {got}, request pinned to {version}"
+            raise Unavailable(self.cube_error)
         self.cube_ok = True
         return res
 
