@@ -24,6 +24,18 @@ shaped like the trainer's export (``make_version``), a local cube of 2 shards
   CPU time (``bench_serving.tree_cpu_s``: the master and its workers) over the round
   divided by the requests answered, the cube servers' alike.
 
+KServe's workers also time their ``DataPlane.infer`` calls (thread CPU, ``bench/plane_cpu.py``):
+the data plane's CPU per request as KServe calls it (its decoded inputs turned into arrays
+and checked, the lookups, the model run). From it and the machine's CPU per request
+(server, cube servers and ``wrk``, whose CPU is that of this process's waited children), a
+line per batch size gives the requests/s ratio these figures predict when the machine's
+CPU bounds both servers, beside the measured one, and the ratio a server costing only
+KServe's data-plane calls would reach. At batch 1 both servers hand the data plane the
+same Python lists (serving's codec reads documents up to ``SMALL_DOCUMENT`` bytes into
+Python values), so that ratio is the ceiling of any server over this data plane on this
+machine; at batch 256 serving's codec hands it typed arrays, and KServe's figure includes
+turning its decoded lists into arrays.
+
 Prints a table and, last, ``serving_peers batch1_ratio=<ours/kserve>
 batch256_ratio=<ours/kserve> batch256_rows_s=<x> batch256_cpu_ms=<y> batch256_floor_ms=<z>``:
 the ratios of requests/s answered 200, ours' rows/s and serving CPU ms per request at batch
@@ -49,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench.served import served_version, start_serving  # noqa: E402
 from bench_serving import _proc_cpu_s, tree_cpu_s  # noqa: E402
 from bench_serving import floor_figures as bench_floor_figures  # noqa: E402
+from plane_cpu import machine_ratio, plane_ms, read_totals  # noqa: E402
 from wrk_load import compare_answers, loads, run_wrk, write_bodies, wrk_path  # noqa: E402
 
 from runtime import proc  # noqa: E402
@@ -167,6 +180,16 @@ def floor_figures(cube, root: Path, vid: int, data: str, batches: list[int]) -> 
             for b in batches}
 
 
+def _children_cpu_s() -> float:
+    """CPU s of this process's children waited for so far (``wrk``'s, once each run ends)."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=10.0, help="seconds of wrk per round and server (default 10)")
@@ -225,7 +248,10 @@ def main() -> int:
                     role, url = servers[name]
                     cpu0, kids0 = tree_cpu_s(role.proc.pid), children_cpu_s(role.proc.pid)
                     cube0 = sum(_proc_cpu_s(r.proc.pid) for r in cube.servers.values())
+                    plane0, wrk0 = read_totals(tmp / "kserve"), _children_cpu_s()
                     r = run_wrk(url, INFER_PATH, bfile, args.connections, args.duration, wrk=args.wrk)
+                    wrk_cpu = _children_cpu_s() - wrk0
+                    plane = plane_ms(plane0, read_totals(tmp / "kserve")) if name == "kserve" else None
                     cpu = tree_cpu_s(role.proc.pid) - cpu0
                     kids = children_cpu_s(role.proc.pid)
                     split = sorted((kids[k] - kids0.get(k, 0.0) for k in kids), reverse=True)[:args.workers]
@@ -233,13 +259,16 @@ def main() -> int:
                     ok = max(0, r["requests"] - r["non_2xx"])
                     r.update(server=name, batch=b, round=rnd, ok=ok, load=os.getloadavg()[0],
                              cpu_ms=cpu * 1e3 / max(1, r["requests"]),
-                             cube_cpu_ms=cube_cpu * 1e3 / max(1, r["requests"]))
+                             cube_cpu_ms=cube_cpu * 1e3 / max(1, r["requests"]),
+                             wrk_cpu_ms=wrk_cpu * 1e3 / max(1, r["requests"]), plane_ms=plane)
                     results.append(r)
                     print(f"  batch {b:>4} round {rnd} {name:<6}: {ok / r['duration_s']:8.1f} requests/s "
                           f"({ok * b / r['duration_s']:9.0f} rows/s)  p50 {r['p50_ms']:7.2f} ms  "
                           f"p99 {r['p99_ms']:7.2f} ms  non-2xx {r['non_2xx']}  socket errors "
                           f"{r['socket_errors']}  CPU/request: server {r['cpu_ms']:.2f} ms, cube "
-                          f"{r['cube_cpu_ms']:.2f} ms  workers' CPU s {'/'.join(f'{x:.1f}' for x in split)}  "
+                          f"{r['cube_cpu_ms']:.2f} ms, wrk {r['wrk_cpu_ms']:.2f} ms"
+                          + (f", data plane {plane:.2f} ms" if plane is not None else "")
+                          + f"  workers' CPU s {'/'.join(f'{x:.1f}' for x in split)}  "
                           f"load {r['load']:.1f}", flush=True)
 
         for name, (role, _) in servers.items():
@@ -254,6 +283,8 @@ def main() -> int:
         return {"rps": sum(r["ok"] for r in rs) / dur, "failed": sum(r["non_2xx"] + r["socket_errors"] for r in rs),
                 "cpu_ms": sum(r["cpu_ms"] * r["requests"] for r in rs) / max(1, req),
                 "cube_cpu_ms": sum(r["cube_cpu_ms"] * r["requests"] for r in rs) / max(1, req),
+                "wrk_cpu_ms": sum(r["wrk_cpu_ms"] * r["requests"] for r in rs) / max(1, req),
+                "plane_ms": _mean([r["plane_ms"] for r in rs if r["plane_ms"] is not None]),
                 "p50_ms": max(r["p50_ms"] for r in rs), "p99_ms": max(r["p99_ms"] for r in rs)}
 
     print("\n| batch | server | requests/s | rows/s | p50 ms | p99 ms | failed | server CPU ms/request | "
@@ -280,6 +311,18 @@ def main() -> int:
     print("server CPU per request, kserve/ours: " + ", ".join(
         f"batch {b} {figs['kserve', b]['cpu_ms'] / max(figs['ours', b]['cpu_ms'], 1e-9):.2f}" for b in batches)
         + " (moves less with the machine's load than requests/s do)")
+    for b in batches:  # what KServe's data-plane calls cost, and a server costing only those (plane_cpu.py)
+        o, k = figs["ours", b], figs["kserve", b]
+        if k["plane_ms"] is None:
+            continue
+        peer = (k["cpu_ms"], k["cube_cpu_ms"], k["wrk_cpu_ms"])
+        est = machine_ratio(peer, (o["cpu_ms"], o["cube_cpu_ms"], o["wrk_cpu_ms"]))
+        top = machine_ratio(peer, (k["plane_ms"], o["cube_cpu_ms"], o["wrk_cpu_ms"]))
+        print(f"batch {b}: KServe's DataPlane.infer calls cost {k['plane_ms']:.2f} ms of its {k['cpu_ms']:.2f} ms "
+              f"of CPU per request. Machine CPU per request (server + cube + wrk): ours {o['cpu_ms']:.2f} + "
+              f"{o['cube_cpu_ms']:.2f} + {o['wrk_cpu_ms']:.2f}, KServe {k['cpu_ms']:.2f} + {k['cube_cpu_ms']:.2f} + "
+              f"{k['wrk_cpu_ms']:.2f} ms: ours {est:.2f}x KServe by these (measured {ratio(b):.2f}x); a server "
+              f"costing only KServe's data-plane calls {top:.2f}x")
     big = 256 if ("ours", 256) in figs else max(batches)
     print(f"serving_peers batch1_ratio={ratio(1):.2f} batch256_ratio={ratio(256):.2f} "
           f"batch256_rows_s={figs['ours', big]['rps'] * big:.0f} batch256_cpu_ms={figs['ours', big]['cpu_ms']:.2f} "

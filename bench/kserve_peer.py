@@ -14,6 +14,9 @@ KServe's ``ModelServer`` with more than one worker starts them with multiprocess
 the model pickles without its data plane and each worker builds its own once unpickled,
 on a thread (as each ``elastic-ctr serve`` worker builds its own), then writes
 ``<work-dir>/ready-<pid>`` so the benchmark knows every worker holds a loaded version.
+Each worker also keeps the thread CPU of its ``DataPlane.infer`` calls in
+``<work-dir>/plane-<pid>`` (``bench/plane_cpu.py``): the benchmark's measure of what the
+shared part of a request costs.
 
 Per-request logs are off as in serving: uvicorn's access log at WARNING, KServe's latency
 logging off. Errors keep their status: the data plane's ``BadRequest`` is KServe's ``InvalidInput``
@@ -31,6 +34,8 @@ import sys
 import threading
 import uuid
 from pathlib import Path
+
+from plane_cpu import PlaneClock  # noqa: E402  (bench/, this script's directory)
 
 from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
 from kserve.errors import InvalidInput, ModelNotFound, ModelNotReady
@@ -84,11 +89,13 @@ class CtrPeer(Model):
         self.plane_args = dict(plane_args)
         self.ready_dir = ready_dir
         self.plane = None
+        self.clock = None  # the data plane's CPU (plane_cpu.PlaneClock), per worker
         self.ready = True  # the parent serves nothing: its workers load (__setstate__)
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state["plane"] = None  # threads, sockets and Paddle predictors stay in the process that made them
+        state["clock"] = None
         return state
 
     def __setstate__(self, state):
@@ -110,6 +117,7 @@ class CtrPeer(Model):
             args = dict(self.plane_args)
             args["work_dir"] = os.path.join(args["work_dir"], f"w{os.getpid()}")
             self.plane = build_dataplane(**args, wait_s=120.0)
+            self.clock = PlaneClock(self.ready_dir)
             ok, why = self.plane.ready()
             if not ok:
                 raise RuntimeError(f"data plane not ready: {why}")
@@ -138,6 +146,7 @@ class CtrPeer(Model):
             outputs = [protocol.RequestedOutput(o.name, dict(o.parameters or {})) for o in payload.request_outputs]
         req = protocol.InferRequest(inputs=inputs, id=payload.id, outputs=outputs,
                                     parameters=dict(payload.parameters or {}))
+        t0 = self.clock.start()
         try:
             resp = self.plane.infer(self.name, None, req)
         except protocol.BadRequest as exc:
@@ -146,6 +155,8 @@ class CtrPeer(Model):
             raise ModelNotFound(str(exc)) from None
         except protocol.InferenceError as exc:
             raise ModelNotReady(self.name, str(exc)) from None
+        finally:
+            self.clock.stop(t0)
         outs = [InferOutput(o.name, list(o.shape), o.datatype, data=o.data) for o in resp.outputs]
         return InferResponse(response_id=payload.id or str(uuid.uuid4()), model_name=self.name, infer_outputs=outs,
                              model_version=resp.model_version)
