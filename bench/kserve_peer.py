@@ -35,7 +35,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from plane_cpu import PlaneClock  # noqa: E402  (bench/, this script's directory)
+from plane_cpu import PlaneClock  # bench/, this script's directory
 
 from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
 from kserve.errors import InvalidInput, ModelNotFound, ModelNotReady
@@ -116,8 +116,8 @@ class CtrPeer(Model):
         try:
             args = dict(self.plane_args)
             args["work_dir"] = os.path.join(args["work_dir"], f"w{os.getpid()}")
+            self.clock = PlaneClock(self.ready_dir)  # before the plane: a request may come once it is set
             self.plane = build_dataplane(**args, wait_s=120.0)
-            self.clock = PlaneClock(self.ready_dir)
             ok, why = self.plane.ready()
             if not ok:
                 raise RuntimeError(f"data plane not ready: {why}")
