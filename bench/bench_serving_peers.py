@@ -49,6 +49,7 @@ import argparse
 import http.client
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -186,10 +187,6 @@ def _children_cpu_s() -> float:
     return t.children_user + t.children_system
 
 
-def _mean(xs: list[float]) -> float | None:
-    return sum(xs) / len(xs) if xs else None
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=10.0, help="seconds of wrk per round and server (default 10)")
@@ -248,10 +245,11 @@ def main() -> int:
                     role, url = servers[name]
                     cpu0, kids0 = tree_cpu_s(role.proc.pid), children_cpu_s(role.proc.pid)
                     cube0 = sum(_proc_cpu_s(r.proc.pid) for r in cube.servers.values())
-                    plane0, wrk0 = read_totals(tmp / "kserve"), _children_cpu_s()
+                    plane0 = read_totals(tmp / "kserve") if name == "kserve" else None
+                    wrk0 = _children_cpu_s()
                     r = run_wrk(url, INFER_PATH, bfile, args.connections, args.duration, wrk=args.wrk)
                     wrk_cpu = _children_cpu_s() - wrk0
-                    plane = plane_ms(plane0, read_totals(tmp / "kserve")) if name == "kserve" else None
+                    plane = plane_ms(plane0, read_totals(tmp / "kserve")) if plane0 is not None else None
                     cpu = tree_cpu_s(role.proc.pid) - cpu0
                     kids = children_cpu_s(role.proc.pid)
                     split = sorted((kids[k] - kids0.get(k, 0.0) for k in kids), reverse=True)[:args.workers]
@@ -280,11 +278,12 @@ def main() -> int:
         rs = [r for r in results if r["server"] == name and r["batch"] == b]
         dur = sum(r["duration_s"] for r in rs)
         req = sum(r["requests"] for r in rs)
+        planes = [r["plane_ms"] for r in rs if r["plane_ms"] is not None]  # KServe's rounds only
         return {"rps": sum(r["ok"] for r in rs) / dur, "failed": sum(r["non_2xx"] + r["socket_errors"] for r in rs),
                 "cpu_ms": sum(r["cpu_ms"] * r["requests"] for r in rs) / max(1, req),
                 "cube_cpu_ms": sum(r["cube_cpu_ms"] * r["requests"] for r in rs) / max(1, req),
                 "wrk_cpu_ms": sum(r["wrk_cpu_ms"] * r["requests"] for r in rs) / max(1, req),
-                "plane_ms": _mean([r["plane_ms"] for r in rs if r["plane_ms"] is not None]),
+                "plane_ms": statistics.fmean(planes) if planes else None,
                 "p50_ms": max(r["p50_ms"] for r in rs), "p99_ms": max(r["p99_ms"] for r in rs)}
 
     print("\n| batch | server | requests/s | rows/s | p50 ms | p99 ms | failed | server CPU ms/request | "

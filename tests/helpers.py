@@ -27,6 +27,17 @@ from runtime.webserver import WebServer
 DICT = "emb"
 
 
+def wait_until(pred, timeout_s: float = 5.0, every_s: float = 0.02) -> bool:
+    """Calls ``pred`` every ``every_s`` s until it is true or ``timeout_s`` s have passed;
+    returns its last value (as a bool)."""
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            return bool(pred())
+        time.sleep(every_s)
+    return True
+
+
 def make_data(n: int, dim: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``n`` unique random uint64 keys (full 64-bit range) and float32[n, dim] values."""
     rng = np.random.default_rng(seed)

@@ -35,6 +35,7 @@ from runtime.serving.proto import open_inference_pb2_grpc as pb_grpc
 from runtime.serving.rest import create_app
 from runtime.serving.http_server import HttpServer
 from runtime.serving.worker import is_inference
+from tests.helpers import wait_until
 from tests.slow_clients import check_answered, latency
 
 
@@ -60,13 +61,6 @@ def _infer_json(b, n: int) -> dict:
         {"name": "feasigns", "datatype": "UINT64", "shape": [n, 26], "data": [int(x) for x in b.feasigns[:n].ravel()]}]}
 
 
-def _wait(pred, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not pred() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return pred()
-
-
 def test_rest_beyond_the_queue_limit_answers_503_at_once(served, env):
     plane = served["plane"]
     app = create_app(plane)
@@ -77,9 +71,9 @@ def test_rest_beyond_the_queue_limit_answers_503_at_once(served, env):
         url = w.url + "/v2/models/ctr/infer"
         with ThreadPoolExecutor(3) as pool:
             first = [pool.submit(requests.post, url, json=body, timeout=30)]
-            assert _wait(lambda: entered), "one running"
+            assert wait_until(lambda: entered), "one running"
             first += [pool.submit(requests.post, url, json=body, timeout=30) for _ in range(2)]
-            assert _wait(lambda: w.queued() == 2), "two waiting"
+            assert wait_until(lambda: w.queued() == 2), "two waiting"
             t0 = time.perf_counter()
             r = requests.post(url, json=body, timeout=5)
             took = time.perf_counter() - t0
@@ -107,9 +101,9 @@ def test_grpc_beyond_the_queue_limit_answers_resource_exhausted(served, env):
         b.feasigns[:2].ravel().tolist())
     try:
         running = stub.ModelInfer.future(req, timeout=30)
-        assert _wait(lambda: len(entered) == 1)
+        assert wait_until(lambda: len(entered) == 1)
         waiting = stub.ModelInfer.future(req, timeout=30)
-        assert _wait(lambda: _admitted(server) == 2)
+        assert wait_until(lambda: _admitted(server) == 2)
         t0 = time.perf_counter()
         with pytest.raises(grpc.RpcError) as exc:
             stub.ModelInfer(req, timeout=5)
@@ -233,7 +227,7 @@ def test_readiness_on_a_hung_cube_answers_at_once(serving):
         assert max(live) < 0.1, f"liveness probes on a hung cube (s): {live}"
     finally:
         os.kill(server.proc.pid, signal.SIGCONT)
-    assert _wait(lambda: requests.get(u + "/v2/health/ready", timeout=10).status_code == 200, 10.0), \
+    assert wait_until(lambda: requests.get(u + "/v2/health/ready", timeout=10).status_code == 200, 10.0), \
         "readiness did not turn true after the cube came back"
     assert requests.post(u + "/v2/models/ctr/infer", json=body, timeout=10).status_code == 200
 

@@ -16,7 +16,7 @@ from runtime.evaluation import auc
 from runtime.serving.batching import Combiner
 from runtime.serving.model import VersionWatcher
 from runtime.serving.rest import create_app
-from tests.helpers import V1, V2, FakeCube, offline_predict, publish as _publish
+from tests.helpers import V1, V2, FakeCube, offline_predict, publish as _publish, wait_until
 from tests.serving.conftest import ctr_plane
 
 
@@ -204,7 +204,7 @@ def test_readiness_asks_a_hung_cube_once_and_does_not_wait_for_it(served, env, m
     once and start no second one; once cube answers, readiness is true."""
     from runtime.serving import ctr_model
 
-    c, cube, plane = served["client"], served["cube"], served["plane"]
+    c, cube = served["client"], served["cube"]
     cube.down = True
     assert c.post("/v2/models/ctr/infer", json=v2_request(env["batch"])).status_code == 503
     release, asked = threading.Event(), []
@@ -226,18 +226,9 @@ def test_readiness_asks_a_hung_cube_once_and_does_not_wait_for_it(served, env, m
         assert asked == [V1]  # one lookup, still waiting
     finally:
         release.set()
-    assert _until(lambda: c.get("/v2/health/ready").status_code == 200)
+    assert wait_until(lambda: c.get("/v2/health/ready").status_code == 200)
     assert asked == [V1]
     assert c.post("/v2/models/ctr/infer", json=v2_request(env["batch"])).status_code == 200
-
-
-def _until(pred, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def test_no_version_yet_is_503(env, tmp_path):
