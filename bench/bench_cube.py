@@ -40,6 +40,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from runtime import role_specs  # noqa: E402
 from runtime.cube import protocol  # noqa: E402
 from runtime.cube.builder import build  # noqa: E402
 from runtime.formats.seqfile import write_sequence_file  # noqa: E402
@@ -246,10 +247,9 @@ def main() -> int:
     rows = []
     with ProcessGroup(work / "logs", grace_s=5) as pg:
         port, hport = free_port(), free_port()
-        cube = pg.start("cube-server", [sys.executable, "-m", "runtime.cli", "cube", "server", "--shard", "0",
-                                        "--shard-num", "1", "--dict-name", "bench", "--host", "127.0.0.1",
-                                        "--port", str(port), "--http-port", str(hport), "--io-mode", args.io_mode],
-                        cwd=str(Path(__file__).resolve().parent.parent))
+        spec = role_specs.cube_server(0, 1, role_specs.LOOPBACK, port, hport, dict_name="bench",
+                                      extra=["--io-mode", args.io_mode])
+        cube = pg.start("cube-server", spec.argv(), cwd=str(Path(__file__).resolve().parent.parent))
         wait_for_port("127.0.0.1", hport, 60, cube.proc, "cube-server", cube.log_path)
         import requests
         url = f"http://127.0.0.1:{hport}"

@@ -101,7 +101,7 @@ class SocketSampler:
 
 
 def _run_ps(data: Path, out: Path, epochs: int, threads: int, ps_mode: str) -> tuple[dict, list]:
-    from runtime.trainer.cluster import run_local_cluster
+    from runtime.trainer.local_ps import run_local_ps
     from runtime.trainer.config import TrainConfig
 
     cfg = TrainConfig(data_train=[str(data / "train.txt")], data_test=[str(data / "test.txt")], epochs=epochs,
@@ -114,7 +114,7 @@ def _run_ps(data: Path, out: Path, epochs: int, threads: int, ps_mode: str) -> t
         sampler.start(endpoints, pids)
 
     t0 = time.monotonic()
-    rec = run_local_cluster(cfg, 1, 2, log_dir=str(out.parent / f"ps-logs-{ps_mode}"), on_started=started)
+    rec = run_local_ps(cfg, 1, 2, log_dir=str(out.parent / f"ps-logs-{ps_mode}"), on_started=started)
     rec["wall_s"] = round(time.monotonic() - t0, 1)
     traffic = sampler.stop()
     per = []

@@ -18,7 +18,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from runtime import proc, storage  # noqa: E402
+from runtime import proc, role_specs, storage  # noqa: E402
 from runtime.serving.client import load_rows  # noqa: E402
 
 
@@ -56,7 +56,7 @@ def served_version(prefix: str, test_rows: int = 4096, rollout_timeout_s: float 
     with that version rolled out, in a temporary directory named ``prefix``*; yields a
     ``ServedVersion`` and removes it all on exit. Raises ``TimeoutError`` when the rollout
     takes longer than ``rollout_timeout_s`` (s)."""
-    from runtime.cube.cluster import LocalCubeCluster
+    from runtime.cube.local_cube import LocalCubeCluster
     from runtime.trainer import generator
 
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
@@ -85,11 +85,10 @@ def start_serving(cube, work_dir: Path, workers: int, threads: int, grpc: bool =
     ``ProcessGroup.check`` raises when a role of the group exits meanwhile."""
     port, grpc_port = proc.free_ports(2)
     url = f"http://127.0.0.1:{port}"
-    role = cube.group.start("serving", proc.self_command() + [
-        "serve", "--topology", str(cube.topology_path), "--model-root", cube.root_url,
-        "--transfer-url", cube.transfer_url, "--host", "127.0.0.1", "--port", str(port),
-        "--grpc-port", str(grpc_port) if grpc else "0", "--workers", str(workers), "--threads", str(threads),
-        "--cube-timeout-ms", str(cube_timeout_ms), "--work-dir", str(work_dir), *extra], **start_kw)
+    spec = role_specs.serving(str(cube.topology_path), cube.root_url, cube.transfer_url, str(work_dir),
+                              role_specs.LOOPBACK, port, grpc_port if grpc else 0, workers=workers, threads=threads,
+                              extra=["--cube-timeout-ms", str(cube_timeout_ms), *extra])
+    role = cube.group.start("serving", spec.argv(), **start_kw)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         cube.group.check()

@@ -12,7 +12,9 @@ from typing import Optional, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
+from runtime import role_specs
 from runtime.formats import topology
+from runtime.role_specs import Probe, RoleSpec
 
 PART_OF = "elastic-ctr"
 #: UID/GID of the non-root ``app`` user the Dockerfiles create.
@@ -141,6 +143,42 @@ def tcp_probe(port: str, period_s: int = 10, failures: int = 3,
         tcp_socket=k8s.core.v1.TCPSocketActionArgs(port=port),
         period_seconds=period_s, failure_threshold=failures, timeout_seconds=3,
         initial_delay_seconds=initial_delay_s or None)
+
+
+def probe(p: Optional[Probe], period_s: int = 10, failures: int = 3,
+          initial_delay_s: int = 0) -> Optional[k8s.core.v1.ProbeArgs]:
+    """A role spec's probe (``runtime.role_specs.Probe``): HTTP GET of its path on its named
+    port, or a TCP connect when it has no path; None for None."""
+    if p is None:
+        return None
+    if p.path is None:
+        return tcp_probe(p.port, period_s=period_s, failures=failures, initial_delay_s=initial_delay_s)
+    return http_probe(p.path, p.port, period_s=period_s, failures=failures, initial_delay_s=initial_delay_s)
+
+
+def container(spec: RoleSpec, dep: DeployContext, image: pulumi.Input[str], *, resources_: k8s.core.v1.ResourceRequirementsArgs,
+              env: Sequence[k8s.core.v1.EnvVarArgs] = (), volume_mounts: Sequence[k8s.core.v1.VolumeMountArgs] = (),
+              read_only_root: bool = True, readiness_period_s: int = 5, liveness_period_s: int = 10,
+              liveness_failures: int = 6, liveness_delay_s: int = 0,
+              **extra) -> k8s.core.v1.ContainerArgs:
+    """The container of role ``spec`` (``runtime.role_specs``): its name, ``args``, named
+    ports and probes come from the spec, nothing else; the spec's fixed environment comes
+    first, then ``env``. ``extra``: more ``ContainerArgs`` fields (e.g. ``lifecycle``)."""
+    return k8s.core.v1.ContainerArgs(
+        name=spec.name,
+        image=image,
+        image_pull_policy=dep.image_pull_policy,
+        args=list(spec.args),
+        ports=[k8s.core.v1.ContainerPortArgs(name=n, container_port=p) for n, p in spec.ports] or None,
+        env=[*(k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in spec.env), *env],
+        resources=resources_,
+        readiness_probe=probe(spec.readiness, period_s=readiness_period_s),
+        liveness_probe=probe(spec.liveness, period_s=liveness_period_s, failures=liveness_failures,
+                             initial_delay_s=liveness_delay_s),
+        security_context=container_security(read_only_root),
+        volume_mounts=list(volume_mounts),
+        **extra,
+    )
 
 
 def home_env() -> k8s.core.v1.EnvVarArgs:

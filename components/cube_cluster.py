@@ -24,26 +24,22 @@ import pulumi_kubernetes as k8s
 
 from components import common
 from components.common import DeployContext
+from runtime import role_specs
 from runtime.formats.topology import Topology
 
-SERVER_PORT = 8900
-SERVER_HTTP_PORT = 8901
-AGENT_PORT = 8902
-DICT_NAME = "ctr_embedding"
 DATA_DIR = "/data"
 
 
-def topology(namespace: str, shard_names: list[str], replicas: int, dict_name: str = DICT_NAME) -> Topology:
+def topology(namespace: str, shard_names: list[str], replicas: int,
+             dict_name: str = role_specs.DICT_NAME) -> Topology:
     """The topology of ``shard_names`` StatefulSets (shard order) of ``replicas`` pods each.
 
     Addresses are StatefulSet pod DNS names,
-    ``<sts>-<ordinal>.<headless svc>.<namespace>.svc.cluster.local``, so they are known
-    before any pod exists and stay stable across restarts."""
-    rows = []
-    for name in shard_names:
-        hosts = [f"{name}-{r}.{name}.{namespace}.svc.cluster.local" for r in range(replicas)]
-        rows.append([(f"{h}:{SERVER_PORT}", f"http://{h}:{SERVER_HTTP_PORT}", f"http://{h}:{AGENT_PORT}")
-                     for h in hosts])
+    ``<sts>-<ordinal>.<headless svc>.<namespace>.svc.cluster.local``, with the roles' pod
+    ports (``runtime.role_specs.replica_addresses``), so they are known before any pod
+    exists and stay stable across restarts."""
+    rows = [[role_specs.replica_addresses(f"{name}-{r}.{name}.{namespace}.svc.cluster.local")
+             for r in range(replicas)] for name in shard_names]
     return Topology.build(dict_name, rows)
 
 
@@ -121,6 +117,8 @@ class CubeCluster(pulumi.ComponentResource):
         # the shard label names the StatefulSet: selectors stay unique with two clusters in a stack
         lbls = common.labels(dep, "cube-server", "cube", **{"elastic-ctr.io/shard": name})
         sel = common.selector(lbls)
+        server = role_specs.cube_server(shard, args.shards, data_dir=f"{DATA_DIR}/server")
+        agent = role_specs.cube_agent(f"{DATA_DIR}/agent")
 
         k8s.core.v1.Service(
             name,
@@ -129,51 +127,20 @@ class CubeCluster(pulumi.ComponentResource):
                 cluster_ip="None",  # headless: per-pod DNS records
                 publish_not_ready_addresses=True,  # the transfer reaches agents before data is loaded
                 selector=sel,
-                ports=[
-                    k8s.core.v1.ServicePortArgs(name="data", port=SERVER_PORT, target_port="data"),
-                    k8s.core.v1.ServicePortArgs(name="http", port=SERVER_HTTP_PORT, target_port="http"),
-                    k8s.core.v1.ServicePortArgs(name="agent", port=AGENT_PORT, target_port="agent"),
-                ],
+                ports=[k8s.core.v1.ServicePortArgs(name=n, port=p, target_port=n)
+                       for spec in (server, agent) for n, p in spec.ports],
             ),
             opts=common.child(self),
         )
 
         tmp_vol, tmp_mount = common.tmp_volume()
         data_mount = k8s.core.v1.VolumeMountArgs(name="cube-data", mount_path=DATA_DIR)
-        server = k8s.core.v1.ContainerArgs(
-            name="cube-server",
-            image=args.image,
-            image_pull_policy=dep.image_pull_policy,
-            args=["cube", "server", "--shard", str(shard), "--shard-num", str(args.shards),
-                  "--dict-name", DICT_NAME, "--data-dir", f"{DATA_DIR}/server",
-                  "--host", "0.0.0.0",
-                  "--port", str(SERVER_PORT), "--http-port", str(SERVER_HTTP_PORT)],
-            ports=[
-                k8s.core.v1.ContainerPortArgs(name="data", container_port=SERVER_PORT),
-                k8s.core.v1.ContainerPortArgs(name="http", container_port=SERVER_HTTP_PORT),
-            ],
-            env=common.base_env(),
-            resources=common.resources(args.server_cpu, args.server_memory),
-            readiness_probe=common.http_probe("/readyz", "http", period_s=5),
-            liveness_probe=common.http_probe("/healthz", "http", period_s=10, failures=6),
-            security_context=common.container_security(),
-            volume_mounts=[data_mount, tmp_mount],
-        )
-        agent = k8s.core.v1.ContainerArgs(
-            name="cube-agent",
-            image=args.image,
-            image_pull_policy=dep.image_pull_policy,
-            args=["cube", "agent", "--host", "0.0.0.0", "--port", str(AGENT_PORT),
-                  "--server-http", f"http://127.0.0.1:{SERVER_HTTP_PORT}",
-                  "--work-dir", f"{DATA_DIR}/agent"],
-            ports=[k8s.core.v1.ContainerPortArgs(name="agent", container_port=AGENT_PORT)],
-            env=common.base_env(dep=dep),
-            resources=common.resources(args.agent_cpu, args.agent_memory),
-            readiness_probe=common.http_probe("/readyz", "agent", period_s=5),
-            liveness_probe=common.http_probe("/healthz", "agent", period_s=10, failures=6),
-            security_context=common.container_security(),
-            volume_mounts=[data_mount, tmp_mount],
-        )
+        server_c = common.container(server, dep, args.image, env=common.base_env(),
+                                    resources_=common.resources(args.server_cpu, args.server_memory),
+                                    volume_mounts=[data_mount, tmp_mount])
+        agent_c = common.container(agent, dep, args.image, env=common.base_env(dep=dep),
+                                   resources_=common.resources(args.agent_cpu, args.agent_memory),
+                                   volume_mounts=[data_mount, tmp_mount])
         sts = k8s.apps.v1.StatefulSet(
             name,
             metadata=common.metadata(dep, name, lbls),
@@ -202,7 +169,7 @@ class CubeCluster(pulumi.ComponentResource):
                                 ]
                             )
                         ),
-                        containers=[server, agent],
+                        containers=[server_c, agent_c],
                         volumes=[
                             k8s.core.v1.VolumeArgs(
                                 name="cube-data",

@@ -19,8 +19,8 @@ import pulumi_kubernetes as k8s
 from components import common
 from components.common import DeployContext
 from components.tracking_server import tracking_env
+from runtime import role_specs
 
-PORT = 8910
 STATE_DIR = "/var/lib/cube-transfer"
 
 
@@ -91,24 +91,16 @@ class CubeTransfer(pulumi.ComponentResource):
         )
         topo_vol, topo_mount = common.topology_volume(args.topology_configmap)
         tmp_vol, tmp_mount = common.tmp_volume()
-        container = k8s.core.v1.ContainerArgs(
-            name=name,
-            image=args.image,
-            image_pull_policy=dep.image_pull_policy,
-            args=["cube", "transfer", "--topology", common.TOPOLOGY_FILE, "--root", args.root,
-                  "--work-dir", STATE_DIR, "--host", "0.0.0.0", "--port", str(PORT),
-                  "--poll-interval", str(args.poll_interval_s)],
-            ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT)],
+        spec = role_specs.cube_transfer(common.TOPOLOGY_FILE, args.root, STATE_DIR,
+                                        poll_interval_s=args.poll_interval_s)
+        container = common.container(
+            spec, dep, args.image,
             env=[*common.base_env(dep=dep),
                  *([common.token_env(args.upload_token_secret, args.upload_token_key)]
                    if args.upload_token_secret is not None else []),
                  *tracking_env(args.tracking_uri, args.tracking_experiment)],
-            resources=common.resources(args.cpu, args.memory),
-            readiness_probe=common.http_probe("/readyz", "http", period_s=5),
-            liveness_probe=common.http_probe("/healthz", "http", failures=6),
-            security_context=common.container_security(),
-            volume_mounts=[k8s.core.v1.VolumeMountArgs(name="state", mount_path=STATE_DIR),
-                           topo_mount, tmp_mount],
+            resources_=common.resources(args.cpu, args.memory),
+            volume_mounts=[k8s.core.v1.VolumeMountArgs(name="state", mount_path=STATE_DIR), topo_mount, tmp_mount],
         )
         self.deployment = common.singleton_deployment(
             dep, name, lbls, container,
@@ -125,10 +117,10 @@ class CubeTransfer(pulumi.ComponentResource):
             metadata=common.metadata(dep, name, lbls),
             spec=k8s.core.v1.ServiceSpecArgs(
                 selector=sel,
-                ports=[k8s.core.v1.ServicePortArgs(name="http", port=PORT, target_port="http")],
+                ports=[k8s.core.v1.ServicePortArgs(name=n, port=p, target_port=n) for n, p in spec.ports],
             ),
             opts=common.child(self),
         )
-        self.url = dep.svc_url(service.metadata.apply(lambda m: m.name), PORT)
+        self.url = dep.svc_url(service.metadata.apply(lambda m: m.name), spec.port("http"))
         self.status_url = pulumi.Output.concat(self.url, "/dict/info")
         self.register_outputs({"url": self.url, "status_url": self.status_url})

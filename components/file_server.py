@@ -16,8 +16,8 @@ import pulumi_kubernetes as k8s
 
 from components import common
 from components.common import DeployContext
+from runtime import role_specs
 
-PORT = 8080
 TOKEN_KEY = "token"
 ROOT = "/srv/elastic-ctr"
 
@@ -86,19 +86,12 @@ class FileServer(pulumi.ComponentResource):
             opts=common.child(self),
         )
         tmp_vol, tmp_mount = common.tmp_volume()
-        container = k8s.core.v1.ContainerArgs(
-            name="fileserver",
-            image=args.image,
-            image_pull_policy=dep.image_pull_policy,
-            args=["fileserver", "--root", ROOT, "--host", "0.0.0.0", "--port", str(PORT)],
-            ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT)],
-            env=[*common.base_env(), common.token_env(self.token_secret, TOKEN_KEY)],
-            resources=common.resources(args.cpu, args.memory),
-            readiness_probe=common.http_probe("/readyz", "http", period_s=5),
-            liveness_probe=common.http_probe("/healthz", "http", failures=6),
-            security_context=common.container_security(),
-            volume_mounts=[k8s.core.v1.VolumeMountArgs(name="files", mount_path=ROOT), tmp_mount],
-        )
+        spec = role_specs.file_server(ROOT)
+        port = spec.port("http")
+        container = common.container(
+            spec, dep, args.image, env=[*common.base_env(), common.token_env(self.token_secret, TOKEN_KEY)],
+            resources_=common.resources(args.cpu, args.memory),
+            volume_mounts=[k8s.core.v1.VolumeMountArgs(name="files", mount_path=ROOT), tmp_mount])
         common.singleton_deployment(
             dep, name, lbls, container,
             [k8s.core.v1.VolumeArgs(
@@ -113,14 +106,14 @@ class FileServer(pulumi.ComponentResource):
             spec=k8s.core.v1.ServiceSpecArgs(
                 type="LoadBalancer" if args.expose else "ClusterIP",
                 selector=sel,
-                ports=[k8s.core.v1.ServicePortArgs(name="http", port=PORT, target_port="http")],
+                ports=[k8s.core.v1.ServicePortArgs(name="http", port=port, target_port="http")],
             ),
             opts=common.child(self),
         )
-        self.url = dep.svc_url(self.service.metadata.apply(lambda m: m.name), PORT)
+        self.url = dep.svc_url(self.service.metadata.apply(lambda m: m.name), port)
         if args.expose:
             self.external_url = pulumi.Output.all(self.service.status, self.url).apply(
-                lambda a: _ingress_url(a[0], PORT) or a[1])
+                lambda a: _ingress_url(a[0], port) or a[1])
         else:
             self.external_url = self.url
         self.register_outputs({"url": self.url, "external_url": self.external_url,

@@ -21,9 +21,8 @@ import pulumi_kubernetes as k8s
 
 from components import common
 from components.common import DeployContext
+from runtime import role_specs
 
-PORT = 8000
-GRPC_PORT = 8001
 #: seconds a deleted serving pod keeps answering before its SIGTERM (preStop), while the
 #: endpoints controller and every node's kube-proxy stop routing new connections to it;
 #: without it, connections opened in that window are refused (measured by the container
@@ -90,26 +89,15 @@ class Serving(pulumi.ComponentResource):
         sel = common.selector(lbls)
         topo_vol, topo_mount = common.topology_volume(args.topology_configmap)
         tmp_vol, tmp_mount = common.tmp_volume()
-        container = k8s.core.v1.ContainerArgs(
-            name="serving",
-            image=args.image,
-            image_pull_policy=dep.image_pull_policy,
-            args=["serve", "--topology", common.TOPOLOGY_FILE, "--model-root", args.model_root,
-                  "--transfer-url", args.transfer_url, "--host", "0.0.0.0",
-                  "--port", str(PORT), "--grpc-port", str(GRPC_PORT), "--workers", pulumi.Output.from_input(args.workers).apply(str),
-                  "--work-dir", f"{common.TMP_DIR}/models", "--format", args.data_format,
-                  *(["--slot-file", args.slot_file] if args.slot_file else [])],
-            ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT),
-                   k8s.core.v1.ContainerPortArgs(name="grpc", container_port=GRPC_PORT)],
-            env=common.base_env(dep=dep),
-            resources=common.resources(args.cpu, args.memory),
-            readiness_probe=common.http_probe("/v2/health/ready", "http", period_s=5),
-            liveness_probe=common.http_probe("/v2/health/live", "http", failures=6),
-            security_context=common.container_security(),
+        spec = role_specs.serving(common.TOPOLOGY_FILE, args.model_root, args.transfer_url,
+                                  f"{common.TMP_DIR}/models", workers=pulumi.Output.from_input(args.workers).apply(str),
+                                  data_format=args.data_format, slot_file=args.slot_file)
+        port, grpc_port = spec.port("http"), spec.port("grpc")
+        container = common.container(
+            spec, dep, args.image, env=common.base_env(dep=dep), resources_=common.resources(args.cpu, args.memory),
             volume_mounts=[topo_mount, tmp_mount],
             lifecycle=k8s.core.v1.LifecycleArgs(pre_stop=k8s.core.v1.LifecycleHandlerArgs(
-                exec_=k8s.core.v1.ExecActionArgs(command=["sleep", str(PRE_STOP_S)]))),
-        )
+                exec_=k8s.core.v1.ExecActionArgs(command=["sleep", str(PRE_STOP_S)]))))
         autoscaled = args.max_replicas > args.replicas
         deployment = k8s.apps.v1.Deployment(
             name,
@@ -144,8 +132,8 @@ class Serving(pulumi.ComponentResource):
             metadata=common.metadata(dep, name, lbls),
             spec=k8s.core.v1.ServiceSpecArgs(
                 selector=sel,
-                ports=[k8s.core.v1.ServicePortArgs(name="http", port=PORT, target_port="http"),
-                       k8s.core.v1.ServicePortArgs(name="grpc", port=GRPC_PORT, target_port="grpc",
+                ports=[k8s.core.v1.ServicePortArgs(name="http", port=port, target_port="http"),
+                       k8s.core.v1.ServicePortArgs(name="grpc", port=grpc_port, target_port="grpc",
                                                    app_protocol="grpc")],
             ),
             opts=common.child(self),
@@ -171,9 +159,9 @@ class Serving(pulumi.ComponentResource):
                 ),
                 opts=common.child(self),
             )
-        self.url = dep.svc_url(service.metadata.apply(lambda m: m.name), PORT)
+        self.url = dep.svc_url(service.metadata.apply(lambda m: m.name), port)
         self.grpc_target = pulumi.Output.concat(
-            dep.svc_host(service.metadata.apply(lambda m: m.name)), ":", str(GRPC_PORT))
+            dep.svc_host(service.metadata.apply(lambda m: m.name)), ":", str(grpc_port))
         self.autoscaled = pulumi.Output.from_input(autoscaled)
         self.register_outputs({"url": self.url, "grpc_target": self.grpc_target,
                                "autoscaled": self.autoscaled})

@@ -3,7 +3,7 @@ transfer log to (``runtime.tracking``; their pods get ``MLFLOW_TRACKING_URI`` = 
 
 Named after the component (``<name>``): a single-replica Deployment (``Recreate``: the
 volume is ReadWriteOnce) running the ``tracking`` image (the Dockerfile's target: the full
-``mlflow`` distribution; its entrypoint is ``mlflow``), a ClusterIP Service on ``PORT``,
+``mlflow`` distribution; its entrypoint is ``mlflow``), a ClusterIP Service on its port (``runtime.role_specs.tracking_server``),
 and where the stores live:
 
 * by default a PersistentVolumeClaim mounted at ``STORE``: the backend store
@@ -29,8 +29,8 @@ import pulumi_kubernetes as k8s
 
 from components import common
 from components.common import DeployContext
+from runtime import role_specs
 
-PORT = 5000
 STORE = "/mlflow"
 URI_KEY = "uri"
 
@@ -97,34 +97,25 @@ class TrackingServer(pulumi.ComponentResource):
                 name="store", persistent_volume_claim=k8s.core.v1.PersistentVolumeClaimVolumeSourceArgs(
                     claim_name=pvc.metadata.apply(lambda m: m.name))))
             mounts.append(k8s.core.v1.VolumeMountArgs(name="store", mount_path=STORE))
+        spec = role_specs.tracking_server()
+        port = spec.port("http")
         host = dep.svc_host(name)
         env.append(k8s.core.v1.EnvVarArgs(name="MLFLOW_SERVER_ALLOWED_HOSTS", value=pulumi.Output.concat(
-            name, ",", name, f":{PORT},", host, ",", host, f":{PORT},", name, ".", dep.namespace, f":{PORT},",
-            f"localhost:{PORT},127.0.0.1:{PORT},localhost,127.0.0.1")))
-        container = k8s.core.v1.ContainerArgs(
-            name="mlflow",
-            image=args.image,
-            image_pull_policy=dep.image_pull_policy,
-            args=["server", "--serve-artifacts", "--host", "0.0.0.0", "--port", str(PORT), "--workers", "1"],
-            ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=PORT)],
-            env=env,
-            resources=common.resources(args.cpu, args.memory),
-            # a cold start (database migrations) takes ~20 s on 2 cores
-            readiness_probe=common.http_probe("/health", "http", period_s=5),
-            liveness_probe=common.http_probe("/health", "http", failures=6, initial_delay_s=60),
-            security_context=common.container_security(),
-            volume_mounts=[*mounts, tmp_mount],
-        )
+            name, ",", name, f":{port},", host, ",", host, f":{port},", name, ".", dep.namespace, f":{port},",
+            f"localhost:{port},127.0.0.1:{port},localhost,127.0.0.1")))
+        # a cold start (database migrations) takes ~20 s on 2 cores: liveness waits 60 s
+        container = common.container(spec, dep, args.image, env=env, resources_=common.resources(args.cpu, args.memory),
+                                     volume_mounts=[*mounts, tmp_mount], liveness_delay_s=60)
         common.singleton_deployment(dep, name, lbls, container, [*volumes, tmp_vol], parent=self)
         self.service = k8s.core.v1.Service(
             name,
             metadata=common.metadata(dep, name, lbls),
             spec=k8s.core.v1.ServiceSpecArgs(
                 type="ClusterIP", selector=sel,
-                ports=[k8s.core.v1.ServicePortArgs(name="http", port=PORT, target_port="http")]),
+                ports=[k8s.core.v1.ServicePortArgs(name="http", port=port, target_port="http")]),
             opts=common.child(self),
         )
-        self.url = dep.svc_url(self.service.metadata.apply(lambda m: m.name), PORT)
+        self.url = dep.svc_url(self.service.metadata.apply(lambda m: m.name), port)
         self.register_outputs({"url": self.url})
 
 

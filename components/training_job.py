@@ -28,10 +28,8 @@ import pulumi_kubernetes as k8s
 from components import common
 from components.common import DeployContext
 from components.tracking_server import tracking_env
+from runtime import role_specs
 
-PADDLE_PORT = 8200
-#: pserver 0 serves Paddle's gloo HTTP store here (trainer barriers); ``runtime.trainer.roles``
-GLOO_PORT = 8210
 GENERATED = "generated"
 DATA_DIR = "/data"
 #: where both tasks mount the ReadWriteMany claim ``<name>-shared`` (the sparse-table save)
@@ -192,11 +190,10 @@ class TrainingJob(pulumi.ComponentResource):
         is_trainer = task == "trainer"
         generated = list(args.data_train) == [GENERATED]
         cmd = _train_args(args, generated)
-        env = [
-            k8s.core.v1.EnvVarArgs(name="TRAINING_ROLE", value="TRAINER" if is_trainer else "PSERVER"),
-            k8s.core.v1.EnvVarArgs(name="PADDLE_PORT", value=str(PADDLE_PORT)),
-            k8s.core.v1.EnvVarArgs(name="PADDLE_GLOO_PORT", value=str(GLOO_PORT)),
-        ]
+        # ports, probes and the environment contract's fixed part (pserver 0 serves Paddle's gloo
+        # HTTP store on ``gloo``: trainer barriers; ``runtime.trainer.roles``)
+        spec = role_specs.ps_role(task, args=cmd)
+        env = []
         if is_trainer:
             # A pserver's endpoint must be its own entry of the endpoint list, which Volcano's
             # VC_PSERVER_HOSTS gives as host names: runtime.trainer.roles derives a pserver's
@@ -215,26 +212,12 @@ class TrainingJob(pulumi.ComponentResource):
         tmp_vol, tmp_mount = common.tmp_volume()
         data_mount = k8s.core.v1.VolumeMountArgs(name="data", mount_path=DATA_DIR)
         shared_mount = k8s.core.v1.VolumeMountArgs(name="shared", mount_path=SHARED_DIR)
-        ports = [k8s.core.v1.ContainerPortArgs(name="paddle", container_port=PADDLE_PORT)]
-        if not is_trainer:
-            ports.append(k8s.core.v1.ContainerPortArgs(name="gloo", container_port=GLOO_PORT))
-        container = k8s.core.v1.ContainerArgs(
-            name=task,
-            image=args.image,
-            image_pull_policy=dep.image_pull_policy,
-            args=cmd,
-            env=env,
-            ports=ports,
-            resources=resources,
-            # Paddle writes under the working directory (logs, RPC temp files): keep the
-            # root FS writable for training only; everything else runs read-only.
-            security_context=common.container_security(read_only_root=False),
-            volume_mounts=[data_mount, tmp_mount, shared_mount],
-            # the trainers complete: only the pservers are probed
-            readiness_probe=None if is_trainer else common.tcp_probe("paddle", period_s=10),
-            liveness_probe=None if is_trainer else common.tcp_probe(
-                "paddle", period_s=20, failures=6, initial_delay_s=60),
-        )
+        # Paddle writes under the working directory (logs, RPC temp files): keep the root FS
+        # writable for training only; everything else runs read-only. Only the pservers are
+        # probed (the trainers complete).
+        container = common.container(spec, dep, args.image, env=env, resources_=resources,
+                                     volume_mounts=[data_mount, tmp_mount, shared_mount], read_only_root=False,
+                                     readiness_period_s=10, liveness_period_s=20, liveness_delay_s=60)
         init_containers = None
         if generated:
             # every role checks its inputs before it starts (``train`` resolves --data-train and

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from runtime import role_specs
 from runtime.cli import HelpFormatter
 from runtime.webserver import add_drain_seconds
 
@@ -49,10 +50,10 @@ def register_server(cube_sub: "argparse._SubParsersAction") -> None:
     p = cube_sub.add_parser("server", formatter_class=HelpFormatter, help="serve one shard (binary data plane + HTTP control/metrics)")
     p.add_argument("--shard", type=int, required=True, help="this server's shard index")
     p.add_argument("--shard-num", type=int, default=1, help="shard count")
-    p.add_argument("--dict-name", default="ctr_embedding", help="dict name")
+    p.add_argument("--dict-name", default=role_specs.DICT_NAME, help="dict name")
     p.add_argument("--host", default="0.0.0.0", help="listen address")
-    p.add_argument("--port", type=int, default=8900, help="data-plane TCP port")
-    p.add_argument("--http-port", type=int, default=8901, help="HTTP control/metrics port")
+    p.add_argument("--port", type=int, default=role_specs.PORTS["cube-server"]["data"], help="data-plane TCP port")
+    p.add_argument("--http-port", type=int, default=role_specs.PORTS["cube-server"]["http"], help="HTTP control/metrics port")
     p.add_argument("--data-dir", default=None,
                    help="where the enabled version is recorded, to serve it again after a restart")
     p.add_argument("--max-keys", type=int, default=1 << 20,
@@ -80,8 +81,8 @@ def register_agent(cube_sub: "argparse._SubParsersAction") -> None:
     """``cube agent``: downloads, unpacks, reloads and enables versions for one server."""
     p = cube_sub.add_parser("agent", formatter_class=HelpFormatter, help="agent beside one cube server (download, reload, enable)")
     p.add_argument("--host", default="0.0.0.0", help="listen address")
-    p.add_argument("--port", type=int, default=8902, help="HTTP port")
-    p.add_argument("--server-http", default="http://127.0.0.1:8901",
+    p.add_argument("--port", type=int, default=role_specs.PORTS["cube-agent"]["agent"], help="HTTP port")
+    p.add_argument("--server-http", default=f"http://{role_specs.LOOPBACK}:{role_specs.PORTS['cube-server']['http']}",
                    help="the cube server's HTTP control URL")
     p.add_argument("--work-dir", required=True, help="directory for downloaded and unpacked versions")
     p.add_argument("--load-timeout", type=float, default=300.0,
@@ -104,7 +105,7 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
                    help="version root: a directory or the file server's URL (donefile = ROOT/donefile/)")
     p.add_argument("--work-dir", required=True, help="directory for builds and the persisted state")
     p.add_argument("--host", default="0.0.0.0", help="listen address")
-    p.add_argument("--port", type=int, default=8910, help="HTTP port")
+    p.add_argument("--port", type=int, default=role_specs.PORTS["cube-transfer"]["http"], help="HTTP port")
     p.add_argument("--upload-token-file", default=None,
                    help="file holding the upload bearer token")
     p.add_argument("--poll-interval", type=float, default=5.0, help="donefile poll interval in s")

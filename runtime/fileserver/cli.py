@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 
+from runtime import role_specs
 from runtime.cli import HelpFormatter
 from runtime.webserver import add_drain_seconds
 
@@ -22,7 +23,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
                     "$ELASTIC_CTR_UPLOAD_TOKEN; without one, uploads are refused with 403).")
     p.add_argument("--root", required=True, help="directory to serve (created if missing)")
     p.add_argument("--host", default="0.0.0.0", help="listen address")
-    p.add_argument("--port", type=int, default=8080, help="listen port")
+    p.add_argument("--port", type=int, default=role_specs.PORTS["fileserver"]["http"], help="listen port")
     p.add_argument("--upload-token-file", default=None,
                    help="file holding the upload bearer token (default: $ELASTIC_CTR_UPLOAD_TOKEN)")
     p.add_argument("--threads", type=int, default=8, help="worker threads")

@@ -1,6 +1,6 @@
 """The long-running roles of ``elastic-ctr local`` and its clients, started the same way by
 both flows (``runtime.local.pipeline`` rounds, ``runtime.local.online``): the file server,
-the cube and the transfer (``runtime.cube.cluster.LocalCubeCluster`` in the run's process
+the cube and the transfer (``runtime.cube.local_cube.LocalCubeCluster`` in the run's process
 group), serving, and the demo client (``elastic-ctr client``).
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import secrets
 from pathlib import Path
 
-DICT_NAME = "ctr_embedding"
+from runtime import role_specs
 
 
 class Services:
@@ -39,12 +39,12 @@ def start_services(args, run_dir: Path, group) -> Services:
     transfer (work dirs under ``run_dir/cube``), each a process of ``group`` on 127.0.0.1;
     waits until every port answers. Raises ``proc.RoleFailed`` / ``TimeoutError``."""
     from runtime import proc
-    from runtime.cube.cluster import LocalCubeCluster
+    from runtime.cube.local_cube import LocalCubeCluster
 
     fs_root = run_dir / "fileserver"
     model_root = getattr(args, "model_root", None)
     cube = LocalCubeCluster(run_dir / "cube", model_root or fs_root, shards=args.shards, replicas=args.replicas,
-                            dict_name=DICT_NAME, poll_interval_s=0.2, token=secrets.token_hex(16),
+                            dict_name=role_specs.DICT_NAME, poll_interval_s=0.2, token=secrets.token_hex(16),
                             start_timeout_s=120.0, group=group)
     cube.start()
     sv_port, grpc_port = proc.free_ports(2)
@@ -58,11 +58,11 @@ def start_serving(args, run_dir: Path, group, svc: Services, fmt: str, slot_args
     ``proc.Role``. Raises ``proc.RoleFailed`` / ``TimeoutError``."""
     from runtime import proc
 
-    serving = group.start("serving", proc.self_command() + [
-        "serve", "--topology", str(svc.topology), "--model-root", svc.root_url, "--transfer-url", svc.transfer_url,
-        "--host", "127.0.0.1", "--port", str(svc.serving_port), "--grpc-port", str(svc.grpc_port),
-        "--workers", str(args.serving_workers), "--threads", str(args.serving_threads),
-        "--work-dir", str(run_dir / "serving"), "--format", fmt, "--poll-interval", "0.2"] + list(slot_args))
+    spec = role_specs.serving(str(svc.topology), svc.root_url, svc.transfer_url, str(run_dir / "serving"),
+                              role_specs.LOOPBACK, svc.serving_port, svc.grpc_port, workers=args.serving_workers,
+                              threads=args.serving_threads, data_format=fmt, poll_interval_s=0.2,
+                              extra=list(slot_args))
+    serving = group.start("serving", spec.argv())
     for port in (svc.serving_port, svc.grpc_port):
         proc.wait_for_port("127.0.0.1", port, 120, serving.proc, serving.name, serving.log_path)
     return serving

@@ -145,9 +145,9 @@ def _train(args) -> int:
         cfg = config.config_from_args(args)
         config.check_inputs(cfg)  # a bad flag or a missing file fails before anything starts
         if args.local_cluster:
-            from runtime.trainer.cluster import run_local_cluster
+            from runtime.trainer.local_ps import run_local_ps
 
-            rec = run_local_cluster(cfg, args.pservers, args.trainers, args.log_dir, args.timeout_s)
+            rec = run_local_ps(cfg, args.pservers, args.trainers, args.log_dir, args.timeout_s)
         else:
             set_paddle_flags()  # this process trains: before Paddle is imported
             rec = train.run_single(cfg) if args.single else train.run_role(cfg)

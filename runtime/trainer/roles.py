@@ -31,8 +31,11 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-DEFAULT_PORT = 8200
-DEFAULT_GLOO_PORT = 8210
+from runtime import role_specs
+
+#: the pods' ports (``runtime.role_specs.PORTS``): a variable not set falls back to them
+DEFAULT_PORT = role_specs.PORTS["pserver"]["paddle"]
+DEFAULT_GLOO_PORT = role_specs.PORTS["pserver"]["gloo"]
 ROLE_VARS = ("TRAINING_ROLE", "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_TRAINERS_NUM",
              "PADDLE_TRAINER_ID", "POD_IP", "PADDLE_PORT", "PADDLE_GLOO_HTTP_ENDPOINT")
 

@@ -148,7 +148,7 @@ def _serving_patch(c) -> None:
 
 
 def test_shard_change_beside_the_serving_generation_fails_no_request(tmp_path):
-    from runtime.cube.cluster import LocalCubeCluster
+    from runtime.cube.local_cube import LocalCubeCluster
 
     root = tmp_path / "root"
     expected = _versions(root)
@@ -202,7 +202,7 @@ def test_shard_change_beside_the_serving_generation_fails_no_request(tmp_path):
 
 @pytest.mark.slow  # ~20 s on an idle 2-core machine, 37 s under load 20 (the shard change stays fast)
 def test_replicas_up_and_down_fail_no_request(tmp_path):
-    from runtime.cube.cluster import LocalCubeCluster
+    from runtime.cube.local_cube import LocalCubeCluster
 
     root = tmp_path / "root"
     expected = _versions(root)

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def serving(tmp_path_factory):
-    from runtime.cube.cluster import LocalCubeCluster
+    from runtime.cube.local_cube import LocalCubeCluster
     from tests.helpers import export_version, make_table
 
     tmp = tmp_path_factory.mktemp("serving")

@@ -42,7 +42,7 @@ STOPS_TWO_WORKERS = 4
 def cube(tmp_path_factory):
     """A version exported by the trainer's export, rolled out to a local cube (1 shard x 1
     replica, its transfer and file server): what serving needs to become ready."""
-    from runtime.cube.cluster import LocalCubeCluster
+    from runtime.cube.local_cube import LocalCubeCluster
     from tests.helpers import export_version, make_table
 
     tmp = tmp_path_factory.mktemp("serving-stop")

@@ -132,7 +132,7 @@ ROWS = 512
 def serving(tmp_path_factory):
     """``elastic-ctr serve`` (1 worker, 1 thread, queue limit 2) over a local cube holding
     a version exported by the trainer's export."""
-    from runtime.cube.cluster import LocalCubeCluster
+    from runtime.cube.local_cube import LocalCubeCluster
     from tests.helpers import export_version, make_table
     from tests.lifecycle import support
 

@@ -245,7 +245,7 @@ def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
     then 03 (a base: the restored tables are text): every hour once in the served lineage,
     none skipped, version ids increase."""
     from runtime import proc
-    from runtime.trainer.cluster import run_local_cluster
+    from runtime.trainer.local_ps import run_local_ps
     from runtime.trainer.config import TrainConfig
 
     root, _ = hours
@@ -270,13 +270,13 @@ def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
         threading.Thread(target=watch, daemon=True).start()
 
     with pytest.raises(proc.RoleFailed):
-        run_local_cluster(cfg, 1, 2, log_dir=str(logs), timeout_s=300, on_started=started)
+        run_local_ps(cfg, 1, 2, log_dir=str(logs), timeout_s=300, on_started=started)
     assert "at" in killed
     first = online.OnlineState.load(str(state))
     assert first.next_hour == "20261120/03" and [e.hour for e in first.exports] == [
         "20261120/00", "20261120/01", "20261120/02"]
     assert first.checkpoint_hour == "20261120/02"
-    rec = run_local_cluster(cfg, 1, 2, log_dir=str(tmp_path / "logs2"), timeout_s=300)
+    rec = run_local_ps(cfg, 1, 2, log_dir=str(tmp_path / "logs2"), timeout_s=300)
     assert [p["hour"] for p in rec["partitions"]] == ["20261120/02", "20261120/03"]
     # the job's rate counts both trainers' rows of 02 and 03 (it reported 0)
     assert rec["examples_total"] == 2 * 6000 and rec["examples_per_s_total"] > 0

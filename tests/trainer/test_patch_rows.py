@@ -30,7 +30,7 @@ def _fed(root: Path, hour: str) -> np.ndarray:
 
 @pytest.mark.slow
 def test_ps_patch_is_the_hours_fed_rows_and_chains_bit_for_bit(tmp_path):
-    from runtime.trainer.cluster import run_local_cluster
+    from runtime.trainer.local_ps import run_local_ps
     from runtime.trainer.config import TrainConfig
 
     root = tmp_path / "hours"
@@ -38,7 +38,7 @@ def test_ps_patch_is_the_hours_fed_rows_and_chains_bit_for_bit(tmp_path):
     out, state = tmp_path / "out", tmp_path / "state"
     cfg = TrainConfig(mode="continuous", data_root=str(root), start_hour=START, end_hour="20261120/02",
                       state_dir=str(state), output=str(out), base_every=2, poll_s=0.2, table_dir=str(tmp_path / "t"))
-    rec = run_local_cluster(cfg, 1, 2, log_dir=str(tmp_path / "logs"), timeout_s=300)
+    rec = run_local_ps(cfg, 1, 2, log_dir=str(tmp_path / "logs"), timeout_s=300)
     assert [e["kind"] for e in rec["exports"]] == ["base", "patch", "base"]
     (b0,), (p1,) = donefile.read(str(out), "base")[:1], donefile.read(str(out), "patch")
     b2 = donefile.read(str(out), "base")[1]

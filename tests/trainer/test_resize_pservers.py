@@ -167,12 +167,12 @@ def test_continuous_job_resized_1_to_2_to_1_pservers_loses_no_row(tmp_path):
     """1 pserver (00, 01) -> 2 (02: killed after scoring it, then again) -> 1 (03) -> 2 with
     4 sparse shards instead of 8 (04, the re-layout path)."""
     from runtime import proc
-    from runtime.trainer.cluster import run_local_cluster
+    from runtime.trainer.local_ps import run_local_ps
 
     root = tmp_path / "data"
     generator.generate_hours(root, 5, START, 6000, seed=4)
     state, out = tmp_path / "state", tmp_path / "out"
-    run_local_cluster(_cfg(root, state, out, "20261120/01"), 1, 2, log_dir=str(tmp_path / "logs-a"), timeout_s=300)
+    run_local_ps(_cfg(root, state, out, "20261120/01"), 1, 2, log_dir=str(tmp_path / "logs-a"), timeout_s=300)
     ck = state / online.CHECKPOINTS / "20261120-02"
     assert json.loads((ck / checkpoint.INFO_FILE).read_text())["pservers"] == 1
     kept = tmp_path / "ckpt-1p"
@@ -181,7 +181,7 @@ def test_continuous_job_resized_1_to_2_to_1_pservers_loses_no_row(tmp_path):
     # what the old job gives on the next partition: the same checkpoint, 1 pserver
     shutil.copytree(state, tmp_path / "ref-state")
     shutil.copytree(out, tmp_path / "ref-out")
-    ref = run_local_cluster(_cfg(root, tmp_path / "ref-state", tmp_path / "ref-out", "20261120/02"), 1, 2,
+    ref = run_local_ps(_cfg(root, tmp_path / "ref-state", tmp_path / "ref-out", "20261120/02"), 1, 2,
                             log_dir=str(tmp_path / "logs-ref"), timeout_s=300)
     auc_ref = ref["partitions"][0]["auc_before"]
     # base_every 24, but a restored PS job holds the checkpoint's text values, not the
@@ -204,7 +204,7 @@ def test_continuous_job_resized_1_to_2_to_1_pservers_loses_no_row(tmp_path):
         threading.Thread(target=watch, daemon=True).start()
 
     with pytest.raises(proc.RoleFailed):
-        run_local_cluster(_cfg(root, state, out, "20261120/02"), 2, 2, log_dir=str(logs_b), timeout_s=300,
+        run_local_ps(_cfg(root, state, out, "20261120/02"), 2, 2, log_dir=str(logs_b), timeout_s=300,
                           on_started=started)
     assert abs(_auc_logged(logs_b / "trainer-0.log", "20261120/02") - auc_ref) < 1e-4
     st = online.OnlineState.load(str(state))
@@ -217,7 +217,7 @@ def test_continuous_job_resized_1_to_2_to_1_pservers_loses_no_row(tmp_path):
     _assert_owners(loaded, 8, 2)
 
     # the job restarted, still on 2 pservers: same AUC, the next export is a base
-    b2 = run_local_cluster(_cfg(root, state, out, "20261120/02"), 2, 2, log_dir=str(tmp_path / "logs-b2"),
+    b2 = run_local_ps(_cfg(root, state, out, "20261120/02"), 2, 2, log_dir=str(tmp_path / "logs-b2"),
                            timeout_s=300)
     assert abs(b2["partitions"][0]["auc_before"] - auc_ref) < 1e-4
     kinds = [e["kind"] for e in b2["exports"]]
@@ -231,7 +231,7 @@ def test_continuous_job_resized_1_to_2_to_1_pservers_loses_no_row(tmp_path):
     shutil.copytree(ck2, kept2)
 
     # and back to 1 pserver for 03
-    c = run_local_cluster(_cfg(root, state, out, "20261120/03"), 1, 2, log_dir=str(tmp_path / "logs-c"),
+    c = run_local_ps(_cfg(root, state, out, "20261120/03"), 1, 2, log_dir=str(tmp_path / "logs-c"),
                           timeout_s=300)
     assert [e["kind"] for e in c["exports"]][-1] == "base" and c["exports"][-1]["id"] > ids[-1]
     report = json.loads((state / checkpoint.RESIZED / "report.json").read_text())
@@ -242,7 +242,7 @@ def test_continuous_job_resized_1_to_2_to_1_pservers_loses_no_row(tmp_path):
     shutil.copytree(state / online.CHECKPOINTS / "20261120-04", kept3)
 
     # 2 pservers and 4 table shards: the rows re-laid out by key % 4, then loaded
-    d = run_local_cluster(_cfg(root, state, out, "20261120/04", sparse_shards=4), 2, 2,
+    d = run_local_ps(_cfg(root, state, out, "20261120/04", sparse_shards=4), 2, 2,
                           log_dir=str(tmp_path / "logs-d"), timeout_s=300)
     assert d["exports"][-1]["kind"] == "base" and d["exports"][-1]["id"] > c["exports"][-1]["id"]
     report = json.loads((state / checkpoint.RESIZED / "report.json").read_text())

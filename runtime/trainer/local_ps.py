@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from runtime import proc
+from runtime import proc, role_specs
 from runtime.formats.train_result import RESULT, TrainResult, TrainResultError
 from runtime.trainer import PADDLE_FLAGS
 from runtime.trainer.config import TrainConfig, check_inputs, train_argv
@@ -22,7 +22,7 @@ from runtime.trainer.config import TrainConfig, check_inputs, train_argv
 log = logging.getLogger(__name__)
 
 
-def run_local_cluster(cfg: TrainConfig, pservers: int = 1, trainers: int = 2,
+def run_local_ps(cfg: TrainConfig, pservers: int = 1, trainers: int = 2,
                       log_dir: str | None = None, timeout_s: float | None = None,
                       on_started: Callable[[list[str], list[int]], None] | None = None) -> dict:
     """Runs the job; returns trainer 0's result record (``test_auc``, ``version``, ...)
@@ -38,18 +38,20 @@ def run_local_cluster(cfg: TrainConfig, pservers: int = 1, trainers: int = 2,
     *ports, gloo_port = proc.free_ports(pservers + 1)
     endpoints = [f"127.0.0.1:{p}" for p in ports]
     common = {**PADDLE_FLAGS, "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(endpoints), "PADDLE_TRAINERS_NUM": str(trainers),
-              "POD_IP": "127.0.0.1", "PADDLE_GLOO_PORT": str(gloo_port), "OMP_NUM_THREADS": "1", "CPU_NUM": "1"}
-    argv = proc.self_command() + ["train"] + train_argv(cfg)
+              "POD_IP": "127.0.0.1", "OMP_NUM_THREADS": "1", "CPU_NUM": "1"}
+    args = ["train"] + train_argv(cfg)
     log.info("local cluster: %d pserver(s) %s, %d trainer(s); logs in %s", pservers, endpoints, trainers, logs)
     with proc.ProcessGroup(logs) as group:
-        ps_roles = [group.start(f"pserver-{i}", argv, env={**common, "TRAINING_ROLE": "PSERVER",
-                                                              "PADDLE_PORT": str(p)})
-                    for i, p in enumerate(ports)]
-        tr_roles = [group.start(f"trainer-{i}", argv, env={**common, "TRAINING_ROLE": "TRAINER",
-                                                             "PADDLE_TRAINER_ID": str(i),
-                                                             "PADDLE_PORT": str(ports[0])},
-                                expect_exit=True)
-                    for i in range(trainers)]
+        ps_roles = []
+        for i, p in enumerate(ports):
+            spec = role_specs.ps_role("pserver", p, gloo_port, args)
+            ps_roles.append(group.start(f"pserver-{i}", spec.argv(), env={**common, **dict(spec.env)}))
+        tr_roles = []
+        for i in range(trainers):  # a trainer's PADDLE_PORT is the pservers' (the endpoints are given)
+            spec = role_specs.ps_role("trainer", ports[0], gloo_port, args)
+            tr_roles.append(group.start(f"trainer-{i}", spec.argv(),
+                                        env={**common, **dict(spec.env), "PADDLE_TRAINER_ID": str(i)},
+                                        expect_exit=True))
         if on_started is not None:
             on_started(endpoints, [r.proc.pid for r in tr_roles])
         group.wait(tr_roles, timeout_s=timeout_s)

@@ -6,11 +6,12 @@ process runs the same ``elastic-ctr`` subcommands as the pods, is supervised by
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime import proc, storage
+from runtime import proc, role_specs, storage
 from runtime.cube.transfer.info import DictInfo, DictInfoError, fetch_dict_info
 from runtime.formats import donefile
 from runtime.formats.topology import Topology
@@ -63,7 +64,7 @@ class LocalCubeCluster:
     """
 
     def __init__(self, base_dir: str | Path, root: str | Path, shards: int = 2, replicas: int = 2,
-                 dict_name: str = "ctr_embedding", poll_interval_s: float = 0.2, root_mode: str = "url",
+                 dict_name: str = role_specs.DICT_NAME, poll_interval_s: float = 0.2, root_mode: str = "url",
                  token: str = "test-token", start_timeout_s: float = 60.0, extra_transfer_args=(),
                  group: proc.ProcessGroup | None = None):
         self.base = Path(base_dir)
@@ -101,7 +102,6 @@ class LocalCubeCluster:
         (a role exited) or ``TimeoutError``."""
         import os
 
-        cli = proc.self_command()
         self.base.mkdir(parents=True, exist_ok=True)
         if not self.store:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -113,25 +113,23 @@ class LocalCubeCluster:
         if self.store:
             self.root_url = str(self.root)
         else:
-            fs = self.group.start("fileserver", cli + ["fileserver", "--root", str(self.root), "--host",
-                                                       "127.0.0.1", "--port", str(fs_port), "--upload-token-file",
-                                                       str(tok)])
-            self.root_url = f"http://127.0.0.1:{fs_port}"
+            spec = role_specs.file_server(str(self.root), role_specs.LOOPBACK, fs_port, upload_token_file=str(tok))
+            fs = self.group.start("fileserver", spec.argv())
+            self.root_url = f"http://{role_specs.LOOPBACK}:{fs_port}"
         gen = self.start_generation(self.shards, self.replicas, prefix="cube", topology_name="topology.json")
         if fs is not None:
             self._wait(fs, fs_port)
         self.topology, self.topology_path = gen.topology, gen.topology_path
         self.servers, self.agents, self.generation = gen.servers, gen.agents, gen
         root_arg = self.root_url if self.root_mode == "url" or self.store else str(self.root)
-        argv = cli + ["cube", "transfer", "--topology", str(self.topology_path), "--root", root_arg,
-                      "--work-dir", str(self.base / "transfer"), "--host", "127.0.0.1", "--port", str(tr_port),
-                      "--upload-token-file", str(tok), "--poll-interval", str(self.poll_interval_s),
-                      "--phase-timeout", "120"]
-        if self.root_mode != "url" and not self.store:
-            argv += ["--publish-url", self.root_url]
-        self._transfer_argv, self._transfer_port = argv + self.extra_transfer_args, tr_port
-        self.transfer = self.group.start("cube-transfer", self._transfer_argv)
-        self.transfer_url = f"http://127.0.0.1:{tr_port}"
+        publish = self.root_url if self.root_mode != "url" and not self.store else None
+        self._transfer_spec = role_specs.cube_transfer(
+            str(self.topology_path), root_arg, str(self.base / "transfer"), role_specs.LOOPBACK, tr_port,
+            poll_interval_s=self.poll_interval_s, upload_token_file=str(tok), publish_url=publish,
+            extra=["--phase-timeout", "120", *self.extra_transfer_args])
+        self._transfer_port = tr_port
+        self.transfer = self.group.start("cube-transfer", self._transfer_spec.argv())
+        self.transfer_url = f"http://{role_specs.LOOPBACK}:{tr_port}"
         self._wait(self.transfer, tr_port)
 
     def start_generation(self, shards: int, replicas: int, prefix: str | None = None,
@@ -160,22 +158,19 @@ class LocalCubeCluster:
         ``ValueError`` when ``replicas`` is not above the current count."""
         if replicas <= gen.replicas:
             raise ValueError(f"grow_generation: {replicas} replicas is not more than {gen.replicas}")
-        cli = proc.self_command()
         ports = iter(proc.free_ports(3 * gen.shards * (replicas - gen.replicas)))
         started = []
         agent_dir = "agent" if gen.prefix == "cube" else f"{gen.prefix}-agent"
         for s in range(gen.shards):
             for r in range(gen.replicas, replicas):
                 dport, hport, aport = next(ports), next(ports), next(ports)
-                srv = self.group.start(f"{gen.prefix}-server-{s}-{r}", cli + [
-                    "cube", "server", "--shard", str(s), "--shard-num", str(gen.shards), "--dict-name",
-                    self.dict_name, "--host", "127.0.0.1", "--port", str(dport), "--http-port", str(hport)])
-                ag = self.group.start(f"{gen.prefix}-agent-{s}-{r}", cli + [
-                    "cube", "agent", "--host", "127.0.0.1", "--port", str(aport), "--server-http",
-                    f"http://127.0.0.1:{hport}", "--work-dir", str(self.base / f"{agent_dir}-{s}-{r}")])
+                server = role_specs.cube_server(s, gen.shards, role_specs.LOOPBACK, dport, hport,
+                                                dict_name=self.dict_name)
+                agent = role_specs.cube_agent(str(self.base / f"{agent_dir}-{s}-{r}"), hport, role_specs.LOOPBACK, aport)
+                srv = self.group.start(f"{gen.prefix}-server-{s}-{r}", server.argv())
+                ag = self.group.start(f"{gen.prefix}-agent-{s}-{r}", agent.argv())
                 gen.servers[(s, r)], gen.agents[(s, r)] = srv, ag
-                gen.addresses[(s, r)] = (f"127.0.0.1:{dport}", f"http://127.0.0.1:{hport}",
-                                         f"http://127.0.0.1:{aport}")
+                gen.addresses[(s, r)] = role_specs.replica_addresses(role_specs.LOOPBACK, dport, hport, aport)
                 started += [(srv, dport), (srv, hport), (ag, aport)]
         gen.replicas = replicas
         gen.topology = Topology.build(self.dict_name, [[gen.addresses[(s, r)] for r in range(replicas)]
@@ -233,10 +228,10 @@ class LocalCubeCluster:
         self.group.stop(self.transfer)
         self.group.roles.remove(self.transfer)
         if topology_path is not None:
-            argv = list(self._transfer_argv)
-            argv[argv.index("--topology") + 1] = str(topology_path)
-            self._transfer_argv = argv
-        self.transfer = self.group.start("cube-transfer", self._transfer_argv)
+            args = list(self._transfer_spec.args)
+            args[args.index("--topology") + 1] = str(topology_path)
+            self._transfer_spec = dataclasses.replace(self._transfer_spec, args=tuple(args))
+        self.transfer = self.group.start("cube-transfer", self._transfer_spec.argv())
         self._wait(self.transfer, self._transfer_port)
 
     def info(self) -> DictInfo:

@@ -1,0 +1,215 @@
+"""One spec per long-running role: the ``elastic-ctr`` command line it runs, its ports, its
+probes and its fixed environment.
+
+The Pulumi components (``components/``: each pod's container), the local pipeline and the
+local cube cluster (``runtime.local``, ``runtime.cube.local_cluster``: processes on
+127.0.0.1), the benchmarks and the tests build every role from a ``RoleSpec`` made here,
+so a flag, a port number, a probe path or the dict name is written once. A spec's
+``args`` are what follows ``elastic-ctr`` (a pod's container ``args``; a process's argv
+after ``proc.self_command()``); ``tests/infra`` checks that each rendered pod's command is
+its spec's and that every spec parses with the real command line.
+
+Ports: each role's default port numbers are the pods' (``PORTS``); local processes pass
+free ones. Every value of ``args`` is a ``str``, or, from a component, a ``pulumi.Input``
+of one (a location known only at deploy time): this module never looks inside them.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+#: the cube dict every role of the pipeline serves (Paddle Serving's cube names a table a dict)
+DICT_NAME = "ctr_embedding"
+
+#: the pods' port numbers, by role and port name; probes and Services name the ports
+PORTS: dict[str, dict[str, int]] = {
+    "fileserver": {"http": 8080},
+    "cube-server": {"data": 8900, "http": 8901},
+    "cube-agent": {"agent": 8902},
+    "cube-transfer": {"http": 8910},
+    "serving": {"http": 8000, "grpc": 8001},
+    "pserver": {"paddle": 8200, "gloo": 8210},
+    "trainer": {"paddle": 8200},
+    "tracking": {"http": 5000},
+}
+
+#: every address a pod listens on
+ANY_HOST = "0.0.0.0"
+#: where a local process listens, and where a cube agent reaches the server beside it
+LOOPBACK = "127.0.0.1"
+
+#: probe paths of the control roles (``runtime.webserver``) and of serving (the v2 protocol)
+HEALTHZ, READYZ = "/healthz", "/readyz"
+V2_LIVE, V2_READY = "/v2/health/live", "/v2/health/ready"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """An HTTP GET of ``path`` on the port named ``port`` (``path`` None: a TCP connect)."""
+
+    port: str
+    path: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """How one role runs.
+
+    Attributes:
+        name: the role's name (a pod's container name, a local process's log name).
+        args: the ``elastic-ctr`` arguments (``str`` or ``pulumi.Input[str]`` each).
+        ports: ``(name, number)`` pairs, in the order a pod declares them.
+        readiness / liveness: the probes (None: not probed).
+        env: fixed environment ``(name, value)`` pairs the role needs (not secrets).
+    """
+
+    name: str
+    args: tuple[Any, ...]
+    ports: tuple[tuple[str, int], ...] = ()
+    readiness: Optional[Probe] = None
+    liveness: Optional[Probe] = None
+    env: tuple[tuple[str, str], ...] = field(default=())
+
+    def port(self, name: str) -> int:
+        """The number of port ``name``. Raises ``KeyError`` naming the role's ports."""
+        for n, number in self.ports:
+            if n == name:
+                return number
+        raise KeyError(f"{self.name}: no port {name!r} (has {[n for n, _ in self.ports]})")
+
+    def argv(self) -> list[str]:
+        """The command line of this role as a local process (this interpreter). Raises
+        ``TypeError`` when an argument is not a plain string (a deploy-time value)."""
+        bad = [a for a in self.args if not isinstance(a, str)]
+        if bad:
+            raise TypeError(f"{self.name}: arguments {bad!r} are not strings (deploy-time values)")
+        return [sys.executable, "-m", "runtime.cli", *self.args]
+
+
+def _ports(role: str, **numbers: Optional[int]) -> tuple[tuple[str, int], ...]:
+    """``role``'s ports in ``PORTS`` order, each number from ``numbers`` when given."""
+    return tuple((name, int(numbers.get(name) or default)) for name, default in PORTS[role].items())
+
+
+def _control_probes(port: str) -> dict[str, Probe]:
+    return {"readiness": Probe(port, READYZ), "liveness": Probe(port, HEALTHZ)}
+
+
+def file_server(root: Any, host: str = ANY_HOST, port: Optional[int] = None,
+                upload_token_file: Optional[str] = None) -> RoleSpec:
+    """``elastic-ctr fileserver``: serves the directory ``root``; uploads need the bearer
+    token (``upload_token_file``, else ``$ELASTIC_CTR_UPLOAD_TOKEN``)."""
+    ports = _ports("fileserver", http=port)
+    args = ["fileserver", "--root", root, "--host", host, "--port", str(ports[0][1])]
+    if upload_token_file:
+        args += ["--upload-token-file", str(upload_token_file)]
+    return RoleSpec("fileserver", tuple(args), ports, **_control_probes("http"))
+
+
+def cube_server(shard: int, shard_num: int, host: str = ANY_HOST, port: Optional[int] = None,
+                http_port: Optional[int] = None, data_dir: Optional[str] = None,
+                dict_name: str = DICT_NAME, extra: Sequence[str] = ()) -> RoleSpec:
+    """``elastic-ctr cube server``: shard ``shard`` of ``shard_num`` (keys ``key %
+    shard_num == shard``), data plane on port ``data``, control and metrics on ``http``;
+    ``data_dir`` records the enabled chain (served again after a restart). Raises
+    ``ValueError`` for a shard outside ``[0, shard_num)``."""
+    if not 0 <= int(shard) < int(shard_num):
+        raise ValueError(f"cube server: shard {shard} is not in [0, {shard_num})")
+    ports = _ports("cube-server", data=port, http=http_port)
+    args = ["cube", "server", "--shard", str(shard), "--shard-num", str(shard_num), "--dict-name", dict_name]
+    if data_dir:
+        args += ["--data-dir", str(data_dir)]
+    args += ["--host", host, "--port", str(ports[0][1]), "--http-port", str(ports[1][1]), *extra]
+    return RoleSpec("cube-server", tuple(args), ports, **_control_probes("http"))
+
+
+def cube_agent(work_dir: str, server_http_port: Optional[int] = None, host: str = ANY_HOST,
+               port: Optional[int] = None) -> RoleSpec:
+    """``elastic-ctr cube agent``: beside one cube server (the same pod, or the same
+    machine: it reaches the server's control port on 127.0.0.1), unpacking into
+    ``work_dir``."""
+    ports = _ports("cube-agent", agent=port)
+    http = int(server_http_port or PORTS["cube-server"]["http"])
+    args = ("cube", "agent", "--host", host, "--port", str(ports[0][1]),
+            "--server-http", f"http://{LOOPBACK}:{http}", "--work-dir", str(work_dir))
+    return RoleSpec("cube-agent", args, ports, **_control_probes("agent"))
+
+
+def replica_addresses(host: str, server_port: Optional[int] = None, http_port: Optional[int] = None,
+                      agent_port: Optional[int] = None) -> tuple[str, str, str]:
+    """One cube replica's entry of the topology (``runtime.formats.topology``): ``(data
+    plane host:port, control URL, agent URL)`` of the server and agent on ``host``."""
+    server = _ports("cube-server", data=server_port, http=http_port)
+    agent = _ports("cube-agent", agent=agent_port)
+    return f"{host}:{server[0][1]}", f"http://{host}:{server[1][1]}", f"http://{host}:{agent[0][1]}"
+
+
+def cube_transfer(topology: str, root: Any, work_dir: str, host: str = ANY_HOST, port: Optional[int] = None,
+                  poll_interval_s: float = 5.0, upload_token_file: Optional[str] = None,
+                  publish_url: Optional[str] = None, extra: Sequence[str] = ()) -> RoleSpec:
+    """``elastic-ctr cube transfer``: watches ``root``'s donefile and rolls each version out
+    to every replica of ``topology`` (a topology file); state under ``work_dir``."""
+    ports = _ports("cube-transfer", http=port)
+    args = ["cube", "transfer", "--topology", str(topology), "--root", root, "--work-dir", str(work_dir),
+            "--host", host, "--port", str(ports[0][1]), "--poll-interval", _number(poll_interval_s)]
+    if upload_token_file:
+        args += ["--upload-token-file", str(upload_token_file)]
+    if publish_url:
+        args += ["--publish-url", publish_url]
+    return RoleSpec("cube-transfer", tuple(args) + tuple(extra), ports, **_control_probes("http"))
+
+
+def serving(topology: str, model_root: Any, transfer_url: Any, work_dir: str, host: str = ANY_HOST,
+            port: Optional[int] = None, grpc_port: Optional[int] = None, workers: Any = 2,
+            threads: Optional[int] = None, data_format: Any = "criteo", slot_file: Any = None,
+            poll_interval_s: Optional[float] = None, extra: Sequence[str] = ()) -> RoleSpec:
+    """``elastic-ctr serve``: the Open Inference Protocol v2 on port ``http`` (REST) and
+    ``grpc`` (``grpc_port`` 0: no gRPC), ``workers`` processes, over the cube of
+    ``topology`` and the dense models under ``model_root``, following the version
+    ``transfer_url``'s ``/dict/info`` names."""
+    ports = _ports("serving", http=port, grpc=grpc_port)
+    if grpc_port == 0:
+        ports = ports[:1]
+    args = ["serve", "--topology", str(topology), "--model-root", model_root, "--transfer-url", transfer_url,
+            "--host", host, "--port", str(ports[0][1]), "--grpc-port", str(grpc_port if grpc_port == 0 else ports[1][1]),
+            "--workers", workers if not isinstance(workers, int) else str(workers),
+            "--work-dir", str(work_dir), "--format", data_format]
+    if threads is not None:
+        args += ["--threads", str(threads)]
+    if slot_file:
+        args += ["--slot-file", slot_file]
+    if poll_interval_s is not None:
+        args += ["--poll-interval", _number(poll_interval_s)]
+    return RoleSpec("serving", tuple(args) + tuple(extra), ports,
+                    readiness=Probe("http", V2_READY), liveness=Probe("http", V2_LIVE))
+
+
+def tracking_server(host: str = ANY_HOST, port: Optional[int] = None, workers: int = 1) -> RoleSpec:
+    """``mlflow server`` (the tracking image's entrypoint is ``mlflow``, not ``elastic-ctr``):
+    artifacts served through the server, ``workers`` workers."""
+    ports = _ports("tracking", http=port)
+    args = ("server", "--serve-artifacts", "--host", host, "--port", str(ports[0][1]), "--workers", str(workers))
+    return RoleSpec("mlflow", args, ports, readiness=Probe("http", "/health"), liveness=Probe("http", "/health"))
+
+
+def ps_role(task: str, paddle_port: Optional[int] = None, gloo_port: Optional[int] = None,
+            args: Sequence[Any] = ()) -> RoleSpec:
+    """A training process, ``task`` ``pserver`` or ``trainer``, running ``elastic-ctr``
+    ``args`` (``train ...``: ``runtime.trainer.config.train_argv``) with the environment
+    contract's fixed part (``TRAINING_ROLE``, ``PADDLE_PORT``, ``PADDLE_GLOO_PORT``;
+    ``runtime.trainer.roles`` derives the rest). A pserver is probed by a TCP connect on
+    ``paddle``; a trainer, which completes, is not. Raises ``ValueError`` for another task."""
+    if task not in ("pserver", "trainer"):
+        raise ValueError(f"task: {task!r} is not 'pserver' or 'trainer'")
+    paddle = int(paddle_port or PORTS[task]["paddle"])
+    gloo = int(gloo_port or PORTS["pserver"]["gloo"])
+    ports = _ports(task, paddle=paddle, gloo=gloo)
+    env = (("TRAINING_ROLE", task.upper()), ("PADDLE_PORT", str(paddle)), ("PADDLE_GLOO_PORT", str(gloo)))
+    probe = Probe("paddle") if task == "pserver" else None
+    return RoleSpec(task, tuple(args), ports, readiness=probe, liveness=probe, env=env)
+
+
+def _number(value: float) -> str:
+    """A flag's number as the command line spells it (``5.0`` -> ``5``, ``0.2`` -> ``0.2``)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
