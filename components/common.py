@@ -12,7 +12,6 @@ from typing import Optional, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from runtime import role_specs
 from runtime.formats import topology
 from runtime.role_specs import Probe, RoleSpec
 
