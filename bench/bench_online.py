@@ -106,7 +106,7 @@ def _stage_seconds(log: Path) -> list[float]:
 
 
 def run_online(args) -> int:
-    from runtime.cube.transfer.info import served_version
+    from runtime.formats.dict_info import served_version
     from runtime.local.services import start_client, start_serving, start_services
     from runtime.local.status import Waiter, serving_version, summary_line
     from runtime.trainer import generator
@@ -119,8 +119,8 @@ def run_online(args) -> int:
     sig = generator.generate_hours(upstream, H, START, args.rows_per_hour, seed=args.seed, shape="long-tail",
                                    scale=args.table_scale)
     print(f"generated {H} hours x {args.rows_per_hour} rows (long-tail, table scale {args.table_scale}, vocab "
-          f"{max(sig['vocab_sizes'])} max) in {time.monotonic() - t0:.0f} s; true-logit AUC "
-          + " ".join(f"{h['true_logit_auc']:.4f}" for h in sig["hours"]), flush=True)
+          f"{max(sig.vocab_sizes)} max) in {time.monotonic() - t0:.0f} s; true-logit AUC "
+          + " ".join(f"{h.true_logit_auc:.4f}" for h in sig.hours), flush=True)
     hours_root.mkdir(parents=True, exist_ok=True)
     ns = SimpleNamespace(shards=2, replicas=2, model_root=None, serving_workers=1, serving_threads=2)
     landed: dict[int, float] = {}
@@ -245,7 +245,7 @@ def _version_keys(root: str, rec: dict) -> np.ndarray:
     """uint64[n]: the keys of one exported version's SequenceFiles."""
     from runtime.formats.seqfile import read_sequence_file
 
-    d = Path(root) / "versions" / str(rec["version"]) / "sparse"
+    d = Path(root) / "versions" / str(rec.version) / "sparse"
     return np.concatenate([read_sequence_file(str(p))[0] for p in sorted(d.glob("part-*"))] or
                           [np.zeros(0, np.uint64)])
 

@@ -15,7 +15,6 @@ Usage: .venv/bin/python bench/bench_train.py [--rows 1000000] [--epochs 1]
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 import subprocess
@@ -28,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from runtime.formats import signal  # noqa: E402
 from runtime.formats.train_result import RESULT, SUMMARY, TrainResult  # noqa: E402
 
 #: PS 1x2 examples/s of the per-batch loop at these settings (b16fb5e, measured 2026-11-23)
@@ -145,7 +145,7 @@ def main() -> None:
 
         print(f"generating {a.rows} rows into {data} ...", flush=True)
         generator.generate(data, a.rows, a.test_rows, seed=1)
-    sig = json.loads((data / "signal.json").read_text())
+    sig = signal.read_split(data)
     common = ["--data-train", str(data / "train.txt"), "--data-test", str(data / "test.txt"),
               "--epochs", str(a.epochs), "--threads", str(a.threads)]
     out = Path(tempfile.mkdtemp(prefix="bench-train-"))
@@ -156,7 +156,7 @@ def main() -> None:
         shutil.rmtree(out, ignore_errors=True)
     print(f"\ntraining benchmark: {a.rows} examples x {a.epochs} epoch(s), batch 512, dim 9, layers 128,64,32, "
           f"dataset threads {a.threads}, on the dataset path (InMemoryDataset + train_from_dataset)")
-    print(f"generator true-logit test AUC: {sig['true_logit_auc_test']:.4f}")
+    print(f"generator true-logit test AUC: {sig.true_logit_auc_test:.4f}")
     print(f"{'mode':<20}{'examples/s':>12}{'with load':>11}{'train s':>9}{'load s':>8}{'export s':>10}"
           f"{'wall s':>8}{'test AUC':>10}")
     rows = [("single process", single, single["examples_per_s"], single["examples_per_s_with_load"])]

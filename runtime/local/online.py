@@ -35,7 +35,8 @@ import numpy as np
 
 from runtime.local import demo_tracking, plot
 from runtime.local.services import start_client, start_serving, start_services
-from runtime.cube.transfer.info import served_version as cube_version
+from runtime.formats import signal
+from runtime.formats.dict_info import served_version as cube_version
 from runtime.local.status import Waiter, serving_version, summary_line
 
 START = "20261120/00"
@@ -135,7 +136,7 @@ def run(args, run_dir: Path, group, step) -> int:
          f"cube {args.shards} shards x {args.replicas} replicas; "
          f"transfer {svc.transfer_url}")
     waiter.wait([gen], "data generation")
-    signal = json.loads((upstream / "signal.json").read_text())
+    sig = signal.read_hourly(upstream)
     evals = [_eval_file(Path(h.location(str(upstream))) / "part-00000", data_dir / "eval" / f"{h.start:%Y%m%d-%H}.txt",
                         args.eval_rows) for h in hs]
 
@@ -228,7 +229,7 @@ def run(args, run_dir: Path, group, step) -> int:
     base_alone_h = [offline_auc(base_dir, evals[t + 1]) for t in range(H)]  # the base alone on every hour
     base_alone = base_alone_h[-1]
     latest = versions[-1]
-    true_logit = [h["true_logit_auc"] for h in signal["hours"]][1:H + 1]
+    true_logit = signal.true_logit_auc(sig, 1, H)
     scored = [str(h) for h in hs[1:]]
     chart = plot.write_chart(run_dir / plot.CHART, scored, [v["trainer_auc_next"] for v in versions],
                              [v["served_auc_next"] for v in versions], base_alone_h, true_logit,
@@ -249,7 +250,7 @@ def run(args, run_dir: Path, group, step) -> int:
     print(f"freshness on {hs[H]}: base {base['version']} alone {base_alone:.4f}, latest "
           f"{latest['kind']} {latest['version']} {latest['served_auc_next']:.4f} "
           f"({latest['served_auc_next'] - base_alone:+.4f}); true-logit AUC per hour "
-          + " ".join(f"{h['true_logit_auc']:.4f}" for h in signal["hours"]))
+          + " ".join(f"{a:.4f}" for a in signal.true_logit_auc(sig)))
     print(f"client through the rollouts: {rollout['requests']} requests, {rollout['failed_requests']} failed, "
           f"answers per version {rollout['versions']}")
     print(f"latency run (batch {args.batch_size}, {args.concurrency} workers, {lat['requests']} requests): "
@@ -261,7 +262,7 @@ def run(args, run_dir: Path, group, step) -> int:
     (run_dir / "summary.json").write_text(json.dumps({
         "mode": "online", "versions": versions, "base_alone_auc_last": base_alone, "base_alone_auc": base_alone_h,
         "chart": str(chart), "tracking": run_rec, "failed_requests": failed,
-        "latency": lat, "rollout": rollout, "signal": signal, "eval_files": [str(e) for e in evals],
+        "latency": lat, "rollout": rollout, "signal": sig.model_dump(mode="json"), "eval_files": [str(e) for e in evals],
         "trainer": trec}, indent=1))
     print(f"demo: versions={len(versions)} auc={latest['served_auc_next']:.4f} failed_requests={failed} "
           f"qps={lat['qps']} p99_ms={lat['p99_ms']} patches={patches}", flush=True)

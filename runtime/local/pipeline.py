@@ -176,7 +176,7 @@ def main(args) -> int:
 def _pipeline(args, run_dir: Path, group, step) -> int:
     from runtime import proc
     from runtime.local.services import start_client, start_serving, start_services
-    from runtime.cube.transfer.info import served_version as cube_version
+    from runtime.formats.dict_info import served_version as cube_version
     from runtime.local.status import Waiter, serving_version, summary_line
 
     cli = proc.self_command()

@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from runtime import storage
-from runtime.cube.transfer.info import fetch_dict_info
+from runtime.formats.dict_info import fetch_dict_info
 from runtime.formats import donefile
 from runtime.formats.model_meta import FILE as META_FILE
 from runtime.formats.model_meta import ModelMeta, ModelMetaError

@@ -114,14 +114,14 @@ def _generate(args) -> int:
         except ValueError as exc:
             print(f"elastic-ctr data generate: {exc}", file=sys.stderr)
             return 2
-        print(f"wrote {len(rec['hours'])} hourly partitions from {rec['start']} under {args.out} "
+        print(f"wrote {len(rec.hours)} hourly partitions from {rec.start} under {args.out} "
               f"({args.rows} rows each); true-logit AUC per hour: "
-              + " ".join(f"{h['true_logit_auc']:.4f}" for h in rec["hours"]))
+              + " ".join(f"{h.true_logit_auc:.4f}" for h in rec.hours))
         return 0
     rec = generator.generate(args.out, args.rows, args.test_rows, args.seed, extra_days=args.extra_days)
-    print(f"wrote {args.out}: {', '.join(rec['files'].values())}, signal.json in {rec['seconds']} s "
-          f"({rec['rows']} train rows per day, {rec['test_rows']} test rows)")
-    print(f"true-logit test AUC: {rec['true_logit_auc_test']:.4f} (click rate {rec['ctr_test']:.3f})")
+    print(f"wrote {args.out}: {', '.join(rec.files.values())}, signal.json in {rec.seconds} s "
+          f"({rec.rows} train rows per day, {rec.test_rows} test rows)")
+    print(f"true-logit test AUC: {rec.true_logit_auc_test:.4f} (click rate {rec.ctr_test:.3f})")
     return 0
 
 
@@ -173,6 +173,6 @@ def _train(args) -> int:
             return 0
         print(f"{rec.get('mode')} training done: test auc per pass {[round(a, 4) for a in auc]}, "
               f"{rec.get('examples_per_s_total') or rec.get('examples_per_s')} examples/s"
-              + (f", version {rec['version']} exported to {cfg.output}" if rec.get("version") else ""))
+              + (f", version {rec.version} exported to {cfg.output}" if rec.get("version") else ""))
         print(_summary_line(rec))
     return 0

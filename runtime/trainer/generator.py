@@ -46,7 +46,6 @@ true-logit AUC.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -55,7 +54,10 @@ from pathlib import Path
 import numpy as np
 
 from runtime.evaluation import auc
-from runtime.formats import features
+from runtime.formats import features, signal
+
+#: the ``generator`` field of ``signal.json``
+GENERATOR = "runtime.trainer.generator (see its docstring)"
 
 log = logging.getLogger(__name__)
 
@@ -205,14 +207,13 @@ def _write_rows(model: _Model, rng: np.random.Generator, path: Path, n: int) -> 
 
 
 def generate_hours(root: str | os.PathLike, hours: int, start: str, rows_per_hour: int, seed: int = 1,
-                   every_s: float = 0.0, shape: str = "small", scale: float = 1.0) -> dict:
+                   every_s: float = 0.0, shape: str = "small", scale: float = 1.0) -> signal.HourlySignal:
     """Writes hourly partitions ``root/YYYYMMDD/HH/`` (module docstring) for ``hours`` hours
     from ``start`` (``YYYYMMDD/HH``), ``rows_per_hour`` Criteo rows each, then
     ``_SUCCESS``; sleeps ``every_s`` seconds between hours (data that lands while a job
     runs). ``shape``: ``small`` | ``long-tail`` (module docstring), ``scale``: the
-    long-tail shape's big vocabularies x ``scale``. Returns the signal record
-    (also ``root/signal.json``): ``hours`` [{hour, rows, ctr, true_logit_auc}], ``shape``,
-    ``vocab_sizes``.
+    long-tail shape's big vocabularies x ``scale``. Returns the ``signal.HourlySignal``
+    written to ``root/signal.json`` (``runtime.formats.signal``).
 
     Raises ``ValueError`` for non-positive sizes or scale, an unknown shape,
     ``PartitionError`` for a bad ``start``.
@@ -236,22 +237,24 @@ def generate_hours(root: str | os.PathLike, hours: int, start: str, rows_per_hou
         d.mkdir(parents=True, exist_ok=True)
         labels, logits = _write_rows(model, rng, d / "part-00000", rows_per_hour)
         partitions.mark_complete(d)
-        recs.append({"hour": str(hour), "rows": rows_per_hour, "ctr": round(float(labels.mean()), 6),
-                     "true_logit_auc": round(auc(labels, logits), 6)})
-        log.info("partition %s: %d rows, true-logit AUC %.4f", hour, rows_per_hour, recs[-1]["true_logit_auc"])
-    rec = {"seed": seed, "start": str(h0), "hours": recs, "rows_per_hour": rows_per_hour, "shape": shape,
-           "vocab_sizes": model.vocab, "table_scale": scale,
-           "drift": {"new_fraction": NEW_FRACTION, "drift_slots": list(DRIFT_SLOTS), "drift_sigma": DRIFT_SIGMA},
-           "generator": "runtime.trainer.generator (see its docstring)"}
-    (out / "signal.json").write_text(json.dumps(rec, indent=2) + "\n")
+        recs.append(signal.HourSignal(hour=str(hour), rows=rows_per_hour, ctr=round(float(labels.mean()), 6),
+                                      true_logit_auc=round(auc(labels, logits), 6)))
+        log.info("partition %s: %d rows, true-logit AUC %.4f", hour, rows_per_hour, recs[-1].true_logit_auc)
+    rec = signal.HourlySignal(
+        seed=seed, start=str(h0), hours=recs, rows_per_hour=rows_per_hour, shape=shape, vocab_sizes=model.vocab,
+        table_scale=scale, drift=signal.Drift(new_fraction=NEW_FRACTION, drift_slots=list(DRIFT_SLOTS),
+                                              drift_sigma=DRIFT_SIGMA),
+        generator=GENERATOR)
+    signal.write(out, rec)
     return rec
 
 
 def generate(out_dir: str | os.PathLike, rows: int, test_rows: int, seed: int = 1,
-             extra_days: int = 0) -> dict:
+             extra_days: int = 0) -> signal.SplitSignal:
     """Writes ``out_dir/train.txt`` (``rows`` rows), ``out_dir/test.txt`` (``test_rows``)
-    and ``out_dir/signal.json``; returns the signal record (``true_logit_auc_test``,
-    ``ctr_train``, ``ctr_test``, sizes, seed, model summary, seconds).
+    and ``out_dir/signal.json``; returns the ``signal.SplitSignal`` written there
+    (``runtime.formats.signal``: ``true_logit_auc_test``, click rates, sizes, seed, model
+    summary, seconds).
 
     ``extra_days`` > 0 also writes ``train-day2.txt`` .. ``train-day<extra_days+1>.txt``,
     ``rows`` rows each, drawn from the same model after the test split (so ``train.txt``
@@ -276,25 +279,15 @@ def generate(out_dir: str | os.PathLike, rows: int, test_rows: int, seed: int = 
         stats[name] = float(labels.mean())
         if name == "test":
             stats["auc"] = auc(labels, logits)
-    rec = {
-        "seed": seed,
-        "rows": rows,
-        "test_rows": test_rows,
-        "format": "criteo",
-        "files": {name: f"{name}.txt" for name, _ in splits},
-        "true_logit_auc_test": round(stats["auc"], 6),
-        "ctr_train": round(stats["train"], 6),
-        "ctr_test": round(stats["test"], 6),
-        "model": {
-            "vocab_sizes": model.vocab,
-            "missing_rates": np.round(model.miss, 4).tolist(),
-            "slot_weight_sigma": np.round(model.sigma, 4).tolist(),
-            "dense_beta": np.round(model.beta, 4).tolist(),
-            "interactions": ["U[k3 % 8, k4 % 8] (slots 3 x 4)", "z_I1 * sign(w_5) (I1 x slot 5)"],
-            "bias": round(model.bias, 4),
-        },
-        "generator": "runtime.trainer.generator (see its docstring)",
-        "seconds": round(time.monotonic() - t0, 2),
-    }
-    (out / "signal.json").write_text(json.dumps(rec, indent=2) + "\n")
+    rec = signal.SplitSignal(
+        seed=seed, rows=rows, test_rows=test_rows, format="criteo", files={name: f"{name}.txt" for name, _ in splits},
+        true_logit_auc_test=round(stats["auc"], 6), ctr_train=round(stats["train"], 6),
+        ctr_test=round(stats["test"], 6),
+        model=signal.ModelSummary(
+            vocab_sizes=model.vocab, missing_rates=np.round(model.miss, 4).tolist(),
+            slot_weight_sigma=np.round(model.sigma, 4).tolist(), dense_beta=np.round(model.beta, 4).tolist(),
+            interactions=["U[k3 % 8, k4 % 8] (slots 3 x 4)", "z_I1 * sign(w_5) (I1 x slot 5)"],
+            bias=round(model.bias, 4)),
+        generator=GENERATOR, seconds=round(time.monotonic() - t0, 2))
+    signal.write(out, rec)
     return rec

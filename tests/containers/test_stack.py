@@ -104,7 +104,7 @@ def transfer_url(c: Cluster) -> str:
 def dict_info(c: Cluster) -> dict:
     """The transfer's ``/dict/info`` as JSON, read with its owner's reader (``{}`` while it
     does not answer)."""
-    from runtime.cube.transfer.info import DictInfoError, fetch_dict_info
+    from runtime.formats.dict_info import DictInfoError, fetch_dict_info
 
     try:
         return fetch_dict_info(transfer_url(c), timeout_s=3).to_json()

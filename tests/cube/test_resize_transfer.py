@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from runtime.cube.transfer.info import DictInfo
+from runtime.formats.dict_info import DictInfo
 from runtime.serving.model import VersionWatcher
 from tests.cube.test_transfer import Cluster, add_version, drain, make_transfer, served_chain_2shards
 from tests.helpers import ThreadedApp

@@ -19,7 +19,7 @@ from runtime.cube.agent import Agent, create_app as agent_app
 from runtime.cube.buildinfo import BuildRecord, ShardBuild, md5_name, part_name, shard_tar_name
 from runtime.cube.transfer.service import Transfer
 from runtime.cube.transfer.app import create_app
-from runtime.cube.transfer.info import DictInfo
+from runtime.formats.dict_info import DictInfo
 from runtime.formats import donefile
 from tests.helpers import FakeServer, ThreadedApp
 
@@ -326,7 +326,7 @@ def test_dict_info_reader_names_the_url_and_the_field(cluster, root, tmp_path):
     from flask import Flask, jsonify
 
     from runtime import proc
-    from runtime.cube.transfer.info import DictInfoError, fetch_dict_info, served_version
+    from runtime.formats.dict_info import DictInfoError, fetch_dict_info, served_version
 
     add_version(root, 5, 5)
     tr = make_transfer(cluster, root, tmp_path / "work")

@@ -11,7 +11,7 @@ import pytest
 
 from runtime import tracking
 from runtime.formats import partitions
-from runtime.trainer import generator, online
+from runtime.trainer import generator
 from tests.trainer.test_online import START, _chain, _run, _summary
 
 

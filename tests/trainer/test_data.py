@@ -1,14 +1,13 @@
 """Generator determinism and signal; readers: budget, sharding, missing inputs."""
 from __future__ import annotations
 
-import json
 import logging
 
 import numpy as np
 import pytest
 
 from runtime import storage
-from runtime.formats import features
+from runtime.formats import features, signal
 from runtime.trainer import generator, readers
 
 
@@ -23,15 +22,16 @@ def test_generator_deterministic_and_learnable(gen, tmp_path):
     d, rec = gen
     again = generator.generate(tmp_path, 3000, 4000, seed=5)
     assert (d / "train.txt").read_bytes() == (tmp_path / "train.txt").read_bytes()
-    assert again["true_logit_auc_test"] == rec["true_logit_auc_test"]
+    assert again.true_logit_auc_test == rec.true_logit_auc_test
     other = generator.generate(tmp_path / "o", 3000, 4000, seed=6)
     assert (tmp_path / "o" / "train.txt").read_bytes() != (d / "train.txt").read_bytes()
-    sig = json.loads((d / "signal.json").read_text())
-    assert 0.8 < sig["true_logit_auc_test"] < 1.0
-    assert 0.1 < sig["ctr_test"] < 0.4
+    sig = signal.read_split(d)
+    assert sig == rec
+    assert 0.8 < sig.true_logit_auc_test < 1.0
+    assert 0.1 < sig.ctr_test < 0.4
     b = features.parse_criteo_lines((d / "test.txt").read_text().splitlines())
     assert len(b) == 4000 and not b.bad
-    assert other["true_logit_auc_test"] != rec["true_logit_auc_test"]
+    assert other.true_logit_auc_test != rec.true_logit_auc_test
 
 
 def test_sharding_partitions_rows(gen):
@@ -111,6 +111,6 @@ def test_extra_days_are_new_rows_of_the_same_model(gen, tmp_path):
     v1 = {line.split("\t")[14] for line in day1} - {""}
     v2 = {line.split("\t")[14] for line in day2} - {""}
     assert v2 <= v1 and len(v1) <= 4
-    assert more["files"]["train-day2"] == "train-day2.txt"
+    assert more.files["train-day2"] == "train-day2.txt"
     with pytest.raises(ValueError, match="extra-days"):
         generator.generate(tmp_path / "x", 10, 10, extra_days=-1)

@@ -3,12 +3,11 @@ big slots, feasigns appearing and going quiet hour by hour, the true-logit AUC r
 the small shape stays as it was."""
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 
-from runtime.formats import partitions
+from runtime.formats import partitions, signal
 from runtime.trainer import generator, readers
 
 START = "20261120/00"
@@ -21,11 +20,11 @@ def _hours(root, n):
 
 def test_long_tail_shape_has_big_power_law_slots_and_churn(tmp_path):
     rec = generator.generate_hours(tmp_path, 3, START, 20_000, seed=3, shape="long-tail", scale=0.01)
-    assert rec["shape"] == "long-tail" and max(rec["vocab_sizes"]) == 40_000
-    assert all(0.75 < h["true_logit_auc"] < 1.0 for h in rec["hours"])
-    assert json.loads((tmp_path / "signal.json").read_text())["vocab_sizes"] == rec["vocab_sizes"]
+    assert rec.shape == "long-tail" and max(rec.vocab_sizes) == 40_000
+    assert all(0.75 < h.true_logit_auc < 1.0 for h in rec.hours)
+    assert signal.read_hourly(tmp_path) == rec
     hours = _hours(tmp_path, 3)
-    big = rec["vocab_sizes"].index(40_000)  # a slot of the largest vocabulary
+    big = rec.vocab_sizes.index(40_000)  # a slot of the largest vocabulary
     col = hours[0].feasigns[:, big]
     vals, counts = np.unique(col, return_counts=True)
     counts = np.sort(counts)[::-1]
@@ -34,7 +33,7 @@ def test_long_tail_shape_has_big_power_law_slots_and_churn(tmp_path):
     seen = [set(np.unique(h.feasigns).tolist()) for h in hours]
     small = generator.generate_hours(tmp_path / "small", 1, START, 20_000, seed=3)
     small_seen = np.unique(_hours(tmp_path / "small", 1)[0].feasigns)
-    assert len(seen[0]) > 2 * len(small_seen) and small["shape"] == "small"
+    assert len(seen[0]) > 2 * len(small_seen) and small.shape == "small"
     # the table grows hour by hour: each hour brings feasigns never seen before
     assert len(seen[1] - seen[0]) > 0.3 * len(seen[1]) and len(seen[2] - seen[0] - seen[1]) > 0.2 * len(seen[2])
 

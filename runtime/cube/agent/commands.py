@@ -1,10 +1,9 @@
 """The cube agent's commands (download, reload, enable, bg_unload, status) on one cube
-server, and its state file ``<work_dir>/agent_state.json`` (versions unpacked, versions
-enabled). Protocol: ``runtime/cube/agent``'s package docstring.
+server, and its state file ``<work_dir>/agent_state.json`` (``runtime.cube.agent.state``:
+versions unpacked, versions enabled). Protocol: ``runtime/cube/agent``'s package docstring.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -16,9 +15,12 @@ from typing import Any
 import requests
 
 from runtime import storage
+from runtime.cube.agent.state import FILE as STATE_FILE
+from runtime.cube.agent.state import AgentState, Unpacked
 from runtime.cube.agent.steps import STEPS, AgentError, StepMachine, StepState
 from runtime.cube.agent.tarsafe import dict_dir_of, safe_extract
 from runtime.cube.buildinfo import parse_shard_tar_name
+from runtime.formats.statefile import StateError
 
 log = logging.getLogger("runtime.cube.agent")
 
@@ -42,8 +44,8 @@ class Agent(StepMachine):
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.load_timeout_s, self.poll_s, self.keep = load_timeout_s, poll_s, keep
         self.http_timeout_s = http_timeout_s
-        # per downloaded version: {"dir", "dict_name", "mode", "base_version", "md5", "url"}
-        self.versions: dict[int, dict] = {}
+        # per downloaded version: what was unpacked where (``Unpacked``)
+        self.versions: dict[int, Unpacked] = {}
         self.enabled: list[int] = []  # versions enabled, oldest first
         self._http = requests.Session()
         self._load_state()
@@ -113,7 +115,7 @@ class Agent(StepMachine):
             # a repeated download of the same version with another md5 is a new download (a
             # re-layout): the reload and enable done for the old files no longer count
             prev = self.versions.get(version)
-            if prev and prev["md5"] != str(md5).lower():
+            if prev and prev.md5 != str(md5).lower():
                 for step in STEPS:
                     st = self.steps[step]
                     if st.version == version and st.state == "done":
@@ -133,9 +135,9 @@ class Agent(StepMachine):
             tar_path.unlink()  # the unpacked copy is what the server loads
             ddir = dict_dir_of(vdir / "data")
             with self._lock:
-                self.versions[version] = {"dir": str(ddir), "dict_name": dict_name, "mode": mode,
-                                          "base_version": None if base_version is None else int(base_version),
-                                          "md5": str(md5).lower(), "url": url}
+                self.versions[version] = Unpacked(
+                    dir=str(ddir), dict_name=dict_name, mode=mode,
+                    base_version=None if base_version is None else int(base_version), md5=str(md5).lower(), url=url)
                 self._save_state()
             log.info("downloaded version %d from %s (%.2f s) and unpacked %d members (%.2f s) into %s",
                      version, url, t1 - t0, len(members), time.monotonic() - t1, ddir)
@@ -167,11 +169,11 @@ class Agent(StepMachine):
                         self.steps["reload"].state = "idle"
 
         def run() -> dict:
-            if info["mode"] == "delta":
-                path, body = "/bg_load_patch", {"dir": info["dir"], "version": version,
-                                                "base_version": info["base_version"]}
+            if info.mode == "delta":
+                path, body = "/bg_load_patch", {"dir": info.dir, "version": version,
+                                                "base_version": info.base_version}
             else:
-                path, body = "/bg_load_base", {"dir": info["dir"], "version": version}
+                path, body = "/bg_load_base", {"dir": info.dir, "version": version}
             self._server_post("reload", path, body)
             deadline = time.monotonic() + self.load_timeout_s
             while True:
@@ -276,7 +278,7 @@ class Agent(StepMachine):
         while version is not None and version not in out:
             out.append(version)
             info = self.versions.get(version)
-            version = info.get("base_version") if info and info.get("mode") == "delta" else None
+            version = info.base_version if info and info.mode == "delta" else None
         return out
 
     def cleanup(self) -> list[str]:
@@ -303,7 +305,7 @@ class Agent(StepMachine):
             self._save_state()
         removed = []
         for v, info in sorted(drop.items()):
-            vdir = self.work_dir / info["dict_name"] / str(v)
+            vdir = self.work_dir / info.dict_name / str(v)
             shutil.rmtree(vdir, ignore_errors=True)
             removed.append(str(vdir))
         if removed:
@@ -311,23 +313,20 @@ class Agent(StepMachine):
         return removed
 
     def _load_state(self) -> None:
-        """Reads ``<work_dir>/agent_state.json`` (versions unpacked, versions enabled) so a
-        restarted agent knows what it may clean and what it can reload without a download."""
-        path = self.work_dir / "agent_state.json"
-        if not path.exists():
-            return
+        """Reads ``<work_dir>/agent_state.json`` (``AgentState``: versions unpacked, versions
+        enabled) so a restarted agent knows what it may clean and what it can reload without
+        a download; an unreadable file is logged and the agent starts empty."""
+        path = self.work_dir / STATE_FILE
         try:
-            st = json.loads(path.read_text())
-            self.versions = {int(k): v for k, v in st.get("versions", {}).items() if Path(v["dir"]).is_dir()}
-            self.enabled = [int(v) for v in st.get("enabled", [])]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("%s unreadable (%s): starting with an empty state; nothing will be cleaned "
-                        "that this agent did not unpack itself", path, exc)
+            st = AgentState.load(path)
+        except StateError as exc:
+            log.warning("%s (starting with an empty state; nothing will be cleaned that this agent did not "
+                        "unpack itself)", exc)
+            return
+        if st is not None:
+            self.versions = {v: u for v, u in st.versions.items() if Path(u.dir).is_dir()}
+            self.enabled = list(st.enabled)
 
     def _save_state(self) -> None:
-        """Writes the state file atomically (temp file + rename); caller holds the lock."""
-        path = self.work_dir / "agent_state.json"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps({"versions": {str(k): v for k, v in self.versions.items()},
-                                   "enabled": self.enabled}))
-        os.replace(tmp, path)
+        """Writes the state file atomically (``StateFile.save``); caller holds the lock."""
+        AgentState(versions=self.versions, enabled=self.enabled).save(self.work_dir / STATE_FILE)

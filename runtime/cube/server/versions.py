@@ -11,20 +11,19 @@ write), so the served table keeps answering.
 
 Dict files are read through ``runtime/cube/dictfile.py`` (their owner); a load checks
 the dict's meta against this server's dict name, shard, ``shard_num`` and the version
-asked for, so a server never serves another layout. ``state.json`` (written and read
-only here): ``{"dict_name", "shard", "shard_num", "version", "chain": [{"dir",
-"version", "mode", "base_version"}, ...]}``, base first.
+asked for, so a server never serves another layout. ``state.json``: a ``ServerState``
+(``runtime.cube.server.state``).
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 import time
 from pathlib import Path
 
 from runtime.cube import dictfile
+from runtime.cube.server.state import FILE as STATE_FILE
+from runtime.cube.server.state import ChainEntry, ServerState
 from runtime.cube.table import InlineTable
 
 log = logging.getLogger(__name__)
@@ -38,13 +37,13 @@ class Slot:
     """A loaded version, ready for the hot path: its inline table ``t``
     (``runtime/cube/table.py``; the dict's keys/values arrays are not kept). ``version``:
     its id; ``dim``: floats per value. ``lineage``: the versions it is made of (base
-    first, then each patch applied). ``chain``: their ``state.json`` entries. ``args``:
+    first, then each patch applied). ``chain``: their ``ChainEntry`` records. ``args``:
     the table's leading arguments of ``KERNEL.table_lookup_raw`` (address, capacity,
     stride in bytes, sentinel, dim)."""
 
     __slots__ = ("t", "version", "dim", "args", "lineage", "chain")
 
-    def __init__(self, t: InlineTable, version: int, lineage: list[int], chain: list[dict]):
+    def __init__(self, t: InlineTable, version: int, lineage: list[int], chain: list[ChainEntry]):
         self.t = t
         self.version = version
         self.dim = t.dim
@@ -113,8 +112,8 @@ class Versions:
                 raise dictfile.DictFormatError(
                     f"{directory}: holds dict {m.dict_name} shard {m.shard}/{m.shard_num} version "
                     f"{m.version}, expected {self.dict_name} shard {self.shard}/{self.shard_num} version {version}")
-            entry = {"dir": str(Path(directory).resolve()), "version": version, "mode": m.mode,
-                     "base_version": base_version}
+            entry = ChainEntry(dir=str(Path(directory).resolve()), version=version, mode=m.mode,
+                               base_version=base_version)
             if base_version is None:
                 if m.mode != "base":
                     raise dictfile.DictFormatError(f"{directory}: a {m.mode} dict, bg_load_base needs a base")
@@ -173,42 +172,40 @@ class Versions:
             self.bg, self.bg_state, self.bg_version, self.bg_error = None, "empty", None, None
 
     def _persist(self, slot: Slot) -> None:
-        if self.data_dir is None:
-            return
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.data_dir / ".state.json.tmp"
-        tmp.write_text(json.dumps({"dict_name": self.dict_name, "shard": self.shard,
-                                   "shard_num": self.shard_num, "version": slot.version, "chain": slot.chain}))
-        os.replace(tmp, self.data_dir / "state.json")
+        if self.data_dir is not None:
+            ServerState(dict_name=self.dict_name, shard=self.shard, shard_num=self.shard_num, version=slot.version,
+                        chain=slot.chain).save(self.data_dir / STATE_FILE)
 
     def restore(self) -> None:
-        """Reloads the chain recorded in ``<data-dir>/state.json`` (synchronously) and
-        serves it. Starts empty (logged, nothing raised) when the file is unreadable or a
-        dict of the chain is not this server's ``(dict_name, shard, shard_num)``, e.g.
-        after a restart with a new ``--shard-num``."""
-        if self.data_dir is None or not (self.data_dir / "state.json").exists():
+        """Reloads the chain recorded in ``<data-dir>/state.json`` (``ServerState``;
+        synchronously) and serves it. Starts empty (logged, nothing raised) when the file
+        is unreadable or a dict of the chain is not this server's ``(dict_name, shard,
+        shard_num)``, e.g. after a restart with a new ``--shard-num``."""
+        if self.data_dir is None:
             return
         try:
-            state = json.loads((self.data_dir / "state.json").read_text())
+            state = ServerState.load(self.data_dir / STATE_FILE)
+            if state is None:
+                return
             slot = None
             want = (self.dict_name, self.shard, self.shard_num)
-            for e in state["chain"]:
-                d = dictfile.load_shard_dict(e["dir"], verify=self.verify, index=False)
+            for e in state.chain:
+                d = dictfile.load_shard_dict(e.dir, verify=self.verify, index=False)
                 got = (d.meta.dict_name, d.meta.shard, d.meta.shard_num)
                 if got != want:
                     raise dictfile.DictFormatError(
-                        f"{e['dir']} holds dict {got[0]} shard {got[1]}/{got[2]}, this server is "
+                        f"{e.dir} holds dict {got[0]} shard {got[1]}/{got[2]}, this server is "
                         f"{want[0]} shard {want[1]}/{want[2]} (resized?)")
                 if slot is None:
-                    slot = Slot(InlineTable.build(d.keys, d.values), e["version"], [e["version"]], [e])
+                    slot = Slot(InlineTable.build(d.keys, d.values), e.version, [e.version], [e])
                 else:
                     if d.meta.dim != slot.dim:
-                        raise dictfile.DictFormatError(f"{e['dir']}: dim {d.meta.dim}, the chain has dim {slot.dim}")
-                    slot = Slot(slot.t.upsert(d.keys, d.values), e["version"], slot.lineage + [e["version"]],
+                        raise dictfile.DictFormatError(f"{e.dir}: dim {d.meta.dim}, the chain has dim {slot.dim}")
+                    slot = Slot(slot.t.upsert(d.keys, d.values), e.version, slot.lineage + [e.version],
                                 slot.chain + [e])
                 del d
             if slot is not None:
                 self.served = (slot, None)
-                log.info("restored version %d from %s", slot.version, self.data_dir / "state.json")
+                log.info("restored version %d from %s", slot.version, self.data_dir / STATE_FILE)
         except Exception as exc:
             log.error("cannot restore the state in %s (starting empty): %s", self.data_dir, exc)

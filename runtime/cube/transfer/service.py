@@ -37,7 +37,7 @@ from runtime import storage
 from runtime.cube.transfer import planner
 from runtime.cube.transfer.agents import AgentClient, PartialEnable, RolloutError, Shipment
 from runtime.cube.transfer.build import Builder, BuildFn, default_build
-from runtime.cube.transfer.info import DictInfo, LastRollout, RelayoutInfo, RolloutInfo
+from runtime.formats.dict_info import DictInfo, LastRollout, RelayoutInfo, RolloutInfo
 from runtime.cube.transfer.planner import Event
 from runtime.cube.transfer.state import STATE_FILE, Phase, Plan, TransferState
 from runtime.formats import donefile
@@ -381,7 +381,7 @@ class Transfer:
     # ---------------------------------------------------------------- HTTP views
 
     def info(self) -> DictInfo:
-        """``GET /dict/info`` (``runtime.cube.transfer.info``): ``version`` is the id every
+        """``GET /dict/info`` (``runtime.formats.dict_info``): ``version`` is the id every
         instance of a complete layout serves (None before the first rollout; serving
         follows it) and ``served_shard_num`` the shard count of that layout; ``shard_num``
         the topology's. During a re-layout they stay those of the layout served before it

@@ -1,6 +1,6 @@
 """The transfer's persisted state (``<work_dir>/transfer_state.json``): typed records,
-written through a fsynced temp file renamed into place, so a restart neither loses nor
-repeats a rollout.
+written through a fsynced temp file renamed into place (``runtime.formats.statefile``), so
+a restart neither loses nor repeats a rollout.
 
 - ``served``: the version every instance serves (``Served``), and ``served_chain``: the
   links (base, then each patch) it is made of, with the tars they were published as,
@@ -15,15 +15,12 @@ repeats a rollout.
 from __future__ import annotations
 
 import enum
-import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.formats._validation import describe
+from runtime.formats.statefile import StateError, StateFile
 
 STATE_FILE = "transfer_state.json"
 HISTORY_MAX = 200
@@ -43,11 +40,6 @@ class Phase(str, enum.Enum):
     RELOADING = "Reloading"
     ENABLING = "Enabling"
     FINISHED = "Finished"
-
-
-class StateError(RuntimeError):
-    """The state file is unreadable; the transfer refuses to guess (it could redeploy or
-    skip versions). The message names the file."""
 
 
 class _Record(BaseModel):
@@ -183,7 +175,7 @@ class HistoryEntry(_Record):
         return self.model_dump(mode="json", exclude_unset=True, by_alias=True)
 
 
-class TransferState(_Record):
+class TransferState(StateFile):
     """The whole state (module docstring)."""
 
     served: Optional[Served] = None
@@ -221,26 +213,10 @@ class TransferState(_Record):
 
     @classmethod
     def load(cls, path: Path) -> "TransferState":
-        """Reads ``path``; a missing file is an empty state. Raises ``StateError``."""
-        if not path.exists():
-            return cls()
+        """Reads ``path``; a missing file is an empty state. Raises ``StateError`` naming
+        the file and the field: the transfer refuses to guess (it could redeploy or skip
+        versions)."""
         try:
-            return cls.model_validate(json.loads(path.read_text()))
-        except (OSError, ValueError) as exc:
-            why = describe(exc) if isinstance(exc, ValidationError) else str(exc)
-            raise StateError(f"{path}: unreadable transfer state ({why}); fix or remove it") from None
-
-    def save(self, path: Path) -> None:
-        """Writes the state to ``path`` through a fsynced temp file renamed into place."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_json(), f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+            return super().load(path) or cls()
+        except StateError as exc:
+            raise StateError(f"unreadable transfer state: {exc}; fix or remove it") from None
