@@ -3,7 +3,7 @@
 - The cube kernel: runtime/cube/kernel.c (plain C functions that runtime/cube/kernel.py
   calls through ctypes) compiled into runtime.cube._kernel.
 - The pserver's exit on SIGTERM: runtime/trainer/_signals.c into runtime.trainer._signals
-  (runtime/trainer/native.py, through ctypes).
+  (runtime/trainer/stop.py: exit_on_signal, through ctypes).
 - Serving's gRPC stubs: runtime/serving/proto/open_inference.proto compiled by grpcio-tools
   into open_inference_pb2.py and open_inference_pb2_grpc.py beside it (in the source tree,
   so editable installs have them too; they are not committed).

@@ -142,7 +142,7 @@ def run_single(cfg: TrainConfig) -> dict:
 def run_pserver(cfg: TrainConfig, role) -> None:
     """Serves the tables until the process is stopped: ``fleet.run_server()`` blocks in
     C++ for good; SIGTERM/SIGINT (Volcano's ``CompleteJob``, a deleted pod) end the
-    process with exit code 0 (``runtime.trainer.native.exit_on_signal``). Nothing is
+    process with exit code 0 (``runtime.trainer.stop.exit_on_signal``). Nothing is
     lost: a pserver's tables are saved by the trainers' calls (export, checkpoint), never
     at exit."""
     from paddle.distributed import fleet
@@ -152,11 +152,11 @@ def run_pserver(cfg: TrainConfig, role) -> None:
     build_ps_programs(cfg, cfg.slots(), continuous=cfg.mode == "continuous")
     log.info("pserver %s: serving (trainers %d)", role.endpoint, role.trainers)
     fleet.init_server()
-    from runtime.trainer import native
+    from runtime.trainer.stop import exit_on_signal
 
     # after init_server (Paddle's and the PS runtime's handlers are in place); run_server
     # then holds the GIL for good, so the exit on SIGTERM is the C handler's
-    native.exit_on_signal(0)
+    exit_on_signal(0)
     log.info("pserver %s: SIGTERM/SIGINT end it with exit code 0", role.endpoint)
     fleet.run_server()
     raise RuntimeError(f"pserver {role.endpoint}: the server stopped")
@@ -178,10 +178,10 @@ def run_role(cfg: TrainConfig) -> dict | None:
         host, _, port = role.gloo_endpoint.rpartition(":")
         proc.wait_for_port(host, int(port), timeout_s=cfg.wait_pserver_s,
                            name=f"gloo store {role.gloo_endpoint} (pserver 0)")
-    from runtime.trainer import native
+    from runtime.trainer import mkl
 
     paddle.enable_static()
-    native.init_math_runtimes()  # before any pserver/client thread (runtime.trainer.native)
+    mkl.init_math_runtimes()  # before any pserver/client thread (runtime.trainer.mkl)
     fleet.init(is_collective=False)
     if fleet.is_server():
         run_pserver(cfg, role)

@@ -48,22 +48,3 @@ def init_math_runtimes() -> list[str]:
         done.append("mkl")
     log.debug("math runtimes initialized on the main thread: %s", done)
     return done
-
-
-def exit_on_signal(code: int = 0, signals: tuple[int, ...] | None = None) -> None:
-    """Makes SIGTERM and SIGINT (or ``signals``) end the process at once with exit code
-    ``code``, from any thread, without Python: a pserver blocked in ``fleet.run_server()``
-    holds the GIL, so no Python handler could run (``runtime/trainer/_signals.c``). Call on
-    the main thread after Paddle's and the PS runtime's own handlers are installed (after
-    ``fleet.init_server()``). Raises ``RuntimeError`` when the compiled helper is missing
-    (the project was not installed) or ``sigaction`` fails."""
-    import importlib.util
-    import signal
-
-    spec = importlib.util.find_spec("runtime.trainer._signals")
-    if spec is None or not spec.origin:
-        raise RuntimeError("runtime.trainer._signals is not built: install the project (pip install -e .)")
-    lib = ctypes.CDLL(spec.origin)
-    for sig in signals or (signal.SIGTERM, signal.SIGINT):
-        if lib.elastic_ctr_exit_on_signal(ctypes.c_int(int(sig)), ctypes.c_int(int(code))) != 0:
-            raise RuntimeError(f"sigaction({int(sig)}) failed: errno {ctypes.get_errno()}")
