@@ -1,7 +1,7 @@
 """Cube server: one shard of one dict, served over the binary data plane, controlled over HTTP.
 
 Modules:
-- ``dataplane.py``: the data plane (``--port``, default 8900), the protocol of
+- ``lookups.py``: ``LookupServer``, the data plane (``--port``, default 8900), the protocol of
   ``runtime/cube/protocol.py``: per request one C call (``kernel.c``
   ``cube_table_lookup``, GIL released) into the served version's inline table
   (``runtime/cube/table.py``) writing straight into a preallocated reply buffer, one

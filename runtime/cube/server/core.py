@@ -1,5 +1,5 @@
-"""``CubeServer``: one shard of one dict, its data plane (``dataplane.py``), versions
-(``versions.py``) and HTTP control app (``app.py``) put together, with their lifecycle."""
+"""``CubeServer``: one shard of one dict, its data plane (``lookups.py``: ``LookupServer``),
+versions (``versions.py``) and HTTP control app (``app.py``) put together, with their lifecycle."""
 from __future__ import annotations
 
 import logging
@@ -10,7 +10,7 @@ from pathlib import Path
 from runtime.cube import protocol
 from runtime.cube.kernel import KERNEL
 from runtime.cube.server.app import create_control_app
-from runtime.cube.server.dataplane import DataPlane, warm_kernel
+from runtime.cube.server.lookups import LookupServer, warm_kernel
 from runtime.cube.server.versions import Versions
 
 log = logging.getLogger(__name__)
@@ -36,24 +36,24 @@ class CubeServer:
         self.data_dir = Path(data_dir) if data_dir else None
         self.max_keys, self.verify, self.io_mode = max_keys, verify, io_mode
         self.versions = Versions(dict_name, shard, shard_num, self.data_dir, verify)
-        self.dataplane = DataPlane(self.versions, host, port, max_keys, io_mode)
+        self.lookups = LookupServer(self.versions, host, port, max_keys, io_mode)
         self._http = None  # runtime.webserver.WebServer of the control app
         self.started = time.time()
 
     @property
     def port(self) -> int:
         """The data plane's TCP port (the bound one after ``start()``)."""
-        return self.dataplane.port
+        return self.lookups.port
 
     def start(self) -> None:
         """Binds both ports, starts serving, then reloads the recorded chain (if any).
         Raises ``OSError`` when a port cannot be bound."""
         from runtime.webserver import WebServer
 
-        self.dataplane.listen()
+        self.lookups.listen()
         self._http = WebServer(create_control_app(self), self.host, self.http_port, threads=4, name="cube-server")
         self.http_port = self._http.port
-        self.dataplane.serve()
+        self.lookups.serve()
         self._http.start()
         warm_kernel()
         self.versions.restore()
@@ -74,20 +74,20 @@ class CubeServer:
         flight finish) and any connection left is shut. ``grace_s`` 0: all at once."""
         if self._http is not None and self._http.ready:
             self.unready("stopping")
-        self.dataplane.drain(grace_s)
-        self.dataplane.halt()
+        self.lookups.drain(grace_s)
+        self.lookups.halt()
         if self._http is not None:
             self._http.stop()
-        self.dataplane.close()
+        self.lookups.close()
 
     def status(self) -> dict:
         """``GET /status``: shard, shard_num, dict_name, the versions' state
         (``Versions.status``), kernel, open connections and the data plane's counters."""
         return {"shard": self.shard, "shard_num": self.shard_num, "dict_name": self.dict_name,
                 **self.versions.status(), "kernel": KERNEL.name,
-                "connections": self.dataplane.connections, **self.counters()}
+                "connections": self.lookups.connections, **self.counters()}
 
     def counters(self) -> dict:
         """The data plane's counters: ``{"requests", "keys_looked_up", "hits", "errors":
-        {status name: count}}`` (``DataPlane.counters``)."""
-        return self.dataplane.counters()
+        {status name: count}}`` (``LookupServer.counters``)."""
+        return self.lookups.counters()

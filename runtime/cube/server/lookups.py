@@ -85,7 +85,7 @@ def warm_kernel() -> None:
         np.arange(2, 6, dtype=np.uint64), np.ones((4, 1), np.float32)).lookup(np.arange(8, dtype=np.uint64))
 
 
-class DataPlane:
+class LookupServer:
     """The data plane of one server: answers lookups from ``versions.served``.
 
     ``max_keys``: largest batch accepted (bigger frames get TOO_LARGE and the connection
@@ -322,7 +322,7 @@ class DataPlane:
         return out
 
 
-def _answerer(plane: DataPlane):
+def _answerer(plane: LookupServer):
     """The hot path of ``plane``: returns ``answer(c: Conn) -> bool``, which answers every
     complete request frame in ``c.rin`` (False: close the connection). The protocol's
     sizes, layout and flags (``runtime/cube/protocol.py``) and the kernel entry are bound
