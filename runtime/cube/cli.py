@@ -98,7 +98,7 @@ def register_agent(cube_sub: "argparse._SubParsersAction") -> None:
 
 
 def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
-    """``cube transfer``: watches the donefile and rolls versions out to every instance."""
+    """``cube transfer``: watches the donefile and rolls versions out to every replica."""
     p = cube_sub.add_parser("transfer", formatter_class=HelpFormatter, help="watch the donefile, build, publish and roll out versions")
     p.add_argument("--topology", required=True, help="topology JSON file (docs/contracts.md)")
     p.add_argument("--root", required=True,
@@ -116,13 +116,13 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--phase-timeout", type=float, default=300.0,
                    help="seconds allowed for each of download, reload and enable")
     p.add_argument("--retries", type=int, default=3,
-                   help="attempts per instance and phase before the rollout aborts")
+                   help="attempts per replica and phase before the rollout aborts")
     p.add_argument("--max-rollout-attempts", type=int, default=3,
                    help="rollouts of one version before it is given up")
     p.add_argument("--rollout-backoff", type=float, default=10.0,
                    help="seconds before a failed rollout is retried, doubled per attempt, <= 300")
     p.add_argument("--reconcile-interval", type=float, default=30.0,
-                   help="seconds between checks for instances lagging behind the served version, "
+                   help="seconds between checks for replicas lagging behind the served version, "
                         "which are then brought up to it (0 = never)")
     p.add_argument("--stop-timeout", type=float, default=20.0,
                    help="on SIGTERM, seconds to wait for the step in progress before exiting (its rollout "

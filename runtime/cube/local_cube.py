@@ -150,11 +150,11 @@ class LocalCubeCluster:
         return gen
 
     def grow_generation(self, gen: Generation, replicas: int, topology_name: str | None = None) -> Path:
-        """Adds replicas to every shard of ``gen`` up to ``replicas`` (new instances
+        """Adds replicas to every shard of ``gen`` up to ``replicas`` (new replicas
         empty, as a StatefulSet scaled up by a new ``cubeReplicas``), writes the grown
         topology (``base_dir/<topology_name>``, default ``topology-<shards>s-<replicas>r.json``)
         and returns its path; waits until every new port answers. The transfer is not
-        told: ``restart_transfer(path)`` (it reconciles the new instances at start). Raises
+        told: ``restart_transfer(path)`` (it reconciles the new replicas at start). Raises
         ``ValueError`` when ``replicas`` is not above the current count."""
         if replicas <= gen.replicas:
             raise ValueError(f"grow_generation: {replicas} replicas is not more than {gen.replicas}")
@@ -239,7 +239,7 @@ class LocalCubeCluster:
         return fetch_dict_info(self.transfer_url, timeout_s=5)
 
     def wait_version(self, version: int, timeout_s: float = 120.0, poll_s: float = 0.05) -> float:
-        """Blocks until the transfer reports ``version`` served by every instance; returns
+        """Blocks until the transfer reports ``version`` served by every replica; returns
         the monotonic time it was seen. Raises ``TimeoutError`` (with the transfer's last
         ``/dict/info``) or ``RoleFailed`` if a process died."""
         deadline = time.monotonic() + timeout_s

@@ -68,8 +68,8 @@ class TopologyError(ValueError):
     """A topology document is unreadable or invalid; the message names its source and field."""
 
 
-class Replica(BaseModel):
-    """One shard replica: ``server`` (data plane ``host:port``), ``http`` (server control
+class ReplicaAddresses(BaseModel):
+    """One shard replica's addresses: ``server`` (data plane ``host:port``), ``http`` (server control
     URL), ``agent`` (agent URL). URLs carry no trailing slash."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -100,11 +100,12 @@ class Shard(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     shard: NonNegInt
-    replicas: list[Replica] = Field(min_length=1)
+    replicas: list[ReplicaAddresses] = Field(min_length=1)
 
 
-class Instance(BaseModel):
-    """One shard x replica, as the transfer drives it (``name``: ``shard<i>/replica<j>``)."""
+class Replica(BaseModel):
+    """One shard x replica (``replica``: its index in the shard), with its addresses, as the
+    transfer drives it (``name``: ``shard<i>/replica<j>``)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -172,11 +173,11 @@ class Topology(BaseModel):
         """Per shard, its replicas' data-plane ``host:port`` (what the cube client needs)."""
         return [[r.server for r in sh.replicas] for sh in self.shards]
 
-    def instances(self) -> Iterator[Instance]:
+    def all_replicas(self) -> Iterator[Replica]:
         """Every shard x replica, shard by shard."""
         for sh in self.shards:
             for j, r in enumerate(sh.replicas):
-                yield Instance(shard=sh.shard, replica=j, server=r.server, http=r.http, agent=r.agent)
+                yield Replica(shard=sh.shard, replica=j, server=r.server, http=r.http, agent=r.agent)
 
     def to_json(self) -> str:
         """Canonical text (2-space indent, trailing newline): stable, so is its checksum."""

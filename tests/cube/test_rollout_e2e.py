@@ -143,8 +143,8 @@ def test_bad_version_and_restart_keep_serving(cluster):
     time.sleep(1.0)  # ~10 polls
     hist = requests.get(f"{cluster.transfer_url}/dict/deploy/history", timeout=5).json()["history"]
     assert [h["version"] for h in hist if h["status"] == "finished"] == finished
-    inst = requests.get(f"{cluster.transfer_url}/instance/status", timeout=5).json()
-    assert inst["consistent"] and {i["version"] for i in inst["instances"]} == {BASE2}
+    rep = requests.get(f"{cluster.transfer_url}/instance/status", timeout=5).json()
+    assert rep["consistent"] and {i["version"] for i in rep["replicas"]} == {BASE2}
     # and it still rolls out what comes next
     k2 = rng.choice(1 << 40, 3000, replace=False).astype(np.uint64)
     v2 = rng.standard_normal((3000, DIM)).astype(np.float32)

@@ -58,49 +58,49 @@ class Cluster:
 
     def __init__(self, tmp: Path, shards: int = 2, replicas: int = 2):
         self.tmp = tmp
-        self.inst: dict[tuple[int, int], tuple[FakeServer, Agent, ThreadedApp]] = {}
+        self.rep: dict[tuple[int, int], tuple[FakeServer, Agent, ThreadedApp]] = {}
         self.resize(shards, replicas)
 
     def resize(self, shards: int, replicas: int | None = None, keep_running: tuple = ()) -> None:
         """What ``pulumi up`` with new cubeShards/cubeReplicas does: when the shard count
         changes, every existing server restarts empty with the new ``--shard-num`` (but
         those in ``keep_running``, (shard, replica) pairs, which keep the old one and their
-        version: a pod not restarted yet); the agents keep their state; missing instances
+        version: a pod not restarted yet); the agents keep their state; missing replicas
         are added, surplus ones dropped; the topology is rewritten."""
         replicas = replicas or self.replicas
-        for key in [k for k in self.inst if k[0] >= shards or k[1] >= replicas]:
-            srv, _, app = self.inst.pop(key)
+        for key in [k for k in self.rep if k[0] >= shards or k[1] >= replicas]:
+            srv, _, app = self.rep.pop(key)
             app.close()
             srv.close()
-        for (s, r), (srv, _, _) in self.inst.items():
+        for (s, r), (srv, _, _) in self.rep.items():
             if srv.shard_num != shards and (s, r) not in keep_running:
                 srv.restart(shard_num=shards)
         topo = {"dict_name": DICT, "shards": []}
         for s in range(shards):
             reps = []
             for r in range(replicas):
-                if (s, r) not in self.inst:
+                if (s, r) not in self.rep:
                     srv = FakeServer(shard=s, shard_num=shards)
                     ag = Agent(srv.url, self.tmp / f"agent{s}{r}", load_timeout_s=10, poll_s=0.01)
-                    self.inst[(s, r)] = (srv, ag, ThreadedApp(agent_app(ag)))
-                srv, _, app = self.inst[(s, r)]
+                    self.rep[(s, r)] = (srv, ag, ThreadedApp(agent_app(ag)))
+                srv, _, app = self.rep[(s, r)]
                 reps.append({"server": "127.0.0.1:1", "http": srv.url, "agent": app.url})
             topo["shards"].append({"shard": s, "replicas": reps})
         self.shards, self.replicas, self.topology = shards, replicas, topo
 
     @property
     def servers(self) -> list[FakeServer]:
-        return [self.inst[k][0] for k in sorted(self.inst)]
+        return [self.rep[k][0] for k in sorted(self.rep)]
 
     @property
     def agents(self) -> list[Agent]:
-        return [self.inst[k][1] for k in sorted(self.inst)]
+        return [self.rep[k][1] for k in sorted(self.rep)]
 
     def versions(self):
         return [s.version for s in self.servers]
 
     def close(self):
-        for srv, _, app in self.inst.values():
+        for srv, _, app in self.rep.values():
             app.close()
             srv.close()
 
@@ -277,7 +277,7 @@ def test_failed_rollout_waits_for_its_backoff(cluster, root, tmp_path):
     tr = make_transfer(cluster, root, tmp_path / "work", rollout_backoff_s=0.5)
     assert tr.poll_once()["status"] == "failed"
     assert tr.poll_once() is None  # within the backoff: not retried yet
-    cluster.servers[0].fail_load.clear()  # the instance recovers
+    cluster.servers[0].fail_load.clear()  # the replica recovers
     time.sleep(0.6)
     assert tr.poll_once()["status"] == "finished"
     assert cluster.versions() == [1] * 4
@@ -307,8 +307,8 @@ def test_http_api(cluster, root, tmp_path):
     info = c.get("/dict/info").json
     assert info["version"] == 5 and info["dict_name"] == DICT and info["status"] == "serving"
     assert DictInfo.from_json(info) == tr.info().model_copy(update={"last_poll": info["last_poll"]})
-    inst = c.get("/instance/status").json
-    assert inst["consistent"] and [i["version"] for i in inst["instances"]] == [5] * 4
+    rep = c.get("/instance/status").json
+    assert rep["consistent"] and [i["version"] for i in rep["replicas"]] == [5] * 4
     hist = c.get("/dict/deploy/history").json["history"]
     assert hist[-1]["status"] == "finished" and hist[-1]["version"] == 5
     m = c.get("/metrics").data.decode()
@@ -449,7 +449,7 @@ def test_relayout_waits_for_servers_to_restart_and_retries_failures(cluster, roo
     assert tr.poll_once()["status"] == "finished"
     # shard 1 replica 0 has not restarted yet: it still serves 10 laid out for 2 shards
     cluster.resize(4, keep_running=((1, 0),))
-    stale = cluster.inst[(1, 0)][0]
+    stale = cluster.rep[(1, 0)][0]
     tr = make_transfer(cluster, root, work, max_rollout_attempts=1)
     add_version(root, 11, 10, patch=True)  # held back until the re-layout is done
     for _ in range(3):  # waits: no rollout, no attempt used
@@ -459,7 +459,7 @@ def test_relayout_waits_for_servers_to_restart_and_retries_failures(cluster, roo
     assert tr.reconcile() == []  # does not fight the re-layout
     assert all(s.enables == [] for s in cluster.servers if s is not stale)
     stale.restart(shard_num=4)  # the pod restarts with --shard-num 4
-    cluster.servers[0].fail_load.add(10)  # and one instance fails: beyond max_rollout_attempts
+    cluster.servers[0].fail_load.add(10)  # and one replica fails: beyond max_rollout_attempts
     for _ in range(2):
         e = tr.poll_once()
         assert e["status"] == "failed" and e["reason"] == "relayout 2->4 shards" and not e["given_up"]
@@ -493,21 +493,21 @@ def test_reloading_keeps_a_replica_of_every_shard_out_of_the_wave(cluster, root,
     import threading
 
     from runtime.cube.transfer.agents import reload_waves
-    from runtime.formats.topology import Instance
+    from runtime.formats.topology import Replica
 
     tr = make_transfer(cluster, root, tmp_path / "work")
     spans: dict[str, tuple[float, float]] = {}
     lock = threading.Lock()
     drive = tr.agents.drive
 
-    def timed(inst, step, *a, **kw):
+    def timed(rep, step, *a, **kw):
         t0 = time.monotonic()
         if step == "reload":
             time.sleep(0.2)  # long enough for overlapping calls to overlap
-        drive(inst, step, *a, **kw)
+        drive(rep, step, *a, **kw)
         if step == "reload":
             with lock:
-                spans[inst.name] = (t0, time.monotonic())
+                spans[rep.name] = (t0, time.monotonic())
 
     tr.agents.drive = timed
     add_version(root, 100, 100)
@@ -520,9 +520,9 @@ def test_reloading_keeps_a_replica_of_every_shard_out_of_the_wave(cluster, root,
     r0, r1 = spans["shard0/replica0"], spans["shard1/replica0"]
     assert max(r0[0], r1[0]) < min(r0[1], r1[1])
 
-    def insts(spec):
-        return [Instance(shard=s, replica=r, server="s", http="h", agent="a") for s, r in spec]
+    def reps(spec):
+        return [Replica(shard=s, replica=r, server="s", http="h", agent="a") for s, r in spec]
 
-    waves = reload_waves(insts([(0, 2), (0, 0), (0, 1), (1, 0)]))
+    waves = reload_waves(reps([(0, 2), (0, 0), (0, 1), (1, 0)]))
     assert [[(i.shard, i.replica) for i in w] for w in waves] == [[(0, 0), (0, 1), (1, 0)], [(0, 2)]]
-    assert len(reload_waves(insts([(0, 0), (1, 0)]))) == 1
+    assert len(reload_waves(reps([(0, 0), (1, 0)]))) == 1

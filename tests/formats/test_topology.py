@@ -20,7 +20,7 @@ def test_round_trip(tmp_path):
     again = Topology.load(path)
     assert again == t and again.shard_num == 2
     assert again.servers() == [["h00:8900", "h01:8900"], ["h10:8900", "h11:8900"]]
-    assert [i.name for i in again.instances()] == ["shard0/replica0", "shard0/replica1",
+    assert [i.name for i in again.all_replicas()] == ["shard0/replica0", "shard0/replica1",
                                                   "shard1/replica0", "shard1/replica1"]
     assert again.shards[0].replicas[0].agent == "http://h00:8902"  # trailing slash dropped
     assert t.to_json() == again.to_json() and t.checksum() == again.checksum()

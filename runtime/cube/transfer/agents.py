@@ -1,6 +1,6 @@
-"""The transfer's side of the agent protocol (``runtime.cube.agent``): drive one instance
-through a step with retries, a phase as a barrier over many instances, the abort, and the
-instances' status.
+"""The transfer's side of the agent protocol (``runtime.cube.agent``): drive one replica
+through a step with retries, a phase as a barrier over many replicas, the abort, and the
+replicas' status.
 
 Every step is a ``POST <agent>/<step>`` (download, reload, enable); download and reload
 ask the agent to wait for the outcome (``"wait": s``) within the phase's deadline. A
@@ -19,7 +19,7 @@ import requests
 import tenacity
 
 from runtime.cube.transfer.state import Phase, Plan
-from runtime.formats.topology import Instance
+from runtime.formats.topology import Replica
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ MAX_WAIT_S = 600.0  # the longest "wait" an agent accepts
 
 
 class RolloutError(RuntimeError):
-    """A rollout phase failed; ``phase`` names it, the message names the instances."""
+    """A rollout phase failed; ``phase`` names it, the message names the replicas."""
 
     def __init__(self, phase: Phase | str, message: str):
         phase = Phase(phase)
@@ -37,15 +37,15 @@ class RolloutError(RuntimeError):
 
 
 class PartialEnable(RolloutError):
-    """Enabling failed after some instances switched; ``enabled`` holds them."""
+    """Enabling failed after some replicas switched; ``enabled`` holds them."""
 
-    def __init__(self, message: str, enabled: set[Instance]):
+    def __init__(self, message: str, enabled: set[Replica]):
         super().__init__(Phase.ENABLING, message)
         self.enabled = enabled
 
 
 class _Retry(RuntimeError):
-    """A retryable failure of one instance's step."""
+    """A retryable failure of one replica's step."""
 
 
 class _Fatal(RuntimeError):
@@ -61,7 +61,7 @@ class Shipment:
 
 
 class AgentClient:
-    """Talks to the agents. ``retries``: attempts per instance and step;
+    """Talks to the agents. ``retries``: attempts per replica and step;
     ``http_timeout_s``: for status calls and the abort."""
 
     def __init__(self, dict_name: str, retries: int = 3, http_timeout_s: float = 10.0):
@@ -73,12 +73,12 @@ class AgentClient:
         self.http.mount("http://", adapter)
         self.http.mount("https://", adapter)
 
-    def drive(self, inst: Instance, step: str, plan: Plan, ship: Shipment, deadline: float) -> None:
-        """One instance through ``step`` (download | reload | enable) of ``plan``, within
+    def drive(self, rep: Replica, step: str, plan: Plan, ship: Shipment, deadline: float) -> None:
+        """One replica through ``step`` (download | reload | enable) of ``plan``, within
         ``deadline`` (monotonic s). Raises the last error."""
         v = plan.version
         if step == "download":
-            body = {"url": ship.urls[inst.shard], "md5": ship.md5s[inst.shard], "version": v, "mode": plan.mode,
+            body = {"url": ship.urls[rep.shard], "md5": ship.md5s[rep.shard], "version": v, "mode": plan.mode,
                     "base_version": plan.base_version, "dict_name": self.dict_name}
         else:
             body = {"version": v}
@@ -90,7 +90,7 @@ class AgentClient:
             if step != "enable":
                 body["wait"] = max(0.0, min(left, MAX_WAIT_S))
             try:
-                r = self.http.post(f"{inst.agent}/{step}", json=body, timeout=left + 5)
+                r = self.http.post(f"{rep.agent}/{step}", json=body, timeout=left + 5)
             except requests.RequestException as exc:
                 raise _Retry(f"agent unreachable: {exc}") from exc
             if r.status_code == 200:
@@ -111,15 +111,15 @@ class AgentClient:
             wait=tenacity.wait_exponential(multiplier=0.2, max=2.0),
             retry=tenacity.retry_if_exception_type(_Retry),
             reraise=True,
-            before_sleep=lambda rs: log.warning("%s %s of version %d: attempt %d failed (%s); retrying", inst.name,
+            before_sleep=lambda rs: log.warning("%s %s of version %d: attempt %d failed (%s); retrying", rep.name,
                                                 step, v, rs.attempt_number, rs.outcome.exception()),
         )(attempt)
 
-    def barrier(self, phase: Phase, todo: list[Instance], plan: Plan, ship: Shipment, timeout_s: float,
-                enabled: Optional[set[Instance]] = None) -> None:
-        """Runs ``phase``'s step on every instance of ``todo`` concurrently; returns when all
-        succeeded, raises ``RolloutError`` (naming the instances) when any failed.
-        ``enabled`` collects the instances that succeeded (Enabling).
+    def barrier(self, phase: Phase, todo: list[Replica], plan: Plan, ship: Shipment, timeout_s: float,
+                enabled: Optional[set[Replica]] = None) -> None:
+        """Runs ``phase``'s step on every replica of ``todo`` concurrently; returns when all
+        succeeded, raises ``RolloutError`` (naming the replicas) when any failed.
+        ``enabled`` collects the replicas that succeeded (Enabling).
 
         Reloading runs in two waves (``reload_waves``): building a version's table costs a
         server CPU for seconds (a patch is applied to a copy of the served table), and a
@@ -131,74 +131,74 @@ class AgentClient:
             return
         t0 = time.monotonic()
         deadline = t0 + timeout_s
-        log.info("%s version=%d: 0/%d instances", phase.value, v, len(todo))
+        log.info("%s version=%d: 0/%d replicas", phase.value, v, len(todo))
         failures: list[str] = []
         done = 0
         waves = reload_waves(todo) if phase == Phase.RELOADING else [todo]
         with cf.ThreadPoolExecutor(max_workers=min(32, len(todo)), thread_name_prefix=step) as ex:
             for wave in waves:
-                futs = {ex.submit(self.drive, inst, step, plan, ship, deadline): inst for inst in wave}
+                futs = {ex.submit(self.drive, rep, step, plan, ship, deadline): rep for rep in wave}
                 for fut in cf.as_completed(futs):
-                    inst = futs[fut]
+                    rep = futs[fut]
                     try:
                         fut.result()
                         done += 1
                         if enabled is not None:
-                            enabled.add(inst)
-                    except Exception as exc:  # noqa: BLE001 - reported with the instance
-                        failures.append(f"{inst.name} ({inst.agent}) {step}: {exc}")
+                            enabled.add(rep)
+                    except Exception as exc:  # noqa: BLE001 - reported with the replica
+                        failures.append(f"{rep.name} ({rep.agent}) {step}: {exc}")
                 if failures:
                     break
-        log.info("%s version=%d: %d/%d instances, %d failed, %.2f s%s", phase.value, v, done, len(todo),
+        log.info("%s version=%d: %d/%d replicas, %d failed, %.2f s%s", phase.value, v, done, len(todo),
                  len(failures), time.monotonic() - t0, f" ({len(waves)} waves)" if len(waves) > 1 else "")
         if failures:
             raise RolloutError(phase, "; ".join(failures))
 
-    def abort(self, instances: Iterable[Instance], version: int) -> None:
+    def abort(self, replicas: Iterable[Replica], version: int) -> None:
         """Tells every agent ``bg_unload`` (best effort, concurrently)."""
-        def unload(inst: Instance) -> None:
+        def unload(rep: Replica) -> None:
             try:
-                r = self.http.post(f"{inst.agent}/bg_unload", json={"version": version}, timeout=self.http_timeout_s)
+                r = self.http.post(f"{rep.agent}/bg_unload", json={"version": version}, timeout=self.http_timeout_s)
                 if r.status_code != 200:
-                    log.warning("%s bg_unload: HTTP %d %s", inst.name, r.status_code, r.text[:200])
+                    log.warning("%s bg_unload: HTTP %d %s", rep.name, r.status_code, r.text[:200])
             except requests.RequestException as exc:
-                log.warning("%s bg_unload: %s", inst.name, exc)
+                log.warning("%s bg_unload: %s", rep.name, exc)
 
-        instances = list(instances)
-        with cf.ThreadPoolExecutor(max_workers=min(32, len(instances))) as ex:
-            list(ex.map(unload, instances))
+        replicas = list(replicas)
+        with cf.ThreadPoolExecutor(max_workers=min(32, len(replicas))) as ex:
+            list(ex.map(unload, replicas))
 
-    def status(self, inst: Instance, timeout_s: Optional[float] = None) -> dict:
+    def status(self, rep: Replica, timeout_s: Optional[float] = None) -> dict:
         """The agent's ``GET /status``. Raises ``requests.RequestException`` or ``ValueError``."""
-        r = self.http.get(f"{inst.agent}/status", timeout=timeout_s or self.http_timeout_s)
+        r = self.http.get(f"{rep.agent}/status", timeout=timeout_s or self.http_timeout_s)
         r.raise_for_status()
         return r.json()
 
-    def served(self, instances: list[Instance]) -> dict[Instance, tuple[Optional[int], Optional[int]]]:
-        """Each instance's ``(served version, server shard_num)`` (None where unknown)."""
-        def one(inst: Instance):
+    def served(self, replicas: list[Replica]) -> dict[Replica, tuple[Optional[int], Optional[int]]]:
+        """Each replica's ``(served version, server shard_num)`` (None where unknown)."""
+        def one(rep: Replica):
             try:
-                srv = self.status(inst).get("server") or {}
+                srv = self.status(rep).get("server") or {}
                 return srv.get("version"), srv.get("shard_num")
             except (requests.RequestException, ValueError, AttributeError):
                 return None, None
 
-        with cf.ThreadPoolExecutor(max_workers=min(32, len(instances))) as ex:
-            return dict(zip(instances, ex.map(one, instances)))
+        with cf.ThreadPoolExecutor(max_workers=min(32, len(replicas))) as ex:
+            return dict(zip(replicas, ex.map(one, replicas)))
 
 
-def reload_waves(todo: list[Instance]) -> list[list[Instance]]:
+def reload_waves(todo: list[Replica]) -> list[list[Replica]]:
     """``todo`` in at most two waves: the first ``ceil(r / 2)`` of each shard's ``r``
-    instances (by replica index), then the rest, so that a shard with two or more
+    replicas (by replica index), then the rest, so that a shard with two or more
     replicas always has one out of the wave. One wave when no shard has two."""
-    by_shard: dict[int, list[Instance]] = {}
-    for inst in todo:
-        by_shard.setdefault(inst.shard, []).append(inst)
-    first: list[Instance] = []
-    second: list[Instance] = []
-    for insts in by_shard.values():
-        insts = sorted(insts, key=lambda i: i.replica)
-        half = -(-len(insts) // 2)
-        first += insts[:half]
-        second += insts[half:]
+    by_shard: dict[int, list[Replica]] = {}
+    for rep in todo:
+        by_shard.setdefault(rep.shard, []).append(rep)
+    first: list[Replica] = []
+    second: list[Replica] = []
+    for reps in by_shard.values():
+        reps = sorted(reps, key=lambda i: i.replica)
+        half = -(-len(reps) // 2)
+        first += reps[:half]
+        second += reps[half:]
     return [w for w in (first, second) if w]

@@ -28,8 +28,8 @@ def create_app(transfer: Transfer):
         return jsonify(transfer.info().to_json())
 
     @app.get("/instance/status")
-    def instance_status():
-        return jsonify(transfer.instance_status())
+    def replica_status():
+        return jsonify(transfer.replica_status())
 
     @app.get("/dict/deploy/history")
     def history():

@@ -282,7 +282,7 @@ def _entry(plan: Plan, shard_num: int, resumed: bool) -> HistoryEntry:
 def finished(st: TransferState, plan: Plan, *, shard_num: int, dim: Optional[int], count: Optional[int],
              urls: list[str], md5s: list[str], phases: dict[str, float], skipped: Iterable[str],
              resumed: bool, now: float, seconds: float) -> tuple[TransferState, HistoryEntry, list[Event]]:
-    """Every instance serves ``plan``'s version: it becomes the served version, its link
+    """Every replica serves ``plan``'s version: it becomes the served version, its link
     extends the served chain (a base starts a new one), a re-layout moves on."""
     st = st.model_copy(deep=True)
     events: list[Event] = []
@@ -319,7 +319,7 @@ def finished(st: TransferState, plan: Plan, *, shard_num: int, dim: Optional[int
 def failed(st: TransferState, plan: Plan, *, error: str, shard_num: int, phases: dict[str, float],
            resumed: bool, max_rollout_attempts: int, backoff_s: float,
            now: float) -> tuple[TransferState, HistoryEntry]:
-    """The rollout aborted before any instance switched: it waits for its backoff (doubled
+    """The rollout aborted before any replica switched: it waits for its backoff (doubled
     per attempt, at most ``MAX_BACKOFF_S``), and after ``max_rollout_attempts`` it is
     given up (never a re-layout link: without it the cube serves nothing)."""
     st = st.model_copy(deep=True)
@@ -336,7 +336,7 @@ def failed(st: TransferState, plan: Plan, *, error: str, shard_num: int, phases:
 
 def partial(st: TransferState, plan: Plan, *, error: str, shard_num: int, phases: dict[str, float],
             enabled: Iterable[str], resumed: bool, now: float) -> tuple[TransferState, HistoryEntry]:
-    """Enabling failed after some instances switched: it cannot be undone, so the rollout
+    """Enabling failed after some replicas switched: it cannot be undone, so the rollout
     stays ``current`` and is driven again at the next poll."""
     st = st.model_copy(deep=True)
     entry = _entry(plan, shard_num, resumed)

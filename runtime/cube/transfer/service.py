@@ -1,18 +1,18 @@
 """The transfer's loop: poll the donefiles, roll each new version out to every shard x
-replica through the phases (each a barrier), bring lagging instances back, report.
+replica through the phases (each a barrier), bring lagging replicas back, report.
 
 A rollout of version V (one at a time): Building (the builder, ``build.py``), Deploying
 (the shard tars published), Downloading, Reloading, Enabling (every agent driven through
-the step, ``agents.py``; nothing is enabled until every instance has loaded), Finished
+the step, ``agents.py``; nothing is enabled until every replica has loaded), Finished
 (V is the served version). A failure before Enabling aborts: every agent unloads, the
 previous version keeps serving, V is retried after its backoff and given up after
-``max_rollout_attempts`` (``planner.failed``). A failure during Enabling (some instances
+``max_rollout_attempts`` (``planner.failed``). A failure during Enabling (some replicas
 switched) cannot be undone: the rollout stays current and is driven again at every poll
-until every instance serves V (those already serving it are skipped). No rollout starts
+until every replica serves V (those already serving it are skipped). No rollout starts
 while a reachable server runs with another ``--shard-num`` than the topology's (its pod
 has not restarted yet after a resize; ``/dict/info`` ``waiting_for``).
 
-Reconciling: at start and every ``reconcile_interval_s`` an instance serving something
+Reconciling: at start and every ``reconcile_interval_s`` a replica serving something
 other than the served version (a server restarted empty, a replica added by a resize) is
 driven alone through the links of the served chain it lacks, from the tars already
 published; the client's version-checked failover keeps it out of traffic meanwhile.
@@ -41,12 +41,12 @@ from runtime.formats.dict_info import DictInfo, LastRollout, RelayoutInfo, Rollo
 from runtime.cube.transfer.planner import Event
 from runtime.cube.transfer.state import STATE_FILE, Phase, Plan, TransferState
 from runtime.formats import donefile
-from runtime.formats.topology import Instance, Topology
+from runtime.formats.topology import Replica, Topology
 
 log = logging.getLogger(__name__)
 
 
-class Metrics:
+class TransferMetrics:
     """The transfer's Prometheus metrics, in their own registry."""
 
     def __init__(self):
@@ -54,12 +54,12 @@ class Metrics:
 
         self.registry = CollectorRegistry()
         r = self.registry
-        self.version = Gauge("cube_transfer_served_version", "version id served by every instance", registry=r)
+        self.version = Gauge("cube_transfer_served_version", "version id served by every replica", registry=r)
         self.rollouts = Counter("cube_transfer_rollouts", "rollouts by outcome", ["status"], registry=r)
         self.phase = Gauge("cube_transfer_phase_seconds", "duration of the last rollout's phases (s)", ["phase"],
                            registry=r)
         self.rollout_s = Gauge("cube_transfer_last_rollout_seconds",
-                               "donefile line seen -> every instance enabled, last rollout (s)", registry=r)
+                               "donefile line seen -> every replica enabled, last rollout (s)", registry=r)
         self.malformed = Counter("cube_transfer_donefile_malformed_lines",
                                  "malformed donefile lines skipped (each counted once)", registry=r)
         self.polls = Counter("cube_transfer_polls", "donefile polls", registry=r)
@@ -77,7 +77,7 @@ class Transfer:
         token: upload token for a URL root.
         poll_interval_s, phase_timeout_s, rollout_backoff_s, reconcile_interval_s: seconds
             (backoff doubled per attempt, at most 300; reconcile 0 = never).
-        retries: attempts per instance and phase; max_rollout_attempts: rollouts per version.
+        retries: attempts per replica and phase; max_rollout_attempts: rollouts per version.
         dict_name: default the topology's. build_fn: the builder (``build.default_build``).
 
     Raises ``state.StateError`` for an unreadable state file, ``TopologyError``.
@@ -90,7 +90,7 @@ class Transfer:
                  build_fn: Optional[BuildFn] = None, http_timeout_s: float = 10.0):
         self.topology = Topology.load(topology)
         self.dict_name = dict_name or self.topology.dict_name
-        self.instances = list(self.topology.instances())
+        self.replicas = list(self.topology.all_replicas())
         self.shard_num = self.topology.shard_num
         self.root = str(root)
         self.work_dir = Path(work_dir)
@@ -109,10 +109,10 @@ class Transfer:
         self.stop = threading.Event()
         self.last_poll: Optional[float] = None
         self.last_error: Optional[str] = None
-        self.waiting_for: list[str] = []  # instances whose server runs with another --shard-num
+        self.waiting_for: list[str] = []  # replicas whose server runs with another --shard-num
         self._logged: set[tuple] = set()
         self.after_phase: Optional[Callable[[Phase, Plan], None]] = None  # test hook
-        self.metrics = Metrics()
+        self.metrics = TransferMetrics()
         from runtime import tracking  # MLflow only when $MLFLOW_TRACKING_URI is set
 
         self.tracker = tracking.start_transfer(str(self.work_dir), self.dict_name)
@@ -190,7 +190,7 @@ class Transfer:
             self.waiting_for = []
             return None
         n = self.shard_num
-        self.waiting_for = sorted(i.name for i, (_, shards) in self.agents.served(self.instances).items()
+        self.waiting_for = sorted(i.name for i, (_, shards) in self.agents.served(self.replicas).items()
                                   if shards is not None and int(shards) != n)
         if self.waiting_for:
             self._log_once(("waiting", plan.version, n, tuple(self.waiting_for)), logging.WARNING,
@@ -243,11 +243,11 @@ class Transfer:
                  f" ({plan.reason}, link {rl.link}/{rl.links})" if rl else "")
         t_start = time.monotonic()
         phases: dict[str, float] = {}
-        enabled: set[Instance] = set()
-        skip: set[Instance] = set()
+        enabled: set[Replica] = set()
+        skip: set[Replica] = set()
         try:
-            # instances that already serve v on this layout (an interrupted Enabling) are done
-            skip = {i for i, (have, shards) in self.agents.served(self.instances).items() if have == v and shards == n}
+            # replicas that already serve v on this layout (an interrupted Enabling) are done
+            skip = {i for i, (have, shards) in self.agents.served(self.replicas).items() if have == v and shards == n}
             t = time.monotonic()
             self._phase(plan, Phase.BUILDING)
             build = self.builder.build(plan)
@@ -260,7 +260,7 @@ class Transfer:
             phases[Phase.DEPLOYING.value] = time.monotonic() - t
             log.info("Deploying version=%d finished: %d shard tars published in %.2f s", v, len(ship.urls),
                      phases[Phase.DEPLOYING.value])
-            todo = [i for i in self.instances if i not in skip]
+            todo = [i for i in self.replicas if i not in skip]
             for phase in (Phase.DOWNLOADING, Phase.RELOADING, Phase.ENABLING):
                 t = time.monotonic()
                 self._phase(plan, phase)
@@ -288,8 +288,8 @@ class Transfer:
             self.metrics.rollout_s.set(total)
             for k, s in phases.items():
                 self.metrics.phase.labels(k).set(s)
-        log.info("Finished version=%d mode=%s%s: %d instances serve it, %.2f s (%s)", v, plan.mode,
-                 f" ({plan.reason})" if plan.reason else "", len(self.instances), total,
+        log.info("Finished version=%d mode=%s%s: %d replicas serve it, %.2f s (%s)", v, plan.mode,
+                 f" ({plan.reason})" if plan.reason else "", len(self.replicas), total,
                  ", ".join(f"{k} {s:.2f} s" for k, s in phases.items()))
         self._emit(events)
         from runtime import tracking
@@ -305,13 +305,13 @@ class Transfer:
                                            resumed=resumed, now=time.time())
             self._commit(state)
             self.metrics.rollouts.labels("partial").inc()
-        log.error("Enabling version=%d incomplete (%d/%d instances switched): %s; driven again at the next poll",
-                  plan.version, len(part.enabled), len(self.instances), part)
+        log.error("Enabling version=%d incomplete (%d/%d replicas switched): %s; driven again at the next poll",
+                  plan.version, len(part.enabled), len(self.replicas), part)
         return entry.to_json()
 
     def _failed(self, plan: Plan, exc: Exception, phases: dict, resumed: bool) -> dict:
         err = str(exc) if isinstance(exc, RolloutError) else f"{plan.phase.value}: {type(exc).__name__}: {exc}"
-        self.agents.abort(self.instances, plan.version)
+        self.agents.abort(self.replicas, plan.version)
         self.builder.discard(plan)  # a retry rebuilds from the inputs
         with self.lock:
             state, entry = planner.failed(self.state, plan, error=err, shard_num=self.shard_num, phases=phases,
@@ -328,13 +328,13 @@ class Transfer:
     # ---------------------------------------------------------------- reconcile
 
     def reconcile(self) -> list[str]:
-        """Brings lagging instances (e.g. a server restarted empty) to the served version:
+        """Brings lagging replicas (e.g. a server restarted empty) to the served version:
         each is driven alone through download -> reload -> enable of every link of the
-        served chain it lacks, from the tars already published. Unreachable instances are
+        served chain it lacks, from the tars already published. Unreachable replicas are
         left alone (retried next time). Does nothing while a rollout is current or while
         the served chain is laid out for another shard count (a re-layout replaces it); an
-        instance whose server runs with another ``--shard-num`` is skipped with a warning.
-        Returns the instances brought up to date. Errors are logged, never raised."""
+        replica whose server runs with another ``--shard-num`` is skipped with a warning.
+        Returns the replicas brought up to date. Errors are logged, never raised."""
         n = self.shard_num
         with self.lock:
             st = self.state
@@ -346,22 +346,22 @@ class Transfer:
             target = st.served.version
         links = [c.version for c in chain]
         fixed = []
-        for inst in self.instances:
+        for rep in self.replicas:
             try:
-                srv = self.agents.status(inst).get("server") or {}
+                srv = self.agents.status(rep).get("server") or {}
                 have, shards = srv.get("version"), srv.get("shard_num")
             except (requests.RequestException, ValueError, AttributeError):
                 continue
             if shards is not None and int(shards) != n:
-                self._log_once(("shard_num", inst.name, shards, n), logging.WARNING,
+                self._log_once(("shard_num", rep.name, shards, n), logging.WARNING,
                                "%s: its server runs with --shard-num %s, the topology has %d shards; not "
-                               "reconciled until it restarts with --shard-num %d", inst.name, shards, n, n)
+                               "reconciled until it restarts with --shard-num %d", rep.name, shards, n, n)
                 continue
             if have == target:
                 continue
             start = links.index(have) + 1 if have in links else 0
             t0 = time.monotonic()
-            log.warning("Reconciling %s: serves %s, not %d; driving it through %s", inst.name, have, target,
+            log.warning("Reconciling %s: serves %s, not %d; driving it through %s", rep.name, have, target,
                         links[start:])
             try:
                 for c in chain[start:]:
@@ -370,24 +370,24 @@ class Transfer:
                     ship = Shipment(urls=c.urls, md5s=c.md5s)
                     deadline = time.monotonic() + self.phase_timeout_s
                     for step in ("download", "reload", "enable"):
-                        self.agents.drive(inst, step, plan, ship, deadline)
+                        self.agents.drive(rep, step, plan, ship, deadline)
             except Exception as exc:  # noqa: BLE001 - retried at the next reconcile
-                log.error("Reconciling %s failed: %s (retried later)", inst.name, exc)
+                log.error("Reconciling %s failed: %s (retried later)", rep.name, exc)
                 continue
-            log.info("Reconciled %s to version %d in %.2f s", inst.name, target, time.monotonic() - t0)
-            fixed.append(inst.name)
+            log.info("Reconciled %s to version %d in %.2f s", rep.name, target, time.monotonic() - t0)
+            fixed.append(rep.name)
         return fixed
 
     # ---------------------------------------------------------------- HTTP views
 
     def info(self) -> DictInfo:
         """``GET /dict/info`` (``runtime.formats.dict_info``): ``version`` is the id every
-        instance of a complete layout serves (None before the first rollout; serving
+        replica of a complete layout serves (None before the first rollout; serving
         follows it) and ``served_shard_num`` the shard count of that layout; ``shard_num``
         the topology's. During a re-layout they stay those of the layout served before it
         (``Relayout.before``: the previous generation, which keeps serving it) until its
         last link is enabled on the new one: a link in between is never announced.
-        ``relayout``: None or its progress; ``waiting_for``: instances whose server runs
+        ``relayout``: None or its progress; ``waiting_for``: replicas whose server runs
         with another ``--shard-num``."""
         with self.lock:
             st = self.state
@@ -418,14 +418,14 @@ class Transfer:
                     version=last.version, status=last.status, error=last.error, reason=last.reason),
                 last_poll=self.last_poll, last_error=self.last_error)
 
-    def instance_status(self) -> dict:
-        """``GET /instance/status``: every instance's agent status (queried now, 2 s timeout)."""
+    def replica_status(self) -> dict:
+        """``GET /instance/status`` (Paddle Serving cube-transfer's path): every replica's agent status (queried now, 2 s timeout)."""
         import concurrent.futures as cf
 
-        def one(inst: Instance) -> dict:
-            out = {"shard": inst.shard, "replica": inst.replica, "agent": inst.agent, "server": inst.server}
+        def one(rep: Replica) -> dict:
+            out = {"shard": rep.shard, "replica": rep.replica, "agent": rep.agent, "server": rep.server}
             try:
-                st = self.agents.status(inst, timeout_s=2.0)
+                st = self.agents.status(rep, timeout_s=2.0)
                 srv = st.get("server") or {}
                 out.update(reachable=True, version=srv.get("version"), bg_version=srv.get("bg_version"),
                            bg_state=srv.get("bg_state"), step=st.get("step"), state=st.get("state"),
@@ -434,11 +434,11 @@ class Transfer:
                 out.update(reachable=False, error=str(exc))
             return out
 
-        with cf.ThreadPoolExecutor(max_workers=min(32, len(self.instances))) as ex:
-            rows = list(ex.map(one, self.instances))
+        with cf.ThreadPoolExecutor(max_workers=min(32, len(self.replicas))) as ex:
+            rows = list(ex.map(one, self.replicas))
         with self.lock:
             served = self.state.served.version if self.state.served else None
-        return {"dict_name": self.dict_name, "version": served, "instances": rows,
+        return {"dict_name": self.dict_name, "version": served, "replicas": rows,
                 "consistent": all(r.get("version") == served for r in rows)}
 
     def history(self) -> list[dict]:

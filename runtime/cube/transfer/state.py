@@ -2,9 +2,9 @@
 written through a fsynced temp file renamed into place (``runtime.formats.statefile``), so
 a restart neither loses nor repeats a rollout.
 
-- ``served``: the version every instance serves (``Served``), and ``served_chain``: the
+- ``served``: the version every replica serves (``Served``), and ``served_chain``: the
   links (base, then each patch) it is made of, with the tars they were published as,
-  which is what an instance restarted empty is brought back through.
+  which is what a replica restarted empty is brought back through.
 - ``current``: the rollout in progress (``Plan``), with its phase.
 - ``attempts`` / ``retry_after``: failed rollouts per attempt key (a version id, or
   ``relayout-<N>:<id>`` for a re-layout link) and when each may be tried again (unix s).
@@ -47,7 +47,7 @@ class _Record(BaseModel):
 
 
 class Served(_Record):
-    """The version every instance serves: ``version``, its ``base_id`` and ``patch_id``
+    """The version every replica serves: ``version``, its ``base_id`` and ``patch_id``
     (None for a base), ``dim``, ``count`` (keys of the base), ``model`` (dense model
     location), ``enabled_at`` (unix s), ``shard_num`` it was laid out for (None in state
     written before it was recorded)."""
