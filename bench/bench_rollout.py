@@ -15,12 +15,12 @@ values for existing keys, half new keys) as the next version's SequenceFiles and
 servers apply it over the base); the patched and untouched keys are checked.
 
 Then a shard-count change of the served chain (base + patch), as ``pulumi up`` with a new
-``cubeShards`` does it (issue 17): a generation of ``--relayout-shards`` shards x R
+``cubeShards`` does it (issue 17): a layout of ``--relayout-shards`` shards x R
 replicas is started beside the serving one (empty), the transfer restarted on its
 topology with the same work dir; ``relayout_seconds`` is the wall time from the restart
 until ``/dict/info`` announces the served version laid out for the new shard count (the
 chain rebuilt for it and enabled on every new instance: what a new serving pod's
-readiness waits for), while the old generation keeps serving; then the old generation is
+readiness waits for), while the old layout keeps serving; then the old layout is
 stopped and the patched and untouched keys are checked on the new one.
 
 Prints the transfer's phase durations, the value checks of a sample of keys, and one line:
@@ -57,7 +57,7 @@ def run_rollout_bench(keys: int = 1_000_000, dim: int = 10, shards: int = 2, rep
     "phases" (s per phase, from the transfer's history), "transfer_seconds", "patch_keys",
     "patch_seconds", "patch_phases", "relayout_shards", "relayout_seconds",
     "relayout_links" (per re-laid link: version, mode, s), "old_generation_stopped_seconds"
-    (restart -> old generation stopped)}`` (no patch when ``patch_fraction`` is 0; no
+    (restart -> old layout stopped)}`` (no patch when ``patch_fraction`` is 0; no
     re-layout when ``relayout_shards`` is 0 or equals ``shards``; default ``shards + 1``).
     Raises ``AssertionError`` if the sampled values read back through CubeClient differ."""
     tmp = Path(workdir or tempfile.mkdtemp(prefix="bench_rollout_"))
@@ -126,9 +126,9 @@ def run_rollout_bench(keys: int = 1_000_000, dim: int = 10, shards: int = 2, rep
 def relayout(c: LocalCubeCluster, n_new: int, replicas: int, served: int, k, v, pk, pv, changed, rng) -> dict:
     """The shard-count change of the module docstring on cluster ``c`` serving version
     ``served`` (base ``k``/``v``, patch ``pk``/``pv`` over rows ``changed`` of the base).
-    Raises ``AssertionError`` if a sampled value read back on the new generation differs."""
-    old = c.generation
-    gen = c.start_generation(n_new, replicas)
+    Raises ``AssertionError`` if a sampled value read back on the new layout differs."""
+    old = c.layout
+    gen = c.start_layout(n_new, replicas)
     t0 = time.monotonic()
     c.restart_transfer(gen.topology_path)
     deadline = t0 + 600
@@ -144,9 +144,9 @@ def relayout(c: LocalCubeCluster, n_new: int, replicas: int, served: int, k, v, 
     hist = requests.get(f"{c.transfer_url}/dict/deploy/history", timeout=5).json()["history"]
     links = [{"version": h["version"], "mode": h["mode"], "seconds": h.get("seconds"), "phases": h.get("phases")}
              for h in hist if (h.get("reason") or "").startswith("relayout")]
-    codes = c.stop_generation(old)  # pulumi deletes the old generation last
+    codes = c.stop_layout(old)  # pulumi deletes the old layout last
     stopped = time.monotonic() - t0
-    assert set(codes.values()) == {0}, f"old generation exit codes: {codes}"
+    assert set(codes.values()) == {0}, f"old layout exit codes: {codes}"
     with CubeClient.from_topology(gen.topology, timeout_ms=5000) as client:
         if len(pk):
             res = client.seek(pk)
@@ -183,7 +183,7 @@ def main() -> int:
     if r["relayout_seconds"] is not None:
         print(f"re-layout {r['shards']}->{r['relayout_shards']} shards: links", json.dumps(r["relayout_links"]))
         print(f"re-layout of the served chain onto {r['relayout_shards']} shards: {r['relayout_seconds']:.2f} s "
-              f"(new generation serving; old generation stopped at {r['old_generation_stopped_seconds']:.2f} s)")
+              f"(new layout serving; old layout stopped at {r['old_generation_stopped_seconds']:.2f} s)")
     print(f"rollout keys={r['keys']} shards={r['shards']} replicas={r['replicas']} seconds={r['seconds']:.2f} "
           f"patch_keys={r['patch_keys']} patch_seconds={r['patch_seconds'] if r['patch_seconds'] is not None else 'n/a'} "
           f"relayout_shards={r['relayout_shards'] or 'n/a'} "

@@ -1,18 +1,18 @@
 """CubeCluster: the sharded, replicated sparse-parameter service.
 
-Each layout is a *generation* named by its shard count ``N``: ``<name>-<N>s``. Per shard
+Each layout is a *layout* named by its shard count ``N``: ``<name>-<N>s``. Per shard
 ``i`` (0 <= i < N): a StatefulSet ``<name>-<N>s-shard-<i>`` (replicas = the replica count;
 a ``cube-server`` and a ``cube-agent`` container sharing an emptyDir at ``/data``), its
 headless Service (stable pod DNS) and a PodDisruptionBudget allowing one replica down at a
 time. Plus the ``<name>-<N>s-topology`` ConfigMap (``topology.json``,
 ``runtime.formats.topology``) that the transfer and serving mount.
 
-Why generations: a key's shard is ``key % N``, so a server of one shard count can never
-serve another's dicts. A new ``cubeShards`` therefore declares a new generation beside
-the old one instead of restarting the old pods; the old generation's resources leave the
+Why layouts: a key's shard is ``key % N``, so a server of one shard count can never
+serve another's dicts. A new ``cubeShards`` therefore declares a new layout beside
+the old one instead of restarting the old pods; the old layout's resources leave the
 program, and ``pulumi up`` deletes them only after every create and update was awaited
-(the transfer laid the served chain out on the new generation, every serving pod moved
-to it; see README "Resize"). A new ``cubeReplicas`` updates the generation in place
+(the transfer laid the served chain out on the new layout, every serving pod moved
+to it; see README "Resize"). A new ``cubeReplicas`` updates the layout in place
 (StatefulSet replicas, the ConfigMap's content and so its checksum).
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ def topology(namespace: str, shard_names: list[str], replicas: int,
     return Topology.build(dict_name, rows)
 
 
-def generation_name(name: str, shards: int) -> str:
+def layout_name(name: str, shards: int) -> str:
     """``<name>-<shards>s``: the prefix of every resource of one layout (e.g. ``cube-2s``).
 
     Raises ValueError for ``shards`` < 1."""
@@ -83,7 +83,7 @@ class CubeCluster(pulumi.ComponentResource):
 
     Outputs: ``topology`` (the document, a dict), ``topology_configmap`` (ConfigMap name),
     ``topology_checksum`` (sha256 of ``topology.json``). Attributes for dependencies:
-    ``statefulsets`` (the generation's StatefulSets, shard order; ``depends_on`` them to
+    ``statefulsets`` (the layout's StatefulSets, shard order; ``depends_on`` them to
     wait until pulumi-kubernetes has awaited every cube pod ready)."""
 
     topology: pulumi.Output[dict]
@@ -93,14 +93,14 @@ class CubeCluster(pulumi.ComponentResource):
     def __init__(self, name: str, args: CubeClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("elastic-ctr:index:CubeCluster", name, None, opts)
         dep = args.deployment
-        #: the generation's name prefix, ``<name>-<N>s`` (the shard count is in every name)
-        self.generation = generation_name(name, args.shards)
-        self.shard_names = [f"{self.generation}-shard-{i}" for i in range(args.shards)]
+        #: the layout's name prefix, ``<name>-<N>s`` (the shard count is in every name)
+        self.layout = layout_name(name, args.shards)
+        self.shard_names = [f"{self.layout}-shard-{i}" for i in range(args.shards)]
         topo = pulumi.Output.from_input(dep.namespace).apply(
             lambda ns: topology(ns, self.shard_names, args.replicas))
         self.topology = topo.apply(lambda t: t.model_dump())
         self.topology_checksum = topo.apply(lambda t: t.checksum())
-        cm_name = f"{self.generation}-topology"
+        cm_name = f"{self.layout}-topology"
         self.configmap = k8s.core.v1.ConfigMap(
             cm_name,
             metadata=common.metadata(dep, cm_name, common.labels(dep, cm_name, "cube")),

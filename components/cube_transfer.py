@@ -5,8 +5,8 @@ Service on 8910 (``/dict/info``, ``/instance/status``, ``/dict/deploy/history``,
 ``/healthz``, ``/metrics``) and a PersistentVolumeClaim for its state, so a restarted pod
 neither loses nor repeats a rollout. It mounts the topology ConfigMap; the pod template
 carries the topology's checksum, so a resized cube rolls the transfer. Its Deployment
-depends on ``wait_for`` (the cube generation's StatefulSets): under ``pulumi up`` a new
-generation is created and awaited ready before the transfer moves to it.
+depends on ``wait_for`` (the cube layout's StatefulSets): under ``pulumi up`` a new
+layout is created and awaited ready before the transfer moves to it.
 """
 from __future__ import annotations
 

@@ -5,11 +5,11 @@ ClusterIP Service with ``http`` (8000, REST) and ``grpc`` (8001,
 ``inference.GRPCInferenceService``) ports and, when ``max_replicas`` > ``replicas``, a
 HorizontalPodAutoscaler (autoscaling/v2, CPU utilization). Probes use the v2 health
 endpoints. The pod template carries the topology checksum, so a resized cube rolls it.
-The Deployment depends on ``wait_for`` (the cube generation's StatefulSets and the
+The Deployment depends on ``wait_for`` (the cube layout's StatefulSets and the
 transfer's Deployment): under ``pulumi up`` serving rolls to a new topology only after
 both were awaited, one pod at a time (``maxSurge`` 1, ``maxUnavailable`` 0), a new pod
 ready only once its topology's cube serves a version; pulumi awaits the rollout before it
-deletes what left the program (an old cube generation).
+deletes what left the program (an old cube layout).
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ from runtime import role_specs
 PRE_STOP_S = 5
 #: how long ``pulumi up`` awaits the serving rollout (pulumi-kubernetes's default is 10
 #: minutes): after a new ``cubeShards`` a new pod is ready only once the transfer has laid
-#: the served chain out on the new generation, which grows with the dict (README "Resize");
-#: a rollout still running at the timeout fails the update before the old generation is
+#: the served chain out on the new layout, which grows with the dict (README "Resize");
+#: a rollout still running at the timeout fails the update before the old layout is
 #: deleted, so it keeps serving and a second ``pulumi up`` goes on
 ROLLOUT_TIMEOUT = "30m"
 

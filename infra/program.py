@@ -6,8 +6,8 @@ components are named so that the dev stack's Kubernetes names read as the roles 
 (``fileserver``, ``cube-<N>s-shard-<i>``, ``cube-transfer``, ``serving``, ``ctr-train``).
 
 Order under ``pulumi up`` (explicit ``depends_on`` besides the data flow): the cube
-generation's StatefulSets -> the transfer's Deployment -> serving's Deployment; resources
-that left the program (an old cube generation) are deleted after all of them.
+layout's StatefulSets -> the transfer's Deployment -> serving's Deployment; resources
+that left the program (an old cube layout) are deleted after all of them.
 """
 from __future__ import annotations
 

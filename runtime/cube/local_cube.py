@@ -18,8 +18,8 @@ from runtime.formats.topology import Topology
 
 
 @dataclass
-class Generation:
-    """A cube layout's processes (``LocalCubeCluster.start_generation``): ``shards`` x
+class CubeLayout:
+    """A cube layout's processes (``LocalCubeCluster.start_layout``): ``shards`` x
     ``replicas``, role-name ``prefix``, ``topology`` / ``topology_path``, ``servers`` /
     ``agents`` (``(shard, replica)`` -> ``proc.Role``), ``addresses`` (``(shard, replica)``
     -> the topology's ``(server, http, agent)``)."""
@@ -56,11 +56,11 @@ class LocalCubeCluster:
         group: a ``proc.ProcessGroup`` to start the roles in (the caller stops it); default:
             the cluster's own, stopped on exit.
     Roles (log ``<name>.log``): ``fileserver``, ``cube-server-<s>-<r>``, ``cube-agent-<s>-<r>``,
-    ``cube-transfer``; a generation started beside (``start_generation``, a resize's new
+    ``cube-transfer``; a layout started beside (``start_layout``, a resize's new
     shard count) ``cube-<N>s-server-<s>-<r>``, ``cube-<N>s-agent-<s>-<r>``.
     Attributes after ``start()``: ``topology`` (``Topology``), ``topology_path``, ``root_url``,
     ``transfer_url``, ``token_file``, ``group``, ``servers``/``agents`` (``(shard, replica)``
-    -> ``proc.Role``), ``transfer``, ``generation`` (the first ``Generation``).
+    -> ``proc.Role``), ``transfer``, ``layout`` (the first ``CubeLayout``).
     """
 
     def __init__(self, base_dir: str | Path, root: str | Path, shards: int = 2, replicas: int = 2,
@@ -80,7 +80,7 @@ class LocalCubeCluster:
         self.servers: dict[tuple[int, int], proc.Role] = {}
         self.agents: dict[tuple[int, int], proc.Role] = {}
         self.transfer: proc.Role | None = None
-        self.generation: Generation | None = None
+        self.layout: CubeLayout | None = None
 
     def __enter__(self) -> "LocalCubeCluster":
         try:
@@ -116,11 +116,11 @@ class LocalCubeCluster:
             spec = role_specs.file_server(str(self.root), role_specs.LOOPBACK, fs_port, upload_token_file=str(tok))
             fs = self.group.start("fileserver", spec.argv())
             self.root_url = f"http://{role_specs.LOOPBACK}:{fs_port}"
-        gen = self.start_generation(self.shards, self.replicas, prefix="cube", topology_name="topology.json")
+        gen = self.start_layout(self.shards, self.replicas, prefix="cube", topology_name="topology.json")
         if fs is not None:
             self._wait(fs, fs_port)
         self.topology, self.topology_path = gen.topology, gen.topology_path
-        self.servers, self.agents, self.generation = gen.servers, gen.agents, gen
+        self.servers, self.agents, self.layout = gen.servers, gen.agents, gen
         root_arg = self.root_url if self.root_mode == "url" or self.store else str(self.root)
         publish = self.root_url if self.root_mode != "url" and not self.store else None
         self._transfer_spec = role_specs.cube_transfer(
@@ -132,9 +132,9 @@ class LocalCubeCluster:
         self.transfer_url = f"http://{role_specs.LOOPBACK}:{tr_port}"
         self._wait(self.transfer, tr_port)
 
-    def start_generation(self, shards: int, replicas: int, prefix: str | None = None,
-                         topology_name: str | None = None) -> Generation:
-        """Starts a cube generation of ``shards`` x ``replicas`` (server + agent each, the
+    def start_layout(self, shards: int, replicas: int, prefix: str | None = None,
+                         topology_name: str | None = None) -> CubeLayout:
+        """Starts a cube layout of ``shards`` x ``replicas`` (server + agent each, the
         servers with ``--shard-num shards``, empty) beside what runs, as a new
         ``cubeShards`` creates new StatefulSets, and writes its topology
         (``base_dir/<topology_name>``, default ``topology-<shards>s.json``); waits until
@@ -144,12 +144,12 @@ class LocalCubeCluster:
         ``ValueError`` for fewer than one shard or replica, ``proc.RoleFailed``,
         ``TimeoutError``."""
         if shards < 1 or replicas < 1:
-            raise ValueError(f"a generation needs >= 1 shard and replica, got {shards} x {replicas}")
-        gen = Generation(shards, 0, prefix or f"cube-{shards}s")
-        self.grow_generation(gen, replicas, topology_name or f"topology-{shards}s.json")
+            raise ValueError(f"a layout needs >= 1 shard and replica, got {shards} x {replicas}")
+        gen = CubeLayout(shards, 0, prefix or f"cube-{shards}s")
+        self.grow_layout(gen, replicas, topology_name or f"topology-{shards}s.json")
         return gen
 
-    def grow_generation(self, gen: Generation, replicas: int, topology_name: str | None = None) -> Path:
+    def grow_layout(self, gen: CubeLayout, replicas: int, topology_name: str | None = None) -> Path:
         """Adds replicas to every shard of ``gen`` up to ``replicas`` (new replicas
         empty, as a StatefulSet scaled up by a new ``cubeReplicas``), writes the grown
         topology (``base_dir/<topology_name>``, default ``topology-<shards>s-<replicas>r.json``)
@@ -157,7 +157,7 @@ class LocalCubeCluster:
         told: ``restart_transfer(path)`` (it reconciles the new replicas at start). Raises
         ``ValueError`` when ``replicas`` is not above the current count."""
         if replicas <= gen.replicas:
-            raise ValueError(f"grow_generation: {replicas} replicas is not more than {gen.replicas}")
+            raise ValueError(f"grow_layout: {replicas} replicas is not more than {gen.replicas}")
         ports = iter(proc.free_ports(3 * gen.shards * (replicas - gen.replicas)))
         started = []
         agent_dir = "agent" if gen.prefix == "cube" else f"{gen.prefix}-agent"
@@ -181,7 +181,7 @@ class LocalCubeCluster:
             self._wait(role, port)
         return gen.topology_path
 
-    def shrink_generation(self, gen: Generation, replicas: int,
+    def shrink_layout(self, gen: CubeLayout, replicas: int,
                           topology_name: str | None = None) -> tuple[Path, dict[str, int]]:
         """Stops the replicas of ``gen`` above ``replicas`` (highest ordinal first, as a
         StatefulSet scaled down: SIGTERM, lookups received answered), writes the shrunk
@@ -189,7 +189,7 @@ class LocalCubeCluster:
         and the stopped roles' exit codes. Raises ``ValueError`` unless ``1 <= replicas <
         gen.replicas``."""
         if not 1 <= replicas < gen.replicas:
-            raise ValueError(f"shrink_generation: {replicas} replicas, expected 1..{gen.replicas - 1}")
+            raise ValueError(f"shrink_layout: {replicas} replicas, expected 1..{gen.replicas - 1}")
         codes = {}
         for r in range(gen.replicas - 1, replicas - 1, -1):
             for s in range(gen.shards):
@@ -209,12 +209,12 @@ class LocalCubeCluster:
             self.base / (topology_name or f"topology-{gen.shards}s-{replicas}r.json"))
         return gen.topology_path, codes
 
-    def stop_generation(self, gen: Generation) -> dict[str, int]:
-        """Stops a generation's servers and agents (SIGTERM, by PID; each lookup received
+    def stop_layout(self, gen: CubeLayout) -> dict[str, int]:
+        """Stops a layout's servers and agents (SIGTERM, by PID; each lookup received
         is answered first), as pulumi deletes the StatefulSets that left the program.
         Returns each role's exit code by name."""
         codes = {}
-        for role in list(gen.agents.values()) + list(gen.servers.values()):  # agents first (shrink_generation)
+        for role in list(gen.agents.values()) + list(gen.servers.values()):  # agents first (shrink_layout)
             self.group.stop(role)
             codes[role.name] = role.proc.returncode
             if role in self.group.roles:
@@ -223,7 +223,7 @@ class LocalCubeCluster:
 
     def restart_transfer(self, topology_path: str | Path | None = None) -> None:
         """Stops the transfer (SIGTERM, by PID) and starts it again with the same work dir;
-        with ``topology_path``, on that topology (a resize's new generation, or more
+        with ``topology_path``, on that topology (a resize's new layout, or more
         replicas)."""
         self.group.stop(self.transfer)
         self.group.roles.remove(self.transfer)
@@ -258,7 +258,7 @@ class LocalCubeCluster:
 
     def publish_version(self, vid: int, key: int, patch: bool = False, dim: int | None = None,
                         count: int | None = None) -> None:
-        """Appends the donefile line of version ``vid`` in the standard layout (its files
+        """Appends the donefile line of version ``vid`` at the standard paths (its files
         must already be under ``root/versions/<vid>/sparse``), as the trainer's export does:
         last. A base's ``key`` is its own id; a patch's, its base's. Raises ``ValueError``
         for a base with another key."""

@@ -7,7 +7,7 @@ which call ``fetch_dict_info``. docs/contracts.md, "Transfer HTTP".
 ``version`` is the id every shard x replica of a complete layout serves (None before the
 first rollout), ``served_shard_num`` the shard count of that layout; they change only once
 every instance has enabled the new version (during a re-layout onto a new shard count:
-once its last link is enabled on the new generation). A reader serving from a topology of
+once its last link is enabled on the new layout). A reader serving from a topology of
 N shards follows ``version_for(N)``.
 """
 from __future__ import annotations
@@ -94,7 +94,7 @@ class DictInfo(_Body):
     def version_for(self, shard_num: int) -> Optional[int]:
         """The version a reader whose topology has ``shard_num`` shards may serve: ``version``
         when it is laid out for that many shards (``served_shard_num``; a transfer that
-        does not say, None, is taken at its word), else None (the reader's generation is
+        does not say, None, is taken at its word), else None (the reader's layout is
         not the one the version is laid out on: a new one still being laid out, or an old
         one left behind by a resize). Raises ``ValueError`` when ``shard_num < 1``."""
         if shard_num < 1:

@@ -104,7 +104,7 @@ class VersionWatcher:
     ``transfer_url`` is set), else the newest id in ``ROOT/donefile/{base,patch}.txt``.
     With ``shard_num`` (the shard count of this process's cube topology) a version counts
     only if ``/dict/info`` says it is laid out for that many shards
-    (``DictInfo.version_for``): after a resize, a pod on the new generation waits (not
+    (``DictInfo.version_for``): after a resize, a pod on the new layout waits (not
     ready) until the served chain is laid out there, and a pod left on the old one keeps
     the version it serves until it is replaced. A new version is switched to only after
     its dense model is loaded (and warmed up) and ``probe(version)`` succeeds (serving's

@@ -1,9 +1,9 @@
-"""The shard change of tests/cube/test_resize_generations.py through serving's own data
+"""The shard change of tests/cube/test_resize_layouts.py through serving's own data
 plane (``runtime.serving.launcher.build_dataplane``: the watcher with its topology's shard
 count, the every-shard probe, the CTR model pinning each request's lookups to its dense
-model's version): a plane on the 2-shard generation answers throughout, one on the
-3-shard generation is not ready until the served chain is laid out there, requests move
-to it, the old generation is stopped last; no request fails and every prediction equals
+model's version): a plane on the 2-shard layout answers throughout, one on the
+3-shard layout is not ready until the served chain is laid out there, requests move
+to it, the old layout is stopped last; no request fails and every prediction equals
 the offline prediction of the version it names (embeddings of that version's table).
 
 Slow (a dense model exported by the trainer's export, Paddle in the test process).
@@ -104,7 +104,7 @@ def test_serving_planes_across_a_shard_change(tmp_path):
         sender.start()
         try:
             time.sleep(0.3)
-            g3 = c.start_generation(3, 1)
+            g3 = c.start_layout(3, 1)
             new = plane(g3.topology_path, "sv-new")
             c.restart_transfer(g3.topology_path)
             c.publish_version(HELD, BASE, patch=True, dim=SERVING_DIM)
@@ -115,7 +115,7 @@ def test_serving_planes_across_a_shard_change(tmp_path):
             active.remove(old)
             _wait(lambda: new.default.versions() == [str(HELD)], "the held patch served by the new plane", c)
             assert old.default.versions() == [str(PATCH)]
-            assert set(c.stop_generation(c.generation).values()) == {0}
+            assert set(c.stop_layout(c.layout).values()) == {0}
             time.sleep(0.3)
         finally:
             stop.set()

@@ -1,12 +1,12 @@
-"""A new shard count as a cube generation beside the serving one (issue 17), in-process:
-the transfer lays the served chain out on the new generation while the old one keeps
+"""A new shard count as a cube layout beside the serving one (issue 17), in-process:
+the transfer lays the served chain out on the new layout while the old one keeps
 serving untouched, holds what is published meanwhile, announces on ``/dict/info`` only
 complete layouts (``DictInfo.version_for``), goes back to the old layout without
 rebuilding; serving's ``VersionWatcher`` follows only a version laid out for its
 topology's shard count.
 
 Fake servers and real agents, as tests/cube/test_transfer.py (its ``Cluster`` is one
-generation: the old and the new are two of them).
+layout: the old and the new are two of them).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ RELAYOUT = "relayout 2->3 shards"
 
 @pytest.fixture
 def gens(tmp_path):
-    """The serving generation (2 shards x 2 replicas) and a new one (3 x 1, empty)."""
+    """The serving layout (2 shards x 2 replicas) and a new one (3 x 1, empty)."""
     old, new = Cluster(tmp_path / "g2"), Cluster(tmp_path / "g3", shards=3, replicas=1)
     yield old, new
     old.close()
@@ -46,9 +46,9 @@ def seen(tr) -> tuple:
 def test_relayout_beside_the_serving_generation_holds_what_is_published(gens, root, tmp_path):
     old, new = gens
     work = tmp_path / "work"
-    served_chain_2shards(old, root, work)  # base 10, patches 11, 12 on the old generation
+    served_chain_2shards(old, root, work)  # base 10, patches 11, 12 on the old layout
     old_enables = [list(s.enables) for s in old.servers]
-    tr = make_transfer(new, root, work)  # the transfer restarted on the new generation's topology
+    tr = make_transfer(new, root, work)  # the transfer restarted on the new layout's topology
     assert seen(tr) == (12, 2, 12, None)
     add_version(root, 13, 10, patch=True)  # published during the switch: held
     views = []
@@ -59,11 +59,11 @@ def test_relayout_beside_the_serving_generation_holds_what_is_published(gens, ro
     # the links in between are never announced: the old layout's version until the last one
     assert views == [(10, 12, 2, 12, None), (11, 12, 2, 12, None), (12, 12, 3, None, 12)]
     assert tr.info().relayout is None and new.versions() == [12] * 3
-    e = tr.poll_once()  # the held patch, on the new generation only
+    e = tr.poll_once()  # the held patch, on the new layout only
     assert (e["version"], e["status"], e.get("reason"), e["shard_num"]) == (13, "finished", None, 3)
     assert seen(tr) == (13, 3, None, 13)
     assert new.versions() == [13] * 3 and all(s.lineage == [10, 11, 12, 13] for s in new.servers)
-    # the old generation was never touched: it still serves 12, as its serving pods expect
+    # the old layout was never touched: it still serves 12, as its serving pods expect
     assert old.versions() == [12] * 4 and [s.enables for s in old.servers] == old_enables
     assert tr.poll_once() is None
 
@@ -74,14 +74,14 @@ def test_back_to_the_previous_shard_count_mid_relayout(gens, root, tmp_path):
     served_chain_2shards(old, root, work)
     old_enables = [list(s.enables) for s in old.servers]
     tr = make_transfer(new, root, work)
-    assert tr.poll_once()["reason"] == RELAYOUT  # base 10 laid out on the new generation
+    assert tr.poll_once()["reason"] == RELAYOUT  # base 10 laid out on the new layout
     state = json.loads((work / "transfer_state.json").read_text())
     assert state["relayout"]["before"]["version"] == 12 and state["relayout"]["before"]["shard_num"] == 2
     tr = make_transfer(old, root, work)  # `pulumi config set cubeShards 2` again
-    assert tr.poll_once() is None  # nothing rebuilt: the old generation serves 12 as it did
+    assert tr.poll_once() is None  # nothing rebuilt: the old layout serves 12 as it did
     assert seen(tr) == (12, 2, 12, None) and tr.info().relayout is None
     assert [s.enables for s in old.servers] == old_enables
-    old.servers[1].restart()  # a restarted old-generation server is brought back from the 2-shard tars
+    old.servers[1].restart()  # a restarted old-layout server is brought back from the 2-shard tars
     assert tr.reconcile() == ["shard0/replica1"] and old.versions() == [12] * 4
     add_version(root, 13, 10, patch=True)
     assert drain(tr)[0]["version"] == 13 and old.versions() == [13] * 4
@@ -123,7 +123,7 @@ def test_watcher_follows_only_a_version_laid_out_for_its_shard_count(tmp_path):
 
         w2, w3 = watcher(2), watcher(3)
         assert w2.poll_once() and w2.current.version == 12
-        assert not w3.poll_once() and w3.current is None  # the new generation is not laid out yet: not ready
+        assert not w3.poll_once() and w3.current is None  # the new layout is not laid out yet: not ready
         assert "laid out for 2 shards" in w3.last_error and "has 3" in w3.last_error
         body.update(version=13, served_shard_num=3)  # laid out on 3 shards, and a newer patch
         assert not w2.poll_once() and w2.current.version == 12  # the old pod keeps what it serves
@@ -149,7 +149,7 @@ def test_a_relayout_that_cannot_be_rebuilt_lets_a_newer_base_through(gens, root,
     assert tr.poll_once() is None
     info = tr.info()
     assert info.relayout.given_up and "no input" in info.relayout.error
-    assert seen(tr) == (12, 2, 12, None)  # the old generation still serves 12; nothing on 3 shards
+    assert seen(tr) == (12, 2, 12, None)  # the old layout still serves 12; nothing on 3 shards
     add_version(root, 20, 20)
     e = tr.poll_once()
     assert (e["version"], e["status"], e.get("reason"), e["shard_num"]) == (20, "finished", None, 3)

@@ -47,7 +47,7 @@ def test_scale_fields_follow_config(rendered, args):
         ("pserver", pservers), ("trainer", trainers)]
 
     sts = r.by_kind("StatefulSet")
-    gen = f"cube-{shards}s"  # the generation: its shard count in every name
+    gen = f"cube-{shards}s"  # the layout: its shard count in every name
     assert [s.name for s in sts] == [f"{gen}-shard-{i}" for i in range(shards)]
     for i, s in enumerate(sts):
         spec = s.body["spec"]

@@ -39,9 +39,9 @@ def paths(a, b, prefix=""):
 
 
 def test_cube_shards_2_to_4_declares_a_new_generation_and_drops_the_old(rendered):
-    """A new shard count is a new generation (names carry the count); the old one's files
+    """A new shard count is a new layout (names carry the count); the old one's files
     leave the rendering (pulumi deletes them last); transfer and serving move to the new
-    topology ConfigMap; nothing of the old generation is updated in place."""
+    topology ConfigMap; nothing of the old layout is updated in place."""
     before, after = rendered("dev", "cubeShards=2"), rendered("dev", "cubeShards=4")
     added, removed, changed = diff(before, after)
     kinds = ("04-service", "05-statefulset", "07-poddisruptionbudget")
@@ -98,7 +98,7 @@ def test_batch_to_continuous_changes_only_the_job(rendered):
 
 def test_apply_order_new_generation_then_transfer_then_serving(rendered):
     """The dependencies pulumi follows (and the rendering's dependencies.json records):
-    the cube generation's StatefulSets before the transfer's Deployment, both before
+    the cube layout's StatefulSets before the transfer's Deployment, both before
     serving's; and the NN-*.yaml file order is one valid apply order (each manifest
     after every manifest it depends on)."""
     r = rendered("dev", "cubeShards=3")
@@ -149,7 +149,7 @@ def test_preview_cube_shards_2_to_3_creates_a_generation_and_deletes_the_old_one
     assert at[("Deployment", "cube-transfer")] < at[("Deployment", "serving")]
     assert [op for op, _, _ in order[-7:]] == ["delete"] * 7
     assert all(op != "delete" for op, _, _ in order[:-7])
-    # the old generation's StatefulSets go before their Services and the ConfigMap last
+    # the old layout's StatefulSets go before their Services and the ConfigMap last
     assert order[-1] == ("delete", "ConfigMap", "cube-2s-topology")
 
 

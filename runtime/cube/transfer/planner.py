@@ -11,10 +11,10 @@ Donefile rules (the protocol of Paddle Serving's cube-transfer; lines:
   ``refused``). A given-up patch holds back the later patches of its base: they would be
   applied without its changes.
 - A pending re-layout (the served chain laid out for another shard count than the
-  topology's: a new cube generation beside the serving one) comes first: the served
+  topology's: a new cube layout beside the serving one) comes first: the served
   base, then each of its patches up to the served version, rebuilt for the new count,
   same ids. Versions published meanwhile (bases and patches) are HELD until its last link
-  is enabled, then rolled out on the new layout only: the previous generation keeps the
+  is enabled, then rolled out on the new layout only: the previous layout keeps the
   version it serves, untouched, until it is deleted. Only a given-up re-layout (its
   chain cannot be rebuilt) lets a newer base through, which replaces the chain. Back to
   the previous shard count before the re-layout ended: the previous layout is served
@@ -194,7 +194,7 @@ def _relayout_next(d: Decision, bases: list[DonefileRecord], patches: list[Donef
     if rl is not None and rl.to != n:
         back = rl.before is not None and rl.before.shard_num == n and rl.before.version == rl.target
         if back or (have == n and served is not None and served.version == rl.target):
-            if back:  # the previous generation still serves it: its record and chain again
+            if back:  # the previous layout still serves it: its record and chain again
                 st.served, st.served_chain = rl.before.model_copy(deep=True), list(rl.before_chain)
                 served, have = st.served, n
             d.events.append(Event(logging.INFO, f"Re-layout {rl.from_}->{rl.to} shards dropped: the topology is "

@@ -17,8 +17,8 @@ other than the served version (a server restarted empty, a replica added by a re
 driven alone through the links of the served chain it lacks, from the tars already
 published; the client's version-checked failover keeps it out of traffic meanwhile.
 
-A new shard count (a new cube generation beside the serving one, ``planner``): the
-served chain is laid out again on the new topology while the previous generation keeps
+A new shard count (a new cube layout beside the serving one, ``planner``): the
+served chain is laid out again on the new topology while the previous layout keeps
 serving, untouched; versions published meanwhile are held until it ends, and
 ``/dict/info`` keeps announcing the previous layout's version and shard count until then.
 """
@@ -385,7 +385,7 @@ class Transfer:
         replica of a complete layout serves (None before the first rollout; serving
         follows it) and ``served_shard_num`` the shard count of that layout; ``shard_num``
         the topology's. During a re-layout they stay those of the layout served before it
-        (``Relayout.before``: the previous generation, which keeps serving it) until its
+        (``Relayout.before``: the previous layout, which keeps serving it) until its
         last link is enabled on the new one: a link in between is never announced.
         ``relayout``: None or its progress; ``waiting_for``: replicas whose server runs
         with another ``--shard-num``."""

@@ -94,7 +94,7 @@ class Relayout(_Record):
     """A pending re-layout: the served chain (``links``, base first) rolled out again for
     ``to`` shards (it was laid out for ``from_``); ``next`` = links done; ``target`` = the
     served version it restores. ``before`` / ``before_chain``: the served record and chain
-    when it started, i.e. what the previous generation (``before.shard_num`` shards) still
+    when it started, i.e. what the previous layout (``before.shard_num`` shards) still
     serves while the new one is laid out (None in state written before they were kept)."""
 
     from_: Optional[int] = Field(alias="from")

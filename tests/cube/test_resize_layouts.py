@@ -1,15 +1,15 @@
 """Resizes with zero failed requests, as processes on 127.0.0.1 (issue 17): the steps
 ``pulumi up`` takes, played with ``LocalCubeCluster``; clients send throughout.
 
-Shard count: a 2-shard generation serves a base and a patch. A 3-shard generation is
+Shard count: a 2-shard layout serves a base and a patch. A 3-shard layout is
 started beside it (empty), the transfer restarted on its topology with the same work dir
 (it lays the served chain out there while the old one keeps serving), a patch published
-meanwhile (held until the re-layout ends, then rolled out on the new generation only); a
+meanwhile (held until the re-layout ends, then rolled out on the new layout only); a
 "serving pod" on the new topology becomes ready only once its cube serves a version laid
 out for 3 shards on every shard; clients move to it (the serving rollout); the old
-generation is stopped last.
+layout is stopped last.
 
-Replicas: a generation grows from 1 to 2 replicas (the new ones empty, loaded by the
+Replicas: a layout grows from 1 to 2 replicas (the new ones empty, loaded by the
 transfer's reconcile while pods on the grown topology already send to them) and back to
 1 (the removed ones stopped while pods still list them).
 
@@ -160,8 +160,8 @@ def test_shard_change_beside_the_serving_generation_fails_no_request(tmp_path):
         pods = [old]
         try:
             time.sleep(0.3)
-            # pulumi up: the new generation's StatefulSets (ready when up, empty) ...
-            g3 = c.start_generation(3, 1)
+            # pulumi up: the new layout's StatefulSets (ready when up, empty) ...
+            g3 = c.start_layout(3, 1)
             new = Pod("new", g3.topology_path, root, c.transfer_url, tmp_path / "w-new")
             pods.append(new)
             # ... then the transfer updated to the new topology (same work dir) ...
@@ -170,16 +170,16 @@ def test_shard_change_beside_the_serving_generation_fails_no_request(tmp_path):
             c.publish_version(HELD, BASE, patch=True, dim=DIM)  # published during the switch: held
             assert not new.ready()  # nothing laid out on 3 shards yet
             # ... then serving rolls: a new pod is ready once its cube serves the version
-            _wait(new.ready, "the new generation serving", c)
+            _wait(new.ready, "the new layout serving", c)
             relayout_s = time.monotonic() - t_switch
             traffic.move(new, old)
-            _wait(lambda: new.watcher.current.version == HELD, "the held patch on the new generation", c)
+            _wait(lambda: new.watcher.current.version == HELD, "the held patch on the new layout", c)
             time.sleep(0.3)
-            # the old generation kept the version it served, untouched, until deleted last
+            # the old layout kept the version it served, untouched, until deleted last
             for s in c.topology.shards:
                 for r in s.replicas:
                     assert requests.get(r.http + "/status", timeout=5).json()["version"] == PATCH
-            codes = c.stop_generation(c.generation)
+            codes = c.stop_layout(c.layout)
             assert set(codes.values()) == {0}, codes
             time.sleep(0.3)
         finally:
@@ -196,7 +196,7 @@ def test_shard_change_beside_the_serving_generation_fails_no_request(tmp_path):
                         (HELD, "finished", None)]
         info = c.info()
         assert (info.version, info.served_shard_num, info.shard_num) == (HELD, 3, 3)
-        print(f"shard change 2->3 at {N} keys: new generation serving {relayout_s:.2f} s after the transfer's "
+        print(f"shard change 2->3 at {N} keys: new layout serving {relayout_s:.2f} s after the transfer's "
               f"restart; {sum(traffic.ok.values())} requests answered, 0 failed")
 
 
@@ -212,14 +212,14 @@ def test_replicas_up_and_down_fail_no_request(tmp_path):
         _wait(one.ready, "pod ready", c)
         traffic = Traffic(expected, [one])
         pods = [one]
-        gen = c.generation
+        gen = c.layout
         try:
             time.sleep(0.2)
             # cubeReplicas 1 -> 2: the StatefulSets grow (new replicas empty), the transfer
             # restarts on the grown topology and loads them (reconcile at start); a pod on it
             # is ready at once (every shard answers on replica 0), the client's version-checked
             # failover keeps the empty or lagging replicas out of its answers
-            grown_topology = c.grow_generation(gen, 2)
+            grown_topology = c.grow_layout(gen, 2)
             two = Pod("two", grown_topology, root, c.transfer_url, tmp_path / "w-two")
             pods.append(two)
             c.restart_transfer(grown_topology)
@@ -230,7 +230,7 @@ def test_replicas_up_and_down_fail_no_request(tmp_path):
             time.sleep(0.3)
             # cubeReplicas 2 -> 1: the highest ordinals stop first (SIGTERM, lookups received
             # answered) while pods still list them, then the topology shrinks and pods roll
-            shrunk_topology, codes = c.shrink_generation(gen, 1)
+            shrunk_topology, codes = c.shrink_layout(gen, 1)
             assert set(codes.values()) == {0}, codes
             back = Pod("back", shrunk_topology, root, c.transfer_url, tmp_path / "w-back")
             pods.append(back)
