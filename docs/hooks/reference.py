@@ -122,8 +122,10 @@ def allowed(alias: str) -> str:
 
 def config_rows() -> list[dict]:
     """One dict per stack key, in ``Pulumi.yaml``'s order: ``key``, ``type``, ``default``,
-    ``description`` (from ``pulumi_yaml()``), ``group`` and ``allowed`` (from
-    ``StackConfig``), ``secret`` (bool) and ``min_length`` (secrets only)."""
+    ``description`` (from ``pulumi_yaml()``), ``secret`` (bool), ``group``, and either
+    ``allowed`` (from ``StackConfig``'s validators) or, for a secret, ``min_length``
+    (0: none). Raises ``LookupError`` when a key of ``infra.config.KEYS`` is not declared
+    or a constrained key's allowed text cannot be found."""
     import yaml
 
     from infra import config as stack
@@ -133,8 +135,7 @@ def config_rows() -> list[dict]:
     for key, decl in declared.items():
         row = {"key": key, **decl, "secret": key in stack.SECRETS}
         if row["secret"]:
-            row.update(group="secrets", allowed="a Pulumi secret (pulumi config set --secret)",
-                       min_length=stack.SECRETS[key][1])
+            row.update(group="secrets", min_length=stack.SECRETS[key][1])
         else:
             _, field = stack.FIELDS[key]
             extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
