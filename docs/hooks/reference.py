@@ -1,0 +1,200 @@
+"""mkdocs hook: the reference pages generated at build time, never written by hand nor
+committed.
+
+- ``reference/cli.md``: every ``elastic-ctr`` subcommand's ``--help``, rendered from the
+  argparse parsers ``runtime.cli.build_parser()`` builds (the parsers the console script
+  runs), 100 columns wide.
+- ``reference/configuration.md``: every stack key, from the source ``make pulumi-yaml``
+  uses: its Pulumi type, default and description from ``infra.config.pulumi_yaml()``, its
+  group from ``StackConfig``'s fields, and what it allows from the validators ``parse()``
+  runs (``infra.config_types.check``'s text, the trainer's ``runtime.trainer.config.allowed``
+  for the training keys, Pulumi's booleans), secrets from ``infra.config.SECRETS``.
+
+mkdocs loads this file through ``hooks:`` in ``mkdocs.yml`` and calls ``on_files``;
+``tests/docs/test_site.py`` imports it by path and checks the pages name every subcommand
+and every key.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import os
+from typing import Iterator
+
+#: generated page paths, relative to ``docs/``
+CLI_PAGE = "reference/cli.md"
+CONFIG_PAGE = "reference/configuration.md"
+#: ``--help`` width in columns (argparse reads ``$COLUMNS``)
+HELP_COLUMNS = 100
+
+
+def on_files(files, config):
+    """mkdocs event: adds the generated pages to the site's files (mkdocs >= 1.6)."""
+    from mkdocs.structure.files import File
+
+    for path, text in ((CLI_PAGE, cli_page()), (CONFIG_PAGE, config_page())):
+        files.append(File.generated(config, path, content=text))
+    return files
+
+
+# ---------------------------------------------------------------- CLI
+@contextlib.contextmanager
+def _columns(width: int) -> Iterator[None]:
+    old = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(width)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = old
+
+
+def subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[argparse.ArgumentParser, str]]:
+    """Every subcommand parser under ``parser``, depth first in registration order, with
+    the one-line help its parent lists it with (``""`` when none)."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        helps = {a.dest: a.help or "" for a in action._choices_actions}
+        seen = set()
+        for name, sub in action.choices.items():
+            if id(sub) in seen:  # an alias
+                continue
+            seen.add(id(sub))
+            yield sub, helps.get(name, "")
+            yield from subcommands(sub)
+
+
+def cli_page() -> str:
+    """Markdown: the top-level ``--help``, then one section per subcommand with its
+    ``--help``, as the installed ``elastic-ctr`` prints them."""
+    from runtime.cli import build_parser
+
+    parser = build_parser()
+    with _columns(HELP_COLUMNS):
+        out = ["# Command line\n\n",
+               "Generated at build time from the argparse parsers of `elastic-ctr` "
+               "(`runtime/cli.py` and each role's `cli` module): what `--help` prints.\n\n",
+               "Every role is a subcommand of the one console script; containers run the same "
+               "subcommands. A location (`LOC`, `ROOT`) is a local path or glob, an HTTP(S) URL, "
+               "or an object-store location (see [Object stores](../object-stores.md)).\n\n",
+               f"## `{parser.prog}`\n\n", _fence(parser.format_help())]
+        for sub, summary in subcommands(parser):
+            out.append(f"## `{sub.prog}`\n\n")
+            if summary and not sub.description:  # else --help opens with the description
+                out.append(_escape(summary[0].upper() + summary[1:]) + ".\n\n")
+            out.append(_fence(sub.format_help()))
+    return "".join(out)
+
+
+def _fence(text: str) -> str:
+    return "```text\n" + text.rstrip() + "\n```\n\n"
+
+
+# ---------------------------------------------------------------- stack configuration
+def allowed(alias: str) -> str:
+    """What stack key ``alias`` (camelCase) accepts, in the words of the error ``parse()``
+    gives for a wrong value. Raises ``LookupError`` for a constrained key whose text cannot
+    be found (the validators changed shape: the page must not go silently blank)."""
+    from pydantic.functional_validators import AfterValidator
+
+    from infra import config as stack
+    from runtime.trainer import config as train
+
+    name, field = stack.FIELDS[alias]
+    for meta in field.metadata:
+        if isinstance(meta, AfterValidator):
+            text = inspect.getclosurevars(meta.func).nonlocals.get("allowed")
+            if not isinstance(text, str):
+                raise LookupError(f"{alias}: its validator carries no 'allowed' text")
+            return text
+    if name in stack.TRAIN_KEYS:
+        return train.allowed(stack.TRAIN_KEYS[name])
+    if field.annotation is bool:
+        return "true or false"
+    if field.metadata:
+        raise LookupError(f"{alias}: constrained by {field.metadata!r}, allowed text unknown")
+    return "any text"
+
+
+def config_rows() -> list[dict]:
+    """One dict per stack key, in ``Pulumi.yaml``'s order: ``key``, ``type``, ``default``,
+    ``description`` (from ``pulumi_yaml()``), ``secret`` (bool), ``group``, and either
+    ``allowed`` (from ``StackConfig``'s validators) or, for a secret, ``min_length``
+    (0: none). Raises ``LookupError`` when a key of ``infra.config.KEYS`` is not declared
+    or a constrained key's allowed text cannot be found."""
+    import yaml
+
+    from infra import config as stack
+
+    declared = yaml.safe_load(stack.pulumi_yaml())["config"]
+    rows, group = [], "where and what"
+    for key, decl in declared.items():
+        row = {"key": key, **decl, "secret": key in stack.SECRETS}
+        if row["secret"]:
+            row.update(group="secrets", min_length=stack.SECRETS[key][1])
+        else:
+            _, field = stack.FIELDS[key]
+            extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+            group = extra.get("group", group)
+            row.update(group=group, allowed=allowed(key))
+        rows.append(row)
+    missing = set(stack.KEYS) - {r["key"] for r in rows}
+    if missing:
+        raise LookupError(f"keys missing from pulumi_yaml(): {sorted(missing)}")
+    return rows
+
+
+def config_page() -> str:
+    """Markdown: a table per group of stack keys (key, type, default, description and
+    what it allows), then the secrets; the page's table of contents is hidden, so the
+    tables get the width."""
+    rows = config_rows()
+    out = ["---\nhide:\n  - toc\n---\n\n# Stack configuration\n\n",
+           "Generated at build time from `infra/config.py` (`StackConfig`, the model "
+           "`make pulumi-yaml` writes `Pulumi.yaml`'s `config:` block from). Set a key with "
+           "`pulumi config set <key> <value>` (stored as `elastic-ctr:<key>` in the stack file). "
+           "The program checks every value before it declares anything and lists every "
+           "problem at once, each naming the key, the value and what is allowed, e.g. "
+           "`elastic-ctr:trainers: 0 is invalid; allowed: an integer in [1, 128]`. "
+           "Rules across keys (e.g. `servingMaxReplicas` above `servingReplicas`, "
+           "`trainerThreads` at most the trainer's CPUs, the training rules of "
+           "`runtime/trainer/config.py`) are checked the same way.\n\n"]
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(row["group"], []).append(row)
+    secrets = groups.pop("secrets", [])
+    for group, members in [*groups.items(), ("secrets", secrets)]:
+        out.append(f"## {group[0].upper()}{group[1:]}\n\n")
+        if group == "secrets":
+            out.append("Never in `StackConfig`: each must be set with `--secret`, and reaches pods "
+                       "only through a Kubernetes Secret. A plain-text value is refused.\n\n"
+                       "| key | minimum length | description |\n|---|---:|---|\n")
+            out += [f"| `{r['key']}` | {r['min_length'] or '-'} | {_escape(r['description'])} |\n"
+                    for r in members]
+        else:
+            out.append("| key | type | default | description and allowed values |\n|---|---|---|---|\n")
+            out += [f"| `{r['key']}` | {r['type']} | {_default(r['default'])} | {_escape(r['description'])}"
+                    f"<br>**Allowed:** {_escape(r['allowed'])} |\n" for r in members]
+        out.append("\n")
+    return "".join(out)
+
+
+def _default(value) -> str:
+    if value == "":
+        return "(empty)"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    return f"`{value}`"
+
+
+_CELL = str.maketrans({**{c: "\\" + c for c in "\\|*_`[]"}, "<": "&lt;", ">": "&gt;"})
+
+
+def _escape(text: str) -> str:
+    """Markdown-safe text for a table cell: pipes, emphasis and link markers escaped, ``<``
+    and ``>`` as entities, on one line."""
+    return " ".join(text.translate(_CELL).split())
