@@ -173,6 +173,6 @@ def _train(args) -> int:
             return 0
         print(f"{rec.get('mode')} training done: test auc per pass {[round(a, 4) for a in auc]}, "
               f"{rec.get('examples_per_s_total') or rec.get('examples_per_s')} examples/s"
-              + (f", version {rec.version} exported to {cfg.output}" if rec.get("version") else ""))
+              + (f", version {rec['version']} exported to {cfg.output}" if rec.get("version") else ""))
         print(_summary_line(rec))
     return 0

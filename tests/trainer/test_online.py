@@ -277,9 +277,9 @@ def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
         "20261120/00", "20261120/01", "20261120/02"]
     assert first.checkpoint_hour == "20261120/02"
     rec = run_local_ps(cfg, 1, 2, log_dir=str(tmp_path / "logs2"), timeout_s=300)
-    assert [p["hour"] for p in rec.partitions] == ["20261120/02", "20261120/03"]
+    assert [p["hour"] for p in rec["partitions"]] == ["20261120/02", "20261120/03"]
     # the job's rate counts both trainers' rows of 02 and 03 (it reported 0)
-    assert rec.examples_total == 2 * 6000 and rec.examples_per_s_total > 0
+    assert rec["examples_total"] == 2 * 6000 and rec["examples_per_s_total"] > 0
     # the restored tables hold the checkpoint's text values, not the exported floats: the
     # first export after the restore is a base (the state's base_due)
     _, ids = _four_hours_exported(state, ["base", "patch", "patch", "base"])
@@ -298,7 +298,7 @@ def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
     # and the dense head: the same rows score as they did when 02 was first trained
     text = (logs / "trainer-0.log").read_text(errors="replace")
     first_02 = float(text.split("partition 20261120/02: auc ")[1].split()[0])
-    assert abs(rec.partitions[0]["auc_before"] - first_02) < 0.002, (first_02, rec.partitions[0])
+    assert abs(rec["partitions"][0]["auc_before"] - first_02) < 0.002, (first_02, rec["partitions"][0])
 
 
 def test_sigterm_while_waiting_exits_0_with_the_exports_done(tmp_path):
