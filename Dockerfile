@@ -23,29 +23,33 @@ RUN apt-get update \
 WORKDIR /src
 COPY requirements/ requirements/
 
-FROM builder AS build-trainer
-# dependencies first, in their own layer: a code change does not reinstall Paddle
+# dependencies first, in layers of their own shared by the roles (a code change reinstalls no
+# dependency; Paddle is installed and byte-compiled once for the trainer and serving)
+FROM builder AS deps-common
 RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install -r requirements/base.txt -r requirements/s3.txt -r requirements/paddle.txt \
-      -r requirements/tracking.txt -c requirements/constraints.txt
+ && /opt/venv/bin/pip install -r requirements/base.txt -r requirements/s3.txt -c requirements/constraints.txt \
+ && /opt/venv/bin/python -m compileall -q /opt/venv/lib
+
+FROM deps-common AS deps-paddle
+RUN /opt/venv/bin/pip install -r requirements/paddle.txt -c requirements/constraints.txt \
+ && /opt/venv/bin/python -m compileall -q /opt/venv/lib
+
+FROM deps-paddle AS build-trainer
+RUN /opt/venv/bin/pip install -r requirements/tracking.txt -c requirements/constraints.txt
 COPY pyproject.toml setup.py README.md ./
 COPY runtime/ runtime/
 RUN /opt/venv/bin/pip install ".[trainer,s3]" -c requirements/constraints.txt \
  && /opt/venv/bin/python -m compileall -q /opt/venv/lib
 
-FROM builder AS build-cube
-RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install -r requirements/base.txt -r requirements/s3.txt -r requirements/cube.txt \
-      -r requirements/tracking.txt -c requirements/constraints.txt
+FROM deps-common AS build-cube
+RUN /opt/venv/bin/pip install -r requirements/cube.txt -r requirements/tracking.txt -c requirements/constraints.txt
 COPY pyproject.toml setup.py README.md ./
 COPY runtime/ runtime/
 RUN /opt/venv/bin/pip install ".[cube,s3]" -c requirements/constraints.txt \
  && /opt/venv/bin/python -m compileall -q /opt/venv/lib
 
-FROM builder AS build-serving
-RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install -r requirements/base.txt -r requirements/s3.txt -r requirements/paddle.txt -r requirements/serving.txt \
-      -c requirements/constraints.txt
+FROM deps-paddle AS build-serving
+RUN /opt/venv/bin/pip install -r requirements/serving.txt -c requirements/constraints.txt
 COPY pyproject.toml setup.py README.md ./
 COPY runtime/ runtime/
 RUN /opt/venv/bin/pip install ".[serving,s3]" -c requirements/constraints.txt \
