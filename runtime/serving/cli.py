@@ -77,6 +77,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    "the dense model "
                    "and its own cube clients (a request's Python work holds the GIL, so processes, not "
                    "threads, use several cores)")
+    p.add_argument("--http-server", choices=("uvicorn", "granian", "builtin"), default="uvicorn",
+                   help="the HTTP server of the workers (for docs/serving-servers.md's measurement)")
     p.add_argument("--threads", type=int, default=1,
                    help="inference threads per worker (default 1: Paddle releases the GIL while a predictor "
                    "runs, but decoding, the cube lookups and encoding hold it, so under concurrent requests a "

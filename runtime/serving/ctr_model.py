@@ -1,5 +1,6 @@
-"""The CTR model served (``ctr``): its signature, the checks of a request against it, the
-raw rows of ``POST /predict``, the cube lookups pinned to a version, and the predictor runs.
+"""The CTR model served (``ctr``): its signature, the checks of a request against it, its own
+REST route ``POST /predict`` (raw rows), the cube lookups pinned to a version, and the
+predictor runs.
 
 Signature (the owner: the demo client and the benchmark build requests from these names):
 inputs either ``dense_features`` FP32 [n,13] (the raw integer features I1..I13; NaN/null =
@@ -22,9 +23,10 @@ import numpy as np
 from runtime.formats import features
 from runtime.serving.batching import Combiner
 from runtime.serving.dataplane import Model
-from runtime.serving.metrics import Metrics
+from runtime.serving.metrics import ServingMetrics
 from runtime.serving.model import DenseModel, VersionWatcher
 from runtime.serving.protocol import BadRequest, InferOutput, InferRequest, InferResponse, NotFound, Unavailable
+from runtime.serving.rest_codec import decode_predict_request
 
 MODEL_NAME = "ctr"
 DENSE, FEASIGNS, LINES, PROBABILITY = "dense_features", "feasigns", "lines", "probability"
@@ -70,13 +72,13 @@ class CtrModel(Model):
 
     def __init__(self, watcher: VersionWatcher, cube_factory: Callable[[], Any], max_batch: int = 4096,
                  fmt: str = "criteo", slots: tuple[int, ...] = features.DEFAULT_SLOTS,
-                 metrics: Optional[Metrics] = None, combine: bool = True):
+                 metrics: Optional[ServingMetrics] = None, combine: bool = True):
         self.watcher = watcher
         self.cube_factory = cube_factory
         self.max_batch = int(max_batch)
         self.fmt = fmt
         self.slots = tuple(slots)
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics or ServingMetrics()
         self.combine = combine
         self._lock = threading.Lock()  # the lazily made combiner and cube client
         self._cube = None
@@ -244,6 +246,16 @@ class CtrModel(Model):
             i, why = batch.bad[0]
             raise BadRequest(f"{field}[{i}]: {why}")
         return batch.dense, batch.feasigns
+
+    def routes(self) -> dict[str, tuple[str, Callable[[bytes, str], Any]]]:
+        """``POST /predict``: ``{"lines": [...]}`` (``Content-Type: application/json``) or
+        a text body, one raw row per line (``rest_codec.decode_predict_request``) ->
+        ``{"probabilities": [...], "model_version": id}`` (``predict_lines``)."""
+        return {"/predict": ("predict", self._predict_route)}
+
+    def _predict_route(self, body: bytes, content_type: str) -> dict:
+        probs, version = self.predict_lines(decode_predict_request(body, content_type))
+        return {"probabilities": probs.ravel().tolist(), "model_version": version}
 
     def predict_lines(self, lines: Any) -> tuple[np.ndarray, int]:
         """``POST /predict``: raw rows (a list of str) -> ``(probabilities float32[n,1],

@@ -70,6 +70,14 @@ class Unavailable(InferenceError):
     status = 503
 
 
+class Overloaded(Unavailable):
+    """An inference request refused at once by the queue limit (``--max-queue``): HTTP
+    503 with ``Retry-After: retry_after_s``, gRPC ``RESOURCE_EXHAUSTED``
+    (``grpc_codec.status_code``)."""
+
+    retry_after_s = 1
+
+
 @dataclass
 class InferInput:
     """One input tensor as sent: ``name``, ``datatype`` (a key of ``DATATYPES``), ``shape``,

@@ -1,0 +1,73 @@
+"""What a client may hold of an HTTP server, defined once: ``ServerLimits``, taken by the
+roles' waitress server (``runtime.webserver.WebServer``) and by serving's uvicorn workers
+(``runtime.serving.worker``), each applying every limit its server has (the docstring of
+each field says where it applies), and the answer to a request refused by the queue
+limit (``overloaded_message``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+#: seconds a stopping waitress server still accepts the connections already in its listen
+#: backlog (``WebServer``; serving's uvicorn workers stop accepting at once)
+ACCEPT_DRAIN_S = 2.0
+#: seconds a keep-alive connection must stay idle while a waitress server stops before it is
+#: closed: a client sending request after request sends its next one within this and is
+#: answered (with ``Connection: close``) instead of meeting a connection closed under it
+DRAIN_IDLE_S = 0.5
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """The limits on clients of one HTTP server (units in the names).
+
+    Attributes:
+        header_timeout_s: s a request's headers may take to arrive, from its first byte,
+            before the connection is closed (slowloris). waitress: ``WebServer``'s loop;
+            serving: not applied (uvicorn has no header timeout: a slow client holds a
+            socket of the event loop, never a thread; ``docs/serving-servers.md``).
+        idle_timeout_s: s a connection may stay without sending anything before it is
+            closed: a keep-alive connection between requests (both servers; uvicorn's
+            ``timeout_keep_alive``) and a stalled body (waitress's ``channel_timeout``).
+        max_body_bytes: bytes of a request body accepted; a larger one is answered 413
+            (``Content-Length`` above it: before the body is read).
+        max_queue: work requests that may wait for a work thread; one more is answered at
+            once 503 with ``Retry-After: retry_after_s`` and a JSON ``{"error"}``
+            (``overloaded_message``). None: unbounded.
+        connection_limit: connections held open at once; beyond it new ones wait in the
+            listen backlog (waitress) or are answered 503 (uvicorn's ``limit_concurrency``,
+            which also counts requests in flight).
+        shutdown_timeout_s: s a stop gives the requests in flight before the connections
+            still busy are closed (serving: ``--graceful-timeout``).
+        retry_after_s: s a refused client is asked to wait (``Retry-After``).
+
+    Raises ``ValueError`` naming the field for a negative, non-finite or zero (where at
+    least 1 is needed) value.
+    """
+
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 30.0
+    max_body_bytes: int = 1 << 40
+    max_queue: int | None = None
+    connection_limit: int = 1000
+    shutdown_timeout_s: float = 10.0
+    retry_after_s: int = 1
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name == "max_queue":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{f.name}: {value!r} is not a finite number")
+            if value < 0:
+                raise ValueError(f"{f.name}: {value} is negative")
+            if value == 0 and f.name in ("idle_timeout_s", "header_timeout_s", "max_body_bytes", "connection_limit"):
+                raise ValueError(f"{f.name}: 0, more is needed")
+
+    def overloaded_message(self, method: str, path: str, waiting: int) -> str:
+        """The error of a work request refused because ``waiting`` (>= ``max_queue``)
+        requests already wait for a work thread."""
+        return (f"{method} {path}: overloaded, {waiting} requests are already waiting (queue limit "
+                f"{self.max_queue}); retry later")
