@@ -38,6 +38,11 @@ class ServerLimits:
         connection_limit: connections held open at once; beyond it new ones wait in the
             listen backlog (waitress) or are answered 503 (uvicorn's ``limit_concurrency``,
             which also counts requests in flight).
+        max_buffered_bytes: bytes of request bodies being received, over every
+            connection, held at most; a body that would go beyond is answered 503 and its
+            connection closed (many large uploads at once cannot exhaust the memory).
+            Serving only (waitress spools bodies above 512 KiB to temporary files). None:
+            4 x ``max_body_bytes``, within 256 MiB .. 1 GiB (``buffered_limit``).
         shutdown_timeout_s: s a stop gives the requests in flight before the connections
             still busy are closed (serving: ``--graceful-timeout``).
         retry_after_s: s a refused client is asked to wait (``Retry-After``).
@@ -51,13 +56,14 @@ class ServerLimits:
     max_body_bytes: int = 1 << 40
     max_queue: int | None = None
     connection_limit: int = 1000
+    max_buffered_bytes: int | None = None
     shutdown_timeout_s: float = 10.0
     retry_after_s: int = 1
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None and f.name == "max_queue":
+            if value is None and f.name in ("max_queue", "max_buffered_bytes"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"{f.name}: {value!r} is not a finite number")
@@ -65,6 +71,16 @@ class ServerLimits:
                 raise ValueError(f"{f.name}: {value} is negative")
             if value == 0 and f.name in ("idle_timeout_s", "header_timeout_s", "max_body_bytes", "connection_limit"):
                 raise ValueError(f"{f.name}: 0, more is needed")
+        if self.max_buffered_bytes is not None and self.max_buffered_bytes < min(self.max_body_bytes, 1 << 30):
+            raise ValueError(f"max_buffered_bytes: {self.max_buffered_bytes} is below max_body_bytes "
+                             f"{self.max_body_bytes}: a request of the largest size allowed could never be received")
+
+    @property
+    def buffered_limit(self) -> int:
+        """``max_buffered_bytes``, or its default (its docstring)."""
+        if self.max_buffered_bytes is not None:
+            return self.max_buffered_bytes
+        return max(256 << 20, min(4 * self.max_body_bytes, 1 << 30))
 
     def overloaded_message(self, method: str, path: str, waiting: int) -> str:
         """The error of a work request refused because ``waiting`` (>= ``max_queue``)

@@ -4,7 +4,8 @@ an ASGI 3 app, served by uvicorn in each worker (``runtime.serving.worker``).
 - the whole request, headers and body, is received by the event loop before anything
   runs (a slow client holds a socket, never a thread); a body over
   ``limits.max_body_bytes`` is answered 413 and the connection closed (a larger
-  ``Content-Length``: before the body is read);
+  ``Content-Length``: before the body is read); bodies being received beyond
+  ``limits.buffered_limit`` over every connection: 503, the connection closed;
 - inference (every ``POST``) runs on ``threads`` worker threads (Paddle releases the GIL
   while a predictor runs; concurrent requests are combined,
   ``runtime.serving.batching.Combiner``); with ``limits.max_queue`` of them already
@@ -45,6 +46,8 @@ class ServingApp:
         self.admitted = 0
         #: inference requests answered 503 by the queue limit
         self.rejected = 0
+        #: bytes of request bodies being received, over every connection
+        self.buffered = 0
 
     def queued(self) -> int:
         """Inference requests waiting for a thread."""
@@ -71,17 +74,25 @@ class ServingApp:
         if length is not None and length.isdigit() and int(length) > limit:
             return await self._refuse(send, 413, f"request body of {length} bytes exceeds the limit of {limit}")
         chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                return await self._refuse(send, 413, f"request body of more than {limit} bytes")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    return await self._refuse(send, 413, f"request body of more than {limit} bytes")
+                if self.buffered + len(chunk) > self.limits.buffered_limit:
+                    return await self._refuse(send, 503, f"the server holds {self.buffered} bytes of request bodies "
+                                                         f"being received (limit {self.limits.buffered_limit}); "
+                                                         "retry later")
+                self.buffered += len(chunk)
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+        finally:
+            self.buffered -= sum(len(c) for c in chunks)
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if method != "POST":
             status, data, out = self.rest.respond(method, path, headers, body)

@@ -75,7 +75,14 @@ from urllib.parse import unquote_to_bytes
 import httptools
 
 from runtime import bounded
-from runtime.webserver import ACCEPT_DRAIN_S, DRAIN_IDLE_S, readable_now, refuse_work
+from runtime.limits import ACCEPT_DRAIN_S, DRAIN_IDLE_S
+from runtime.webserver import readable_now
+
+
+def refuse_work(method, path, waiting, max_queue, on_reject):
+    if on_reject is not None:
+        on_reject()
+    return f"{method} {path}: overloaded, {waiting} requests are already waiting (queue limit {max_queue}); retry later"
 
 log = logging.getLogger(__name__)
 

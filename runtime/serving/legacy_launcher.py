@@ -212,4 +212,8 @@ def granian_app():
     t = make_transports(args, os.environ[_WORK_ENV], _slots(args))
     if t.grpc is not None:
         t.grpc.start()
+    _KEPT.append(t)  # a gRPC server no longer referenced stops
     return t.app
+
+
+_KEPT: list = []

@@ -80,7 +80,7 @@ def uvicorn_config(app: ServingApp, limits: ServerLimits):
                           server_header=False)
 
 
-def _server_class():
+def uvicorn_server():
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -124,7 +124,7 @@ def serve(t: Transports, host: str, port: int, limits: ServerLimits,
         if t.grpc is not None:  # no new calls; those in flight get the grace (waited for below)
             t.grpc.stop(grace_s, wait=False)
 
-    server = _server_class()(uvicorn_config(t.app, limits), on_started, on_stop)
+    server = uvicorn_server()(uvicorn_config(t.app, limits), on_started, on_stop)
     for sig in (signal.SIGTERM, signal.SIGINT):  # ours from now on, whatever was imported before
         signal.signal(sig, server.handle_exit)
         signal.siginterrupt(sig, False)  # no EINTR in the requests in flight
