@@ -2,11 +2,13 @@
 roles' waitress server (``runtime.webserver.WebServer``) and by serving's uvicorn workers
 (``runtime.serving.worker``), each applying every limit its server has (the docstring of
 each field says where it applies), and the answer to a request refused by the queue
-limit (``overloaded_message``).
+limit (``overloaded_message``); and what both stops share: the drain constants and
+``readable_now``.
 """
 from __future__ import annotations
 
 import math
+import select
 from dataclasses import dataclass, fields
 
 #: seconds a stopping waitress server still accepts the connections already in its listen
@@ -16,6 +18,17 @@ ACCEPT_DRAIN_S = 2.0
 #: closed: a client sending request after request sends its next one within this and is
 #: answered (with ``Connection: close``) instead of meeting a connection closed under it
 DRAIN_IDLE_S = 0.5
+
+
+def readable_now(sock) -> bool:
+    """True when ``sock`` has something to read now (data, a connection, EOF or an error);
+    ``poll``, not ``select``: any descriptor number."""
+    try:
+        p = select.poll()
+        p.register(sock, select.POLLIN)
+        return bool(p.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import select
 import signal
 import threading
 import time
@@ -58,7 +57,7 @@ from waitress.server import BaseWSGIServer, create_server
 from waitress.task import ErrorTask, ThreadedTaskDispatcher, WSGITask
 from waitress.utilities import Error
 
-from runtime.limits import ACCEPT_DRAIN_S, DRAIN_IDLE_S, ServerLimits
+from runtime.limits import ACCEPT_DRAIN_S, DRAIN_IDLE_S, ServerLimits, readable_now
 
 log = logging.getLogger(__name__)
 # waitress warns "Task queue depth is N" at every request queued behind busy threads: under
@@ -205,17 +204,6 @@ class _Pools:
         for d in (self.work, self.control):
             if d is not None:
                 d.shutdown(cancel_pending=True, timeout=timeout)
-
-
-def readable_now(sock) -> bool:
-    """True when ``sock`` has something to read now (data, a connection, EOF or an error);
-    ``poll``, not ``select``: any descriptor number."""
-    try:
-        p = select.poll()
-        p.register(sock, select.POLLIN)
-        return bool(p.poll(0))
-    except (OSError, ValueError):
-        return False
 
 
 class WebServer:

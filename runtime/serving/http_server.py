@@ -75,8 +75,7 @@ from urllib.parse import unquote_to_bytes
 import httptools
 
 from runtime import bounded
-from runtime.limits import ACCEPT_DRAIN_S, DRAIN_IDLE_S
-from runtime.webserver import readable_now
+from runtime.limits import ACCEPT_DRAIN_S, DRAIN_IDLE_S, readable_now
 
 
 def refuse_work(method, path, waiting, max_queue, on_reject):

@@ -13,21 +13,24 @@ worker loaded its model (gRPC must not run in a process that forks afterwards).
 Stopping (SIGTERM from the launcher, or SIGINT): readiness turns false
 (``DataPlane.draining``: ``/v2/health/ready`` and gRPC ``ServerReady`` answer not ready,
 answers from then on say ``Connection: close``), gRPC takes no new call, and uvicorn stops
-gracefully: its listening socket closed, idle connections closed, the requests received
-or partly received finish and are answered (``ServerLimits.shutdown_timeout_s``: the
+gracefully: the connections in its listen backlog accepted and what they sent read, its
+listening socket closed, idle connections closed, the requests received or partly
+received finish and are answered (``ServerLimits.shutdown_timeout_s``: the
 ``--graceful-timeout``); then the gRPC calls in flight finish (same grace) and the worker
 ends (``runtime.serving.launcher.exit_now``).
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import signal
 import socket
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
-from runtime.limits import ServerLimits
+from runtime.limits import ACCEPT_DRAIN_S, ServerLimits, readable_now
 from runtime.serving.asgi import ServingApp
 from runtime.serving.dataplane import DataPlane
 
@@ -101,6 +104,26 @@ def uvicorn_server():
             if not self.should_exit:
                 self.on_stop()
             super().handle_exit(sig, frame)
+
+        async def shutdown(self, sockets=None) -> None:
+            """Before uvicorn's own shutdown (which closes every connection with no request
+            in flight at once): the connections already in the listen backlog are accepted
+            (at most ``ACCEPT_DRAIN_S``), then the listening socket closed, then the loop
+            reads what the open connections have sent (at most ``ACCEPT_DRAIN_S``), so a
+            request sent before the stop is in flight, answered, rather than closed unread
+            (the loop may lag behind while the inference threads hold the GIL)."""
+            listeners = [sock for server in self.servers for sock in (server.sockets or ())]
+            t0 = time.monotonic()
+            while any(readable_now(s) for s in listeners) and time.monotonic() - t0 < ACCEPT_DRAIN_S:
+                await asyncio.sleep(0.01)
+            for server in self.servers:
+                server.close()
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < ACCEPT_DRAIN_S and any(
+                    readable_now(c.transport.get_extra_info("socket")) for c in list(self.server_state.connections)
+                    if c.transport is not None and not c.transport.is_closing()):
+                await asyncio.sleep(0.01)
+            await super().shutdown(sockets=sockets)
 
         @contextlib.contextmanager
         def capture_signals(self):
