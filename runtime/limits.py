@@ -36,13 +36,16 @@ class ServerLimits:
     """The limits on clients of one HTTP server (units in the names).
 
     Attributes:
-        header_timeout_s: s a request's headers may take to arrive, from its first byte,
-            before the connection is closed (slowloris). waitress: ``WebServer``'s loop;
-            serving: not applied (uvicorn has no header timeout: a slow client holds a
-            socket of the event loop, never a thread; ``docs/serving-servers.md``).
+        header_timeout_s: s a request's head (request line and headers) may take to
+            arrive, from its first byte, before the connection is closed (slowloris).
+            waitress: ``WebServer``'s loop; serving: its uvicorn protocol
+            (``runtime.serving.worker``: uvicorn has no such timeout).
+        max_head_bytes: bytes of a request's head accepted; beyond, the request is
+            refused (waitress: 431; serving: 400) and the connection closed.
         idle_timeout_s: s a connection may stay without sending anything before it is
-            closed: a keep-alive connection between requests (both servers; uvicorn's
-            ``timeout_keep_alive``) and a stalled body (waitress's ``channel_timeout``).
+            closed: a new connection, a keep-alive connection between requests (uvicorn's
+            ``timeout_keep_alive``), a stalled body (serving: 408; waitress's
+            ``channel_timeout`` covers all three).
         max_body_bytes: bytes of a request body accepted; a larger one is answered 413
             (``Content-Length`` above it: before the body is read).
         max_queue: work requests that may wait for a work thread; one more is answered at
@@ -65,6 +68,7 @@ class ServerLimits:
     """
 
     header_timeout_s: float = 10.0
+    max_head_bytes: int = 64 << 10
     idle_timeout_s: float = 30.0
     max_body_bytes: int = 1 << 40
     max_queue: int | None = None
@@ -82,7 +86,8 @@ class ServerLimits:
                 raise ValueError(f"{f.name}: {value!r} is not a finite number")
             if value < 0:
                 raise ValueError(f"{f.name}: {value} is negative")
-            if value == 0 and f.name in ("idle_timeout_s", "header_timeout_s", "max_body_bytes", "connection_limit"):
+            if value == 0 and f.name in ("idle_timeout_s", "header_timeout_s", "max_head_bytes", "max_body_bytes",
+                                              "connection_limit"):
                 raise ValueError(f"{f.name}: 0, more is needed")
         if self.max_buffered_bytes is not None and self.max_buffered_bytes < min(self.max_body_bytes, 1 << 30):
             raise ValueError(f"max_buffered_bytes: {self.max_buffered_bytes} is below max_body_bytes "

@@ -248,7 +248,8 @@ class WebServer:
         server = create_server(
             self._dispatch if probes else app, map=self._map, _dispatcher=self.pools, host=host, port=port,
             channel_timeout=max(1, round(limits.idle_timeout_s)), cleanup_interval=1,
-            max_request_body_size=limits.max_body_bytes, connection_limit=limits.connection_limit,
+            max_request_body_size=limits.max_body_bytes, max_request_header_size=limits.max_head_bytes,
+            connection_limit=limits.connection_limit,
             asyncore_use_poll=True,
             ident=self.name, clear_untrusted_proxy_headers=False, backlog=1024, recv_bytes=RECV_BYTES,
             # a client that resets or leaves is not the server's error: no traceback in the role's log (the

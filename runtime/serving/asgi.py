@@ -4,7 +4,8 @@ an ASGI 3 app, served by uvicorn in each worker (``runtime.serving.worker``).
 - the whole request, headers and body, is received by the event loop before anything
   runs (a slow client holds a socket, never a thread); a body over
   ``limits.max_body_bytes`` is answered 413 and the connection closed (a larger
-  ``Content-Length``: before the body is read); bodies being received beyond
+  ``Content-Length``: before the body is read); a body stalled ``limits.idle_timeout_s``:
+  408, the connection closed; bodies being received beyond
   ``limits.buffered_limit`` over every connection: 503, the connection closed;
 - inference (every ``POST``) runs on ``threads`` worker threads (Paddle releases the GIL
   while a predictor runs; concurrent requests are combined,
@@ -76,7 +77,14 @@ class ServingApp:
         chunks, size = [], 0
         try:
             while True:
-                message = await receive()
+                if chunks:  # the body comes in parts: each within the idle timeout
+                    try:
+                        message = await asyncio.wait_for(receive(), self.limits.idle_timeout_s)
+                    except asyncio.TimeoutError:
+                        return await self._refuse(send, 408, f"request body incomplete: nothing received for "
+                                                             f"{self.limits.idle_timeout_s:g} s")
+                else:
+                    message = await receive()
                 if message["type"] == "http.disconnect":
                     return
                 chunk = message.get("body", b"")

@@ -237,7 +237,8 @@ class Supervisor:
 
 def limits_of(args) -> ServerLimits:
     """``serve``'s limits on clients from its arguments."""
-    return ServerLimits(idle_timeout_s=args.idle_timeout, max_body_bytes=args.max_body_bytes,
+    return ServerLimits(header_timeout_s=args.header_timeout, idle_timeout_s=args.idle_timeout,
+                        max_body_bytes=args.max_body_bytes,
                         max_queue=args.max_queue, shutdown_timeout_s=float(args.graceful_timeout))
 
 

@@ -70,14 +70,80 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def uvicorn_protocol(limits: ServerLimits):
+    """uvicorn's httptools protocol class with the limits on a request's head that uvicorn
+    lacks (``limits.header_timeout_s``, ``limits.max_head_bytes``, and ``idle_timeout_s``
+    for a new connection that sends nothing), added around the parser's callbacks (the
+    parsing stays httptools'; uvicorn takes the class as its ``http``)."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class Protocol(HttpToolsProtocol):
+        """A connection is closed when its request head has not all arrived
+        ``header_timeout_s`` after its first byte, or when nothing arrived
+        ``idle_timeout_s`` after it was made (between requests, uvicorn's keep-alive
+        timeout applies); a head above ``max_head_bytes`` is refused 400 (the callback's
+        error makes uvicorn answer "Invalid HTTP request received.") and closed."""
+
+        _head_timer = None
+        _head_bytes = 0
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._head_timer = self.loop.call_later(limits.idle_timeout_s, self._head_timeout, "nothing sent")
+
+        def connection_lost(self, exc) -> None:
+            self._stop_head_timer()
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._head_bytes = 0
+            self._stop_head_timer()
+            self._head_timer = self.loop.call_later(limits.header_timeout_s, self._head_timeout,
+                                                    "request headers incomplete")
+
+        def on_url(self, url: bytes) -> None:
+            self._count(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count(len(name) + len(value))
+            super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            self._stop_head_timer()
+            super().on_headers_complete()
+
+        def _count(self, n: int) -> None:
+            self._head_bytes += n
+            if self._head_bytes > limits.max_head_bytes:
+                raise ValueError(f"request line and headers exceed {limits.max_head_bytes} bytes")
+
+        def _stop_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timeout(self, why: str) -> None:
+            self._head_timer = None
+            if not self.transport.is_closing():
+                log.info("closed a connection from %s: %s after %.0f s", (self.client or ("?",))[0], why,
+                         limits.idle_timeout_s if why == "nothing sent" else limits.header_timeout_s)
+                self.transport.close()
+
+    return Protocol
+
+
 def uvicorn_config(app: ServingApp, limits: ServerLimits):
-    """uvicorn's ``Config`` for ``app`` under ``limits``: httptools and uvloop, no access
-    log and no logging setup of its own (the process's), keep-alive connections closed
-    after ``idle_timeout_s`` idle, ``connection_limit`` connections and requests at once
-    (beyond: 503), ``shutdown_timeout_s`` for the requests in flight at a stop."""
+    """uvicorn's ``Config`` for ``app`` under ``limits``: httptools (``uvicorn_protocol``)
+    and uvloop, no access log and no logging setup of its own (the process's), keep-alive
+    connections closed after ``idle_timeout_s`` idle, ``connection_limit`` connections and
+    requests at once (beyond: 503), ``shutdown_timeout_s`` for the requests in flight at a
+    stop."""
     import uvicorn
 
-    return uvicorn.Config(app, http="httptools", loop="uvloop", lifespan="off", access_log=False, log_config=None,
+    return uvicorn.Config(app, http=uvicorn_protocol(limits), loop="uvloop", lifespan="off", access_log=False,
+                          log_config=None,
                           timeout_keep_alive=limits.idle_timeout_s, limit_concurrency=limits.connection_limit,
                           timeout_graceful_shutdown=limits.shutdown_timeout_s, backlog=BACKLOG,
                           server_header=False)

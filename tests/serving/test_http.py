@@ -174,9 +174,28 @@ def test_bad_requests_are_refused_and_the_app_error_is_a_500(server):
     assert status.startswith(b"HTTP/1.1 413") and "more than 1000 bytes" in json.loads(body)["error"]
     (status, headers, body), = _raw(server, b"BAD REQUEST LINE\r\n\r\n")
     assert status.startswith(b"HTTP/1.1 400")
+    (status, headers, body), = _raw(server, b"GET /h HTTP/1.1\r\nX-Big: " + b"v" * (70 << 10) + b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 400") and headers["connection"] == "close"  # above max_head_bytes
     r = requests.post(server.url + "/boom", data=b"x", timeout=5)  # on a worker thread, which lives on
     assert r.status_code == 500
     assert requests.get(server.url + "/after", timeout=5).json()["path"] == "/after"  # the server lives on
+
+
+def test_a_stalled_body_and_a_silent_connection_are_closed_after_the_idle_timeout():
+    st, _ = _serve(idle_timeout_s=0.5)
+    with st:
+        silent = socket.create_connection(("127.0.0.1", st.port), timeout=5)
+        stalled = socket.create_connection(("127.0.0.1", st.port), timeout=5)
+        try:
+            stalled.sendall(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n12345")
+            t0 = time.monotonic()
+            assert b"HTTP/1.1 408" in stalled.recv(1000) and stalled.recv(1000) == b""  # answered, then closed
+            assert silent.recv(1000) == b""  # closed
+            assert 0.4 < time.monotonic() - t0 < 3.0
+        finally:
+            silent.close()
+            stalled.close()
+        assert requests.post(st.url + "/b", data=b"x", timeout=5).status_code == 200
 
 
 def test_bodies_being_received_are_bounded_over_all_connections():
@@ -259,3 +278,63 @@ def test_stop_lets_go_of_keepalive_clients_that_keep_sending():
     assert all(c.refused for c in clients) and not summary["bad"], summary
     assert summary["closes"] >= 1, f"answers while draining say Connection: close: {summary}"
     assert all(len(c.lost) <= 1 for c in clients), [c.lost for c in clients]
+
+
+def _pid_worker(port: int, started) -> None:
+    """A worker process as serving's: its own ``SO_REUSEPORT`` socket on ``port``,
+    uvicorn with the worker's configuration, an app answering its pid."""
+    import os
+    import signal
+
+    from runtime.serving.worker import listen, uvicorn_config, uvicorn_server
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        body = str(os.getpid()).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]})
+        await send({"type": "http.response.body", "body": body})
+
+    server = uvicorn_server()(uvicorn_config(app, ServerLimits()), lambda: started.put(os.getpid()), lambda: None)
+    signal.signal(signal.SIGTERM, server.handle_exit)
+    server.run(sockets=[listen("127.0.0.1", port)])
+
+
+def test_keepalive_connections_spread_over_the_workers():
+    """Two workers, each listening on the port with its own ``SO_REUSEPORT`` socket: 16
+    keep-alive connections, opened one after the other, land on both (the kernel hashes
+    each connection to a socket: all 16 on one of 2 has a chance of 2 in 65536), and each
+    keeps answering from the worker it landed on."""
+    import http.client
+    import multiprocessing
+    import os
+    import signal
+
+    from runtime import proc
+
+    port = proc.free_ports(1)[0]
+    ctx = multiprocessing.get_context("fork")
+    started = ctx.Queue()
+    workers = [ctx.Process(target=_pid_worker, args=(port, started), daemon=True) for _ in range(2)]
+    for w in workers:
+        w.start()
+    try:
+        pids = {started.get(timeout=30) for _ in workers}
+        conns = [http.client.HTTPConnection("127.0.0.1", port, timeout=10) for _ in range(16)]
+        landed = []
+        for c in conns:
+            c.request("GET", "/")
+            landed.append(int(c.getresponse().read()))
+        for c, pid in zip(conns, landed):  # keep-alive: the same worker answers again
+            c.request("GET", "/")
+            assert int(c.getresponse().read()) == pid
+            c.close()
+        print("16 keep-alive connections per worker:", {p: landed.count(p) for p in pids})
+        assert set(landed) == pids, landed
+    finally:
+        for w in workers:
+            if w.pid:
+                os.kill(w.pid, signal.SIGTERM)
+        for w in workers:
+            w.join(10)
+    assert [w.exitcode for w in workers] == [0, 0]
