@@ -182,9 +182,9 @@ def test_probes_answer_while_a_request_waits_on_a_hung_cube(serving):
             lone = pool.submit(requests.post, u + "/v2/models/ctr/infer", json=body, timeout=30)
             time.sleep(0.05)  # on the inference thread now, waiting for the cube
             probes = []
-            while not lone.done() and len(probes) < 50:
+            while not lone.done() and len(probes) < 20:  # the cube client's timeouts: 3 x 200 ms
                 probes.append(latency(u + "/v2/health/live"))
-            assert not lone.done(), "the request should still wait for the stopped cube"
+            assert len(probes) >= 3, f"the request did not wait for the stopped cube: {probes}"
             assert max(probes) < 0.1, f"liveness probes while a request waited on the cube (s): {probes}"
             os.kill(server.proc.pid, signal.SIGCONT)
             assert lone.result().status_code in (200, 503)  # the cube's timeout may have passed
