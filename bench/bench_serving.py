@@ -264,7 +264,7 @@ def _proc_cpu_s(pid: int) -> float:
 
 
 def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of ``pid`` and its live descendants (gunicorn workers)."""
+    """CPU seconds of ``pid`` and its live descendants (serving's workers)."""
     kids: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -301,9 +301,30 @@ def load(target: str, payloads: list, clients: int, duration_s: float, transport
             "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)), "wall_s": wall}
 
 
+def _aggregate(rounds: list[dict], duration_s: float) -> list[dict]:
+    """One figure per server and cell over its rounds: requests/s and CPU per request over
+    them all (total CPU / total requests), p50 and p99 of the worst round, failures summed."""
+    cells: dict[tuple, list[dict]] = {}
+    for r in rounds:
+        cells.setdefault((r["server"], r["transport"], r["batch"], r["clients"]), []).append(r)
+    out = []
+    for (server, transport, batch, clients), rs in cells.items():
+        n = sum(r["requests"] for r in rs)
+        out.append({"server": server, "transport": transport, "batch": batch, "clients": clients,
+                    "rounds": len(rs), "requests": n, "rps": n / (duration_s * len(rs)),
+                    "p50_ms": max(r["p50_ms"] for r in rs), "p99_ms": max(r["p99_ms"] for r in rs),
+                    "failed": sum(r["failed"] for r in rs), "floor_ms": rs[0]["floor_ms"],
+                    "serving_cpu_ms": sum(r["serving_cpu_s"] for r in rs) * 1e3 / max(1, n),
+                    "cube_cpu_ms": sum(r["cube_cpu_s"] for r in rs) * 1e3 / max(1, n)})
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=8.0, help="seconds per measurement (default 8)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measurements per cell and server, the servers' order rotating (default 1); the table "
+                         "gives CPU per request over them all, p50/p99 of the worst")
     ap.add_argument("--rows", type=int, default=4096, help="distinct rows sent (default 4096)")
     ap.add_argument("--workers", type=int, default=2, help="serving worker processes (default 2)")
     ap.add_argument("--threads", type=int, default=1, help="serving threads per worker (default 1, as serve's)")
@@ -357,7 +378,7 @@ def main() -> int:
         print(f"serving: {args.workers} worker(s) x {args.threads} threads; "
               + (f"servers side by side: {', '.join(servers)}; " if len(servers) > 1 else "")
               + f"{os.cpu_count()} CPUs on this machine", flush=True)
-        results = []
+        rounds: list[dict] = []  # one per round, server and cell
         turn = 0
         for transport in transports:
             for b in batches:
@@ -371,26 +392,30 @@ def main() -> int:
                 for sv, url, grpc_target in servers.values():  # warm-up
                     load({"json": url, "binary": url, "grpc": grpc_target}[transport], payloads[:50], 1, 1.0, kind)
                 for c in [int(x) for x in args.clients.split(",")]:
-                    order = list(servers)
-                    turn += 1
-                    order = order[turn % len(order):] + order[:turn % len(order)]  # who goes first rotates
-                    for label in order:
-                        sv, url, grpc_target = servers[label]
-                        target = {"json": url, "binary": url, "grpc": grpc_target}[transport]
-                        cpu0 = tree_cpu_s(sv.proc.pid)
-                        cube0 = sum(_proc_cpu_s(r.proc.pid) for r in cube.servers.values())
-                        r = load(target, payloads, c, args.duration, kind)
-                        r.update(transport=transport, batch=b, clients=c, server=label)
-                        r["serving_cpu_ms"] = (tree_cpu_s(sv.proc.pid) - cpu0) * 1e3 / max(1, r["requests"])
-                        r["cube_cpu_ms"] = (sum(_proc_cpu_s(x.proc.pid) for x in cube.servers.values()) - cube0
-                                            ) * 1e3 / max(1, r["requests"])
-                        r["floor_ms"] = floor[b]["floor"]
-                        results.append(r)
-                        print(f"  {label:<24} {transport:<6} batch {b:>4} clients {c}: {r['rps']:8.1f} requests/s "
-                              f"({r['rps'] * b:9.0f} rows/s)  p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms  "
-                              f"failed {r['failed']}  CPU/request: serving {r['serving_cpu_ms']:.2f} ms "
-                              f"(floor {r['floor_ms']:.2f} ms, {r['serving_cpu_ms'] / r['floor_ms']:.1f}x), "
-                              f"cube {r['cube_cpu_ms']:.2f} ms", flush=True)
+                    for rnd in range(args.rounds):
+                        order = list(servers)
+                        turn += 1
+                        order = order[turn % len(order):] + order[:turn % len(order)]  # who goes first rotates
+                        for label in order:
+                            sv, url, grpc_target = servers[label]
+                            target = {"json": url, "binary": url, "grpc": grpc_target}[transport]
+                            cpu0 = tree_cpu_s(sv.proc.pid)
+                            cube0 = sum(_proc_cpu_s(r.proc.pid) for r in cube.servers.values())
+                            r = load(target, payloads, c, args.duration, kind)
+                            r.update(transport=transport, batch=b, clients=c, server=label, round=rnd)
+                            r["serving_cpu_s"] = tree_cpu_s(sv.proc.pid) - cpu0
+                            r["cube_cpu_s"] = sum(_proc_cpu_s(x.proc.pid) for x in cube.servers.values()) - cube0
+                            r["serving_cpu_ms"] = r["serving_cpu_s"] * 1e3 / max(1, r["requests"])
+                            r["cube_cpu_ms"] = r["cube_cpu_s"] * 1e3 / max(1, r["requests"])
+                            r["floor_ms"] = floor[b]["floor"]
+                            rounds.append(r)
+                            print(f"  {label:<24} {transport:<6} batch {b:>4} clients {c} round {rnd}: "
+                                  f"{r['rps']:8.1f} requests/s ({r['rps'] * b:9.0f} rows/s)  p50 {r['p50_ms']:6.2f} ms  "
+                                  f"p99 {r['p99_ms']:6.2f} ms  failed {r['failed']}  CPU/request: serving "
+                                  f"{r['serving_cpu_ms']:.2f} ms (floor {r['floor_ms']:.2f} ms, "
+                                  f"{r['serving_cpu_ms'] / r['floor_ms']:.1f}x), cube {r['cube_cpu_ms']:.2f} ms",
+                                  flush=True)
+        results = _aggregate(rounds, args.duration)
         for label, (sv, url, _) in servers.items():
             text = storage.session().get(url + "/metrics", timeout=5).text
             runs = sum(float(ln.split()[-1]) for ln in text.splitlines()

@@ -318,7 +318,7 @@ class WebServer:
     def serve(self, on_tick: Callable[[], None] | None = None) -> None:
         """Runs the event loop in this thread until a stop is requested, then stops
         gracefully (module docstring) and returns. ``on_tick`` is called at least every
-        ``TICK_S`` s (e.g. a gunicorn worker's heartbeat, which may call ``request_stop``)."""
+        ``TICK_S`` s (e.g. a heartbeat, which may call ``request_stop``)."""
         self.ready, self.reason = True, ""
         try:
             while not self._stop_requested.is_set():

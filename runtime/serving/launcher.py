@@ -112,7 +112,8 @@ class Supervisor:
     """Runs ``workers`` forked processes (module docstring). ``target(index, started)``
     runs in the child (``started()``: call once it serves) and returns its exit code;
     ``on_exit(pid)`` runs in the supervisor for every child that ended; ``grace_s``: what
-    a stopping child gets before SIGKILL (plus ``KILL_AFTER_S``).
+    a stopping child gets before SIGKILL (plus ``KILL_AFTER_S``). An ``on_exit`` that
+    raises is logged.
 
     ``run()`` returns the exit code: 0 after a stop where every child exited 0, 1 when one
     did not, ``BOOT_FAILED`` when a child died before it served. Call from the main thread.
@@ -181,7 +182,10 @@ class Supervisor:
             os.close(r)
             out.append((pid, index, os.waitstatus_to_exitcode(status), pid in self.started))
             self.started.discard(pid)
-            self.on_exit(pid)
+            try:
+                self.on_exit(pid)
+            except Exception:  # noqa: BLE001 - a cleanup that failed must not stop the supervisor
+                log.exception("cleanup after worker pid %d failed", pid)
         return out
 
     def run(self) -> int:
@@ -275,10 +279,6 @@ def _slots(args) -> tuple[int, ...]:
 def main(args) -> int:
     """Runs ``args.workers`` serving workers under a ``Supervisor`` until SIGTERM or
     SIGINT; returns the exit code (0 after a graceful stop)."""
-    if getattr(args, "http_server", "uvicorn") == "builtin":
-        from runtime.serving.legacy_launcher import main_gunicorn
-
-        return main_gunicorn(args)
     slots = _slots(args)
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="elastic-ctr-serving-")
     mp_dir = tempfile.mkdtemp(prefix="elastic-ctr-prom-")
@@ -289,16 +289,6 @@ def main(args) -> int:
     master = os.getpid()
     atexit.register(lambda: os.getpid() == master and shutil.rmtree(mp_dir, ignore_errors=True))
     limits = limits_of(args)
-    if getattr(args, "http_server", "uvicorn") == "granian":
-        from runtime.serving.legacy_launcher import main_granian
-
-        return main_granian(args, limits, slots, work_dir)
-
-    def on_exit(pid: int) -> None:
-        try:
-            multiprocess.mark_process_dead(pid, mp_dir)
-        except OSError as exc:
-            log.warning("metrics of worker %d not cleaned up: %s", pid, exc)
 
     def run_worker(index: int, started: Callable[[], None]) -> int:
         from runtime.serving.worker import serve
@@ -308,4 +298,5 @@ def main(args) -> int:
     log.info("serving on http://%s:%d (pid %d; uvicorn, %d workers x %d threads, queue limit %d)%s",
              args.host, int(args.port), os.getpid(), args.workers, args.threads, args.max_queue,
              f" and gRPC {args.host}:{int(args.grpc_port)}" if args.grpc_port else "")
-    return Supervisor(args.workers, run_worker, limits.shutdown_timeout_s, on_exit).run()
+    return Supervisor(args.workers, run_worker, limits.shutdown_timeout_s,
+                      lambda pid: multiprocess.mark_process_dead(pid, mp_dir)).run()

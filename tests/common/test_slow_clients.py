@@ -4,10 +4,11 @@ are answered within their usual latency (tests.slow_clients). The file server, t
 agent and the cube transfer serve their Flask apps through ``runtime.webserver.WebServer``
 (tested here with the real apps, and once as a real file-server process); the cube
 server's control port through the same class inside a real cube server. Also, for
-``WebServer`` and serving's ``runtime.serving.http_server.HttpServer`` alike: a
-connection whose headers do not finish is closed after the header timeout, and requests
+``WebServer`` and serving's uvicorn workers (``runtime.serving.asgi.ServingApp``,
+``tests/serving/server.py``) alike, both taking one ``runtime.limits.ServerLimits``: a
+connection whose headers do not finish is closed after the header timeout, requests
 beyond the work queue limit are answered 503 with Retry-After at once while probes
-answer."""
+answer, and bad settings are refused by name."""
 from __future__ import annotations
 
 import json

@@ -1,12 +1,12 @@
 """``elastic-ctr serve`` stopped by SIGTERM while large requests are in flight, as the
-kubelet stops a serving pod: with one gunicorn worker, and with two (stopped several
-times over, since the master's ``child_exit`` hook runs for both workers exiting at once).
+kubelet stops a serving pod: with one worker, and with two (stopped several times over,
+both workers exiting at once).
 
 Every request sent before the signal is answered 200 with the probabilities a request
 answered before the stop gave: half of them still have part of their body unsent when
 the signal arrives (so they are certainly in flight), the other half were written to the
-socket just before it (gunicorn's own ``gthread`` worker reset those it had not read
-yet). Readiness turns false while the process is still up, it exits 0 within the bound,
+socket just before it (uvicorn's own stop closes a connection whose request it has not
+read yet: the worker reads what was sent first). Readiness turns false while the process is still up, it exits 0 within the bound,
 and its output has its start line and no traceback, Paddle ``FatalError`` or
 ``ImportError``.
 
