@@ -72,10 +72,8 @@ class Unavailable(InferenceError):
 
 class Overloaded(Unavailable):
     """An inference request refused at once by the queue limit (``--max-queue``): HTTP
-    503 with ``Retry-After: retry_after_s``, gRPC ``RESOURCE_EXHAUSTED``
-    (``grpc_codec.status_code``)."""
-
-    retry_after_s = 1
+    503 with ``Retry-After`` (``runtime.limits.ServerLimits.retry_after_s``), gRPC
+    ``RESOURCE_EXHAUSTED`` (``grpc_codec.status_code``)."""
 
 
 @dataclass

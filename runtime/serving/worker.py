@@ -6,9 +6,10 @@ Each worker binds ``host:port`` itself with ``SO_REUSEPORT``, once its model is 
 the kernel spreads new connections over the workers' sockets by a hash of the
 connection's addresses and ports, so a client's keep-alive connections land on the
 workers independently (with one socket shared, every idle worker wakes for a connection
-and the first to accept takes it: a client's 4 keep-alive connections went all to one of
-2 workers). The gRPC server listens the same way on ``--grpc-port``, started after the
-worker loaded its model (gRPC must not run in a process that forks afterwards).
+and the first to accept takes it, so a client's few keep-alive connections can all land
+on the one worker that happened to be first). The gRPC server listens the same way on
+``--grpc-port``, started after the worker loaded its model (gRPC must not run in a
+process that forks afterwards).
 
 Stopping (SIGTERM from the launcher, or SIGINT): readiness turns false
 (``DataPlane.draining``: ``/v2/health/ready`` and gRPC ``ServerReady`` answer not ready,
