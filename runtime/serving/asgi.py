@@ -23,13 +23,59 @@ from __future__ import annotations
 
 import asyncio
 import json
-from concurrent.futures import ThreadPoolExecutor
+import queue
+import threading
+from typing import Any, Callable
 
 from runtime.limits import ServerLimits
 from runtime.serving.protocol import Overloaded
 from runtime.serving.rest import RestApp
 
 _CLOSE = (b"connection", b"close")
+
+
+class InferenceThreads:
+    """``n`` daemon threads running calls handed over by an event loop: ``run(loop, fn,
+    *args)`` is awaited for ``fn(*args)``'s result (or raises what it raised). What
+    ``loop.run_in_executor`` does, with less CPU per call: no ``concurrent.futures.Future``
+    to chain to the loop's, no coroutine-function check per call. ``close()`` ends the
+    threads once the calls given to them are done."""
+
+    def __init__(self, n: int, name: str = "serving-infer"):
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def run(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args) -> asyncio.Future:
+        fut = loop.create_future()
+        self._calls.put((loop, fut, fn, args))
+        return fut
+
+    def _work(self) -> None:
+        while (call := self._calls.get()) is not None:
+            loop, fut, fn, args = call
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting request
+                loop.call_soon_threadsafe(_settle, fut, None, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, fut, result, None)
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._calls.put(None)
+        for t in self._threads:
+            t.join()
+
+
+def _settle(fut: asyncio.Future, result, exc) -> None:
+    if fut.done():  # the request went (cancelled)
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)
 
 
 class ServingApp:
@@ -42,7 +88,7 @@ class ServingApp:
             raise ValueError(f"threads: {threads}, at least 1 is needed")
         self.rest, self.plane, self.metrics = rest, rest.plane, rest.metrics
         self.limits, self.threads = limits, threads
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="serving-infer")
+        self.pool = InferenceThreads(threads)
         #: inference requests running or waiting for a thread (the event loop's count)
         self.admitted = 0
         #: inference requests answered 503 by the queue limit
@@ -111,8 +157,8 @@ class ServingApp:
                 return await self._overloaded(send, method, path, waiting)
             self.admitted += 1
             try:
-                status, data, out = await asyncio.get_running_loop().run_in_executor(
-                    self.pool, self.rest.respond, method, path, headers, body)
+                status, data, out = await self.pool.run(asyncio.get_running_loop(), self.rest.respond, method,
+                                                        path, headers, body)
             finally:
                 self.admitted -= 1
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in out]
@@ -147,4 +193,4 @@ class ServingApp:
 
     def close(self) -> None:
         """Ends the inference threads once the requests given to them are done (waits)."""
-        self.pool.shutdown(wait=True)
+        self.pool.close()

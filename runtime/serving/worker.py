@@ -137,14 +137,15 @@ def uvicorn_protocol(limits: ServerLimits):
 
 def uvicorn_config(app: ServingApp, limits: ServerLimits):
     """uvicorn's ``Config`` for ``app`` under ``limits``: httptools (``uvicorn_protocol``)
-    and uvloop, no access log and no logging setup of its own (the process's), keep-alive
+    and uvloop, no WebSocket, no proxy headers (no ``X-Forwarded-*`` trusted), no access log
+    and no logging setup of its own (the process's), keep-alive
     connections closed after ``idle_timeout_s`` idle, ``connection_limit`` connections and
     requests at once (beyond: 503), ``shutdown_timeout_s`` for the requests in flight at a
     stop."""
     import uvicorn
 
     return uvicorn.Config(app, http=uvicorn_protocol(limits), loop="uvloop", lifespan="off", access_log=False,
-                          log_config=None,
+                          log_config=None, ws="none", proxy_headers=False,
                           timeout_keep_alive=limits.idle_timeout_s, limit_concurrency=limits.connection_limit,
                           timeout_graceful_shutdown=limits.shutdown_timeout_s, backlog=BACKLOG,
                           server_header=False)
