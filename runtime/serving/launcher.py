@@ -4,9 +4,9 @@ clients, then serves REST with uvicorn and gRPC, each on its own ``SO_REUSEPORT`
 
 Why processes: Paddle releases the GIL while a predictor runs, but the rest of a request
 (decoding, the cube client, encoding) is Python that holds it, and a thread waiting for
-the GIL gets it at the holder's switch interval (5 ms): beside one busy Python thread, a
-thread running batch-256 predictions in a loop took 12.7 ms a run (157 runs in 2 s) while
-the busy thread kept its full rate. So several processes, not threads, use several cores;
+the GIL gets it at the holder's switch interval (5 ms), so a thread running predictions
+beside a busy Python thread runs far below its rate. So several processes, not threads,
+use several cores;
 concurrent requests of one worker are combined (``runtime.serving.batching.Combiner``).
 Metrics are aggregated over the workers through ``PROMETHEUS_MULTIPROC_DIR`` (a temporary
 directory removed at exit; a worker's live gauges are dropped when it exits).
@@ -97,8 +97,7 @@ def _exit_early(signum, _frame) -> None:
 def exit_now(code: int) -> None:
     """Ends the process with ``code`` at once, after flushing the logs and the standard
     streams: no interpreter finalization (the C++ destructors of Paddle and gRPC's core
-    took 2-9 s on a loaded machine, and longer than the whole grace in the container
-    resize test, where the pods were then SIGKILLed)."""
+    can take seconds on a loaded machine, longer than a pod's grace)."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
