@@ -264,7 +264,7 @@ def _proc_cpu_s(pid: int) -> float:
 
 
 def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of ``pid`` and its live descendants (gunicorn workers)."""
+    """CPU seconds of ``pid`` and its live descendants (serving's workers)."""
     kids: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -301,9 +301,30 @@ def load(target: str, payloads: list, clients: int, duration_s: float, transport
             "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)), "wall_s": wall}
 
 
+def _aggregate(rounds: list[dict], duration_s: float) -> list[dict]:
+    """One figure per server and cell over its rounds: requests/s and CPU per request over
+    them all (total CPU / total requests), p50 and p99 of the worst round, failures summed."""
+    cells: dict[tuple, list[dict]] = {}
+    for r in rounds:
+        cells.setdefault((r["server"], r["transport"], r["batch"], r["clients"]), []).append(r)
+    out = []
+    for (server, transport, batch, clients), rs in cells.items():
+        n = sum(r["requests"] for r in rs)
+        out.append({"server": server, "transport": transport, "batch": batch, "clients": clients,
+                    "rounds": len(rs), "requests": n, "rps": n / (duration_s * len(rs)),
+                    "p50_ms": max(r["p50_ms"] for r in rs), "p99_ms": max(r["p99_ms"] for r in rs),
+                    "failed": sum(r["failed"] for r in rs), "floor_ms": rs[0]["floor_ms"],
+                    "serving_cpu_ms": sum(r["serving_cpu_s"] for r in rs) * 1e3 / max(1, n),
+                    "cube_cpu_ms": sum(r["cube_cpu_s"] for r in rs) * 1e3 / max(1, n)})
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=8.0, help="seconds per measurement (default 8)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measurements per cell and server, the servers' order rotating (default 1); the table "
+                         "gives CPU per request over them all, p50/p99 of the worst")
     ap.add_argument("--rows", type=int, default=4096, help="distinct rows sent (default 4096)")
     ap.add_argument("--workers", type=int, default=2, help="serving worker processes (default 2)")
     ap.add_argument("--threads", type=int, default=1, help="serving threads per worker (default 1, as serve's)")
@@ -315,11 +336,15 @@ def main() -> int:
                     help="CPU seconds per floor / in-process measurement (default 1)")
     ap.add_argument("--overload-connections", type=int, default=64,
                     help="connections of the overload row (JSON, batch 256; bench/overload.py); 0: no such row")
+    ap.add_argument("--slow-connections", type=int, default=64,
+                    help="slow connections of the slow-clients row (tests/slow_clients.py; bench/overload.py); 0: no "
+                         "such row")
     ap.add_argument("--floor-only", action="store_true",
                     help="measure the floor and the in-process requests only (no server, no load)")
-    ap.add_argument("--serve-args", default="",
-                    help="more arguments for elastic-ctr serve, e.g. '--inline-budget-ms 0' (every request on a "
-                         "work thread)")
+    ap.add_argument("--serve-args", action="append", default=[],
+                    help="more arguments for elastic-ctr serve, e.g. '--threads 2'; given several times, one server "
+                         "per value, measured side by side (each cell on each server in turn, who goes first "
+                         "rotating), with a table comparing them")
     args = ap.parse_args()
     batches = [int(x) for x in args.batches.split(",")]
     transports = args.transports.split(",")
@@ -344,13 +369,17 @@ def main() -> int:
                   f"{f['cube_python']:.3f} ({f['cube_python'] / f['cube']:.2f}x)", flush=True)
         if args.floor_only:
             return 0
-        sv, url, grpc_target = start_serving(cube, tmp / "serving", args.workers, args.threads,
-                                             extra=tuple(args.serve_args.split()))
-        print(f"serving: {args.workers} worker(s) x {args.threads} threads"
-              + (f", serve {args.serve_args}" if args.serve_args else "")
-              + f"; {os.cpu_count()} CPUs on this machine", flush=True)
-        results = []
-        targets = {"json": url, "binary": url, "grpc": grpc_target}
+        variants = args.serve_args or [""]
+        servers = {}  # label -> (role, url, grpc target)
+        for k, extra in enumerate(variants):
+            label = extra.strip() or "serve"
+            servers[label] = start_serving(cube, tmp / f"serving-{k}", args.workers, args.threads,
+                                           extra=tuple(extra.split()), name=f"serving-{k}")
+        print(f"serving: {args.workers} worker(s) x {args.threads} threads; "
+              + (f"servers side by side: {', '.join(servers)}; " if len(servers) > 1 else "")
+              + f"{os.cpu_count()} CPUs on this machine", flush=True)
+        rounds: list[dict] = []  # one per round, server and cell
+        turn = 0
         for transport in transports:
             for b in batches:
                 if transport == "json":
@@ -360,57 +389,93 @@ def main() -> int:
                 else:
                     payloads = encode_grpc(rows, b)
                 kind = "grpc" if transport == "grpc" else "http"
-                load(targets[transport], payloads[:50], 1, 1.0, kind)  # warm-up
+                for sv, url, grpc_target in servers.values():  # warm-up
+                    load({"json": url, "binary": url, "grpc": grpc_target}[transport], payloads[:50], 1, 1.0, kind)
                 for c in [int(x) for x in args.clients.split(",")]:
-                    cpu0 = tree_cpu_s(sv.proc.pid)
-                    cube0 = sum(_proc_cpu_s(r.proc.pid) for r in cube.servers.values())
-                    r = load(targets[transport], payloads, c, args.duration, kind)
-                    r.update(transport=transport, batch=b, clients=c)
-                    r["serving_cpu_ms"] = (tree_cpu_s(sv.proc.pid) - cpu0) * 1e3 / max(1, r["requests"])
-                    r["cube_cpu_ms"] = (sum(_proc_cpu_s(x.proc.pid) for x in cube.servers.values()) - cube0
-                                        ) * 1e3 / max(1, r["requests"])
-                    r["floor_ms"] = floor[b]["floor"]
-                    results.append(r)
-                    print(f"  {transport:<6} batch {b:>4} clients {c}: {r['rps']:8.1f} requests/s "
-                          f"({r['rps'] * b:9.0f} rows/s)  p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms  "
-                          f"failed {r['failed']}  CPU/request: serving {r['serving_cpu_ms']:.2f} ms "
-                          f"(floor {r['floor_ms']:.2f} ms, {r['serving_cpu_ms'] / r['floor_ms']:.1f}x), "
-                          f"cube {r['cube_cpu_ms']:.2f} ms", flush=True)
-        text = storage.session().get(url + "/metrics", timeout=5).text
-        runs = sum(float(ln.split()[-1]) for ln in text.splitlines()
-                   if ln.startswith("elastic_ctr_serving_predictor_runs_total"))
-        reqs = sum(float(ln.split()[-1]) for ln in text.splitlines()
-                   if ln.startswith("elastic_ctr_serving_requests_total") and 'code="200"' in ln)
-        print(f"serving: {reqs:.0f} requests answered with {runs:.0f} predictor runs "
-              f"(concurrent requests combined: {reqs / max(runs, 1):.2f} requests per run)")
-        overload = None
-        if args.overload_connections > 0:  # bench/overload.py: more connections than serving can take
-            from bench.overload import format_row, overload_row
+                    for rnd in range(args.rounds):
+                        order = list(servers)
+                        turn += 1
+                        order = order[turn % len(order):] + order[:turn % len(order)]  # who goes first rotates
+                        for label in order:
+                            sv, url, grpc_target = servers[label]
+                            target = {"json": url, "binary": url, "grpc": grpc_target}[transport]
+                            cpu0 = tree_cpu_s(sv.proc.pid)
+                            cube0 = sum(_proc_cpu_s(r.proc.pid) for r in cube.servers.values())
+                            r = load(target, payloads, c, args.duration, kind)
+                            r.update(transport=transport, batch=b, clients=c, server=label, round=rnd)
+                            r["serving_cpu_s"] = tree_cpu_s(sv.proc.pid) - cpu0
+                            r["cube_cpu_s"] = sum(_proc_cpu_s(x.proc.pid) for x in cube.servers.values()) - cube0
+                            r["serving_cpu_ms"] = r["serving_cpu_s"] * 1e3 / max(1, r["requests"])
+                            r["cube_cpu_ms"] = r["cube_cpu_s"] * 1e3 / max(1, r["requests"])
+                            r["floor_ms"] = floor[b]["floor"]
+                            rounds.append(r)
+                            print(f"  {label:<24} {transport:<6} batch {b:>4} clients {c} round {rnd}: "
+                                  f"{r['rps']:8.1f} requests/s ({r['rps'] * b:9.0f} rows/s)  p50 {r['p50_ms']:6.2f} ms  "
+                                  f"p99 {r['p99_ms']:6.2f} ms  failed {r['failed']}  CPU/request: serving "
+                                  f"{r['serving_cpu_ms']:.2f} ms (floor {r['floor_ms']:.2f} ms, "
+                                  f"{r['serving_cpu_ms'] / r['floor_ms']:.1f}x), cube {r['cube_cpu_ms']:.2f} ms",
+                                  flush=True)
+        results = _aggregate(rounds, args.duration)
+        for label, (sv, url, _) in servers.items():
+            text = storage.session().get(url + "/metrics", timeout=5).text
+            runs = sum(float(ln.split()[-1]) for ln in text.splitlines()
+                       if ln.startswith("elastic_ctr_serving_predictor_runs_total"))
+            reqs = sum(float(ln.split()[-1]) for ln in text.splitlines()
+                       if ln.startswith("elastic_ctr_serving_requests_total") and 'code="200"' in ln)
+            print(f"{label}: {reqs:.0f} requests answered with {runs:.0f} predictor runs "
+                  f"(concurrent requests combined: {reqs / max(runs, 1):.2f} requests per run)")
+        overload, slow = {}, {}
+        from bench.overload import format_row, format_slow_row, overload_row, slow_clients_row
 
-            payloads = [(body, {"Content-Type": "application/json"}) for body, _, _ in encode_batches(rows, 256)]
-            overload = overload_row(url, payloads, args.overload_connections, args.duration)
-            print(format_row(overload, 256), flush=True)
-    print("\n| transport | batch | clients | requests/s | rows/s | p50 ms | p99 ms | failed | serving CPU ms/request "
-          "| in process ms | floor ms (alone: model + cube) | serving / floor |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        payloads = [(body, {"Content-Type": "application/json"}) for body, _, _ in encode_batches(rows, 256)]
+        small = next(body for body, _, _ in encode_batches(rows, 8))
+        for label, (sv, url, _) in servers.items():
+            if args.overload_connections > 0:  # bench/overload.py: more connections than serving can take
+                overload[label] = overload_row(url, payloads, args.overload_connections, args.duration)
+                print(f"{label}:" + format_row(overload[label], 256), flush=True)
+            if args.slow_connections > 0:  # tests/slow_clients.py's test, as figures
+                slow[label] = slow_clients_row(url, small, args.slow_connections)
+                print(f"{label}:" + format_slow_row(slow[label], args.slow_connections), flush=True)
+    many = len(servers) > 1
+    print("\n|" + (" server |" if many else "") + " transport | batch | clients | requests/s | rows/s | p50 ms | "
+          "p99 ms | failed | serving CPU ms/request | in process ms | floor ms (alone: model + cube) | serving / floor |")
+    print("|" + ("---|" if many else "") + "---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         f = floor[r["batch"]]
-        print(f"| {r['transport']} | {r['batch']} | {r['clients']} | {r['rps']:.0f} | {r['rps'] * r['batch']:.0f} | "
+        print("|" + (f" {r['server']} |" if many else "") + f" {r['transport']} | {r['batch']} | {r['clients']} | "
+              f"{r['rps']:.0f} | {r['rps'] * r['batch']:.0f} | "
               f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['failed']} | {r['serving_cpu_ms']:.2f} | "
               f"{f[r['transport']]:.2f} | {f['floor']:.2f} ({f['model']:.2f} + {f['cube']:.2f}) | "
               f"{r['serving_cpu_ms'] / f['floor']:.2f}x |")
-    if overload is not None:
-        print(f"\noverload (JSON, batch 256, {overload['connections']} connections; clients wait Retry-After after a "
-              f"503): {overload['ok_rps']:.0f} requests/s answered 200, p50 {overload['p50_ms']:.1f} ms, p99 "
-              f"{overload['p99_ms']:.1f} ms, 503 {overload['share_503'] * 100:.1f} %, readiness probe p99 "
-              f"{overload['probe_p99_ms']:.1f} ms")
+    for label, o in overload.items():
+        print(f"\noverload{f' ({label})' if many else ''} (JSON, batch 256, {o['connections']} connections; clients "
+              f"wait Retry-After after a 503): {o['ok_rps']:.0f} requests/s answered 200, p50 {o['p50_ms']:.1f} ms, "
+              f"p99 {o['p99_ms']:.1f} ms, 503 {o['share_503'] * 100:.1f} %, readiness probe p99 "
+              f"{o['probe_p99_ms']:.1f} ms")
+    for label, r in slow.items():
+        print(f"slow clients{f' ({label})' if many else ''}:" + format_slow_row(r, args.slow_connections))
+    if many:  # the servers side by side: CPU per request at 4 clients (or the most tried) by transport and batch
+        top = max(int(x) for x in args.clients.split(","))
+        cells = [(t, b) for t in transports for b in batches]
+        print("\n| server | " + " | ".join(f"{t} {b} CPU ms" for t, b in cells)
+              + " | overload 200/s | overload 503 % | overload probe p99 ms | slow: live / ready / infer ms |")
+        print("|---|" + "---:|" * (len(cells) + 4))
+        for label in servers:
+            row = [next((r["serving_cpu_ms"] for r in results if r["server"] == label and r["transport"] == t
+                         and r["batch"] == b and r["clients"] == top), float("nan")) for t, b in cells]
+            o, sl = overload.get(label), slow.get(label)
+            print(f"| {label} | " + " | ".join(f"{x:.2f}" for x in row) + " | "
+                  + (f"{o['ok_rps']:.0f} | {o['share_503'] * 100:.1f} | {o['probe_p99_ms']:.1f}" if o else "- | - | -")
+                  + " | " + (" / ".join(f"{sl[k][1]:.1f}" for k in ("live", "ready", "infer")) if sl else "-") + " |")
     la = os.getloadavg()
     print(f"load average during the run: {la[0]:.1f} {la[1]:.1f} {la[2]:.1f} on {os.cpu_count()} CPUs "
           "(other work on the machine lowers these figures)")
 
+    first = next(iter(servers))
+
     def pick(b, c, k, transport="json"):
-        return next((r[k] for r in results if r["batch"] == b and r["clients"] == c and r["transport"] == transport),
-                    float("nan"))
+        return next((r[k] for r in results if r["batch"] == b and r["clients"] == c and r["transport"] == transport
+                     and r["server"] == first), float("nan"))
 
     print(f"serving batch1_p50_ms={pick(1, 1, 'p50_ms'):.2f} batch1_qps_at_4={pick(1, 4, 'rps'):.0f} "
           f"batch256_qps_at_4={pick(256, 4, 'rps'):.0f} grpc_batch1_qps_at_4={pick(1, 4, 'rps', 'grpc'):.0f} "

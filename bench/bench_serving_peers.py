@@ -9,7 +9,7 @@ shaped like the trainer's export (``make_version``), a local cube of 2 shards
 - the floor: CPU per batch of a cube lookup then the model run on its embeddings, as a
   request runs them, with no server (``bench_serving.floor_figures``, ``make
   bench-serving``'s, in a spawned process);
-- ``elastic-ctr serve`` (``--workers`` gunicorn workers, ``--threads`` each, HTTP only) and
+- ``elastic-ctr serve`` (``--workers`` uvicorn workers, ``--threads`` each, HTTP only) and
   ``bench/kserve_peer.py`` in its own venv (``--kserve-python``, KServe needs protobuf 6):
   a ``ModelServer`` with as many uvicorn workers whose ``Model.predict`` calls this
   project's data plane (``runtime.serving.launcher.build_dataplane``); both import the
@@ -209,8 +209,8 @@ def main() -> int:
                          "machine slows the figures down rather than failing requests)")
     ap.add_argument("--wrk", default="wrk", help="the wrk executable (default: wrk on PATH)")
     ap.add_argument("--serve-args", default="",
-                    help="more arguments for elastic-ctr serve (ours), e.g. '--inline-budget-ms 0' to measure "
-                         "every request on a work thread")
+                    help="more arguments for elastic-ctr serve (ours), e.g. '--threads 2' to measure "
+                         "two inference threads per worker")
     args = ap.parse_args()
     batches = [int(x) for x in args.batches.split(",")]
     wrk_path(args.wrk)  # fail now, not after the setup

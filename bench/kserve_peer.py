@@ -46,7 +46,7 @@ log = logging.getLogger("kserve_peer")
 
 def quiet_access_log() -> None:
     """KServe's logging configuration with uvicorn's access log at WARNING: no line per
-    request, as ``elastic-ctr serve`` (gunicorn's ``accesslog`` None). KServe's
+    request, as ``elastic-ctr serve`` (uvicorn's ``access_log`` off). KServe's
     ``configure_logging(None)`` leaves a configured ``kserve`` logger as it is."""
     import copy
     import logging.config

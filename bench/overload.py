@@ -134,6 +134,30 @@ def overload_row(url: str, payloads: list[tuple[bytes, dict]], connections: int 
             "probes_failed": sum(1 for p in probes if p[1] != 200)}
 
 
+def slow_clients_row(url: str, infer_body: bytes, n: int = 64, settle_s: float = 2.5, tries: int = 5) -> dict:
+    """The 64-slow-connection test (``tests/slow_clients.py``) as figures: the latency (ms)
+    of ``GET /v2/health/live``, ``GET /v2/health/ready`` and ``POST /v2/models/ctr/infer``
+    of ``infer_body`` (JSON), the best of ``tries`` without slow clients and the worst of
+    ``tries`` with ``n`` connections open that trickle header lines (after ``settle_s``
+    s). Returns ``{"live"|"ready"|"infer": (without_ms, with_ms)}``; ``inf`` for a call not
+    answered 2xx within 5 s."""
+    from tests.slow_clients import SlowClients, latency
+
+    calls = {"live": lambda: latency(url + "/v2/health/live"), "ready": lambda: latency(url + "/v2/health/ready"),
+             "infer": lambda: latency(url + PATH, data=infer_body, headers={"Content-Type": "application/json"})}
+    before = {k: min(f() for _ in range(tries)) for k, f in calls.items()}
+    with SlowClients(url, n=n):
+        time.sleep(settle_s)
+        after = {k: max(f() for _ in range(tries)) for k, f in calls.items()}
+    return {k: (before[k] * 1e3, after[k] * 1e3) for k in calls}
+
+
+def format_slow_row(r: dict, n: int = 64) -> str:
+    """One line of ``slow_clients_row``'s figures."""
+    return f"  {n} slow connections (without -> with, ms): " + ", ".join(
+        f"{k} {a:.1f} -> {b:.1f}" for k, (a, b) in r.items())
+
+
 def format_row(r: dict, batch: int) -> str:
     """One line of ``overload_row``'s figures."""
     return (f"  overload batch {batch} connections {r['connections']}: {r['ok_rps']:.1f} requests/s answered 200 "

@@ -73,12 +73,13 @@ def served_version(prefix: str, test_rows: int = 4096, rollout_timeout_s: float 
 
 
 def start_serving(cube, work_dir: Path, workers: int, threads: int, grpc: bool = True, extra: tuple = (),
-                  cube_timeout_ms: float = 2000.0, timeout_s: float = 120.0, **start_kw):
+                  cube_timeout_ms: float = 2000.0, timeout_s: float = 120.0, name: str = "serving", **start_kw):
     """Starts ``elastic-ctr serve`` on 127.0.0.1 over ``cube`` (a ``LocalCubeCluster``)
     in its process group with ``workers`` worker processes x ``threads`` threads, a cube
     lookup timeout of ``cube_timeout_ms`` (default 2 s: a loaded machine must slow the
     figures down, not fail requests), gRPC on a free port (``grpc``; else none) and
-    ``extra`` arguments; ``start_kw`` goes to ``ProcessGroup.start`` (env, cwd).
+    ``extra`` arguments, as the group's role ``name``; ``start_kw`` goes to
+    ``ProcessGroup.start`` (env, cwd).
     Returns ``(role, url, grpc_target)`` once ``/v2/health/ready`` answers 200 and the
     gRPC port accepts (``grpc_target`` None without ``grpc``). Raises ``TimeoutError``
     with the log's tail when it is not ready within ``timeout_s`` (s), and what
@@ -88,7 +89,7 @@ def start_serving(cube, work_dir: Path, workers: int, threads: int, grpc: bool =
     spec = role_specs.serving(str(cube.topology_path), cube.root_url, cube.transfer_url, str(work_dir),
                               role_specs.LOOPBACK, port, grpc_port if grpc else 0, workers=workers, threads=threads,
                               extra=["--cube-timeout-ms", str(cube_timeout_ms), *extra])
-    role = cube.group.start("serving", spec.argv(), **start_kw)
+    role = cube.group.start(name, spec.argv(), **start_kw)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         cube.group.check()

@@ -1,8 +1,8 @@
 """The roles' HTTP server: the file server, the cube server's control port, the cube
-agent and the cube transfer serve through ``WebServer`` in their process. Serving's
-gunicorn workers use ``runtime.serving.http_server.HttpServer`` (an asyncio loop with
-httptools' parser: the same limits and stop, a fraction of the CPU per request, and the
-connection spreading between processes), which shares this module's drain constants.
+agent and the cube transfer serve their Flask (WSGI) apps through ``WebServer`` in their
+process. The limits on clients are a ``runtime.limits.ServerLimits``, the policy serving's
+uvicorn workers take too (``docs/serving-servers.md`` says why these roles stay on
+waitress).
 
 waitress (the Pylons project's WSGI server): its event loop (``waitress.wasyncore``) reads
 every connection and buffers a whole request, headers and body (bodies above 512 KiB
@@ -10,20 +10,15 @@ spooled to a temporary file), before a thread of the pool sees it, so a client t
 slowly holds a socket, never a thread; probes and other clients are answered meanwhile
 (gunicorn's sync and threaded workers, and cheroot, give a thread to a connection as soon
 as it is readable and read the request in it: 4 clients sending a header line per second
-took every thread). Limits on what a client may hold:
-
-- ``header_timeout_s``: a request whose headers have not all arrived this long after its
-  first byte is closed (slowloris);
-- ``idle_timeout_s``: a connection with nothing received for this long (a keep-alive
-  connection between requests, a stalled body) is closed (waitress's ``channel_timeout``);
-- ``max_body_bytes``: larger bodies answered 413 by waitress;
-- ``connection_limit`` open connections (beyond, new ones wait in the listen backlog).
+took every thread). Limits on what a client may hold (``ServerLimits``): the header
+timeout (slowloris), the idle timeout (waitress's ``channel_timeout``), the largest body
+(413 by waitress), the open connections (beyond, new ones wait in the listen backlog).
 
 Two thread pools: ``threads`` for the work, ``control_threads`` for what must answer while
 the work is busy (``is_work(method, path)`` false: e.g. the probes). With
 ``max_queue``, a work request arriving while ``max_queue`` others already wait for a
 work thread is answered at once ``503`` with ``Retry-After`` and a JSON ``{"error"}``
-(``Overloaded``; the connection stays open) by the event loop itself, never queued, so a
+(``QueueFull``; the connection stays open) by the event loop itself, never queued, so a
 flood of refusals takes no thread from the probes.
 
 Every app served with ``probes=True`` (the roles) also answers, ahead of its own routes:
@@ -40,7 +35,7 @@ connections already waiting in the listen backlog accepted (at most ``ACCEPT_DRA
 the listening sockets closed, then every request received or partly received finishes
 and its answer is sent with ``Connection: close`` (a keep-alive client sending request
 after request lets go after its answer), connections idle for ``DRAIN_IDLE_S`` are closed
-(up to ``shutdown_timeout_s``).
+(up to the limits' ``shutdown_timeout_s``).
 ``serve_forever`` runs a role's server in the main thread's stead until SIGTERM or
 SIGINT: readiness turns false, ``on_stop`` runs (the role stops its own work), requests
 in flight finish, and it returns so the process exits 0.
@@ -50,7 +45,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import select
 import signal
 import threading
 import time
@@ -63,17 +57,13 @@ from waitress.server import BaseWSGIServer, create_server
 from waitress.task import ErrorTask, ThreadedTaskDispatcher, WSGITask
 from waitress.utilities import Error
 
+from runtime.limits import ACCEPT_DRAIN_S, DRAIN_IDLE_S, ServerLimits, readable_now
+
 log = logging.getLogger(__name__)
 # waitress warns "Task queue depth is N" at every request queued behind busy threads: under
 # load that is every request (the queue is bounded by max_queue and visible in metrics)
 logging.getLogger("waitress.queue").setLevel(logging.ERROR)
 
-#: seconds a stopping server still accepts the connections already in its listen backlog
-ACCEPT_DRAIN_S = 2.0
-#: seconds a keep-alive connection must stay idle while the server stops before it is closed:
-#: a client sending request after request sends its next one within this and is answered
-#: (with ``Connection: close``) instead of meeting a connection closed under its request
-DRAIN_IDLE_S = 0.5
 #: bytes read from a connection at a time (waitress's 8 KiB took 13 reads for a 99 KB request
 #: of 256 rows); below glibc's mmap threshold, so a small read allocates no mapping
 RECV_BYTES = 64 << 10
@@ -109,23 +99,11 @@ def json_errors(app):
     return app
 
 
-def refuse_work(method: str, path: str, waiting: int, max_queue: int,
-                on_reject: Callable[[], None] | None) -> str:
-    """A work request refused because ``waiting`` >= ``max_queue`` requests already wait:
-    calls ``on_reject`` (its errors logged, never raised: counting must not stop a loop)
-    and returns the 503's message."""
-    if on_reject is not None:
-        try:
-            on_reject()
-        except Exception:  # noqa: BLE001
-            log.exception("on_reject failed")
-    return f"{method} {path}: overloaded, {waiting} requests are already waiting (queue limit {max_queue}); retry later"
-
-
-class Overloaded(Error):
+class QueueFull(Error):
     """waitress's error answer for a work request refused because ``max_queue`` requests
     already wait: ``503`` with ``Retry-After: <retry_after_s>`` and the JSON body
-    ``{"error": message}``; the connection stays open (``_ErrorTask``)."""
+    ``{"error": message}`` (``ServerLimits.overloaded_message``); the connection stays
+    open (``_ErrorTask``)."""
 
     code = 503
     reason = "Service Unavailable"
@@ -157,12 +135,12 @@ class _WSGITask(_ClosingWhenDraining, WSGITask):
 
 
 class _ErrorTask(_ClosingWhenDraining, ErrorTask):
-    """waitress's error answer, but an ``Overloaded`` one keeps the connection open (the
+    """waitress's error answer, but a ``QueueFull`` one keeps the connection open (the
     request was read whole: the client may send its next one on it), unless draining."""
 
     def execute(self):
         e = self.request.error
-        if not isinstance(e, Overloaded):
+        if not isinstance(e, QueueFull):
             return super().execute()
         self.status, headers, body = e.to_response()
         self.response_headers.extend(headers)
@@ -190,24 +168,30 @@ class _Pools:
     control pool (module docstring). ``add_task`` runs in the event loop thread."""
 
     def __init__(self, threads: int, control_threads: int, is_work: Callable[[str, str], bool],
-                 max_queue: int | None, on_reject: Callable[[], None] | None):
+                 limits: ServerLimits, on_reject: Callable[[], None] | None):
         self.work = ThreadedTaskDispatcher()
         self.work.set_thread_count(threads)
         self.control = None
         if control_threads > 0:
             self.control = ThreadedTaskDispatcher()
             self.control.set_thread_count(control_threads)
-        self.is_work, self.max_queue, self.on_reject = is_work, max_queue, on_reject
-        self.rejected = 0  # work requests answered 503 (Overloaded)
+        self.is_work, self.limits, self.on_reject = is_work, limits, on_reject
+        self.rejected = 0  # work requests answered 503 (QueueFull)
         self.rejects: deque[HTTPChannel] = deque()  # answered by the event loop (WebServer._step)
 
     def add_task(self, channel: HTTPChannel) -> None:
         req = channel.requests[0]
         if req.error is not None or not self.is_work(req.command, req.path):
             return (self.control or self.work).add_task(channel)
-        if self.max_queue is not None and len(self.work.queue) >= self.max_queue:
-            req.error = Overloaded(refuse_work(req.command, req.path, len(self.work.queue), self.max_queue,
-                                               self.on_reject))
+        max_queue = self.limits.max_queue
+        if max_queue is not None and len(self.work.queue) >= max_queue:
+            if self.on_reject is not None:
+                try:
+                    self.on_reject()
+                except Exception:  # noqa: BLE001 - counting must not stop the loop
+                    log.exception("on_reject failed")
+            req.error = QueueFull(self.limits.overloaded_message(req.command, req.path, len(self.work.queue)),
+                                  self.limits.retry_after_s)
             self.rejected += 1
             self.rejects.append(channel)  # a few bytes to write: no thread needed
             return None
@@ -222,17 +206,6 @@ class _Pools:
                 d.shutdown(cancel_pending=True, timeout=timeout)
 
 
-def readable_now(sock) -> bool:
-    """True when ``sock`` has something to read now (data, a connection, EOF or an error);
-    ``poll``, not ``select``: any descriptor number."""
-    try:
-        p = select.poll()
-        p.register(sock, select.POLLIN)
-        return bool(p.poll(0))
-    except (OSError, ValueError):
-        return False
-
-
 class WebServer:
     """A WSGI ``app`` served by waitress (module docstring) on ``host:port`` (``port=0``:
     any free port; the bound one is ``port`` after construction).
@@ -242,45 +215,42 @@ class WebServer:
         host, port: where to listen.
         threads: work threads (concurrent requests of the app).
         name: for log lines.
-        shutdown_timeout_s: how long a stop waits for requests in flight (s).
+        limits: the limits on clients (``ServerLimits``: header and idle timeouts, largest
+            body, open connections, ``max_queue`` work requests waiting for a work thread,
+            ``shutdown_timeout_s`` for the requests in flight at a stop).
         probes: answer ``/healthz`` and ``/readyz`` ahead of the app.
         control_threads: threads for requests ``is_work`` says are not work (0: one pool).
         is_work: ``(method, path) -> bool``; by default everything but the probes.
-        max_queue: work requests that may wait for a work thread (None: unbounded).
         on_reject: called (event loop thread) for every request refused by ``max_queue``.
-        header_timeout_s, idle_timeout_s, max_body_bytes, connection_limit: limits on
-            clients (module docstring).
 
-    Raises ``OSError`` when the address cannot be bound, ``ValueError`` for ``threads`` < 1 or a
-    negative ``max_queue``.
+    Raises ``OSError`` when the address cannot be bound, ``ValueError`` for ``threads`` < 1.
     """
 
     #: seconds the event loop waits for an event before it looks at timeouts and stops
     TICK_S = 0.1
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, threads: int = 8, name: str = "",
-                 shutdown_timeout_s: float = 10.0, *, probes: bool = True,
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, threads: int = 8, name: str = "", *,
+                 limits: ServerLimits = ServerLimits(), probes: bool = True,
                  control_threads: int = 1, is_work: Callable[[str, str], bool] = _probe_or_not_post,
-                 max_queue: int | None = None, on_reject: Callable[[], None] | None = None,
-                 header_timeout_s: float = 10.0, idle_timeout_s: float = 30.0, max_body_bytes: int = 1 << 40,
-                 connection_limit: int = 1000):
+                 on_reject: Callable[[], None] | None = None):
         if threads < 1:
             raise ValueError(f"threads: {threads}, at least 1 is needed")
-        if max_queue is not None and max_queue < 0:
-            raise ValueError(f"max_queue: {max_queue} is negative")
         self.app = app
         self.name = name or "http"
         self.ready = False
         self.reason = "starting"
-        self.shutdown_timeout_s = shutdown_timeout_s
-        self.header_timeout_s = header_timeout_s
-        self.header_timeouts = 0  # connections closed by header_timeout_s
-        self.pools = _Pools(threads, control_threads, is_work, max_queue, on_reject)
+        self.limits = limits
+        self.shutdown_timeout_s = limits.shutdown_timeout_s
+        self.header_timeout_s = limits.header_timeout_s
+        self.header_timeouts = 0  # connections closed by the header timeout
+        self.pools = _Pools(threads, control_threads, is_work, limits, on_reject)
         self._map: dict = {}
         server = create_server(
             self._dispatch if probes else app, map=self._map, _dispatcher=self.pools, host=host, port=port,
-            channel_timeout=max(1, round(idle_timeout_s)), cleanup_interval=1,
-            max_request_body_size=max_body_bytes, connection_limit=connection_limit, asyncore_use_poll=True,
+            channel_timeout=max(1, round(limits.idle_timeout_s)), cleanup_interval=1,
+            max_request_body_size=limits.max_body_bytes, max_request_header_size=limits.max_head_bytes,
+            connection_limit=limits.connection_limit,
+            asyncore_use_poll=True,
             ident=self.name, clear_untrusted_proxy_headers=False, backlog=1024, recv_bytes=RECV_BYTES,
             # a client that resets or leaves is not the server's error: no traceback in the role's log (the
             # apps served here answer their own exceptions: Flask's 500, serving's RestApp)
@@ -322,7 +292,7 @@ class WebServer:
     def _step(self) -> None:
         wasyncore.loop(timeout=self.TICK_S, map=self._map, use_poll=True, count=1)
         rejects = self.pools.rejects
-        while rejects:  # 503s (Overloaded), written here, outside waitress's received()
+        while rejects:  # 503s (QueueFull), written here, outside waitress's received()
             rejects.popleft().service()
         now = time.monotonic()
         if now >= self._next_check:
@@ -348,7 +318,7 @@ class WebServer:
     def serve(self, on_tick: Callable[[], None] | None = None) -> None:
         """Runs the event loop in this thread until a stop is requested, then stops
         gracefully (module docstring) and returns. ``on_tick`` is called at least every
-        ``TICK_S`` s (e.g. a gunicorn worker's heartbeat, which may call ``request_stop``)."""
+        ``TICK_S`` s (e.g. a heartbeat, which may call ``request_stop``)."""
         self.ready, self.reason = True, ""
         try:
             while not self._stop_requested.is_set():

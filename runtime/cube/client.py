@@ -37,12 +37,6 @@
   that answered VERSION_UNAVAILABLE or NOT_READY is not) and the batch goes through the
   Python path described here, from the start; so the C attempt adds one attempt before
   the ``retries``, on replicas then marked down.
-- Under a wait budget (``runtime.bounded``: serving's loop thread running a lone request)
-  only the C path runs, on pooled connections, for at most the budget; whatever would
-  wait longer or go to the Python path (a connection to open, the first seek, a reply
-  later than the budget, anything not plain) raises ``bounded.WouldBlock`` instead. A
-  reply the budget did not wait for closes its connection but marks no replica down (the
-  replica was not given its ``timeout_ms``).
 """
 from __future__ import annotations
 
@@ -56,7 +50,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime import bounded
 from runtime.cube import kernel, protocol
 from runtime.formats.topology import Topology, shard_rows
 
@@ -115,14 +108,12 @@ class _Replica:
         self.lock = threading.Lock()
         self.down_until = 0.0
 
-    def get(self, pooled_only: bool = False) -> socket.socket | None:
-        """An idle pooled connection, else a new one (None with ``pooled_only``).
-        Raises ``OSError`` when it cannot connect."""
+    def get(self) -> socket.socket:
+        """An idle pooled connection, else a new one. Raises ``OSError`` when it cannot
+        connect."""
         with self.lock:
             if self.idle:
                 return self.idle.pop()
-        if pooled_only:
-            return None
         s = socket.create_connection(self.hostport, timeout=self.connect_timeout_s)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         s.setblocking(False)
@@ -221,17 +212,8 @@ class CubeClient:
     def seek(self, keys: np.ndarray, version: int | None = None) -> SeekResult:
         """``keys: uint64[n]`` -> ``SeekResult(values float32[n, dim], found bool[n], version)``.
 
-        Raises ``CubeUnavailable`` (a shard unreachable) or ``CubeVersionUnavailable``;
-        under a wait budget, ``bounded.WouldBlock`` (module docstring)."""
+        Raises ``CubeUnavailable`` (a shard unreachable) or ``CubeVersionUnavailable``."""
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
-        budget_s = bounded.remaining_s()
-        if budget_s is not None:
-            if not (self.native and self._dim and keys.shape[0]):
-                raise bounded.WouldBlock("cube seek: the Python path (first seek, empty batch or C path off)")
-            res = self._seek_native(keys, version, budget_s)
-            if res is None:
-                raise bounded.WouldBlock("cube seek: not plain within the budget")
-            return res
         if self.native and self._dim and keys.shape[0]:
             res = self._seek_native(keys, version)
             if res is not None:
@@ -283,25 +265,15 @@ class CubeClient:
             return SeekResult(first.values, first.found, ver)
         return SeekResult(*_scatter(keys.shape[0], dim, idx, out), ver)
 
-    def _seek_native(self, keys: np.ndarray, version: int | None,
-                     budget_s: float | None = None) -> SeekResult | None:
+    def _seek_native(self, keys: np.ndarray, version: int | None) -> SeekResult | None:
         """``seek``'s common case in C (module docstring): ``keys: uint64[n]`` (n > 0,
-        ``dim`` known). Returns None when the batch needs the Python path. ``budget_s``
-        (s): wait at most this long and on pooled connections only (None when none is
-        idle); a timeout within a budget shorter than ``timeout_ms`` marks no replica down."""
+        ``dim`` known). Returns None when the batch needs the Python path."""
         S, n, dim = self.shard_num, keys.shape[0], self._dim
-        timeout_s = self.timeout_s if budget_s is None else min(self.timeout_s, budget_s)
-        cut = timeout_s < self.timeout_s  # the budget, not the replica's timeout, bounds this attempt
         picked: list[tuple[_Replica, socket.socket]] = []
         try:
             for s in range(S):
                 r = self._pick(s, ())
-                sock = r.get(pooled_only=budget_s is not None)
-                if sock is None:  # a connection to open: not within a budget
-                    for r, sock in picked:
-                        r.put(sock)
-                    return None
-                picked.append((r, sock))
+                picked.append((r, r.get()))
         except OSError:
             r.down_until = time.monotonic() + self.down_s
             for r, sock in picked:
@@ -313,7 +285,7 @@ class CubeClient:
         meta = np.zeros(3 * S, np.int64)  # per shard: outcome, version, other
         rc = kernel.KERNEL.client_seek_raw(
             keys.ctypes.data, n, S, fds.ctypes.data, dim, int(version or 0),
-            int(timeout_s * 1e6), values.ctypes.data, found.ctypes.data, meta.ctypes.data)
+            int(self.timeout_s * 1e6), values.ctypes.data, found.ctypes.data, meta.ctypes.data)
         outcome = meta[0::3].tolist() if rc >= 0 else [kernel.SEEK_NONE] * S
         for (r, sock), o in zip(picked, outcome):
             if o in (protocol.OK, protocol.VERSION_UNAVAILABLE, protocol.NOT_READY, kernel.SEEK_NONE):
@@ -322,8 +294,6 @@ class CubeClient:
             # failed, timed out, malformed, or refused (BAD_REQUEST, TOO_LARGE, SERVER_ERROR: the
             # server may have closed it): down, as the Python path marks it
             sock.close()
-            if cut and o == kernel.SEEK_TIMEOUT:
-                continue  # its reply may come yet: out of step, but the replica had less than timeout_ms
             r.down_until = time.monotonic() + self.down_s
         if rc != 0:
             return None

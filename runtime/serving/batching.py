@@ -11,8 +11,6 @@ from typing import Callable
 
 import numpy as np
 
-from runtime import bounded
-
 
 class _Job:
     __slots__ = ("arrays", "n", "event", "result", "error", "lead")
@@ -32,11 +30,8 @@ class Combiner:
     A request that finds fewer than ``max_active`` batches in flight runs at once with
     whatever requests are queued (up to ``max_rows`` rows in all); the others queue, and
     when a batch finishes the oldest queued request leads the next one. A lone request is
-    never delayed. Under a wait budget (``runtime.bounded``) a request never queues (it
-    raises ``bounded.WouldBlock`` when every slot is taken) and runs alone, so that what
-    its run raises (``WouldBlock`` included) reaches no other request. A caller that needs
-    all requests of a batch to see the same state (one model version) makes one
-    ``Combiner`` per state.
+    never delayed. A caller that needs all requests of a batch to see the same state (one
+    model version) makes one ``Combiner`` per state.
 
     Args:
         process: ``(*arrays) -> out``: arrays with n rows each (axis 0) -> an array with
@@ -57,31 +52,27 @@ class Combiner:
 
     def submit(self, *arrays: np.ndarray) -> np.ndarray:
         """``arrays``: n rows each -> this request's rows of ``process``'s output (n rows).
-        Raises what ``process`` raised for its batch (every request of the batch gets it);
-        ``bounded.WouldBlock`` under a wait budget when every slot is taken."""
+        Raises what ``process`` raised for its batch (every request of the batch gets it)."""
         job = _Job(arrays)
-        alone = bounded.bounded()
         with self.lock:
             if self.active < self.max_active:
                 self.active += 1
                 job.lead = True
-            elif alone:
-                raise bounded.WouldBlock("batcher: every slot is taken")
             else:
                 job.event = threading.Event()
                 self.pending.append(job)
         if not job.lead:
             job.event.wait()
         if job.lead and job.result is None and job.error is None:
-            self._run(job, alone)
+            self._run(job)
         if job.error is not None:
             raise job.error
         return job.result
 
-    def _run(self, me: _Job, alone: bool = False) -> None:
+    def _run(self, me: _Job) -> None:
         batch, rows = [me], me.n
         with self.lock:
-            while not alone and self.pending and rows + self.pending[0].n <= self.max_rows:
+            while self.pending and rows + self.pending[0].n <= self.max_rows:
                 j = self.pending.pop(0)
                 batch.append(j)
                 rows += j.n

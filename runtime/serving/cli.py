@@ -45,7 +45,14 @@ def _non_negative(unit: str):
 
 
 _non_negative_seconds = _non_negative("seconds")
-_non_negative_ms = _non_negative("milliseconds")
+
+
+def _positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0 (else a usage error naming the value)."""
+    value = _non_negative_seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("0 seconds: more is needed")
+    return value
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -56,7 +63,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
         help="CTR prediction server (Open Inference Protocol v2 + /predict) over cube and the dense model",
         description="Serving: loads the dense model of the version cube serves, looks embeddings "
         "up in cube, answers the Open Inference Protocol v2 (KServe/Triton) on /v2/... and raw "
-        "lines on POST /predict; Prometheus metrics on /metrics.",
+        "lines on POST /predict; Prometheus metrics on /metrics. HTTP: uvicorn in each worker "
+        "process (docs/serving-servers.md).",
     )
     p.add_argument("--topology", required=True, help="cube topology JSON file (docs/contracts.md)")
     p.add_argument("--model-root", required=True,
@@ -73,10 +81,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    "finish; the client's channel reconnects by itself), so long-lived channels spread over "
                    "the workers and over replicas added later (default 30; 0 = never)")
     p.add_argument("--workers", type=int, default=_env_int("SERVING_WORKERS", 2),
-                   help="gunicorn worker processes serving HTTP (or $SERVING_WORKERS); each loads "
-                   "the dense model "
-                   "and its own cube clients (a request's Python work holds the GIL, so processes, not "
-                   "threads, use several cores)")
+                   help="worker processes serving HTTP (uvicorn) and gRPC (or $SERVING_WORKERS), each on its "
+                   "own SO_REUSEPORT socket; each loads the dense model and its own cube clients (a request's "
+                   "Python work holds the GIL, so processes, not threads, use several cores)")
     p.add_argument("--threads", type=int, default=1,
                    help="inference threads per worker (default 1: Paddle releases the GIL while a predictor "
                    "runs, but decoding, the cube lookups and encoding hold it, so under concurrent requests a "
@@ -93,17 +100,13 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    "RESOURCE_EXHAUSTED), so a request waits at most about (threads + max-queue) request times "
                    "(8: near 0.1 s at batch 256 on 2 idle cores); health and metadata are answered by the event loop "
                    "and keep answering")
-    p.add_argument("--inline-budget-ms", type=_non_negative_ms, default=20.0, metavar="MS",
-                   help="while a worker holds few connections and few inference requests wait, none on a worker "
-                   "thread, its event loop runs them itself, one at a time (no hand-off between threads), each if its "
-                   "cube lookup answers within this many ms; one that would wait longer runs again on a worker thread "
-                   "and requests stay there a while (runtime/serving/http_server.py), so a probe waits at most this "
-                   "long plus one request's CPU; 0: every request on a worker thread")
-    p.add_argument("--header-timeout", type=float, default=10.0,
-                   help="seconds a client may take to send a request's headers before its connection is closed")
-    p.add_argument("--idle-timeout", type=float, default=30.0,
-                   help="seconds a connection may stay without sending anything (between requests, or "
-                   "a stalled body) before it is closed")
+    p.add_argument("--header-timeout", type=_positive_seconds, default=10.0, metavar="SECONDS",
+                   help="seconds a client may take to send a request's headers, from their first byte, before "
+                   "its connection is closed (uvicorn has no such timeout: serving adds it to uvicorn's "
+                   "httptools protocol, runtime/serving/worker.py)")
+    p.add_argument("--idle-timeout", type=_positive_seconds, default=30.0, metavar="SECONDS",
+                   help="seconds a connection may stay without sending anything before it is closed: between "
+                   "requests (uvicorn's timeout_keep_alive), a new connection, a stalled body (408)")
     p.add_argument("--graceful-timeout", type=int, default=20,
                    help="on SIGTERM, seconds the requests and gRPC calls in flight get to finish before "
                    "a worker is killed (keep it below the pod's terminationGracePeriodSeconds)")

@@ -1,5 +1,6 @@
-"""The CTR model served (``ctr``): its signature, the checks of a request against it, the
-raw rows of ``POST /predict``, the cube lookups pinned to a version, and the predictor runs.
+"""The CTR model served (``ctr``): its signature, the checks of a request against it, its own
+REST route ``POST /predict`` (raw rows), the cube lookups pinned to a version, and the
+predictor runs.
 
 Signature (the owner: the demo client and the benchmark build requests from these names):
 inputs either ``dense_features`` FP32 [n,13] (the raw integer features I1..I13; NaN/null =
@@ -22,7 +23,7 @@ import numpy as np
 from runtime.formats import features
 from runtime.serving.batching import Combiner
 from runtime.serving.dataplane import Model
-from runtime.serving.metrics import Metrics
+from runtime.serving.metrics import ServingMetrics
 from runtime.serving.model import DenseModel, VersionWatcher
 from runtime.serving.protocol import BadRequest, InferOutput, InferRequest, InferResponse, NotFound, Unavailable
 
@@ -58,7 +59,7 @@ class CtrModel(Model):
             them, and are fed to the model as they are); called once, at the first lookup, and
             shared by every thread that serves requests (its ``seek`` must be thread-safe, as
             ``CubeClient``'s is: what one thread's lookups learn, such as the embedding
-            width its C path needs, serves the others, the event loop's thread included).
+            width its C path needs, serves the others, readiness's lookups included).
         max_batch: largest batch accepted (samples).
         fmt, slots: the raw-line format when the model's metadata does not say.
         metrics: Prometheus metrics (samples, predictor runs, the version served;
@@ -70,13 +71,13 @@ class CtrModel(Model):
 
     def __init__(self, watcher: VersionWatcher, cube_factory: Callable[[], Any], max_batch: int = 4096,
                  fmt: str = "criteo", slots: tuple[int, ...] = features.DEFAULT_SLOTS,
-                 metrics: Optional[Metrics] = None, combine: bool = True):
+                 metrics: Optional[ServingMetrics] = None, combine: bool = True):
         self.watcher = watcher
         self.cube_factory = cube_factory
         self.max_batch = int(max_batch)
         self.fmt = fmt
         self.slots = tuple(slots)
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics or ServingMetrics()
         self.combine = combine
         self._lock = threading.Lock()  # the lazily made combiner and cube client
         self._cube = None
@@ -245,6 +246,20 @@ class CtrModel(Model):
             raise BadRequest(f"{field}[{i}]: {why}")
         return batch.dense, batch.feasigns
 
+    def routes(self) -> dict[str, tuple[str, Callable[[bytes, str], Any]]]:
+        """``POST /predict``: ``{"lines": [...]}`` (``Content-Type: application/json``) or
+        a text body, one raw row per line (``rest_codec.decode_predict_request``) ->
+        ``{"probabilities": [...], "model_version": id}`` (``predict_lines``)."""
+        return {"/predict": ("predict", self._predict_route)}
+
+    def _predict_route(self, body: bytes, content_type: str) -> dict:
+        # imported here: the model runs where the REST codec's JSON parser is absent (the
+        # KServe peer of bench/kserve_peer.py imports this module in KServe's venv)
+        from runtime.serving.rest_codec import decode_predict_request
+
+        probs, version = self.predict_lines(decode_predict_request(body, content_type))
+        return {"probabilities": probs.ravel().tolist(), "model_version": version}
+
     def predict_lines(self, lines: Any) -> tuple[np.ndarray, int]:
         """``POST /predict``: raw rows (a list of str) -> ``(probabilities float32[n,1],
         version)``. Raises ``Unavailable`` (no version loaded) or ``BadRequest`` (not a
@@ -292,7 +307,7 @@ class CtrModel(Model):
         dense = features.normalize_dense(dense_raw, model.meta.normalization.clip_max)
         keys = np.ascontiguousarray(feasigns.T).ravel()  # slot-major: slot s = rows s*n..s*n+n-1
         res = self._seek(keys, model.version)
-        self.metrics.runs.inc()  # counted once the lookups answered (not for a lookup run again elsewhere)
+        self.metrics.runs.inc()  # counted once the lookups answered
         values = res.values
         if values.dtype != np.float32 or not values.flags.c_contiguous:
             values = np.ascontiguousarray(values, dtype=np.float32)

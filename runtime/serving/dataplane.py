@@ -11,9 +11,9 @@ decode a request with their codec into the protocol's data model
 from __future__ import annotations
 
 import abc
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
-from runtime.serving.metrics import Metrics
+from runtime.serving.metrics import ServingMetrics
 from runtime.serving.protocol import InferRequest, InferResponse, NotFound
 
 SERVER_NAME = "elastic-ctr"
@@ -50,10 +50,12 @@ class Model(abc.ABC):
         """Answers a v2 inference request (with ``version``, or the one answering now).
         Raises ``BadRequest``, ``NotFound``, ``Unavailable``."""
 
-    def predict_lines(self, lines: Any) -> tuple[Any, Any]:
-        """``POST /predict`` (raw rows, unchecked) -> ``(outputs, version)``, for a model
-        that takes raw rows. This one does not: raises ``NotFound``."""
-        raise NotFound(f"model {self.name!r} takes no raw rows (POST /predict)")
+    def routes(self) -> dict[str, tuple[str, Callable[[bytes, str], Any]]]:
+        """This model's own REST routes beside the protocol's: ``{path: (endpoint,
+        handler)}``, each served for ``POST``; ``handler(body bytes, content type) ->
+        a JSON-able answer`` (200), raising the protocol's errors; ``endpoint`` names the
+        route in the metrics. None by default."""
+        return {}
 
 
 class DataPlane:
@@ -65,19 +67,19 @@ class DataPlane:
             default: new ones).
     """
 
-    def __init__(self, models: Iterable[Model], metrics: Optional[Metrics] = None):
+    def __init__(self, models: Iterable[Model], metrics: Optional[ServingMetrics] = None):
         self.models: dict[str, Model] = {}
         for m in models:
             self.models[m.name] = m
         if not self.models:
             raise ValueError("a data plane needs at least one model")
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics or ServingMetrics()
         #: set once the process is stopping: readiness false from then on
         self.draining = False
 
     @property
     def default(self) -> Model:
-        """The first model: the one ``POST /predict`` and the readiness answer name."""
+        """The first model."""
         return next(iter(self.models.values()))
 
     def model(self, name: str) -> Model:
@@ -109,10 +111,11 @@ class DataPlane:
         return None
 
     def model_ready(self, name: str, version: Optional[str] = None) -> tuple[bool, str]:
-        """``(ready, reason)`` of model ``name`` (and ``version``): ``not_served``, else the
-        server's readiness. Raises ``NotFound`` for an unknown model."""
+        """``(ready, reason)`` of model ``name`` (and ``version``) alone, as KServe answers
+        a model's readiness: ``not_served``, else the model's own ``ready()`` (the server's,
+        stopping included, is ``ready``). Raises ``NotFound`` for an unknown model."""
         why = self.not_served(name, version)
-        return (False, why) if why else self.ready()
+        return (False, why) if why else self.model(name).ready()
 
     def server_metadata(self) -> dict:
         """The v2 server metadata."""

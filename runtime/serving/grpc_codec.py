@@ -17,7 +17,7 @@ import numpy as np
 
 from runtime.serving.proto import open_inference_pb2 as pb
 from runtime.serving.protocol import (DATATYPES, BadRequest, InferenceError, InferInput, InferRequest,
-                                      InferResponse, RequestedOutput, tensor_bytes_of)
+                                      InferResponse, Overloaded, RequestedOutput, tensor_bytes_of)
 
 #: HTTP status of an ``InferenceError`` -> gRPC status code
 STATUS_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
@@ -112,7 +112,10 @@ def encode_response(resp: InferResponse, typed: bool) -> pb.ModelInferResponse:
 
 
 def status_code(exc: InferenceError) -> grpc.StatusCode:
-    """The gRPC status answering ``exc`` (``STATUS_CODES`` by its HTTP status; else INTERNAL)."""
+    """The gRPC status answering ``exc`` (``Overloaded``: RESOURCE_EXHAUSTED; else
+    ``STATUS_CODES`` by its HTTP status, INTERNAL for the others)."""
+    if isinstance(exc, Overloaded):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
     return STATUS_CODES.get(exc.status, grpc.StatusCode.INTERNAL)
 
 

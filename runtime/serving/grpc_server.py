@@ -7,11 +7,11 @@ Errors are gRPC statuses with the data plane's message (``grpc_codec.status_code
 anything unexpected is ``INTERNAL``, logged. Every call is counted in serving's metrics
 under the endpoint ``grpc_<Method>``.
 
-Overload, as over HTTP (``runtime.serving.worker``): at most ``threads`` ``ModelInfer``
+Overload, as over HTTP (``runtime.serving.asgi``): at most ``threads`` ``ModelInfer``
 calls run at once and ``max_queue`` more wait; one more is answered at once
-``RESOURCE_EXHAUSTED`` (counted as ``grpc_ModelInfer`` 503). The handler pool has
-``CONTROL_THREADS`` threads beyond those, so health, readiness and metadata calls, and
-the refusals, are answered while inference is busy.
+``RESOURCE_EXHAUSTED`` (``protocol.Overloaded``, counted as ``grpc_ModelInfer`` 503). The
+handler pool has ``CONTROL_THREADS`` threads beyond those, so health, readiness and
+metadata calls, and the refusals, are answered while inference is busy.
 """
 from __future__ import annotations
 
@@ -27,19 +27,12 @@ from runtime.serving import grpc_codec
 from runtime.serving.dataplane import DataPlane
 from runtime.serving.proto import open_inference_pb2 as pb
 from runtime.serving.proto import open_inference_pb2_grpc as pb_grpc
-from runtime.serving.protocol import InferenceError
+from runtime.serving.protocol import InferenceError, Overloaded
 
 #: handler threads beyond those of ModelInfer: health, metadata, refusals
 CONTROL_THREADS = 2
 #: calls in flight on a connection past its maximum age get this long to finish (s)
 MAX_AGE_GRACE_S = 30.0
-
-
-class Overloaded(InferenceError):
-    """A call refused by the queue limit: ``RESOURCE_EXHAUSTED`` (HTTP 503)."""
-
-    status = 503
-    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +57,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return fn()
         except InferenceError as exc:
             code = exc.status
-            context.abort(getattr(exc, "grpc_code", None) or grpc_codec.status_code(exc), str(exc))
+            context.abort(grpc_codec.status_code(exc), str(exc))
         except Exception as exc:  # the client gets a status, never a traceback
             code = 500
             log.exception("gRPC %s: unexpected error", method)

@@ -1,37 +1,24 @@
-"""``elastic-ctr serve``: wires a serving process (cube client, version watcher, the CTR
-model, data plane) and runs both transports: HTTP under gunicorn, gRPC in every worker.
+"""``elastic-ctr serve``: a small supervisor forking ``--workers`` serving worker
+processes (``runtime.serving.worker``: each loads the dense model and its own cube
+clients, then serves REST with uvicorn and gRPC, each on its own ``SO_REUSEPORT`` socket).
 
-gunicorn's master with ``--workers`` worker processes, each serving HTTP with an asyncio
-loop and httptools' parser (``runtime.serving.worker.LoopWorker``: whole requests
-buffered by the loop before a thread sees them, so slow clients hold no thread; inference
-requests beyond ``--max-queue`` waiting are answered 503 with ``Retry-After`` at once;
-the loop answers the probes itself). Paddle releases the GIL while a predictor runs, but
-the rest of a request (decoding, the cube client, encoding) is Python that holds it, and
-a thread waiting for the GIL gets it at the holder's switch interval (5 ms): beside one
-busy Python thread, a thread running batch-256 predictions in a loop took 12.7 ms a run
-(157 runs in 2 s) while the busy thread kept its full rate. So several processes, not
-threads, use several cores; each worker loads the dense model and its own cube clients,
-and concurrent requests of one worker are combined (``runtime.serving.batching.Combiner``).
-Each worker also serves gRPC on ``--grpc-port`` (``SO_REUSEPORT``: one port for all
-workers) over the same data plane, with the same queue limit (``RESOURCE_EXHAUSTED``
-beyond it): the worker's ``Transports`` hold its data plane, REST app and gRPC server
-side by side, the gRPC server started after the worker loaded its app (gRPC must not run
-in a process that forks afterwards). Metrics are aggregated over the workers through
-``PROMETHEUS_MULTIPROC_DIR`` (a temporary directory removed at exit).
+Why processes: Paddle releases the GIL while a predictor runs, but the rest of a request
+(decoding, the cube client, encoding) is Python that holds it, and a thread waiting for
+the GIL gets it at the holder's switch interval (5 ms), so a thread running predictions
+beside a busy Python thread runs far below its rate. So several processes, not threads,
+use several cores;
+concurrent requests of one worker are combined (``runtime.serving.batching.Combiner``).
+Metrics are aggregated over the workers through ``PROMETHEUS_MULTIPROC_DIR`` (a temporary
+directory removed at exit; a worker's live gauges are dropped when it exits).
 
-Stopping (SIGTERM to the master, as the kubelet sends it): the master closes its
-listening sockets and sends SIGTERM to every worker; a worker turns its readiness false
-(``/v2/health/ready`` and gRPC ``ServerReady`` answer not ready), stops gRPC from taking
-new calls, accepts what is already in the listen backlog and then nothing new, finishes
-the requests in flight, partly received ones included (both transports, within
-``--graceful-timeout``, 20 s by default: ``runtime.serving.worker``), and exits 0; then
-the master exits 0 (a drained worker skips the interpreter's slow finalization:
-``ServerHooks.worker_exit``). Two more things stood in the way and are handled here: Paddle's
-import replaces a worker's SIGTERM handler with its own, which kills the worker at once
-(``runtime.inference.import_paddle`` keeps the process's, and ``post_worker_init``
-installs the worker's own once everything is loaded), and the master runs ``child_exit``
-inside its SIGCHLD handler, re-entered when workers exit together, so that hook imports
-nothing and never raises.
+The supervisor (``Supervisor``) holds no socket and imports neither Paddle nor gRPC (its
+workers are forked): it restarts a worker that dies while serving, and stops when one
+dies before it served (a failed boot: exit code 3, the others stopped). Stopping (SIGTERM,
+as the kubelet sends it to the container's first process, or SIGINT): it sends SIGTERM to
+every worker, each stops gracefully (readiness false first; ``runtime.serving.worker``),
+and it exits 0 once they all exited 0, SIGKILLing any still running ``KILL_AFTER_S`` after
+the grace. Paddle's import replaces a process's SIGTERM handler with its own, which kills
+it at once: ``runtime.inference.import_paddle`` keeps the process's.
 """
 from __future__ import annotations
 
@@ -43,20 +30,25 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 from runtime.formats import features
+from runtime.limits import ServerLimits
 from runtime.serving.ctr_model import CtrModel
 from runtime.serving.dataplane import DataPlane
-from runtime.serving.metrics import Metrics
+from runtime.serving.metrics import ServingMetrics
 from runtime.serving.model import VersionWatcher
 
-if TYPE_CHECKING:
-    from runtime.serving.grpc_server import GrpcServer
-    from runtime.serving.rest import RestApp
-
 log = logging.getLogger(__name__)
+
+#: exit code of the supervisor when a worker died before it served (gunicorn's)
+BOOT_FAILED = 3
+#: s between two looks of the supervisor at its workers
+TICK_S = 0.1
+#: s a stopping worker gets beyond the grace before it is SIGKILLed
+KILL_AFTER_S = 5.0
+#: s before a worker that died while serving is started again
+RESTART_DELAY_S = 1.0
 
 
 def build_dataplane(topology: str, model_root: str, transfer_url: str | None, work_dir: str,
@@ -82,7 +74,7 @@ def build_dataplane(topology: str, model_root: str, transfer_url: str | None, wo
     # a version counts once laid out for this topology's shard count, answering on every shard
     watcher = VersionWatcher(model_root, transfer_url, work_dir, pool_size=threads, poll_interval_s=poll_interval_s,
                              shard_num=Topology.load(topology).shard_num)
-    metrics = Metrics()
+    metrics = ServingMetrics()
     model = CtrModel(watcher, cube_factory, max_batch=max_batch, fmt=fmt, slots=slots, metrics=metrics)
     plane = DataPlane([model], metrics)
 
@@ -98,157 +90,212 @@ def build_dataplane(topology: str, model_root: str, transfer_url: str | None, wo
     return plane
 
 
-@dataclass
-class Transports:
-    """One worker's serving, side by side: the data ``plane``, the ``rest`` WSGI app over
-    it and the ``grpc`` server over it (None without ``--grpc-port``; started by
-    ``ServerHooks.post_worker_init``)."""
-
-    plane: DataPlane
-    rest: "RestApp"
-    grpc: Optional["GrpcServer"] = None
+def _exit_early(signum, _frame) -> None:
+    raise SystemExit(0)
 
 
-class ServerHooks:
-    """Serving's gunicorn server hooks (module docstring: stopping).
+def exit_now(code: int) -> None:
+    """Ends the process with ``code`` at once, after flushing the logs and the standard
+    streams: no interpreter finalization (the C++ destructors of Paddle and gRPC's core
+    can take seconds on a loaded machine, longer than a pod's grace)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or broken: nothing more to say
+            pass
+    os._exit(code)
 
-    Args:
-        mp_dir: the Prometheus multiprocess directory.
-        grace_s: seconds calls in flight get on SIGTERM (gunicorn's ``graceful_timeout``).
-        mark_process_dead: ``prometheus_client.multiprocess.mark_process_dead``, imported
-            by the caller before gunicorn starts (``child_exit`` must not import).
+
+class Supervisor:
+    """Runs ``workers`` forked processes (module docstring). ``target(index, started)``
+    runs in the child (``started()``: call once it serves) and returns its exit code;
+    ``on_exit(pid)`` runs in the supervisor for every child that ended; ``grace_s``: what
+    a stopping child gets before SIGKILL (plus ``KILL_AFTER_S``). An ``on_exit`` that
+    raises is logged.
+
+    ``run()`` returns the exit code: 0 after a stop where every child exited 0, 1 when one
+    did not, ``BOOT_FAILED`` when a child died before it served. Call from the main thread.
     """
 
-    def __init__(self, mp_dir: str, grace_s: float, mark_process_dead: Callable[[int, str], None]):
-        self.mp_dir = mp_dir
-        self.grace_s = grace_s
-        self.mark_process_dead = mark_process_dead
-        #: this worker's transports (``load``); None in the master
-        self.transports: Optional[Transports] = None
+    def __init__(self, workers: int, target: Callable[[int, Callable[[], None]], int], grace_s: float,
+                 on_exit: Callable[[int], None] = lambda pid: None):
+        if workers < 1:
+            raise ValueError(f"workers: {workers}, at least 1 is needed")
+        self.workers, self.target, self.grace_s, self.on_exit = workers, target, grace_s, on_exit
+        self.children: dict[int, tuple[int, int]] = {}  # pid -> (index, read end of its "started" pipe)
+        self.started: set[int] = set()  # pids that serve
+        self.stop_signal: Optional[int] = None
 
-    def load(self, make: Callable[[], Transports]):
-        """Worker (gunicorn's ``load``): makes the worker's transports, keeps them for the
-        hooks below and returns the WSGI app gunicorn serves."""
-        self.transports = make()
-        return self.transports.rest
+    def _fork(self, index: int) -> None:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            os.close(r)
+            code = 1
+            try:
+                for sig in (signal.SIGTERM, signal.SIGINT):  # a stop while it boots: exit 0 (the target
+                    signal.signal(sig, _exit_early)         # puts its own handler before it serves)
 
-    def child_exit(self, _server, worker) -> None:
-        """Master, inside its SIGCHLD handler (re-entered when workers exit together, and
-        interrupting the main thread anywhere, an import included): drops the worker's live
-        gauges. Imports nothing and raises nothing (an exception here unwinds the master)."""
-        try:
-            self.mark_process_dead(worker.pid, self.mp_dir)
-        except Exception as exc:  # noqa: BLE001 - e.g. the directory already removed at exit
-            log.warning("metrics of worker %s not cleaned up: %s: %s", worker.pid, type(exc).__name__, exc)
+                def started() -> None:
+                    os.write(w, b"1")
+                    os.close(w)
 
-    def post_worker_init(self, worker) -> None:
-        """Worker, main thread, once the app (and Paddle) is loaded, before it serves:
-        installs the worker's SIGTERM handler and starts its gRPC server."""
-        t = self.transports
-        grace_s = self.grace_s
+                code = self.target(index, started)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:  # noqa: BLE001 - logged; the worker's exit code says it failed
+                log.exception("worker %d failed", index)
+            finally:
+                exit_now(code)
+        os.close(w)
+        os.set_blocking(r, False)
+        self.children[pid] = (index, r)
+        log.info("worker %d started (pid %d)", index, pid)
 
-        def on_sigterm(signum, frame):
-            t.plane.draining = True  # readiness false first (REST and gRPC)
-            if t.grpc is not None:  # no new calls; those in flight get the grace (not waited for here)
-                t.grpc.stop(grace_s, wait=False)
-            worker.handle_exit(signum, frame)  # the worker's drain, then gunicorn's graceful stop
+    def _handle(self, signum, _frame) -> None:
+        if self.stop_signal is None:
+            self.stop_signal = signum
 
-        # Ours, whatever was imported since gunicorn's init_signals (Paddle's import replaces
-        # the C-level SIGTERM handler; import_paddle puts it back, this makes sure of it).
-        signal.signal(signal.SIGTERM, on_sigterm)
-        signal.siginterrupt(signal.SIGTERM, False)  # as gunicorn: no EINTR in requests in flight
-        signal.signal(signal.SIGABRT, worker.handle_abort)
-        if t.grpc is not None:
-            t.grpc.start()
-
-    def worker_exit(self, _server, worker) -> None:
-        """Worker, on its way out: gRPC calls in flight finish (within the grace). After a
-        graceful stop (``worker.drained``: every request answered) the worker then ends
-        at once with ``os._exit(0)``, logs flushed: the interpreter's own finalization
-        (C++ destructors of Paddle and gRPC's core, no Python frame left) took 2-9 s on
-        the loaded test machine and over the whole ``--graceful-timeout`` in the
-        container resize test, where the master then SIGKILLed the workers and the
-        kubelet the pod. Any other exit (a failed boot) goes gunicorn's normal way."""
-        if self.transports is not None and self.transports.grpc is not None:
-            self.transports.grpc.stop(self.grace_s)
-        if getattr(worker, "drained", False):
-            logging.shutdown()
-            for stream in (sys.stdout, sys.stderr):
+    def _poll_started(self) -> None:
+        for pid, (_, r) in self.children.items():
+            if pid not in self.started:
                 try:
-                    stream.flush()
-                except (OSError, ValueError):  # closed or broken: nothing more to say
+                    if os.read(r, 1):
+                        self.started.add(pid)
+                except BlockingIOError:
                     pass
-            os._exit(0)
+
+    def _reap(self) -> list[tuple[int, int, int, bool]]:
+        """Children that ended: ``[(pid, index, exit code, had started)]``."""
+        out = []
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            self._poll_started()
+            index, r = self.children.pop(pid)
+            os.close(r)
+            out.append((pid, index, os.waitstatus_to_exitcode(status), pid in self.started))
+            self.started.discard(pid)
+            try:
+                self.on_exit(pid)
+            except Exception:  # noqa: BLE001 - a cleanup that failed must not stop the supervisor
+                log.exception("cleanup after worker pid %d failed", pid)
+        return out
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+        for i in range(self.workers):
+            self._fork(i)
+        restart: dict[int, float] = {}  # index -> monotonic s to start it again
+        while self.stop_signal is None:
+            time.sleep(TICK_S)
+            self._poll_started()
+            for pid, index, code, started in self._reap():
+                if not started and self.stop_signal is None:
+                    log.error("worker %d (pid %d) exited with code %d before it served: stopping", index, pid, code)
+                    self._stop()
+                    return BOOT_FAILED
+                log.warning("worker %d (pid %d) exited with code %d while serving: starting it again", index, pid,
+                            code)
+                restart[index] = time.monotonic() + RESTART_DELAY_S
+            for index, at in list(restart.items()):
+                if time.monotonic() >= at and self.stop_signal is None:
+                    del restart[index]
+                    self._fork(index)
+        log.info("%s received: stopping %d worker(s)", signal.Signals(self.stop_signal).name, len(self.children))
+        return self._stop()
+
+    def _stop(self) -> int:
+        """SIGTERM to every child, waits for them (SIGKILL after the grace); 0 when each exited 0."""
+        for pid in self.children:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + self.grace_s + KILL_AFTER_S
+        codes = []
+        while self.children:
+            for pid, index, code, _ in self._reap():
+                codes.append(code)
+                if code != 0:
+                    log.warning("worker %d (pid %d) exited with code %d", index, pid, code)
+            if self.children and time.monotonic() >= deadline:
+                for pid in self.children:
+                    log.warning("worker pid %d still running %.0f s after SIGTERM: SIGKILL", pid,
+                                self.grace_s + KILL_AFTER_S)
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                deadline = float("inf")
+            time.sleep(0.02)
+        return 0 if all(c == 0 for c in codes) else 1
+
+
+def limits_of(args) -> ServerLimits:
+    """``serve``'s limits on clients from its arguments."""
+    return ServerLimits(header_timeout_s=args.header_timeout, idle_timeout_s=args.idle_timeout,
+                        max_body_bytes=args.max_body_bytes,
+                        max_queue=args.max_queue, shutdown_timeout_s=float(args.graceful_timeout))
+
+
+def make_transports(args, work_dir: str, slots: tuple[int, ...]):
+    """Worker: the data plane, the ASGI app and (not yet started) the gRPC server,
+    imported here, in the worker, since gRPC must not run in a process that forks."""
+    from runtime.serving.asgi import ServingApp
+    from runtime.serving.rest import create_app
+    from runtime.serving.worker import Transports
+
+    plane = build_dataplane(args.topology, args.model_root, args.transfer_url,
+                            os.path.join(work_dir, f"w{os.getpid()}"), threads=args.threads,
+                            max_batch=args.max_batch, poll_interval_s=args.poll_interval,
+                            cube_timeout_ms=args.cube_timeout_ms, fmt=args.format, slots=slots)
+    grpc_server = None
+    if args.grpc_port:
+        from runtime.serving.grpc_server import GrpcServer
+
+        grpc_server = GrpcServer(plane, args.host, args.grpc_port, threads=args.threads,
+                                 max_message_bytes=args.max_body_bytes, max_queue=args.max_queue,
+                                 max_connection_age_s=args.grpc_max_connection_age)
+    app = ServingApp(create_app(plane, args.max_body_bytes), limits_of(args), threads=args.threads)
+    return Transports(plane, app, grpc_server)
+
+
+def _slots(args) -> tuple[int, ...]:
+    if not args.slot_file:
+        return features.DEFAULT_SLOTS
+    from runtime import storage
+
+    return features.load_slots(storage.read_bytes(args.slot_file).decode())
 
 
 def main(args) -> int:
-    """Runs gunicorn with ``args.workers`` serving workers (``LoopWorker``) until SIGTERM;
-    returns the exit code (0 after a graceful stop)."""
-    from gunicorn.app.base import BaseApplication
-
-    from runtime.serving.rest import create_app
-    from runtime.serving.worker import ConnectionShare, LoopWorker
-
-    slots = features.DEFAULT_SLOTS
-    if args.slot_file:
-        from runtime import storage
-
-        slots = features.load_slots(storage.read_bytes(args.slot_file).decode())
+    """Runs ``args.workers`` serving workers under a ``Supervisor`` until SIGTERM or
+    SIGINT; returns the exit code (0 after a graceful stop)."""
+    slots = _slots(args)
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="elastic-ctr-serving-")
     mp_dir = tempfile.mkdtemp(prefix="elastic-ctr-prom-")
     # before prometheus_client is imported: it picks its multiprocess value store at import
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = mp_dir
-    # Imported here, in the master, before gunicorn installs its signal handlers: child_exit
-    # runs inside the master's SIGCHLD handler, which interrupts the main thread anywhere
-    # (in the middle of an import too) and is re-entered when two workers exit at once; an
-    # import there met a half-imported prometheus_client.metrics ("cannot import name
-    # 'Gauge' from partially initialized module") and crashed the master at exit.
     from prometheus_client import multiprocess
 
     master = os.getpid()
     atexit.register(lambda: os.getpid() == master and shutil.rmtree(mp_dir, ignore_errors=True))
+    limits = limits_of(args)
 
-    # s, gunicorn's graceful_timeout: the master SIGKILLs a worker still running after it
-    grace_s = int(args.graceful_timeout)
+    def run_worker(index: int, started: Callable[[], None]) -> int:
+        from runtime.serving.worker import serve
 
-    def make_transports() -> Transports:
-        """Worker: the data plane, the REST app and (not yet started) the gRPC server,
-        imported here, in the worker, since gRPC must not run in a process that forks."""
-        plane = build_dataplane(args.topology, args.model_root, args.transfer_url,
-                                os.path.join(work_dir, f"w{os.getpid()}"), threads=args.threads,
-                                max_batch=args.max_batch, poll_interval_s=args.poll_interval,
-                                cube_timeout_ms=args.cube_timeout_ms, fmt=args.format, slots=slots)
-        grpc_server = None
-        if args.grpc_port:
-            from runtime.serving.grpc_server import GrpcServer
+        return serve(make_transports(args, work_dir, slots), args.host, args.port, limits, started)
 
-            grpc_server = GrpcServer(plane, args.host, args.grpc_port, threads=args.threads,
-                                     max_message_bytes=args.max_body_bytes, max_queue=args.max_queue,
-                                     max_connection_age_s=args.grpc_max_connection_age)
-        return Transports(plane, create_app(plane, args.max_body_bytes), grpc_server)
-
-    hooks = ServerHooks(mp_dir, grace_s, multiprocess.mark_process_dead)
-    worker_class = type("ServingWorker", (LoopWorker,), {"options": {
-        "max_queue": args.max_queue, "header_timeout_s": args.header_timeout, "idle_timeout_s": args.idle_timeout,
-        "max_body_bytes": args.max_body_bytes,
-        "inline_budget_s": args.inline_budget_ms / 1000.0 if args.inline_budget_ms > 0 else None},
-        "share": ConnectionShare(max(64, 2 * args.workers))})
-
-    class ServingApplication(BaseApplication):
-        def load_config(self):
-            for key, value in {"bind": f"{args.host}:{args.port}", "workers": args.workers,
-                               "worker_class": worker_class, "threads": args.threads,
-                               "timeout": 60, "graceful_timeout": grace_s, "accesslog": None,
-                               "child_exit": hooks.child_exit, "post_worker_init": hooks.post_worker_init,
-                               "pre_fork": worker_class.pre_fork,
-                               "worker_exit": hooks.worker_exit}.items():
-                self.cfg.set(key, value)
-
-        def load(self):
-            return hooks.load(make_transports)
-
-    log.info("serving on http://%s:%d (pid %d; gunicorn, %d workers x %d threads, queue limit %d)%s",
+    log.info("serving on http://%s:%d (pid %d; uvicorn, %d workers x %d threads, queue limit %d)%s",
              args.host, int(args.port), os.getpid(), args.workers, args.threads, args.max_queue,
              f" and gRPC {args.host}:{int(args.grpc_port)}" if args.grpc_port else "")
-    ServingApplication().run()
-    return 0
+    return Supervisor(args.workers, run_worker, limits.shutdown_timeout_s,
+                      lambda pid: multiprocess.mark_process_dead(pid, mp_dir)).run()

@@ -1,11 +1,11 @@
-"""Serving's Prometheus metrics, aggregated over gunicorn's worker processes when
+"""Serving's Prometheus metrics, aggregated over the worker processes when
 ``PROMETHEUS_MULTIPROC_DIR`` is set (the launcher sets it)."""
 from __future__ import annotations
 
 import os
 
 
-class Metrics:
+class ServingMetrics:
     """Counters and gauges of one serving process: requests by endpoint and HTTP status,
     latency (s), errors by kind, samples, predictor runs, the version served, readiness."""
 

@@ -70,6 +70,12 @@ class Unavailable(InferenceError):
     status = 503
 
 
+class Overloaded(Unavailable):
+    """An inference request refused at once by the queue limit (``--max-queue``): HTTP
+    503 with ``Retry-After`` (``runtime.limits.ServerLimits.retry_after_s``), gRPC
+    ``RESOURCE_EXHAUSTED`` (``grpc_codec.status_code``)."""
+
+
 @dataclass
 class InferInput:
     """One input tensor as sent: ``name``, ``datatype`` (a key of ``DATATYPES``), ``shape``,

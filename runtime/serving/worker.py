@@ -1,167 +1,228 @@
-"""Serving's gunicorn worker: an asyncio event loop with httptools' parser
-(``runtime.serving.http_server.HttpServer``) in each worker process, over the listening
-sockets gunicorn's master bound and shares.
+"""One serving worker process (``runtime.serving.launcher`` forks ``--workers`` of them):
+its data plane, the REST endpoints as an ASGI app (``runtime.serving.asgi``) served by
+uvicorn (httptools' parser, uvloop) on a listening socket of its own, and its gRPC server.
 
-Why not gunicorn's own ``gthread`` worker: it gives a connection to a thread as soon as it
-is readable and reads the request there, so 4 clients sending their headers one line per
-second held every thread and serving answered nothing, probes included (gunicorn's
-documentation: its sync and threaded workers expect a buffering proxy in front, and a pod
-has none). The loop buffers whole requests first; a thread only ever sees a complete
-request. Why not waitress, which the other roles use (``runtime.webserver``): its Python
-parser and poll loop cost serving more per request than the model run (README,
-Benchmarks, Serving). Per worker:
+Each worker binds ``host:port`` itself with ``SO_REUSEPORT``, once its model is loaded:
+the kernel spreads new connections over the workers' sockets by a hash of the
+connection's addresses and ports, so a client's keep-alive connections land on the
+workers independently (with one socket shared, every idle worker wakes for a connection
+and the first to accept takes it, so a client's few keep-alive connections can all land
+on the one worker that happened to be first). The gRPC server listens the same way on
+``--grpc-port``, started after the worker loaded its model (gRPC must not run in a
+process that forks afterwards).
 
-- ``--threads`` work threads run inference (``POST``); concurrent requests of one worker
-  are combined (``runtime.serving.batching.Combiner``);
-- the loop itself answers everything else (``/v2/health/*``, metadata, ``/metrics``), so
-  probes are answered while the work threads are busy;
-- beyond ``--max-queue`` inference requests waiting for a work thread, a new one is
-  answered at once ``503`` with ``Retry-After: 1`` by the loop (the connection stays open)
-  and counted in the metrics (``elastic_ctr_serving_requests_total{endpoint="overloaded"}``);
-- ``--header-timeout`` and ``--idle-timeout`` bound how long a client may hold a
-  connection without sending;
-- the workers spread their connections: each publishes how many it holds open in memory
-  shared with the others (``ConnectionShare``, made by the master before it forks them), and
-  a worker holding more than another leaves a pending connection to it
-  (``HttpServer``'s ``share``). All workers poll the master's one listening socket and the
-  first to wake accepts, so a client's 4 keep-alive connections went all to one of 2
-  workers in 3 rounds of 8 of ``make bench-serving-peers``, halving what the pod served.
-
-Stopping: gunicorn's master sends SIGTERM; the worker's handler (``launcher.ServerHooks``)
-turns readiness false and calls ``handle_exit``; at its next tick the loop accepts what is
-already in the listen backlog (at most ``runtime.webserver.ACCEPT_DRAIN_S``), closes its
-copy of the listening sockets, finishes every request received or partly received and
-sends its answer with ``Connection: close`` (within gunicorn's ``graceful_timeout``), and the
-worker exits 0 (at once: ``launcher.ServerHooks.worker_exit``).
+Stopping (SIGTERM from the launcher, or SIGINT): readiness turns false
+(``DataPlane.draining``: ``/v2/health/ready`` and gRPC ``ServerReady`` answer not ready,
+answers from then on say ``Connection: close``), gRPC takes no new call, and uvicorn stops
+gracefully: the connections in its listen backlog accepted and what they sent read, its
+listening socket closed, idle connections closed, the requests received or partly
+received finish and are answered (``ServerLimits.shutdown_timeout_s``: the
+``--graceful-timeout``); then the gRPC calls in flight finish (same grace) and the worker
+ends (``runtime.serving.launcher.exit_now``).
 """
 from __future__ import annotations
 
-import mmap
-import os
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional
 
-import numpy as np
-from gunicorn.workers.base import Worker
+from runtime.limits import ACCEPT_DRAIN_S, ServerLimits, readable_now
+from runtime.serving.asgi import ServingApp
+from runtime.serving.dataplane import DataPlane
 
+if TYPE_CHECKING:
+    from runtime.serving.grpc_server import GrpcServer
 
-def is_inference(method: str, path: str) -> bool:
-    """The work of serving: every ``POST`` (``/v2/models/.../infer``, ``/predict``)."""
-    return method == "POST"
+log = logging.getLogger(__name__)
 
-
-class ConnectionShare:
-    """Open connections of each worker of one gunicorn master, in an anonymous shared
-    mapping made by the master before it forks its workers (``slots`` of them:
-    ``conns: int64[slots]``, ``beats: float64[slots]``, monotonic s of each slot's last
-    publish). The master gives each new worker a free slot (``assign``, gunicorn's
-    ``pre_fork``); the worker ``bind``s its own (``SharedSlot``). A slot not published for
-    ``STALE_S`` is not counted (a worker gone or hung).
-
-    Raises ``ValueError`` for ``slots`` < 1."""
-
-    #: s without a publish after which a slot is no longer counted (workers publish every loop tick)
-    STALE_S = 2.0
-
-    def __init__(self, slots: int = 64):
-        if slots < 1:
-            raise ValueError(f"slots: {slots}, at least 1 is needed")
-        self.slots = slots
-        self._mem = mmap.mmap(-1, 16 * slots)  # MAP_SHARED: the workers forked later see one memory
-        self.conns = np.ndarray((slots,), np.int64, self._mem, 0)
-        self.beats = np.ndarray((slots,), np.float64, self._mem, 8 * slots)
-
-    def assign(self, taken: set[int]) -> int:
-        """Master: the lowest slot not in ``taken`` (the live workers' slots), cleared.
-        Raises ``RuntimeError`` when every slot is taken."""
-        for i in range(self.slots):
-            if i not in taken:
-                self.conns[i], self.beats[i] = 0, 0.0
-                return i
-        raise RuntimeError(f"ConnectionShare: all {self.slots} slots taken by live workers")
-
-    def bind(self, slot: int) -> "SharedSlot":
-        """Worker: its own ``slot`` (``runtime.serving.http_server.ConnectionShare``'s methods)."""
-        return SharedSlot(self, slot)
+#: connections a worker's listening socket holds before they are accepted
+BACKLOG = 1024
 
 
-class SharedSlot:
-    """One worker's view of a ``ConnectionShare``: ``publish`` its count, ask whether it is
-    the ``least`` loaded, ``leave`` when it stops accepting (``runtime.webserver``)."""
+@dataclass
+class Transports:
+    """One worker's serving, side by side: the data ``plane``, the ASGI ``app`` over it and
+    the ``grpc`` server over it (None without a gRPC port; started by ``serve``)."""
 
-    def __init__(self, share: ConnectionShare, slot: int):
-        self.share, self.slot = share, slot
-        self._others = np.ones(share.slots, bool)
-        self._others[slot] = False
-
-    def publish(self, connections: int) -> None:
-        """This worker holds ``connections`` open connections now."""
-        self.share.conns[self.slot] = connections
-        self.share.beats[self.slot] = time.monotonic()
-
-    def least(self, connections: int) -> bool:
-        """True when no other live worker holds fewer than ``connections``."""
-        s = self.share
-        live = (s.beats > time.monotonic() - s.STALE_S) & self._others
-        return not live.any() or connections <= int(s.conns[live].min())
-
-    def leave(self) -> None:
-        """No longer counted by the others (this worker accepts nothing more)."""
-        self.share.beats[self.slot] = 0.0
+    plane: DataPlane
+    app: ServingApp
+    grpc: Optional["GrpcServer"] = None
 
 
-class LoopWorker(Worker):
-    """gunicorn worker serving its app with ``HttpServer`` (module docstring). Options of the
-    server (``max_queue``, ``header_timeout_s``, ``idle_timeout_s``, ``max_body_bytes``)
-    come from the class attribute ``options``: the launcher makes a subclass setting it, and
-    ``share`` (a ``ConnectionShare``; None: connections not spread), whose slot the master
-    gives this worker in ``pre_fork``."""
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host:port`` with ``SO_REUSEPORT`` (every worker binds
+    its own: module docstring). Raises ``OSError`` when it cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
 
-    options: dict = {}
-    share: ConnectionShare | None = None
-    #: this worker's slot of ``share`` (``pre_fork``, in the master)
-    share_slot: int = -1
 
-    @classmethod
-    def pre_fork(cls, arbiter, worker: "LoopWorker") -> None:
-        """gunicorn's ``pre_fork`` hook (master, before it forks ``worker``): gives the worker
-        a slot of ``share`` no live worker holds."""
-        if cls.share is not None:
-            worker.share_slot = cls.share.assign({w.share_slot for w in arbiter.WORKERS.values()})
+def uvicorn_protocol(limits: ServerLimits):
+    """uvicorn's httptools protocol class with the limits on a request's head that uvicorn
+    lacks (``limits.header_timeout_s``, ``limits.max_head_bytes``, and ``idle_timeout_s``
+    for a new connection that sends nothing), added around the parser's callbacks (the
+    parsing stays httptools'; uvicorn takes the class as its ``http``)."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    def run(self) -> None:
-        from runtime.serving.http_server import HttpServer
+    class Protocol(HttpToolsProtocol):
+        """A connection is closed when its request head has not all arrived
+        ``header_timeout_s`` after its first byte, or when nothing arrived
+        ``idle_timeout_s`` after it was made (between requests, uvicorn's keep-alive
+        timeout applies); a head above ``max_head_bytes`` is refused 400 (the callback's
+        error makes uvicorn answer "Invalid HTTP request received.") and closed."""
 
-        metrics = getattr(self.wsgi, "metrics", None)  # serving's RestApp: count the 503s
+        _head_timer = None
+        _head_bytes = 0
 
-        def on_reject() -> None:
-            metrics.observe("overloaded", 503, 0.0)
-            metrics.error(503)
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._head_timer = self.loop.call_later(limits.idle_timeout_s, self._head_timeout, "nothing sent")
 
-        self.server = HttpServer(
-            self.wsgi, threads=self.cfg.threads, name="serving",
-            shutdown_timeout_s=max(1.0, self.cfg.graceful_timeout - 1.0),
-            sockets=[s.sock for s in self.sockets], is_work=is_inference,
-            on_reject=on_reject if metrics is not None else None,
-            share=self.share.bind(self.share_slot) if self.share is not None and self.share_slot >= 0 else None,
-            **self.options)
-        self.server.serve(on_tick=self._tick)
-        #: every request answered: ``launcher.ServerHooks.worker_exit`` may end the process at once
-        self.drained = True
+        def connection_lost(self, exc) -> None:
+            self._stop_head_timer()
+            super().connection_lost(exc)
 
-    #: s between two heartbeats to the master (gunicorn's ``timeout`` is 60 s; one per loop step cost
-    #: a syscall per request)
-    NOTIFY_S = 1.0
-    _notified = 0.0
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._head_bytes = 0
+            self._stop_head_timer()
+            self._head_timer = self.loop.call_later(limits.header_timeout_s, self._head_timeout,
+                                                    "request headers incomplete")
 
-    def _tick(self) -> None:
-        """The loop's heartbeat: tells the master this worker lives (every ``NOTIFY_S``);
-        stops the loop once the worker is to exit (SIGTERM, or the master gone)."""
-        now = time.monotonic()
-        if now - self._notified >= self.NOTIFY_S:
-            self._notified = now
-            self.notify()
-        if self.alive and self.ppid != os.getppid():
-            self.log.info("Parent changed, shutting down: %s", self)
-            self.alive = False
-        if not self.alive:
-            self.server.request_stop("terminating")
+        def on_url(self, url: bytes) -> None:
+            self._count(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count(len(name) + len(value))
+            super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            self._stop_head_timer()
+            super().on_headers_complete()
+
+        def _count(self, n: int) -> None:
+            self._head_bytes += n
+            if self._head_bytes > limits.max_head_bytes:
+                raise ValueError(f"request line and headers exceed {limits.max_head_bytes} bytes")
+
+        def _stop_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timeout(self, why: str) -> None:
+            self._head_timer = None
+            if not self.transport.is_closing():
+                log.info("closed a connection from %s: %s after %.0f s", (self.client or ("?",))[0], why,
+                         limits.idle_timeout_s if why == "nothing sent" else limits.header_timeout_s)
+                self.transport.close()
+
+    return Protocol
+
+
+def uvicorn_config(app: ServingApp, limits: ServerLimits):
+    """uvicorn's ``Config`` for ``app`` under ``limits``: httptools (``uvicorn_protocol``)
+    and uvloop, no WebSocket, no proxy headers (no ``X-Forwarded-*`` trusted), no access log
+    and no logging setup of its own (the process's), keep-alive
+    connections closed after ``idle_timeout_s`` idle, ``connection_limit`` connections and
+    requests at once (beyond: 503), ``shutdown_timeout_s`` for the requests in flight at a
+    stop."""
+    import uvicorn
+
+    return uvicorn.Config(app, http=uvicorn_protocol(limits), loop="uvloop", lifespan="off", access_log=False,
+                          log_config=None, ws="none", proxy_headers=False,
+                          timeout_keep_alive=limits.idle_timeout_s, limit_concurrency=limits.connection_limit,
+                          timeout_graceful_shutdown=limits.shutdown_timeout_s, backlog=BACKLOG,
+                          server_header=False)
+
+
+def uvicorn_server():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, telling ``on_started`` once it serves and calling ``on_stop``
+        at the first SIGTERM or SIGINT, before its own graceful shutdown begins (a signal
+        before it serves: it starts, then stops at once)."""
+
+        def __init__(self, config, on_started: Callable[[], None], on_stop: Callable[[], None]):
+            super().__init__(config)
+            self.on_started, self.on_stop = on_started, on_stop
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                self.on_started()
+
+        def handle_exit(self, sig, frame) -> None:
+            if not self.should_exit:
+                self.on_stop()
+            super().handle_exit(sig, frame)
+
+        async def shutdown(self, sockets=None) -> None:
+            """Before uvicorn's own shutdown (which closes every connection with no request
+            in flight at once): the connections already in the listen backlog are accepted
+            (at most ``ACCEPT_DRAIN_S``), then the listening socket closed, then the loop
+            reads what the open connections have sent (at most ``ACCEPT_DRAIN_S``), so a
+            request sent before the stop is in flight, answered, rather than closed unread
+            (the loop may lag behind while the inference threads hold the GIL)."""
+            listeners = [sock for server in self.servers for sock in (server.sockets or ())]
+            t0 = time.monotonic()
+            while any(readable_now(s) for s in listeners) and time.monotonic() - t0 < ACCEPT_DRAIN_S:
+                await asyncio.sleep(0.01)
+            for server in self.servers:
+                server.close()
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < ACCEPT_DRAIN_S and any(
+                    readable_now(c.transport.get_extra_info("socket")) for c in list(self.server_state.connections)
+                    if c.transport is not None and not c.transport.is_closing()):
+                await asyncio.sleep(0.01)
+            await super().shutdown(sockets=sockets)
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            """The worker installs ``handle_exit`` itself, before anything starts (``serve``):
+            no moment without a handler, and no signal raised again after the stop."""
+            yield
+
+    return Server
+
+
+def serve(t: Transports, host: str, port: int, limits: ServerLimits,
+          on_started: Callable[[], None] = lambda: None) -> int:
+    """Serves ``t`` in this process until SIGTERM or SIGINT (module docstring): REST on
+    ``host:port`` (its own ``SO_REUSEPORT`` socket), gRPC if ``t.grpc``. ``on_started``
+    is called once both listen. Returns the exit code (0) once everything stopped."""
+    sock = listen(host, port)
+    grace_s = limits.shutdown_timeout_s
+
+    def on_stop() -> None:
+        t.plane.draining = True  # readiness false first (REST and gRPC)
+        if t.grpc is not None:  # no new calls; those in flight get the grace (waited for below)
+            t.grpc.stop(grace_s, wait=False)
+
+    server = uvicorn_server()(uvicorn_config(t.app, limits), on_started, on_stop)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # ours from now on, whatever was imported before
+        signal.signal(sig, server.handle_exit)
+        signal.siginterrupt(sig, False)  # no EINTR in the requests in flight
+    if t.grpc is not None:
+        t.grpc.start()
+    server.run(sockets=[sock])
+    if t.grpc is not None:
+        t.grpc.stop(grace_s)
+    t.app.close()
+    return 0

@@ -4,10 +4,11 @@ are answered within their usual latency (tests.slow_clients). The file server, t
 agent and the cube transfer serve their Flask apps through ``runtime.webserver.WebServer``
 (tested here with the real apps, and once as a real file-server process); the cube
 server's control port through the same class inside a real cube server. Also, for
-``WebServer`` and serving's ``runtime.serving.http_server.HttpServer`` alike: a
-connection whose headers do not finish is closed after the header timeout, and requests
+``WebServer`` and serving's uvicorn workers (``runtime.serving.asgi.ServingApp``,
+``tests/serving/server.py``) alike, both taking one ``runtime.limits.ServerLimits``: a
+connection whose headers do not finish is closed after the header timeout, requests
 beyond the work queue limit are answered 503 with Retry-After at once while probes
-answer."""
+answer, and bad settings are refused by name."""
 from __future__ import annotations
 
 import json
@@ -18,17 +19,49 @@ import pytest
 import requests
 
 from runtime import proc
-from runtime.serving.http_server import HttpServer
+from runtime.limits import ServerLimits
+from runtime.serving.asgi import ServingApp
+from runtime.serving.metrics import ServingMetrics
 from runtime.webserver import WebServer
+from tests.serving.server import ServingThread
+from tests.slow_clients import SlowClients, check_answered, latency
 
-#: the servers with a header timeout and a work queue limit
-SERVERS = {"webserver": WebServer, "http_server": HttpServer}
+
+class _Wsgi:
+    """A WSGI ``app`` as serving's ``ServingApp`` takes its REST endpoints (``respond``)."""
+
+    class _Plane:
+        draining = False
+
+    def __init__(self, app):
+        self.app, self.plane, self.metrics = app, self._Plane(), ServingMetrics()
+
+    def respond(self, method, path, headers, body):
+        import io
+
+        out = {}
+        data = b"".join(self.app({"REQUEST_METHOD": method, "PATH_INFO": path, "wsgi.input": io.BytesIO(body)},
+                                 lambda status, hs: out.update(status=int(status[:3]), headers=hs)))
+        return out["status"], data, [h for h in out["headers"] if h[0].lower() != "content-length"]
+
+
+class _Serving(ServingThread):
+    """serving's uvicorn worker around a WSGI ``app``, ``WebServer``'s arguments."""
+
+    def __init__(self, app, threads: int = 1, limits: ServerLimits = ServerLimits(), on_reject=None):
+        rest = _Wsgi(app)
+        if on_reject is not None:
+            rest.metrics.error = lambda status: on_reject() if status == 503 else None
+        super().__init__(ServingApp(rest, limits, threads=threads), limits)
 
 
 def _queued(server) -> int:
     """Work requests waiting for a work thread."""
-    return server.queued() if isinstance(server, HttpServer) else len(server.pools.work.queue)
-from tests.slow_clients import SlowClients, check_answered, latency
+    return server.app.queued() if isinstance(server, ServingThread) else len(server.pools.work.queue)
+
+
+#: the servers with a work queue limit
+SERVERS = {"webserver": WebServer, "serving": _Serving}
 
 
 def _apps(tmp_path):
@@ -89,13 +122,14 @@ def test_incomplete_headers_are_closed_after_the_header_timeout(kind):
         start_response("200 OK", [("Content-Length", "2")])
         return [b"ok"]
 
-    with SERVERS[kind](app, threads=1, header_timeout_s=1.0) as w:
+    with SERVERS[kind](app, threads=1, limits=ServerLimits(header_timeout_s=1.0)) as w:
         with SlowClients(w.url, n=4, interval_s=0.2, max_s=10) as slow:
             deadline = time.monotonic() + 5
             while slow.closed_by_server < 4 and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert slow.closed_by_server == 4, f"{slow.closed_by_server} of 4 closed after the header timeout"
-        assert w.header_timeouts == 4
+        if kind == "webserver":
+            assert w.header_timeouts == 4
         assert requests.get(w.url + "/x", timeout=5).text == "ok"
 
 
@@ -104,14 +138,14 @@ def test_beyond_the_queue_limit_work_is_answered_503_at_once_and_probes_answer(k
     release, entered = threading.Event(), threading.Event()
 
     def app(environ, start_response):
-        if environ["REQUEST_METHOD"] == "POST":  # the work (HttpServer answers a GET in its loop)
+        if environ["REQUEST_METHOD"] == "POST":  # the work (serving answers a GET on its event loop)
             entered.set()
             release.wait(20)  # the work is stuck until the test releases it
         start_response("200 OK", [("Content-Length", "2")])
         return [b"ok"]
 
     rejected = []
-    with SERVERS[kind](app, threads=1, max_queue=2, on_reject=lambda: rejected.append(1)) as w:
+    with SERVERS[kind](app, threads=1, limits=ServerLimits(max_queue=2), on_reject=lambda: rejected.append(1)) as w:
         results: list = []
 
         def call():
@@ -137,6 +171,7 @@ def test_beyond_the_queue_limit_work_is_answered_503_at_once_and_probes_answer(k
         assert "queue limit 2" in json.loads(r.content)["error"]
         assert took < 1.0 and rejected == [1]
         assert requests.get(w.url + "/healthz", timeout=2).status_code == 200  # probes: not on the work thread
+        assert requests.get(w.url + "/readyz", timeout=2).status_code == 200
         release.set()
         for t in first:
             t.join(30)
@@ -147,5 +182,10 @@ def test_beyond_the_queue_limit_work_is_answered_503_at_once_and_probes_answer(k
 def test_bad_pool_settings_are_refused_by_name(kind):
     with pytest.raises(ValueError, match="threads"):
         SERVERS[kind](lambda e, s: [], threads=0)
-    with pytest.raises(ValueError, match="max_queue"):
-        SERVERS[kind](lambda e, s: [], max_queue=-1)
+
+
+@pytest.mark.parametrize("field, value", [("max_queue", -1), ("idle_timeout_s", 0), ("header_timeout_s", float("nan")),
+                                          ("max_body_bytes", -5), ("connection_limit", "many")])
+def test_bad_limits_are_refused_by_name(field, value):
+    with pytest.raises(ValueError, match=field):
+        ServerLimits(**{field: value})

@@ -8,7 +8,6 @@ import time
 import numpy as np
 import pytest
 
-from runtime import bounded
 from runtime.cube import kernel, protocol
 from runtime.cube.client import CubeClient, CubeUnavailable, CubeVersionUnavailable, _Outcome, _scatter
 from runtime.formats.topology import Topology, shard_of, shard_rows
@@ -358,40 +357,6 @@ def test_native_path_hands_what_is_not_plain_to_the_python_path(cluster, counted
     finally:
         hole.close()
         garbage.close()
-
-
-def test_under_a_budget_the_client_waits_no_longer_and_hands_back_what_would_wait(cluster, counted_native):
-    servers, keys, values, _ = cluster
-    hole = BlackHole()
-    try:
-        good0, good1 = (f"127.0.0.1:{servers[s][0].port}" for s in range(2))
-        c = CubeClient([[good0], [f"127.0.0.1:{hole.port}", good1]], timeout_ms=2000, retries=2, down_s=30)
-        with bounded.budget(0.5), pytest.raises(bounded.WouldBlock, match="Python path"):
-            c.seek(keys[:10])  # the first seek learns dim on the Python path: not under a budget
-        assert not counted_native
-        c.seek(keys[shard_of(keys, 2) == 0][:1])  # learns dim (shard 0 only): no connection to shard 1 yet
-        with bounded.budget(0.5), pytest.raises(bounded.WouldBlock, match="not plain"):
-            c.seek(keys[:10])  # shard 1 has no pooled connection: opening one is not within a budget
-        assert not counted_native and all(not r.idle for r in c.shards[1])
-        for r in c.shards[1]:  # a pooled connection to each replica of shard 1
-            r.put(r.get())
-        hole_replica = c.shards[1][0]
-        c._rr[1] = iter([0] * 10 + [1] * 10)  # shard 1 asks the hung replica first
-        t0 = time.monotonic()
-        with bounded.budget(0.15), pytest.raises(bounded.WouldBlock):
-            c.seek(keys[:10])
-        took = time.monotonic() - t0
-        assert 0.1 < took < 1.0, took  # the budget, not timeout_ms (2 s), bounded the wait
-        assert hole_replica.down_until == 0.0  # not marked down: it had less than its timeout_ms
-        assert not hole_replica.idle  # its connection is out of step: closed, not pooled
-        c._rr[1] = iter([1] * 10)
-        with bounded.budget(0.5):  # plain: answered in C within the budget
-            res = c.seek(keys[:200])
-        np.testing.assert_array_equal(res.values, values[:200])
-        assert c.native_fallbacks == 0 and len(counted_native) == 2
-        c.close()
-    finally:
-        hole.close()
 
 
 def test_scatter_puts_replies_back_in_batch_order_and_refuses_a_misfit():

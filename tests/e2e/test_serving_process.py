@@ -1,4 +1,4 @@
-"""``elastic-ctr serve`` as a process, as it runs in a pod: gunicorn workers answering HTTP
+"""``elastic-ctr serve`` as a process, as it runs in a pod: uvicorn workers answering HTTP
 and gRPC over a local cube (2 shards, the transfer rolling out a version the trainer's
 export published). The same rows through JSON, binary tensors, gRPC and ``/predict`` get
 the same answers; the metrics add up every worker's requests."""

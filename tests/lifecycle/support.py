@@ -27,7 +27,7 @@ PROBE_S = 0.05
 #: a stopping role must have exited this many seconds after SIGTERM
 EXIT_BOUND_S = 30.0
 #: lines that must never appear in a role's output (a crash, Paddle's own SIGTERM handler,
-#: an import from a signal handler, gunicorn reporting a killed or failed worker)
+#: an import from a signal handler, a worker killed or failing)
 FORBIDDEN = ("Traceback", "FatalError", "ImportError", "Termination signal", "Error in atexit",
              "Exception ignored", "was sent SIG", "exited with code", "Unhandled exception",
              "Segmentation fault")

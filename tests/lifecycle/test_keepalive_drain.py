@@ -17,6 +17,7 @@ import time
 
 import requests
 
+from runtime.limits import ServerLimits
 from runtime.webserver import WebServer
 
 CLIENTS = 8
@@ -34,13 +35,13 @@ def _app(environ, start_response):
 
 
 class _Client(threading.Thread):
-    """POSTs over one ``requests.Session`` until refused (or ``stop_by``, monotonic s).
+    """POSTs to ``path`` over one ``requests.Session`` until refused (or ``stop_by``, monotonic s).
     ``ok``: answers 200; ``bad``: other statuses; ``lost``: errors other than a refused
     connection; ``closes``: answers saying ``Connection: close``."""
 
-    def __init__(self, url: str, stop_by: float):
+    def __init__(self, url: str, stop_by: float, path: str = "/work"):
         super().__init__(daemon=True)
-        self.url, self.stop_by = url, stop_by
+        self.url, self.stop_by, self.path = url, stop_by, path
         self.ok = self.closes = 0
         self.bad: list[int] = []
         self.lost: list[str] = []
@@ -50,7 +51,7 @@ class _Client(threading.Thread):
         with requests.Session() as s:
             while time.monotonic() < self.stop_by:
                 try:
-                    r = s.post(self.url + "/work", data=b"x" * 100, timeout=10)
+                    r = s.post(self.url + self.path, data=b"x" * 100, timeout=10)
                 except requests.ConnectionError as exc:
                     if "refused" in str(exc).lower():
                         self.refused = True
@@ -65,7 +66,8 @@ class _Client(threading.Thread):
 
 
 def test_stop_lets_go_of_keepalive_clients_that_keep_sending():
-    server = WebServer(_app, threads=4, name="keepalive", shutdown_timeout_s=GRACE_S, probes=True).start()
+    server = WebServer(_app, threads=4, name="keepalive", limits=ServerLimits(shutdown_timeout_s=GRACE_S),
+                       probes=True).start()
     clients = [_Client(server.url, time.monotonic() + GRACE_S + 15) for _ in range(CLIENTS)]
     for c in clients:
         c.start()

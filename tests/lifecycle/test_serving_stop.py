@@ -1,20 +1,19 @@
 """``elastic-ctr serve`` stopped by SIGTERM while large requests are in flight, as the
-kubelet stops a serving pod: with one gunicorn worker, and with two (stopped several
-times over, since the master's ``child_exit`` hook runs for both workers exiting at once).
+kubelet stops a serving pod: with one worker, and with two (stopped several times over,
+both workers exiting at once).
 
 Every request sent before the signal is answered 200 with the probabilities a request
 answered before the stop gave: half of them still have part of their body unsent when
 the signal arrives (so they are certainly in flight), the other half were written to the
-socket just before it (gunicorn's own ``gthread`` worker reset those it had not read
-yet). Readiness turns false while the process is still up, it exits 0 within the bound,
-and its output has its start line and no traceback, Paddle ``FatalError`` or
-``ImportError``.
+socket just before it (uvicorn's own stop closes a connection whose request it has not
+read yet: the worker reads what was sent first). Readiness turns false while the process
+is still up, it exits 0 within the bound, and its output has its start line and no
+traceback, Paddle ``FatalError`` or ``ImportError``.
 
 Under keep-alive traffic (``requests.Session`` clients sending continuously through the
 SIGTERM, as the container resize test's client does) serving exits well before its
-graceful timeout: its workers, drained within a tick, used to spend seconds (under load:
-more than the whole 20 s, so the pods were SIGKILLed) in the interpreter's C-level
-finalization after their last answer.
+graceful timeout: its workers end at once after their last answer, skipping the
+interpreter's C-level finalization (seconds under load, beyond the grace at worst).
 """
 from __future__ import annotations
 

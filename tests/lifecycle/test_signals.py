@@ -1,25 +1,20 @@
-"""The two signal-handling defects behind serving's failed stops, each pinned down alone:
-
-- ``import paddle`` replaces the process's SIGTERM handler with Paddle's (which prints
-  ``FatalError: `Termination signal` is detected`` and kills the process);
-  ``runtime.inference.import_paddle`` keeps the process's own, from the main thread or
-  any other (and the root logger's level, which the import lowers to WARNING).
-- gunicorn's master runs ``child_exit`` inside its SIGCHLD handler: the hook must import
-  nothing (an import there, re-entered while the first was half done, raised
-  ``ImportError: cannot import name 'Gauge' from partially initialized module``) and must
-  never raise.
+"""The signal-handling defect behind serving's failed stops, pinned down alone: ``import
+paddle`` replaces the process's SIGTERM handler with Paddle's (which prints ``FatalError:
+`Termination signal` is detected`` and kills the process); ``runtime.inference.import_paddle``
+keeps the process's own, from the main thread or any other (and the root logger's level,
+which the import lowers to WARNING). And the supervisor's cleanup of a worker that exited:
+its live gauges dropped (Prometheus' multiprocess files), a cleanup that fails logged, not
+raised.
 """
 from __future__ import annotations
 
-import builtins
 import os
 import subprocess
 import sys
-from types import SimpleNamespace
+import time
 
 import pytest
 
-from runtime.serving.launcher import ServerHooks
 
 _PROBE = r"""
 import logging, os, signal, sys, threading, time
@@ -67,23 +62,34 @@ def test_plain_paddle_import_takes_sigterm():
     assert "FatalError" in out and "Termination signal" in out, out[-3000:]
 
 
-def test_child_exit_imports_nothing_and_never_raises(tmp_path, monkeypatch):
+def test_a_worker_exit_drops_its_gauges_and_a_failed_cleanup_is_logged(tmp_path, caplog):
     from prometheus_client import multiprocess
 
-    (tmp_path / "gauge_livesum_4242.db").write_bytes(b"")
-    (tmp_path / "gauge_livesum_4243.db").write_bytes(b"")
-    hooks = ServerHooks(str(tmp_path), 10, multiprocess.mark_process_dead)
+    from runtime.serving.launcher import Supervisor
 
-    def no_import(name, *args, **kwargs):
-        raise ImportError(f"import of {name} inside child_exit")
+    (tmp_path / "gauge_livesum_1.db").write_bytes(b"")  # another worker's
+    calls = []
 
-    monkeypatch.setattr(builtins, "__import__", no_import)
-    hooks.child_exit(None, SimpleNamespace(pid=4242))
-    monkeypatch.undo()
-    assert not (tmp_path / "gauge_livesum_4242.db").exists()
-    assert (tmp_path / "gauge_livesum_4243.db").exists()
+    def broken(pid):
+        calls.append(pid)
+        raise OSError(f"{tmp_path / 'gone'} is gone")
 
-    def broken(pid, path):
-        raise OSError(f"{path} is gone")
-
-    ServerHooks(str(tmp_path / "gone"), 10, broken).child_exit(None, SimpleNamespace(pid=1))  # logged, not raised
+    for on_exit in (lambda pid: multiprocess.mark_process_dead(pid, str(tmp_path)), broken):
+        sup = Supervisor(1, lambda index, started: 0, 1.0, on_exit)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(w)
+            os.read(r, 1)  # until its gauge file exists (the parent closes its end)
+            os._exit(0)
+        (tmp_path / f"gauge_livesum_{pid}.db").write_bytes(b"")
+        os.close(w)
+        sup.children[pid] = (0, r)
+        deadline = time.monotonic() + 10
+        while sup.children and time.monotonic() < deadline:
+            sup._reap()
+            time.sleep(0.01)
+        assert not sup.children
+        assert (tmp_path / f"gauge_livesum_{pid}.db").exists() == (on_exit is broken)
+        assert (tmp_path / "gauge_livesum_1.db").exists()
+    assert len(calls) == 1 and "cleanup after worker pid" in caplog.text

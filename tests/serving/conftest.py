@@ -9,7 +9,7 @@ from werkzeug.test import Client
 from runtime.formats import features
 from runtime.serving.ctr_model import CtrModel
 from runtime.serving.dataplane import DataPlane
-from runtime.serving.metrics import Metrics
+from runtime.serving.metrics import ServingMetrics
 from runtime.serving.model import VersionWatcher
 from runtime.serving.rest import create_app
 from tests.helpers import V1, V2, FakeCube, export_version, make_table, publish
@@ -28,7 +28,7 @@ def _rows(n: int, seed: int = 0) -> list[str]:
 def ctr_plane(watcher: VersionWatcher, cube, **kw) -> DataPlane:
     """A data plane serving the CTR model over ``watcher`` and ``cube`` (one client for
     every thread); ``kw`` go to ``CtrModel``."""
-    metrics = Metrics()
+    metrics = ServingMetrics()
     return DataPlane([CtrModel(watcher, lambda: cube, metrics=metrics, **kw)], metrics)
 
 

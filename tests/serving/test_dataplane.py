@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from runtime.serving.dataplane import DataPlane, Model
-from runtime.serving.metrics import Metrics
+from runtime.serving.metrics import ServingMetrics
 from runtime.serving.protocol import InferInput, InferOutput, InferRequest, InferResponse, NotFound
 
 
@@ -32,7 +32,7 @@ class Echo(Model):
 
 def test_finds_models_by_name_and_dispatches():
     a, b = Echo("a"), Echo("b", ok=False)
-    plane = DataPlane([a, b], Metrics())
+    plane = DataPlane([a, b], ServingMetrics())
     assert plane.default is a and plane.model("b") is b
     assert plane.model_metadata("b") == {"name": "b", "versions": ["7"]}
     req = InferRequest([InferInput("x", "FP32", [2], data=[1.0, 2.0])])
@@ -43,8 +43,7 @@ def test_finds_models_by_name_and_dispatches():
     assert plane.model_ready("a", "8") == (False, "model 'a' version '8' is not being served")
     b.ok = True
     assert plane.ready() == (True, "ready") and plane.model_ready("a", "7") == (True, "ready")
-    plane.draining = True
-    assert plane.ready() == (False, "shutting down")
-    with pytest.raises(NotFound, match="takes no raw rows"):
-        a.predict_lines(["1\t2"])
+    plane.draining = True  # the server stops: its readiness turns false, a model's is its own (KServe's)
+    assert plane.ready() == (False, "shutting down") and plane.model_ready("a") == (True, "ready")
+    assert a.routes() == {} and not hasattr(a, "predict_lines")  # raw rows are the CTR model's
     assert np.array_equal(plane.infer("b", None, req).outputs[0].data, [1.0, 2.0])

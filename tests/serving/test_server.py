@@ -347,73 +347,20 @@ def test_combiner_merges_concurrent_requests_and_splits_results():
     assert comb.active == 0 and not comb.pending
 
 
-def test_combiner_under_a_budget_never_waits_and_runs_alone():
-    """Under a wait budget (``runtime.bounded``) a request finding the slot taken raises
-    ``WouldBlock`` at once instead of queueing, and one that leads takes no queued request
-    into its batch, so what its run raises (``WouldBlock`` here) reaches only itself."""
-    from runtime import bounded
-
-    started, release, calls = threading.Event(), threading.Event(), []
-
-    def process(dense, fs):
-        calls.append(fs.shape[0])
-        if fs[0, 0] == 1:  # the batch a thread holds the slot with
-            started.set()
-            release.wait(10)
-        if bounded.bounded():
-            raise bounded.WouldBlock("would wait")
-        return fs[:, :1].astype(np.float32)
-
-    comb = Combiner(process, max_rows=64, max_active=1)
-    held = threading.Thread(target=comb.submit, args=(np.zeros((1, 13), np.float32), np.ones((1, 26), np.uint64)))
-    held.start()
-    assert started.wait(10)
-    t0 = time.monotonic()
-    with bounded.budget(5.0), pytest.raises(bounded.WouldBlock, match="every slot"):
-        comb.submit(np.zeros((1, 13), np.float32), np.full((1, 26), 2, np.uint64))
-    assert time.monotonic() - t0 < 1.0 and not comb.pending
-    out = {}
-    queued = threading.Thread(target=lambda: out.setdefault("q", comb.submit(
-        np.zeros((2, 13), np.float32), np.full((2, 26), 3, np.uint64))))
-    queued.start()
-    deadline = time.monotonic() + 5
-    while not comb.pending and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert len(comb.pending) == 1
-    release.set()
-    held.join(10)
-    queued.join(10)
-    assert out["q"].tolist() == [[3.0], [3.0]]
-    # a request may queue behind a lead between its taking the slot and its run collecting
-    # the queued ones: a lead under a budget leaves it queued, and passes it the lead
-    from runtime.serving.batching import _Job
-
-    lone = Combiner(process, max_rows=64, max_active=1)
-    me, other = _Job((np.zeros((1, 13), np.float32), np.full((1, 26), 5, np.uint64))), \
-        _Job((np.zeros((1, 13), np.float32), np.full((1, 26), 6, np.uint64)))
-    other.event = threading.Event()
-    lone.active, lone.pending = 1, [other]
-    calls.clear()
-    with bounded.budget(5.0):
-        lone._run(me, alone=True)
-    assert isinstance(me.error, bounded.WouldBlock) and other.error is None and calls == [1]
-    assert other.lead and other.event.is_set() and lone.active == 1  # the slot passed to it
-    lone._run(other)
-    assert other.result.tolist() == [[6.0]] and lone.active == 0
-
-
 def test_demo_client_over_http(served, env, tmp_path):
-    """The demo client against serving's HTTP server (``HttpServer``) over HTTP: every row scored once, the
+    """The demo client against serving's HTTP server (uvicorn) over HTTP: every row scored once, the
     AUC equals the offline AUC of the rows' served predictions, nothing failed; a
     malformed request body would count as failed (checked by summarize on errors)."""
+    from runtime.limits import ServerLimits
+    from runtime.serving.asgi import ServingApp
     from runtime.serving.client import encode_batches, load_rows, run_load, summarize
-    from runtime.serving.http_server import HttpServer
+    from tests.serving.server import ServingThread
 
     data = tmp_path / "test.txt"
     data.write_text("\n".join(env["lines"]) + "\n")
     rows = load_rows([str(data)])
     assert rows.fmt == "criteo" and len(rows.labels) == 64
-    with HttpServer(served["client"].application, threads=4) as st:
+    with ServingThread(ServingApp(served["client"].application, ServerLimits(), threads=4)) as st:
         for mode in ("features", "lines"):
             res = run_load(st.url, encode_batches(rows, 5, mode), rows.labels, concurrency=3)
             rep = summarize(res, rows.labels)

@@ -5,8 +5,8 @@ the status and the message naming what was wrong.
 
 The clients need protobuf >= 6, which Paddle 3.0 does not accept, so they run in their own
 venv (``.venv-tritonclient``, made by ``make install``): ``tritonclient_probe.py`` makes the
-calls there and prints what came back; serving runs here (REST on the project's web
-server, gRPC on its gRPC server, both over one data plane).
+calls there and prints what came back; serving runs here (REST on uvicorn as serving's
+workers serve it, gRPC on its gRPC server, both over one data plane).
 """
 from __future__ import annotations
 
@@ -20,11 +20,13 @@ import pytest
 
 from werkzeug.test import Client
 
+from runtime.limits import ServerLimits
+from runtime.serving.asgi import ServingApp
 from runtime.serving.grpc_server import GrpcServer
 from runtime.serving.rest import create_app
-from runtime.serving.http_server import HttpServer
 from tests.helpers import V1
 from tests.serving.conftest import ctr_plane
+from tests.serving.server import ServingThread
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("tritonclient_probe.py")
@@ -44,7 +46,7 @@ def probe(served, env, tmp_path):
                                 "feasigns": b.feasigns.tolist(), "lines": env["lines"]}))
     plane = ctr_plane(served["watcher"], served["cube"], max_batch=64)
     app = create_app(plane)
-    with HttpServer(app, threads=4) as http:
+    with ServingThread(ServingApp(app, ServerLimits(), threads=4)) as http:
         grpc_server = GrpcServer(plane, "127.0.0.1", 0, threads=4).start()
         try:
             predict = Client(app).post("/predict", json={"lines": env["lines"]}).json

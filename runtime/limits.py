@@ -1,0 +1,107 @@
+"""What a client may hold of an HTTP server, defined once: ``ServerLimits``, taken by the
+roles' waitress server (``runtime.webserver.WebServer``) and by serving's uvicorn workers
+(``runtime.serving.worker``), each applying every limit its server has (the docstring of
+each field says where it applies), and the answer to a request refused by the queue
+limit (``overloaded_message``); and what both stops share: the drain constants and
+``readable_now``.
+"""
+from __future__ import annotations
+
+import math
+import select
+from dataclasses import dataclass, fields
+
+#: seconds a stopping waitress server still accepts the connections already in its listen
+#: backlog (``WebServer``; serving's uvicorn workers stop accepting at once)
+ACCEPT_DRAIN_S = 2.0
+#: seconds a keep-alive connection must stay idle while a waitress server stops before it is
+#: closed: a client sending request after request sends its next one within this and is
+#: answered (with ``Connection: close``) instead of meeting a connection closed under it
+DRAIN_IDLE_S = 0.5
+
+
+def readable_now(sock) -> bool:
+    """True when ``sock`` has something to read now (data, a connection, EOF or an error);
+    ``poll``, not ``select``: any descriptor number."""
+    try:
+        p = select.poll()
+        p.register(sock, select.POLLIN)
+        return bool(p.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """The limits on clients of one HTTP server (units in the names).
+
+    Attributes:
+        header_timeout_s: s a request's head (request line and headers) may take to
+            arrive, from its first byte, before the connection is closed (slowloris).
+            waitress: ``WebServer``'s loop; serving: its uvicorn protocol
+            (``runtime.serving.worker``: uvicorn has no such timeout).
+        max_head_bytes: bytes of a request's head accepted; beyond, the request is
+            refused (waitress: 431; serving: 400) and the connection closed.
+        idle_timeout_s: s a connection may stay without sending anything before it is
+            closed: a new connection, a keep-alive connection between requests (uvicorn's
+            ``timeout_keep_alive``), a stalled body (serving: 408; waitress's
+            ``channel_timeout`` covers all three).
+        max_body_bytes: bytes of a request body accepted; a larger one is answered 413
+            (``Content-Length`` above it: before the body is read).
+        max_queue: work requests that may wait for a work thread; one more is answered at
+            once 503 with ``Retry-After: retry_after_s`` and a JSON ``{"error"}``
+            (``overloaded_message``). None: unbounded.
+        connection_limit: connections held open at once; beyond it new ones wait in the
+            listen backlog (waitress) or are answered 503 (uvicorn's ``limit_concurrency``,
+            which also counts requests in flight).
+        max_buffered_bytes: bytes of request bodies being received, over every
+            connection, held at most; a body that would go beyond is answered 503 and its
+            connection closed (many large uploads at once cannot exhaust the memory).
+            Serving only (waitress spools bodies above 512 KiB to temporary files). None:
+            4 x ``max_body_bytes``, within 256 MiB .. 1 GiB (``buffered_limit``).
+        shutdown_timeout_s: s a stop gives the requests in flight before the connections
+            still busy are closed (serving: ``--graceful-timeout``).
+        retry_after_s: s a refused client is asked to wait (``Retry-After``).
+
+    Raises ``ValueError`` naming the field for a negative, non-finite or zero (where at
+    least 1 is needed) value.
+    """
+
+    header_timeout_s: float = 10.0
+    max_head_bytes: int = 64 << 10
+    idle_timeout_s: float = 30.0
+    max_body_bytes: int = 1 << 40
+    max_queue: int | None = None
+    connection_limit: int = 1000
+    max_buffered_bytes: int | None = None
+    shutdown_timeout_s: float = 10.0
+    retry_after_s: int = 1
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name in ("max_queue", "max_buffered_bytes"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{f.name}: {value!r} is not a finite number")
+            if value < 0:
+                raise ValueError(f"{f.name}: {value} is negative")
+            if value == 0 and f.name in ("idle_timeout_s", "header_timeout_s", "max_head_bytes", "max_body_bytes",
+                                              "connection_limit"):
+                raise ValueError(f"{f.name}: 0, more is needed")
+        if self.max_buffered_bytes is not None and self.max_buffered_bytes < min(self.max_body_bytes, 1 << 30):
+            raise ValueError(f"max_buffered_bytes: {self.max_buffered_bytes} is below max_body_bytes "
+                             f"{self.max_body_bytes}: a request of the largest size allowed could never be received")
+
+    @property
+    def buffered_limit(self) -> int:
+        """``max_buffered_bytes``, or its default (its docstring)."""
+        if self.max_buffered_bytes is not None:
+            return self.max_buffered_bytes
+        return max(256 << 20, min(4 * self.max_body_bytes, 1 << 30))
+
+    def overloaded_message(self, method: str, path: str, waiting: int) -> str:
+        """The error of a work request refused because ``waiting`` (>= ``max_queue``)
+        requests already wait for a work thread."""
+        return (f"{method} {path}: overloaded, {waiting} requests are already waiting (queue limit "
+                f"{self.max_queue}); retry later")
