@@ -65,12 +65,12 @@ def import_paddle():
 
     Why: ``import paddle`` replaces the C-level handler of ``PADDLE_SIGNALS``
     (``sigaction``), under Python's: ``signal.getsignal`` still names the process's
-    handler, but a SIGTERM now runs Paddle's, which kills the process at once (a gunicorn
-    worker imports Paddle after installing its handlers, so its graceful stop never ran).
+    handler, but a SIGTERM now runs Paddle's, which kills the process at once (a serving
+    worker imports Paddle after installing its handlers, so its graceful stop would never run).
     What works: save each signal's ``struct sigaction`` before the import (libc's
     ``sigaction``, the bytes copied as they are) and put back afterwards SIGTERM's,
     whatever it was (a Python handler, or the default: termination without Paddle's
-    "FatalError"), and every other one that had a handler (gunicorn's SIGABRT, Python's
+    "FatalError"), and every other one that had a handler (a server's SIGABRT, Python's
     ``faulthandler``); where nothing had one (SIGSEGV usually), Paddle's crash report stays.
     This works from any thread, unlike ``signal.signal`` (main thread only), so a model
     first loaded by a background thread does not lose SIGTERM either. Where libc's
