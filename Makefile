@@ -43,10 +43,11 @@ constraints: $(BIN)/python
 demo: install
 	$(BIN)/elastic-ctr local $(DEMO_ARGS)
 
-## The test suite (unit, component, rendered manifests, local end-to-end).
+## The test suite (unit, component, rendered manifests, local end-to-end): the parallel phase
+## on TEST_WORKERS xdist workers, then the serial phase (scripts/run-tests.sh).
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+	PYTHON=$(BIN)/python TEST_WORKERS=$(TEST_WORKERS) bash scripts/run-tests.sh $(PYTEST_ARGS)
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -1,4 +1,4 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and how ``make test`` spreads the tests (scripts/run-tests.sh)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,6 +7,29 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
+TESTS = Path(__file__).resolve().parent
+
+#: test directories whose tests run in the serial phase, alone on the machine: the
+#: containers (one engine, whole-stack runs), the end-to-end pipelines and the SIGTERM
+#: drains, which another worker's load would slow past what they measure or wait for
+SERIAL_DIRS = frozenset({"containers", "e2e", "lifecycle"})
+#: directory -> xdist group: its tests run on one worker, one after another (a session
+#: server they share, or CPU-heavy parameter-server jobs that must not overlap each other)
+GROUPS = {"tracking": "mlflow", "trainer": "paddle-ps"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Marks ``serial`` the tests of ``SERIAL_DIRS`` and those marked ``containers``, and
+    puts the tests of a ``GROUPS`` directory in its xdist group (unless they name one)."""
+    for item in items:
+        try:
+            top = Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
+        except ValueError:  # a test outside tests/
+            continue
+        if top in SERIAL_DIRS or item.get_closest_marker("containers"):
+            item.add_marker(pytest.mark.serial)
+        if top in GROUPS and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(GROUPS[top]))
 
 
 @pytest.fixture
