@@ -166,10 +166,9 @@ def measure_floor(topology: str, root: str, vid: int, data: str, batches: list[i
     lookups by the client's Python path (``CubeClient(native=False)``, ``cube_python``),
     its peer. (a) and (b) each run in a loop of their own, which keeps their own data and
     code in the CPU's caches, and never waits: their sum (``parts``) can be well below what
-    a request pays for the two (at batch 256: 0.44 against 0.94 ms in one run; close in
-    another, 0.76 against 0.70). A request waits for the cube's replies, and other work
-    runs on its core meanwhile: a model run after a 0.3 ms sleep (no lookup; a scratch
-    timing) took 0.54-0.61 ms against 0.34-0.51 in a loop. So (c) is the floor. Puts ``{batch: {"model": ms, "cube":
+    a request pays for the two. A request waits for the cube's replies, and other work
+    runs on its core meanwhile, which costs the model run after it its warm caches. So
+    (c) is the floor. Puts ``{batch: {"model": ms, "cube":
     ms, "cube_python": ms, "floor": ms, "parts": ms, <transport>: ms}}`` on ``q``."""
     import io
 

@@ -78,9 +78,8 @@ def _scatter(n: int, dim: int, idx: dict[int, np.ndarray], out: dict[int, "_Outc
     found bool[n])``; ``idx[s]``: the rows (int64) of the batch's keys on shard ``s``
     (``shard_rows``), ``out[s]``: its reply (``values`` float32[len(idx[s]), dim]). Every row
     is some shard's, so nothing is zero-filled first. A row of ``dim`` floats is moved as
-    one item (a ``void`` view, ``np.put``): at 6656 keys over 2 shards 92 us against 173 us
-    for 2-D fancy indexing into zeros. Raises ``ValueError`` when a reply's shape does not
-    fit its rows."""
+    one item (a ``void`` view, ``np.put``), cheaper than 2-D fancy indexing into zeros.
+    Raises ``ValueError`` when a reply's shape does not fit its rows."""
     values = np.empty((n, dim), np.float32)
     found = np.empty(n, bool)
     row = np.dtype((np.void, 4 * dim))

@@ -36,8 +36,8 @@ FILE = "topology.json"
 
 def shard_of(keys: np.ndarray, shard_num: int) -> np.ndarray:
     """``keys: uint64[n]`` -> ``int64[n]``, each key's shard ``key % shard_num`` (taken as
-    ``key & (shard_num - 1)`` when ``shard_num`` is a power of two: the same value, and a
-    tenth of the CPU of numpy's 64-bit remainder, 3 against 29 us for 6656 keys).
+    ``key & (shard_num - 1)`` when ``shard_num`` is a power of two: the same value, far
+    cheaper than numpy's 64-bit remainder).
 
     Raises ``ValueError`` when ``shard_num < 1``."""
     if shard_num < 1:

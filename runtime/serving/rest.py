@@ -89,8 +89,8 @@ class RestApp:
 
         @functools.lru_cache(maxsize=1024)
         def route(method: str, path: str) -> tuple[str, dict]:
-            # cached: a few paths carry every request, and binding and matching cost 20-30 us each
-            # time; no rule matches on the host. ``values`` is shared between calls: read only.
+            # cached: a few paths carry every request, and binding and matching cost more than
+            # the lookup; no rule matches on the host. ``values`` is shared between calls: read only.
             return routes.bind("localhost", path_info=path).match(method=method)
 
         self._route = route

@@ -24,11 +24,9 @@ object per element; any other array (null, booleans, strings, nested arrays) bec
 values. A document simdjson does not take (``NaN`` literals, integers beyond 64 bits,
 duplicate keys, encodings other than UTF-8) is parsed again by the standard library's
 ``json``, whose reading and error messages are the reference: both readings give the same
-tensors and the same errors (``tests/serving/test_codec.py``). Answers are encoded with orjson (numbers as ``json`` writes their values).
-Measured (CPU per request, batch 256 of the benchmark's rows, interleaved with the
-``json`` codec this replaced): decoding and conversion to arrays 1.65 -> 0.45 ms (most of
-what is left: the dense input's nulls, read as JSON values), encoding 0.12 -> 0.01 ms; at
-batch 1, 20 -> 17 us and 6.7 -> 3.0 us.
+tensors and the same errors (``tests/serving/test_codec.py``). Answers are encoded with
+orjson (numbers as ``json`` writes their values). What the codec costs per request:
+``make bench-serving`` (docs/benchmarks.md).
 
 Missing values (``null``) in a large document's FP ``data`` arrays: simdjson copies only
 arrays of numbers into typed arrays, so the body is read once more with every ``null``
@@ -38,14 +36,9 @@ exact: the ``MISSING`` numbers found in FP data arrays are as many as the ``null
 tokens of the body (so every ``null`` was a missing value there, and no number sent was
 ``MISSING`` itself), and no other value, string or key of the document holds
 ``MISSING_TEXT`` (a ``null`` inside a string or elsewhere); otherwise, or on any error,
-the body is read as it was sent, as above.
-Measured: ``decode_rest_request`` then ``InferInput.array()`` of each input, 1000 times
-over one batch-256 body whose dense input is 10 % nulls (the benchmark's shape), CPU by
-``time.process_time``, 4 passes interleaved with the code before: median 0.87 -> 0.53 ms
-per request on this 2-core machine. Spelling ``null`` with as many bytes (``1e99`` for
-``-1.5e+308``) and finding it and ``[`` with numpy (``spell_nulls``,
-``_count_open_brackets``): 0.43 -> 0.35 ms (the same calls, 1000 times over 16 of the
-benchmark's batch-256 bodies, median of 5 passes interleaved with the code before).
+the body is read as it was sent, as above. ``null`` is spelled with as many bytes
+(``1e99``), so offsets in the body do not move, and it and ``[`` are found with numpy
+(``spell_nulls``, ``_count_open_brackets``).
 """
 from __future__ import annotations
 
@@ -235,8 +228,8 @@ def _loads(text: bytes, nulls: Optional[_Nulls] = None) -> tuple[Any, Optional[b
 
 
 def _count_open_brackets(text: bytes) -> int:
-    """How many ``[`` bytes ``text`` holds: numpy's compare and count (on the benchmark's
-    batch-256 body, 99 kB: 17 us, against 60 us for ``bytes.count``)."""
+    """How many ``[`` bytes ``text`` holds (numpy's compare and count, cheaper than
+    ``bytes.count`` on a large body)."""
     return int(np.count_nonzero(np.frombuffer(text, np.uint8) == _OPEN_BRACKET))
 
 
@@ -245,9 +238,7 @@ def spell_nulls(body: bytes) -> tuple[bytes, int]:
     (tokens, or inside strings and keys) written as ``MISSING_TEXT``; ``body`` itself
     when it has none. The same text as ``body.replace(b"null", b"1e99")`` (``null`` cannot
     overlap itself), found with numpy (the ``n`` bytes, then the three after each) and
-    written in place in a copy of the bytes, made ``bytes`` at the end (on the benchmark's
-    batch-256 body, 99 kB with 332 nulls: 69 us, against 129 us for ``bytes.replace`` with
-    the longer spelling before)."""
+    written in place in a copy of the bytes, made ``bytes`` at the end."""
     a = np.frombuffer(body, np.uint8)
     at = np.flatnonzero(a[:-3] == _NULL[0])  # (empty for a body shorter than 4 bytes)
     for j in (1, 2, 3):

@@ -5,10 +5,9 @@ Why: in async mode the brpc PS client (``BrpcPsClient``, PaddlePaddle
 push; a consumer thread wakes every ``pserver_async_push_{sparse,dense}_interval_ms``
 (10 ms) and sends only once ``pserver_push_{sparse,dense}_merge_limit`` (12) batches are
 queued, summing them into ONE push. The pserver's Adam rules then take one step for a
-dozen batches, and the test AUC drops (measured here at the demo's settings, 1 pserver x 2
-trainers, 200k rows, 2 passes: 0.874 with the defaults, 0.886 with the values below, the
-same as the per-batch loop this path replaced). With merge limits 0 and a 1 ms interval
-every batch is its own push, as in synchronous training; throughput was unchanged.
+dozen batches, and the test AUC drops (docs/training.md, ``--ps-mode async-merged``). With
+merge limits 0 and a 1 ms interval every batch is its own push, as in synchronous
+training.
 
 How: these are ``PD_DEFINE`` flags of ``paddle::distributed::paddle_flags`` in
 ``libpaddle.so``. ``paddle.set_flags`` refuses them ("cannot set its value through this
