@@ -50,6 +50,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
@@ -168,6 +169,8 @@ class Tracker:
 
     The run is created (or resumed) by the thread, so the constructor never waits on the
     server. ``run_id`` is None until then (and stays None while the server is down).
+    ``reachable``: None before the first request, then whether the last one got an answer
+    (``runtime.metrics.tracking`` exposes it with ``sent``, ``dropped`` and ``failures``).
     """
 
     def __init__(self, uri: str, run_name: str, experiment: Optional[str] = None,
@@ -184,6 +187,8 @@ class Tracker:
         self.dropped = 0
         self.sent = 0
         self.failures = 0
+        self.reachable: Optional[bool] = None
+        _LIVE.add(self)
         self._q: queue.Queue = queue.Queue(maxsize=queue_size)
         self._closing = threading.Event()
         self._warned = False
@@ -298,6 +303,7 @@ class Tracker:
                 self._send(pending)
             except Exception as exc:  # noqa: BLE001 - any failure of the server: warn, retry later
                 self.failures += 1
+                self.reachable = _refused(exc)
                 if _refused(exc):  # the server answered: this event can never be taken
                     log.warning("tracking %s: the server refused a %s event (%s); dropped", self.run_name,
                                 pending.kind, (str(exc).splitlines() or [""])[0][:200])
@@ -320,6 +326,7 @@ class Tracker:
                 continue
             self._q.task_done()
             self.sent += 1
+            self.reachable = True
             if pending.kind == "end":
                 return
             pending, backoff = None, BACKOFF_S
@@ -333,6 +340,15 @@ class Tracker:
                 return True
             time.sleep(0.05)
         return False
+
+
+_LIVE: "weakref.WeakSet[Tracker]" = weakref.WeakSet()
+
+
+def trackers() -> list["Tracker"]:
+    """The ``Tracker`` objects of this process that still exist (closed ones included until
+    they are collected)."""
+    return list(_LIVE)
 
 
 def _refused(exc: BaseException) -> bool:
