@@ -2,8 +2,8 @@
 transfer log to a tracking server), as Prometheus families read at scrape time:
 
 * ``elastic_ctr_tracking_reachable``: 1 when the last request to the server got an answer,
-  0 when it did not (the server down or unreachable); absent before any request (the
-  lowest over the process's clients);
+  0 when it did not (the server down or unreachable); NaN before any request or with
+  tracking off (the lowest over the process's clients);
 * ``elastic_ctr_tracking_events_sent_total``, ``elastic_ctr_tracking_events_dropped_total``
   (the queue was full, or still held events at close), ``elastic_ctr_tracking_failures_total``
   (requests that failed, each retried), summed over the process's clients.
@@ -16,23 +16,16 @@ from runtime.metrics import NAMESPACE
 class TrackingCollector:
     """A collector of the families above over ``runtime.tracking.trackers()``."""
 
-    def describe(self):
-        return list(self._families(describe=True))
-
     def collect(self):
-        return list(self._families())
-
-    def _families(self, describe: bool = False):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         from runtime import tracking
 
-        live = [] if describe else tracking.trackers()
+        live = tracking.trackers()
         ns = f"{NAMESPACE}_tracking"
         states = [t.reachable for t in live if t.reachable is not None]
-        if states or describe:
-            yield GaugeMetricFamily(f"{ns}_reachable", "1: the tracking server answered the last request; 0: it "
-                                    "did not", value=float(min(states)) if states else 0.0)
+        yield GaugeMetricFamily(f"{ns}_reachable", "1: the tracking server answered the last request; 0: it "
+                                "did not; NaN: no request yet", value=float(min(states)) if states else float("nan"))
         yield CounterMetricFamily(f"{ns}_events_sent", "events sent to the tracking server",
                                   value=sum(t.sent for t in live))
         yield CounterMetricFamily(f"{ns}_events_dropped", "events dropped (queue full, or left at close)",
