@@ -62,24 +62,25 @@ def log_demo(server: MlflowServer, state_dir: Path, start_hour: str, versions: l
     return rec
 
 
-def linger(args, group, server: Optional[MlflowServer], rec: Optional[dict]) -> None:
+def linger(args, group, server: Optional[MlflowServer], rec: Optional[dict], keep=()) -> None:
     """Prints the UI's and the run's addresses; when run from a terminal and without
-    ``--no-wait``, stops every other role and keeps the server up until Ctrl-C (or
-    SIGTERM); then returns. (Not from a terminal, e.g. a test or CI: stops at once.)"""
-    if server is None:
-        return
-    print(f"MLflow UI: {server.url}", flush=True)
-    if rec:
-        print(f"MLflow run: {server.run_url(rec['experiment_id'], rec['run_id'])} "
-              f"(charts: {server.metrics_url(rec['experiment_id'], rec['run_id'])})", flush=True)
-    if getattr(args, "no_wait", False) or not sys.stdin.isatty():  # no one at a terminal to press Ctrl-C
+    ``--no-wait``, stops every other role but ``keep`` (the run's Prometheus) and keeps the
+    server (and ``keep``) up until Ctrl-C (or SIGTERM); then returns. (Not from a terminal,
+    e.g. a test or CI: stops at once.)"""
+    stay = [r for r in ([server.role] if server is not None else []) + list(keep) if r is not None]
+    if server is not None:
+        print(f"MLflow UI: {server.url}", flush=True)
+        if rec:
+            print(f"MLflow run: {server.run_url(rec['experiment_id'], rec['run_id'])} "
+                  f"(charts: {server.metrics_url(rec['experiment_id'], rec['run_id'])})", flush=True)
+    if not stay or getattr(args, "no_wait", False) or not sys.stdin.isatty():  # no one at a terminal to press Ctrl-C
         return
     for r in list(group.roles):
-        if r is not server.role:
+        if all(r is not k for k in stay):
             group.stop(r)
-    print("the MLflow server stays up for browsing; Ctrl-C stops it", flush=True)
+    print(f"{', '.join(r.name for r in stay)} stay(s) up for browsing; Ctrl-C stops it", flush=True)
     try:
-        while server.role.proc.poll() is None:
+        while all(r.proc.poll() is None for r in stay):
             time.sleep(0.5)
     except KeyboardInterrupt:
-        print("\nstopping the MLflow server", flush=True)
+        print("\nstopping " + ", ".join(r.name for r in stay), flush=True)

@@ -89,7 +89,7 @@ class TrainerMetrics:
         self.exported_data_end = Gauge("exported_data_end_timestamp_seconds",
                                        "data time of the last version exported: the end of its last partition "
                                        "(unix s; NaN: none yet)", namespace=ns, subsystem=sub, registry=r)
-        for g in (self.trained_data_end, self.exported_data_end, self.loss):
+        for g in (self.trained_data_end, self.exported_data_end, self.exported_version, self.loss):
             g.set(float("nan"))
         self.table_rows = Gauge("table_rows", "sparse-table rows of each pserver at the last full save",
                                 ["pserver"], namespace=ns, subsystem="pserver", registry=r)

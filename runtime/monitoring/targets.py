@@ -1,16 +1,17 @@
 """Scrape targets of the local pipeline, as Prometheus file-based service discovery files
-(``file_sd_configs``): ``<dir>/<job>--<name>.json`` holding ``[{"targets": ["host:port"],
-"labels": {...}}]``, one file per process, written atomically when the process is started
-(a stopped process's target stays: Prometheus sees it down, as it would a lost pod). ``<job>`` is the role spec's name (``cube-server``,
-``serving``, ``trainer``...: the ``job`` label, as the stack's ServiceMonitors and
-PodMonitors set it) and the address comes from the spec's ``metrics`` port
-(``runtime.role_specs``).
+(``file_sd_configs``): ``<dir>/<job>--<name>.json`` holding ``[{"targets":
+["host:port"], "labels": {...}}]``, one file per process, written atomically when the
+process is started (a stopped process's target stays: Prometheus sees it down, as it would a lost pod). ``<job>`` is the
+role spec's name (``cube-server``, ``serving``, ``trainer``...: the ``job`` label, as the
+stack's ServiceMonitors and PodMonitors set it) and the address comes from the spec's
+``metrics`` port (``runtime.role_specs``).
 
 The directory is ``$ELASTIC_CTR_SCRAPE_DIR`` (``SCRAPE_DIR_ENV``): ``elastic-ctr local
 --prometheus`` sets it before it starts any role, so every launcher (the local cube, the
 local services, ``train --local-cluster``: its pservers and trainers) writes its
-processes' files there; unset, nothing is written. ``runtime.monitoring.server`` points
-one scrape job per role at ``<dir>/<job>--*.json``.
+processes' files there; unset, nothing is written. ``runtime.monitoring.server``'s one
+scrape job reads ``<dir>/*.json``; each target carries its ``job`` label (Prometheus keeps
+a ``job`` that service discovery gives).
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def register(spec: RoleSpec, name: str, labels: Optional[Mapping[str, str]] = No
         return None
     directory.mkdir(parents=True, exist_ok=True)
     path = target_file(directory, spec.name, name)
-    doc = [{"targets": [f"{host}:{spec.port(spec.metrics.port)}"], "labels": dict(labels or {})}]
+    doc = [{"targets": [f"{host}:{spec.port(spec.metrics.port)}"], "labels": {"job": spec.name, **(labels or {})}}]
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc))
     os.replace(tmp, path)  # Prometheus never reads half a file
