@@ -18,6 +18,7 @@ import pulumi_kubernetes as k8s
 
 from components import common
 from components.common import DeployContext
+from components.monitoring import scrape_target
 from components.tracking_server import tracking_env
 from runtime import role_specs
 
@@ -110,8 +111,11 @@ class CubeTransfer(pulumi.ComponentResource):
                     claim_name=pvc.metadata.apply(lambda m: m.name))),
              topo_vol, tmp_vol],
             parent=self, service_account=dep.service_account,
-            pod_annotations={"elastic-ctr.io/topology-sha256": args.topology_checksum},
+            pod_annotations={"elastic-ctr.io/topology-sha256": args.topology_checksum,
+                             **common.scrape_annotations(dep, spec)},
             depends_on=args.wait_for)
+        #: what Prometheus scrapes (``components.monitoring``)
+        self.scrape_targets = [scrape_target(spec, sel)]
         service = k8s.core.v1.Service(
             name,
             metadata=common.metadata(dep, name, lbls),

@@ -27,10 +27,13 @@ import pulumi_kubernetes as k8s
 
 from components import common
 from components.common import DeployContext
+from components.monitoring import scrape_target
 from components.tracking_server import tracking_env
 from runtime import role_specs
 
 GENERATED = "generated"
+#: the pod label naming a pod's task (pserver | trainer)
+TASK_LABEL = "elastic-ctr.io/task"
 DATA_DIR = "/data"
 #: where both tasks mount the ReadWriteMany claim ``<name>-shared`` (the sparse-table save)
 SHARED_DIR = "/shared"
@@ -178,6 +181,9 @@ class TrainingJob(pulumi.ComponentResource):
         )
         self.job_name = self.job.metadata.apply(lambda m: m["name"] if isinstance(m, dict) else m.name)
         self.min_available = pulumi.Output.from_input(args.pservers + args.trainers)
+        #: what Prometheus scrapes (``components.monitoring``): each task's pods (Volcano's, no Service of ours)
+        self.scrape_targets = [scrape_target(role_specs.ps_role(task), {**common.selector(lbls), TASK_LABEL: task},
+                                             kind="pod") for task in ("pserver", "trainer")]
         self.register_outputs({"job_name": self.job_name, "min_available": self.min_available,
                                "shared_claim": self.shared_claim})
 
@@ -234,7 +240,8 @@ class TrainingJob(pulumi.ComponentResource):
                 volume_mounts=[data_mount, tmp_mount],
             )]
         return k8s.core.v1.PodTemplateSpecArgs(
-            metadata=k8s.meta.v1.ObjectMetaArgs(labels={**lbls, "elastic-ctr.io/task": task}),
+            metadata=k8s.meta.v1.ObjectMetaArgs(labels={**lbls, TASK_LABEL: task},
+                                                annotations=common.scrape_annotations(dep, spec) or None),
             spec=k8s.core.v1.PodSpecArgs(
                 restart_policy="Never",  # failures are handled by the job's policies
                 security_context=common.pod_security(),

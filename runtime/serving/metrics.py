@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+#: serving's in-flight inference requests (the autoscaler's pods metric: components/serving.py)
+INFLIGHT = "elastic_ctr_serving_inflight_requests"
 #: histogram buckets of samples per request and per dense-model run
 _SAMPLES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
@@ -43,7 +45,7 @@ class ServingMetrics:
                               registry=r, **({"multiprocess_mode": "livemostrecent"} if self.multiproc else {}))
         self.data_end.set(float("nan"))
         # inference requests inside the model now (summed over the workers): the autoscaler's metric
-        self.inflight = Gauge("elastic_ctr_serving_inflight_requests", "inference requests in progress",
+        self.inflight = Gauge(INFLIGHT, "inference requests in progress",
                               registry=r, **({"multiprocess_mode": "livesum"} if self.multiproc else {}))
         self.request_samples = Histogram("elastic_ctr_serving_request_samples", "samples per inference request",
                                          registry=r, buckets=_SAMPLES)
