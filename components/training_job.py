@@ -77,7 +77,8 @@ class TrainingJobArgs:
             sparse-table save (text, gzip) at a time.
         scratch_size: size limit of each pod's ``/data`` emptyDir.
         tracking_uri / tracking_experiment: the trainers' ``MLFLOW_TRACKING_URI`` and
-            ``MLFLOW_EXPERIMENT_NAME`` (``runtime.tracking``); None = no tracking.
+            ``MLFLOW_EXPERIMENT_NAME``; tracking_job: the job's name (``ELASTIC_CTR_JOB``: the
+            runs' names and parent) (``runtime.tracking``); None = no tracking.
     """
 
     deployment: DeployContext
@@ -115,6 +116,7 @@ class TrainingJobArgs:
     scratch_size: pulumi.Input[str] = "10Gi"
     tracking_uri: Optional[pulumi.Input[str]] = None
     tracking_experiment: str = "elastic-ctr"
+    tracking_job: Optional[str] = None
 
 
 class TrainingJob(pulumi.ComponentResource):
@@ -209,7 +211,7 @@ class TrainingJob(pulumi.ComponentResource):
                     field_ref=k8s.core.v1.ObjectFieldSelectorArgs(field_path="status.podIP"))))
         env += common.base_env(dep=dep)
         if is_trainer:  # the trainers log to MLflow (runtime.tracking); pservers never do
-            env += tracking_env(args.tracking_uri, args.tracking_experiment)
+            env += tracking_env(args.tracking_uri, args.tracking_experiment, args.tracking_job)
         if is_trainer and args.upload_token_secret is not None:  # only trainer 0 uploads; pservers never see it
             env.append(common.token_env(args.upload_token_secret, args.upload_token_key))
         cpu, mem = ((args.trainer_cpu, args.trainer_memory) if is_trainer

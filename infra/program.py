@@ -27,6 +27,7 @@ from infra.config import PROJECT, REPO_ROOT, Secrets, StackConfig, load
 from infra.config_storage import annotations
 
 REGISTRY_SECRET = "registry-credentials"
+TRAINING_JOB = "ctr-train"
 
 
 def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any]:
@@ -87,9 +88,11 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         backend_store_uri=secrets.tracking.backend_store_uri,
         artifacts_destination=cfg.tracking_artifacts_destination or None)) if cfg.tracking_server else None
     track = {"tracking_uri": config_tracking.tracking_uri(cfg, tracker.url if tracker else None),
-             "tracking_experiment": cfg.tracking_experiment}
+             "tracking_experiment": cfg.tracking_experiment,
+             # one job's name for the trainers' runs and the transfer's (a child of the job's run)
+             "tracking_job": f"{instance}-{TRAINING_JOB}"}
 
-    training = TrainingJob("ctr-train", TrainingJobArgs(
+    training = TrainingJob(TRAINING_JOB, TrainingJobArgs(
         deployment=dep, image=images.trainer, queue=cfg.volcano_queue,
         pservers=cfg.pservers, trainers=cfg.trainers,
         pserver_cpu=cfg.pserver_cpu, pserver_memory=cfg.pserver_memory,

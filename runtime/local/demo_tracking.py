@@ -6,9 +6,10 @@ when the demo runs from a terminal (``--no-wait``, or no terminal on stdin: stop
 once, as the tests do; ``--no-tracking``: none of it).
 
 The demo's figures in the job's run (``runtime.tracking`` names; step = the partition
-index from the start hour, as the trainer's): ``served_auc_next`` at the scored hour's
-step (beside the trainer's ``auc_before`` of that hour), ``base_alone_auc`` and
-``true_logit_auc`` at the same step, ``rollout_seconds`` at the version's own step.
+index from the start hour, as the job's): ``served_auc_next`` at the scored hour's step
+(beside the trainer's ``auc_before`` of that hour), ``base_alone_auc`` and
+``true_logit_auc`` at the same step. Rollouts are the transfer's run's (a child of the
+job's run: the demo names the job to the transfer, ``$ELASTIC_CTR_JOB``).
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def log_demo(server: MlflowServer, state_dir: Path, start_hour: str, versions: l
     when the job's run is unknown (the server was down: warned by the trainer)."""
     from runtime import tracking
 
-    rfile = tracking.RunIdFile(str(state_dir), "trainer-0")
+    rfile = tracking.RunIdFile(str(state_dir), "job")
     rec = rfile.record()
     if not rec or rec.get("uri") != server.url:
         return None
@@ -57,7 +58,6 @@ def log_demo(server: MlflowServer, state_dir: Path, start_hour: str, versions: l
     for v, h, b, t in zip(versions, scored_hours, base_alone, true_logit):
         tr.log_metrics({"served_auc_next": v["served_auc_next"], "base_alone_auc": b, "true_logit_auc": t},
                        step=tracking.partition_step(start_hour, h))
-        tr.log_metrics({"rollout_seconds": v["rollout_s"]}, step=tracking.partition_step(start_hour, v["hour"]))
     tr.close(timeout_s=30)
     return rec
 

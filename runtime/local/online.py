@@ -156,6 +156,9 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
                       expect_exit=True)
     step(f"data: generating {H + 1} hourly partitions of {args.rows_per_hour} rows from {first} (drifting hour "
          "to hour); they land one by one while the job trains")
+    from runtime import tracking
+
+    os.environ[tracking.JOB_ENV] = tracking.job_name(start_hour=first)  # the transfer's run: the job's child
     server = demo_tracking.launch(args, run_dir, group)
     svc = start_services(args, run_dir, group)
     step(f"{'file server' if svc.fs_root else 'version root (no file server)'} {svc.root_url}; "

@@ -40,8 +40,11 @@ def run_local_ps(cfg: TrainConfig, pservers: int = 1, trainers: int = 2,
     *ports, gloo_port = proc.free_ports(pservers + 1)
     metrics_ports = proc.free_ports(pservers + trainers)
     endpoints = [f"127.0.0.1:{p}" for p in ports]
+    from runtime import tracking
+
     common = {**PADDLE_FLAGS, "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(endpoints), "PADDLE_TRAINERS_NUM": str(trainers),
-              "POD_IP": "127.0.0.1", "OMP_NUM_THREADS": "1", "CPU_NUM": "1"}
+              "POD_IP": "127.0.0.1", "OMP_NUM_THREADS": "1", "CPU_NUM": "1",
+              tracking.JOB_ENV: tracking.job_name(cfg)}  # one job name for every process (its runs)
     args = ["train"] + train_argv(cfg)
     log.info("local cluster: %d pserver(s) %s, %d trainer(s); logs in %s", pservers, endpoints, trainers, logs)
     with proc.ProcessGroup(logs) as group:

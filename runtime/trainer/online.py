@@ -72,7 +72,7 @@ from runtime.metrics.trainer import metrics as trainer_metrics, waiting_counter
 # an export entry of the state file is the result line's record (one definition)
 from runtime.formats.train_result import ExportResult as ExportRecord
 from runtime.formats.train_result import PartitionResult
-from runtime.trainer import publish
+from runtime.trainer import fedrows, publish
 from runtime.trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -314,7 +314,7 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
         worker.sync()
         records.append(rec)
         step = tracking.partition_step(cfg.start_hour, rec.hour)
-        tracking.log_partition(tr, step, rec, st.loss)
+        tr.partition(step, rec, st.loss, fedrows.total(worker, rec.rows), hour.location(cfg.data_root))
         m.partition_done(hour.next().start.timestamp(), rec.auc_before)
         since_export += 1
         hour = hour.next()
@@ -333,7 +333,7 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
             ver = _export_point(worker, cfg, state, hour, ckroot, last=last, landed=landed)
             if ver is not None:
                 rec.version = ver.id
-                tracking.log_version(tr, step, ver.model_dump(), tracking.published_model_meta(cfg.output, rec.version))
+                tr.version(step, ver.model_dump(), tracking.published_model_meta(cfg.output, rec.version))
     worker.budget.finish()
     # every partition is one pass over its rows (train_pass checks the count)
     examples = sum(r.rows for r in records)
@@ -367,8 +367,6 @@ def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: parti
     decides which and every trainer follows (``fedrows.agree``). Trainer 0 keeps them in
     ``--state-dir/exports/<id>/`` (``ROWS``) until the export is committed, so that a
     restart publishes a pending export with the same rows."""
-    from runtime.trainer import fedrows
-
     is_base = bool(fedrows.agree(worker, int(state.base_id is None or state.since_base >= cfg.base_every
                                                  or state.base_due is not None)))
     t0 = time.monotonic()

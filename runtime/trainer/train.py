@@ -92,8 +92,7 @@ def _run_batch(worker, cfg: TrainConfig, train_files: list[str], test_files: lis
             a, _ = worker.evaluate(test)
             aucs.append(a)
             log.info("%s pass %d/%d: test auc %.5f (%d rows)", worker.who, epoch + 1, cfg.epochs, a, len(test))
-        tr.log_metrics({"train_auc": st.train_auc, "loss": tracking.finite(st.loss), "test_auc": a,
-                        "examples_per_s": st.examples_per_s, "seconds": st.seconds}, step=epoch)
+        tr.training_pass(epoch, st, a)
     ds.release_memory()
     worker.budget.finish()
     examples = sum(p.examples for p in passes)
@@ -117,11 +116,10 @@ def _run_batch(worker, cfg: TrainConfig, train_files: list[str], test_files: lis
             from runtime.metrics.trainer import metrics
 
             metrics().export_done("base", rec["export_seconds"], int(len(keys)), ver.id, None)
-            tracking.log_version(tr, None, {"id": ver.id, "kind": "base", "base": ver.id, "hour": None,
-                                            "rows": int(len(keys)), "seconds": rec["export_seconds"]},
-                                 tracking.published_model_meta(cfg.output, ver.id))
-    tr.log_metrics({k: rec[k] for k in ("examples", "load_seconds", "train_seconds", "examples_per_s",
-                                        "examples_per_s_with_load")})
+            tr.version(None, {"id": ver.id, "kind": "base", "base": ver.id, "hour": None, "rows": int(len(keys)),
+                              "seconds": rec["export_seconds"]}, tracking.published_model_meta(cfg.output, ver.id))
+    tr.totals({k: rec[k] for k in ("examples", "load_seconds", "train_seconds", "examples_per_s",
+                                   "examples_per_s_with_load")})
     return rec
 
 

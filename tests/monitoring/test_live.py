@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from runtime import proc
+from runtime import proc, tracking
 from runtime.cli import build_parser
 from runtime.formats import donefile
 from runtime.monitoring import dashboards, rules
@@ -120,7 +120,9 @@ def test_prometheus_scrapes_the_live_pipeline_and_the_freshness_alert_fires(tmp_
         "local", "--hours", "3", "--rows-per-hour", "12000", "--eval-rows", "2000", "--latency-requests", "200",
         "--rollout-rate", "100", "--no-tracking", "--no-wait", "--prometheus", "--start-hour", "now",
         "--run-dir", str(run_dir)])
-    monkeypatch.setenv(SCRAPE_DIR_ENV, str(run_dir / "prometheus" / "targets"))  # restored after the test
+    # the variables the run sets for its roles, restored after the test
+    monkeypatch.setenv(SCRAPE_DIR_ENV, str(run_dir / "prometheus" / "targets"))
+    monkeypatch.setenv(tracking.JOB_ENV, "live-monitoring-test")
     run_dir.mkdir(parents=True)
     with proc.ProcessGroup(run_dir / "logs", grace_s=5.0) as group:
         prom = local_prometheus.launch(args, run_dir, group)

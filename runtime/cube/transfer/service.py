@@ -294,7 +294,8 @@ class Transfer:
         self._emit(events)
         from runtime import tracking
 
-        tracking.log_rollout(self.tracker, v, plan.mode, total, phases)
+        tracking.log_rollout(self.tracker, v, plan.mode, total, phases,
+                             now - rec.landed if rec is not None and rec.landed is not None else None)
         self.builder.cleanup(keep_relayout=self.state.relayout is not None)
         return entry.to_json()
 
