@@ -18,9 +18,10 @@
    offline, by the base alone (its dense model and SequenceFiles);
 6. a chart of the AUC per hour and the rollout seconds per version
    (``runtime.local.plot``), the job's run in a local MLflow server
-   (``runtime.local.demo_tracking``, unless ``--no-tracking``), a summary table per
-   version (kind, sparse rows, rollout seconds, the trainer's and the served AUC on the
-   next hour) and the line
+   (``runtime.local.demo_tracking``, unless ``--no-tracking``), with ``--prometheus`` the
+   chart of the served data's age and the AUC from the run's Prometheus
+   (``runtime.local.prometheus``), a summary table per version (kind, sparse rows,
+   rollout seconds, the trainer's and the served AUC on the next hour) and the line
    ``demo: versions=<n> auc=<served next-hour AUC of the last version> failed_requests=<n>
    qps=<x> p99_ms=<y> patches=<n>``.
 """
