@@ -138,10 +138,11 @@ class JobTracking:
         """A batch trainer's totals (examples, seconds, rates) in its run, without a step."""
         self.trainer.log_metrics(figures)
 
-    def close(self, status: str = "FINISHED") -> None:
-        """Ends both runs (``Tracker.close``)."""
-        self.trainer.close(status=status)
-        self.job.close(status=status)
+    def close(self, status: str = "FINISHED", timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Ends both runs (``Tracker.close``), waiting at most ``timeout_s`` for both together."""
+        deadline = time.monotonic() + timeout_s
+        self.trainer.close(timeout_s=timeout_s, status=status)
+        self.job.close(timeout_s=max(0.1, deadline - time.monotonic()), status=status)
 
 
 def start_training(cfg, job: Mapping[str, Any], uri: Optional[str] = None) -> JobTracking:

@@ -279,9 +279,10 @@ class Tracker:
         self._client, self.run_id = client, run_id
 
     def _parent(self, client, exp_id: str) -> Optional[str]:
-        """The run id of the job ``parent_job`` (its run tagged ``ROLE_TAG`` job); raises
-        ``_ParentPending`` while it does not exist yet and ``PARENT_WAIT_S`` has not passed,
-        then None (warned)."""
+        """The run id of the job ``parent_job`` (``parent_id()``, else the newest run tagged
+        ``ROLE_TAG`` job and ``JOB_TAG`` the job); raises ``_ParentPending`` while it does
+        not exist yet, ``PARENT_WAIT_S`` has not passed and the tracker is not closing; then
+        None (warned)."""
         job = self.parent_job.replace("'", "")
         if self.parent_id is not None:
             found_id = self.parent_id()
@@ -294,8 +295,8 @@ class Tracker:
                                        order_by=["attributes.start_time DESC"])
             if found:
                 return found[0].info.run_id
-        if time.monotonic() - self._born < PARENT_WAIT_S:
-            raise _ParentPending(job)
+        if time.monotonic() - self._born < PARENT_WAIT_S and not self._closing.is_set():
+            raise _ParentPending(job)  # closing: no more waiting, the run is made now
         log.warning("tracking %s: no run of job %s after %.0f s; the run has no parent", self.run_name, job,
                     PARENT_WAIT_S)
         return None

@@ -247,3 +247,17 @@ def test_server_stopped_mid_job_same_model_and_a_warning(hours4, tmp_path):
     assert [c[0] for c in got] == [c[0] for c in ref] == ["base", "patch", "patch"]
     for (_, _, rk, rv), (_, _, gk, gv) in zip(ref, got):
         assert np.array_equal(rk, gk) and np.array_equal(rv.view(np.uint32), gv.view(np.uint32))
+
+
+def test_a_child_whose_parent_never_comes_is_made_alone_at_close(mlflow_server):
+    """Closing stops the wait for a parent: the run is made without one, its events sent,
+    within the close's timeout (no busy loop meanwhile)."""
+    child = tracking.Tracker(mlflow_server.url, "orphan", tags={tracking.ROLE_TAG: "trainer"},
+                             parent_job=f"never-{time.time_ns()}")
+    child.log_metrics({"train_auc": 0.7}, step=0)
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    assert child.close(timeout_s=10) == 0
+    assert time.monotonic() - t0 < 10 and child.run_id
+    run = _client(mlflow_server).get_run(child.run_id)
+    assert "mlflow.parentRunId" not in run.data.tags and run.data.metrics["train_auc"] == pytest.approx(0.7)
