@@ -47,8 +47,9 @@ HEALTHZ, READYZ = "/healthz", "/readyz"
 V2_LIVE, V2_READY = "/v2/health/live", "/v2/health/ready"
 #: where every role of the pipeline answers Prometheus' scrape (its text exposition format)
 METRICS_PATH = "/metrics"
-#: the training processes' metrics port (``runtime.metrics.trainer``; 0 or unset: none)
-METRICS_PORT_ENV = "ELASTIC_CTR_METRICS_PORT"
+#: the training processes' metrics port (``runtime.metrics.trainer``; 0 or unset: none) and
+#: the address it listens on (unset: every address, as in a pod)
+METRICS_PORT_ENV, METRICS_HOST_ENV = "ELASTIC_CTR_METRICS_PORT", "ELASTIC_CTR_METRICS_HOST"
 
 
 @dataclass(frozen=True)
@@ -205,12 +206,14 @@ def tracking_server(host: str = ANY_HOST, port: Optional[int] = None, workers: i
 
 
 def ps_role(task: str, paddle_port: Optional[int] = None, gloo_port: Optional[int] = None,
-            args: Sequence[Any] = (), metrics_port: Optional[int] = None) -> RoleSpec:
+            args: Sequence[Any] = (), metrics_port: Optional[int] = None,
+            metrics_host: Optional[str] = None) -> RoleSpec:
     """A training process, ``task`` ``pserver`` or ``trainer``, running ``elastic-ctr``
     ``args`` (``train ...``: ``runtime.trainer.config.train_argv``) with the environment
     contract's fixed part (``TRAINING_ROLE``, ``PADDLE_PORT``, ``PADDLE_GLOO_PORT``;
     ``runtime.trainer.roles`` derives the rest) and its metrics port
-    (``METRICS_PORT_ENV``: ``runtime.metrics.trainer`` serves ``/metrics`` there). A pserver
+    (``METRICS_PORT_ENV``: ``runtime.metrics.trainer`` serves ``/metrics`` there, on
+    ``metrics_host`` when given: ``METRICS_HOST_ENV``). A pserver
     is probed by a TCP connect on ``paddle``; a trainer, which completes, is not. Raises
     ``ValueError`` for another task."""
     if task not in ("pserver", "trainer"):
@@ -219,7 +222,7 @@ def ps_role(task: str, paddle_port: Optional[int] = None, gloo_port: Optional[in
     gloo = int(gloo_port or PORTS["pserver"]["gloo"])
     ports = _ports(task, paddle=paddle, gloo=gloo, metrics=metrics_port)
     env = (("TRAINING_ROLE", task.upper()), ("PADDLE_PORT", str(paddle)), ("PADDLE_GLOO_PORT", str(gloo)),
-           (METRICS_PORT_ENV, str(dict(ports)["metrics"])))
+           (METRICS_PORT_ENV, str(dict(ports)["metrics"]))) + (((METRICS_HOST_ENV, metrics_host),) if metrics_host else ())
     probe = Probe("paddle") if task == "pserver" else None
     return RoleSpec(task, tuple(args), ports, readiness=probe, liveness=probe, env=env,
                     metrics=Probe("metrics", METRICS_PATH))

@@ -20,8 +20,8 @@ def add_arguments(p) -> None:
     """``--prometheus`` and ``--freshness-slo``."""
     p.add_argument("--prometheus", action="store_true",
                    help="run a Prometheus on 127.0.0.1 that scrapes every role and evaluates the stack's alert rules; "
-                        "its URL is printed, and the run ends with a chart of the served data's age and the AUC drawn "
-                        "from its query API (needs Debian's prometheus package: make install)")
+                        "its URL is printed, and an online run ends with a chart of the served data's age and the AUC "
+                        "drawn from its query API (needs Debian's prometheus package: make install)")
     p.add_argument("--freshness-slo", type=float, default=Thresholds().freshness_slo_s, metavar="SECONDS",
                    help="with --prometheus: the served-data-age SLO of the freshness alert (default %(default)g)")
 

@@ -4,7 +4,8 @@ process beside it, since ``fleet.run_server()`` holds the GIL for good and no th
 pserver itself ever answers a scrape).
 
 The port is ``$ELASTIC_CTR_METRICS_PORT`` (``runtime.role_specs.METRICS_PORT_ENV``: the pods'
-``metrics`` port, a free one per local process); unset or 0: no endpoint, and the metrics
+``metrics`` port, a free one per local process, on 127.0.0.1 there:
+``$ELASTIC_CTR_METRICS_HOST``); unset or 0: no endpoint, and the metrics
 are still kept (cheap) so the code paths are the same.
 
 Families (``elastic_ctr_trainer_*``; "trainer 0" ones are set by the chief only):
@@ -189,10 +190,18 @@ def metrics_port() -> int:
     return int(raw)
 
 
-def serve_from_env(host: str = "0.0.0.0"):
-    """Serves this trainer's metrics on ``host:$ELASTIC_CTR_METRICS_PORT`` (a daemon thread,
-    prometheus_client's server); returns the server, or None when no port is set."""
-    port = metrics_port()
+def metrics_host() -> str:
+    """``$ELASTIC_CTR_METRICS_HOST``, default every address (``0.0.0.0``, a pod's)."""
+    from runtime.role_specs import ANY_HOST, METRICS_HOST_ENV
+
+    return os.environ.get(METRICS_HOST_ENV, "").strip() or ANY_HOST
+
+
+def serve_from_env():
+    """Serves this trainer's metrics on ``$ELASTIC_CTR_METRICS_HOST:$ELASTIC_CTR_METRICS_PORT``
+    (a daemon thread, prometheus_client's server); returns the server, or None when no port
+    is set."""
+    port, host = metrics_port(), metrics_host()
     if not port:
         return None
     from prometheus_client import start_http_server
@@ -202,11 +211,11 @@ def serve_from_env(host: str = "0.0.0.0"):
     return server
 
 
-def pserver_exporter(host: str = "0.0.0.0") -> Optional[subprocess.Popen]:
+def pserver_exporter() -> Optional[subprocess.Popen]:
     """Starts the exporter of this pserver process (``python -m runtime.metrics.trainer
-    --pid <this pid>``) on ``$ELASTIC_CTR_METRICS_PORT``; it exits once this process is gone.
-    Returns it, or None when no port is set."""
-    port = metrics_port()
+    --pid <this pid>``) on ``$ELASTIC_CTR_METRICS_HOST:$ELASTIC_CTR_METRICS_PORT``; it exits
+    once this process is gone. Returns it, or None when no port is set."""
+    port, host = metrics_port(), metrics_host()
     if not port:
         return None
     return subprocess.Popen([sys.executable, "-m", "runtime.metrics.trainer", "--pid", str(os.getpid()),

@@ -50,12 +50,14 @@ def run_local_ps(cfg: TrainConfig, pservers: int = 1, trainers: int = 2,
     with proc.ProcessGroup(logs) as group:
         ps_roles = []
         for i, p in enumerate(ports):
-            spec = role_specs.ps_role("pserver", p, gloo_port, args, metrics_port=metrics_ports[i])
+            spec = role_specs.ps_role("pserver", p, gloo_port, args, metrics_port=metrics_ports[i],
+                                      metrics_host=role_specs.LOOPBACK)
             ps_roles.append(group.start(f"pserver-{i}", spec.argv(), env={**common, **dict(spec.env)}))
             targets.register(spec, f"pserver-{i}", {"pserver": str(i)})
         tr_roles = []
         for i in range(trainers):  # a trainer's PADDLE_PORT is the pservers' (the endpoints are given)
-            spec = role_specs.ps_role("trainer", ports[0], gloo_port, args, metrics_port=metrics_ports[pservers + i])
+            spec = role_specs.ps_role("trainer", ports[0], gloo_port, args, metrics_port=metrics_ports[pservers + i],
+                                      metrics_host=role_specs.LOOPBACK)
             tr_roles.append(group.start(f"trainer-{i}", spec.argv(),
                                         env={**common, **dict(spec.env), "PADDLE_TRAINER_ID": str(i)},
                                         expect_exit=True))
