@@ -44,9 +44,16 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from runtime.tracking_client import (CLOSE_TIMEOUT_S, COMMIT_TAG, DEFAULT_EXPERIMENT, EXPERIMENT_ENV,  # noqa: F401
-                                     JOB_TAG, ROLE_TAG, URI_ENV, NullTracker, RunIdFile, Tracker,
-                                     experiment_name, start, trackers, tracking_uri)
+from runtime.tracking_client import (CLOSE_TIMEOUT_S, COMMIT_TAG, DEFAULT_EXPERIMENT, EXPERIMENT_ENV, JOB_TAG,
+                                     ROLE_TAG, URI_ENV, NullTracker, RunIdFile, Tracker, experiment_name, start,
+                                     trackers, tracking_uri)
+
+#: the client's names are used through this module (the pipeline's one tracking module)
+__all__ = ["CLOSE_TIMEOUT_S", "COMMIT_TAG", "DEFAULT_EXPERIMENT", "EXPERIMENT_ENV", "JOB_TAG", "ROLE_TAG", "URI_ENV",
+           "NullTracker", "RunIdFile", "Tracker", "experiment_name", "start", "trackers", "tracking_uri",
+           "JOB_ENV", "COMMIT_ENV", "JOB_METRICS", "TRAINER_METRICS", "EXPORT_METRICS", "TRANSFER_METRICS",
+           "job_name", "code_version", "JobTracking", "start_training", "partition_step", "finite",
+           "published_model_meta", "start_transfer", "version_kind", "log_rollout"]
 
 log = logging.getLogger(__name__)
 
