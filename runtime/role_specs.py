@@ -48,7 +48,8 @@ V2_LIVE, V2_READY = "/v2/health/live", "/v2/health/ready"
 #: where every role of the pipeline answers Prometheus' scrape (its text exposition format)
 METRICS_PATH = "/metrics"
 #: the training processes' metrics port (``runtime.metrics.trainer``; 0 or unset: none) and
-#: the address it listens on (unset: every address, as in a pod)
+#: the address it listens on (a pod's every address; a local process's 127.0.0.1: given in
+#: the environment, as every other role's bind address is given in its arguments)
 METRICS_PORT_ENV, METRICS_HOST_ENV = "ELASTIC_CTR_METRICS_PORT", "ELASTIC_CTR_METRICS_HOST"
 
 
@@ -213,7 +214,7 @@ def ps_role(task: str, paddle_port: Optional[int] = None, gloo_port: Optional[in
     contract's fixed part (``TRAINING_ROLE``, ``PADDLE_PORT``, ``PADDLE_GLOO_PORT``;
     ``runtime.trainer.roles`` derives the rest) and its metrics port
     (``METRICS_PORT_ENV``: ``runtime.metrics.trainer`` serves ``/metrics`` there, on
-    ``metrics_host`` when given: ``METRICS_HOST_ENV``). A pserver
+    ``metrics_host``, default every address: ``METRICS_HOST_ENV``). A pserver
     is probed by a TCP connect on ``paddle``; a trainer, which completes, is not. Raises
     ``ValueError`` for another task."""
     if task not in ("pserver", "trainer"):
@@ -222,7 +223,7 @@ def ps_role(task: str, paddle_port: Optional[int] = None, gloo_port: Optional[in
     gloo = int(gloo_port or PORTS["pserver"]["gloo"])
     ports = _ports(task, paddle=paddle, gloo=gloo, metrics=metrics_port)
     env = (("TRAINING_ROLE", task.upper()), ("PADDLE_PORT", str(paddle)), ("PADDLE_GLOO_PORT", str(gloo)),
-           (METRICS_PORT_ENV, str(dict(ports)["metrics"]))) + (((METRICS_HOST_ENV, metrics_host),) if metrics_host else ())
+           (METRICS_PORT_ENV, str(dict(ports)["metrics"])), (METRICS_HOST_ENV, metrics_host or ANY_HOST))
     probe = Probe("paddle") if task == "pserver" else None
     return RoleSpec(task, tuple(args), ports, readiness=probe, liveness=probe, env=env,
                     metrics=Probe("metrics", METRICS_PATH))

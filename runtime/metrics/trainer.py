@@ -200,13 +200,17 @@ def metrics_host() -> str:
 def serve_from_env():
     """Serves this trainer's metrics on ``$ELASTIC_CTR_METRICS_HOST:$ELASTIC_CTR_METRICS_PORT``
     (a daemon thread, prometheus_client's server); returns the server, or None when no port
-    is set."""
+    is set or it cannot be bound (warned: metrics never stop training)."""
     port, host = metrics_port(), metrics_host()
     if not port:
         return None
     from prometheus_client import start_http_server
 
-    server, _ = start_http_server(port, host, registry=metrics().registry)
+    try:
+        server, _ = start_http_server(port, host, registry=metrics().registry)
+    except OSError as exc:  # metrics never stop training: said once, the job goes on
+        log.warning("trainer metrics: cannot listen on %s:%d (%s); no /metrics for this process", host, port, exc)
+        return None
     log.info("trainer metrics on http://%s:%d/metrics", host, port)
     return server
 

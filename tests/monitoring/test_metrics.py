@@ -132,3 +132,23 @@ def test_scrape_targets_are_written_from_role_specs(tmp_path, monkeypatch):
     targets.unregister(path)
     assert not path.exists()
     assert not list(tmp_path.iterdir())
+
+
+def test_a_trainer_whose_metrics_port_is_taken_trains_on_without_metrics(monkeypatch, caplog):
+    import socket
+
+    from runtime.metrics import trainer
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        monkeypatch.setenv(role_specs.METRICS_PORT_ENV, str(taken.getsockname()[1]))
+        monkeypatch.setenv(role_specs.METRICS_HOST_ENV, "127.0.0.1")
+        assert trainer.serve_from_env() is None
+        assert "cannot listen on 127.0.0.1" in caplog.text
+        monkeypatch.setenv(role_specs.METRICS_PORT_ENV, "http")
+        with pytest.raises(ValueError, match="ELASTIC_CTR_METRICS_PORT: 'http' is not a port number"):
+            trainer.metrics_port()
+    finally:
+        taken.close()
