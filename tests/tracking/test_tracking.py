@@ -223,23 +223,26 @@ def test_server_stopped_mid_job_same_model_and_a_warning(hours4, tmp_path):
                         START, "--end-hour", "20261120/02", "--state-dir", str(state), "--output", str(out),
                         "--base-every", "3", "--poll-s", "0.2", "--threads", "1", "--tracking-uri", server.url],
                        tmp_path)
-        p.wait_for("waiting for partition 20261120/01")
-        c = _client(server)
-        rid = None
-        deadline = time.monotonic() + 60
-        while rid is None and time.monotonic() < deadline:
-            rid = tracking.RunIdFile(str(state), "trainer-0").read(server.url)
-            time.sleep(0.2)
-        deadline = time.monotonic() + 60
-        while not _history(c, rid, "train_auc") and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert 0 in _history(c, rid, "train_auc")
-        server.stop()
-        t0 = time.monotonic()
-        for h in ("01", "02"):
-            partitions.mark_complete(late / "20261120" / h)
-        assert p.wait() == 0
-        wall = time.monotonic() - t0
+        try:
+            p.wait_for("waiting for partition 20261120/01")
+            c = _client(server)
+            rid = None
+            deadline = time.monotonic() + 60
+            while rid is None and time.monotonic() < deadline:
+                rid = tracking.RunIdFile(str(state), "trainer-0").read(server.url)
+                time.sleep(0.2)
+            deadline = time.monotonic() + 60
+            while not _history(c, rid, "train_auc") and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert 0 in _history(c, rid, "train_auc"), p.text()[-3000:]
+            server.stop()
+            t0 = time.monotonic()
+            for h in ("01", "02"):
+                partitions.mark_complete(late / "20261120" / h)
+            assert p.wait() == 0
+            wall = time.monotonic() - t0
+        finally:
+            p.stop()
     text = p.text()
     assert "tracking" in text and "failed" in text and "dropped" in text
     assert wall < 120
