@@ -81,6 +81,9 @@ RUN apt-get update \
 FROM runtime AS cube
 COPY --from=build-cube /opt/venv /opt/venv
 USER 10001:10001
+# the code's version, for the MLflow runs (runtime/tracking.py); last: a new commit changes this layer only
+ARG GIT_COMMIT=""
+ENV ELASTIC_CTR_GIT_COMMIT=$GIT_COMMIT
 
 FROM paddle-runtime AS serving
 COPY --from=build-serving /opt/venv /opt/venv
@@ -89,6 +92,8 @@ USER 10001:10001
 FROM paddle-runtime AS trainer
 COPY --from=build-trainer /opt/venv /opt/venv
 USER 10001:10001
+ARG GIT_COMMIT=""
+ENV ELASTIC_CTR_GIT_COMMIT=$GIT_COMMIT
 
 FROM runtime AS tracking
 COPY --from=build-tracking /opt/venv /opt/venv

@@ -10,7 +10,7 @@ TRITON_VENV ?= .venv-tritonclient
 KSERVE_VENV ?= .venv-kserve
 PYTEST_ARGS ?=
 
-.PHONY: install browser constraints demo test test-fast docs bench-train bench-cube bench-rollout bench-serving bench-serving-peers bench-storage bench-tracking bench-online bench render golden pulumi-yaml clean
+.PHONY: install browser prometheus constraints demo test test-fast docs bench-train bench-cube bench-rollout bench-serving bench-serving-peers bench-storage bench-tracking bench-metrics bench-online bench render golden pulumi-yaml clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,12 @@ $(TRITON_VENV)/.installed: requirements/tritonclient.txt
 browser:
 	bash scripts/install-browser.sh
 
-install: $(STAMP) $(TRITON_VENV)/.installed browser
+## Prometheus and promtool (Debian's `prometheus` package): the alert rules' unit tests, the
+## live monitoring test and `make demo DEMO_ARGS=--prometheus` (scripts/install-prometheus.sh).
+prometheus:
+	bash scripts/install-prometheus.sh
+
+install: $(STAMP) $(TRITON_VENV)/.installed browser prometheus
 
 ## Re-pins requirements/constraints.txt to what .venv holds (after changing a range).
 constraints: $(BIN)/python
@@ -84,6 +89,10 @@ bench-serving-peers: install $(KSERVE_VENV)/.installed
 
 bench-tracking: install
 	$(BIN)/python bench/bench_tracking.py
+
+## What serving's per-request metric updates and a cube server's scrape cost (bench/bench_metrics.py).
+bench-metrics: install
+	$(BIN)/python bench/bench_metrics.py
 
 ## The online loop at production shape (bench/bench_online.py). BENCH_ONLINE_ARGS="--table-scale 0.2": a 5x
 ## smaller table; "--hours 2 --rows-per-hour 200000": a quick try; "--rollout-check": patches on a 10M-key base.

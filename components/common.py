@@ -35,6 +35,8 @@ class DeployContext:
         store_env: environment of the containers that reach an object store (endpoint,
             region, access keys through secretKeyRef; ``ObjectStoreAccess.env``).
         service_account: the ServiceAccount of those pods (workload identity), or None.
+        scrape_annotations: put ``prometheus.io/*`` scrape annotations on the pod templates
+            (stack key ``monitoring: annotations``; ``scrape_annotations``).
     """
 
     namespace: pulumi.Input[str]
@@ -43,6 +45,7 @@ class DeployContext:
     image_pull_policy: pulumi.Input[str] = "IfNotPresent"
     store_env: Sequence[k8s.core.v1.EnvVarArgs] = field(default_factory=tuple)
     service_account: Optional[pulumi.Input[str]] = None
+    scrape_annotations: bool = False
 
     def svc_host(self, service: pulumi.Input[str]) -> pulumi.Output[str]:
         """Cluster DNS name of ``service`` in this namespace (``<svc>.<ns>.svc.cluster.local``)."""
@@ -95,6 +98,17 @@ def metadata(dep: DeployContext, name: pulumi.Input[str], lbls: dict[str, str],
     """ObjectMeta with an explicit name (stable DNS) in the deployment's namespace."""
     return k8s.meta.v1.ObjectMetaArgs(
         name=name, namespace=dep.namespace, labels=lbls, annotations=annotations)
+
+
+def scrape_annotations(dep: DeployContext, spec: RoleSpec) -> dict[str, str]:
+    """The ``prometheus.io/scrape``, ``/port`` and ``/path`` pod annotations of role
+    ``spec``'s metrics endpoint when ``dep.scrape_annotations`` (a Prometheus configured
+    with the common pod-annotation scrape job reads them), else ``{}``; a pod annotates one
+    port only (the first of its containers that calls this)."""
+    if not dep.scrape_annotations or spec.metrics is None:
+        return {}
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.port(spec.metrics.port)),
+            "prometheus.io/path": spec.metrics.path or "/metrics"}
 
 
 def resources(cpu: str, memory: str) -> k8s.core.v1.ResourceRequirementsArgs:

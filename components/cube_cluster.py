@@ -24,6 +24,7 @@ import pulumi_kubernetes as k8s
 
 from components import common
 from components.common import DeployContext
+from components.monitoring import scrape_target
 from runtime import role_specs
 from runtime.formats.topology import Topology
 
@@ -109,6 +110,11 @@ class CubeCluster(pulumi.ComponentResource):
         )
         self.topology_configmap = self.configmap.metadata.apply(lambda m: m.name)
         self.statefulsets = [self._shard(i, shard_name, args) for i, shard_name in enumerate(self.shard_names)]
+        # every shard's headless Service (every layout's, during a resize), one monitor per role
+        every_shard = common.selector(common.labels(dep, "cube-server", "cube"))
+        #: what Prometheus scrapes (``components.monitoring``): the servers' and the agents' endpoints
+        self.scrape_targets = [scrape_target(role_specs.cube_server(0, args.shards), every_shard),
+                               scrape_target(role_specs.cube_agent(f"{DATA_DIR}/agent"), every_shard)]
         self.register_outputs({"topology": self.topology, "topology_configmap": self.topology_configmap,
                                "topology_checksum": self.topology_checksum})
 
@@ -150,7 +156,9 @@ class CubeCluster(pulumi.ComponentResource):
                 pod_management_policy="Parallel",
                 selector=k8s.meta.v1.LabelSelectorArgs(match_labels=sel),
                 template=k8s.core.v1.PodTemplateSpecArgs(
-                    metadata=k8s.meta.v1.ObjectMetaArgs(labels=lbls),
+                    # the annotations name one port per pod: the server's (its agent is not scraped)
+                    metadata=k8s.meta.v1.ObjectMetaArgs(labels=lbls,
+                                                        annotations=common.scrape_annotations(dep, server) or None),
                     spec=k8s.core.v1.PodSpecArgs(
                         security_context=common.pod_security(),
                         image_pull_secrets=dep.pull_secrets() or None,

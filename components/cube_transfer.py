@@ -18,6 +18,7 @@ import pulumi_kubernetes as k8s
 
 from components import common
 from components.common import DeployContext
+from components.monitoring import scrape_target
 from components.tracking_server import tracking_env
 from runtime import role_specs
 
@@ -40,7 +41,8 @@ class CubeTransferArgs:
         storage_class: StorageClass name; ``None`` = cluster default.
         poll_interval_s: seconds between donefile polls.
         tracking_uri / tracking_experiment: ``MLFLOW_TRACKING_URI`` and
-            ``MLFLOW_EXPERIMENT_NAME`` of the transfer (each rollout's phases and seconds;
+            ``MLFLOW_EXPERIMENT_NAME``; tracking_job: the job's name (``ELASTIC_CTR_JOB``: the
+            runs' names and parent) of the transfer (each rollout's phases and seconds;
             ``runtime.tracking``); None = no tracking.
         wait_for: resources the Deployment depends on (``depends_on``), e.g.
             ``CubeCluster.statefulsets``: a topology change reaches the transfer only after
@@ -61,6 +63,7 @@ class CubeTransferArgs:
     poll_interval_s: int = 10
     tracking_uri: Optional[pulumi.Input[str]] = None
     tracking_experiment: str = "elastic-ctr"
+    tracking_job: Optional[str] = None
     wait_for: Sequence[pulumi.Resource] = ()
 
 
@@ -98,7 +101,7 @@ class CubeTransfer(pulumi.ComponentResource):
             env=[*common.base_env(dep=dep),
                  *([common.token_env(args.upload_token_secret, args.upload_token_key)]
                    if args.upload_token_secret is not None else []),
-                 *tracking_env(args.tracking_uri, args.tracking_experiment)],
+                 *tracking_env(args.tracking_uri, args.tracking_experiment, args.tracking_job)],
             resources_=common.resources(args.cpu, args.memory),
             volume_mounts=[k8s.core.v1.VolumeMountArgs(name="state", mount_path=STATE_DIR), topo_mount, tmp_mount],
         )
@@ -110,8 +113,11 @@ class CubeTransfer(pulumi.ComponentResource):
                     claim_name=pvc.metadata.apply(lambda m: m.name))),
              topo_vol, tmp_vol],
             parent=self, service_account=dep.service_account,
-            pod_annotations={"elastic-ctr.io/topology-sha256": args.topology_checksum},
+            pod_annotations={"elastic-ctr.io/topology-sha256": args.topology_checksum,
+                             **common.scrape_annotations(dep, spec)},
             depends_on=args.wait_for)
+        #: what Prometheus scrapes (``components.monitoring``)
+        self.scrape_targets = [scrape_target(spec, sel)]
         service = k8s.core.v1.Service(
             name,
             metadata=common.metadata(dep, name, lbls),

@@ -16,6 +16,7 @@ import pulumi_kubernetes as k8s
 
 from components import common
 from components.common import DeployContext
+from components.monitoring import scrape_target
 from runtime import role_specs
 
 TOKEN_KEY = "token"
@@ -99,7 +100,9 @@ class FileServer(pulumi.ComponentResource):
                 persistent_volume_claim=k8s.core.v1.PersistentVolumeClaimVolumeSourceArgs(
                     claim_name=pvc.metadata.apply(lambda m: m.name))),
              tmp_vol],
-            parent=self)
+            parent=self, pod_annotations=common.scrape_annotations(dep, spec) or None)
+        #: what Prometheus scrapes (``components.monitoring``)
+        self.scrape_targets = [scrape_target(spec, sel)]
         self.service = k8s.core.v1.Service(
             name,
             metadata=common.metadata(dep, name, lbls),

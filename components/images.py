@@ -73,6 +73,9 @@ class Images(pulumi.ComponentResource):
                 server=args.registry.split("/")[0], username=args.username,
                 password=pulumi.Output.secret(args.password))
         self.refs: dict[str, pulumi.Output[str]] = {}
+        from runtime.tracking import code_version
+
+        commit = code_version()
         for role in ROLES + ((TRACKING,) if args.tracking else ()):
             image = docker.Image(
                 f"{name}-{role}",
@@ -82,6 +85,8 @@ class Images(pulumi.ComponentResource):
                     dockerfile=str(args.repo_root / "Dockerfile"),
                     target=role,
                     platform=args.platform,
+                    # the code's version in the image (ELASTIC_CTR_GIT_COMMIT: the MLflow runs' tag)
+                    args={"GIT_COMMIT": commit} if commit else None,
                 ),
                 registry=registry,
                 skip_push=not push,

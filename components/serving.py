@@ -3,7 +3,10 @@
 Named after the component (``<name>``): a Deployment (``servingReplicas`` pods, rolling updates without dropping capacity), a
 ClusterIP Service with ``http`` (8000, REST) and ``grpc`` (8001,
 ``inference.GRPCInferenceService``) ports and, when ``max_replicas`` > ``replicas``, a
-HorizontalPodAutoscaler (autoscaling/v2, CPU utilization). Probes use the v2 health
+HorizontalPodAutoscaler (autoscaling/v2) on CPU utilization, or (``autoscale_metric``
+``inflight``) on the in-flight inference requests per pod, a ``Pods`` metric
+(``elastic_ctr_serving_inflight_requests``) that the Prometheus adapter serves through
+the custom metrics API (docs/monitoring.md has its rule). Probes use the v2 health
 endpoints. The pod template carries the topology checksum, so a resized cube rolls it.
 The Deployment depends on ``wait_for`` (the cube layout's StatefulSets and the
 transfer's Deployment): under ``pulumi up`` serving rolls to a new topology only after
@@ -21,7 +24,9 @@ import pulumi_kubernetes as k8s
 
 from components import common
 from components.common import DeployContext
+from components.monitoring import scrape_target
 from runtime import role_specs
+from runtime.serving.metrics import INFLIGHT
 
 #: seconds a deleted serving pod keeps answering before its SIGTERM (preStop), while the
 #: endpoints controller and every node's kube-proxy stop routing new connections to it;
@@ -50,6 +55,8 @@ class ServingArgs:
         max_replicas: HPA maximum; ``0`` (or <= ``replicas``) = no HPA. ``replicas`` and
             ``max_replicas`` are plain ints: they decide whether an HPA is declared.
         target_cpu_utilization: HPA target, percent of the CPU request.
+        autoscale_metric: ``cpu`` or ``inflight`` (the HPA's metric); target_inflight: the
+            in-flight requests per pod it aims at (``inflight``).
         workers: WSGI worker processes per pod.
         data_format / slot_file: raw-line format ``/predict`` accepts (as in training).
         cpu / memory: requests = limits.
@@ -69,6 +76,8 @@ class ServingArgs:
     slot_file: Optional[pulumi.Input[str]] = None
     max_replicas: int = 0
     target_cpu_utilization: pulumi.Input[int] = 70
+    autoscale_metric: str = "cpu"
+    target_inflight: int = 8
     workers: pulumi.Input[int] = 2
     wait_for: Sequence[pulumi.Resource] = ()
 
@@ -112,7 +121,8 @@ class Serving(pulumi.ComponentResource):
                 template=k8s.core.v1.PodTemplateSpecArgs(
                     metadata=k8s.meta.v1.ObjectMetaArgs(
                         labels=lbls,
-                        annotations={"elastic-ctr.io/topology-sha256": args.topology_checksum}),
+                        annotations={"elastic-ctr.io/topology-sha256": args.topology_checksum,
+                                     **common.scrape_annotations(dep, spec)}),
                     spec=k8s.core.v1.PodSpecArgs(
                         security_context=common.pod_security(),
                         image_pull_secrets=dep.pull_secrets() or None,
@@ -148,14 +158,7 @@ class Serving(pulumi.ComponentResource):
                         name=deployment.metadata.apply(lambda m: m.name)),
                     min_replicas=args.replicas,
                     max_replicas=args.max_replicas,
-                    metrics=[k8s.autoscaling.v2.MetricSpecArgs(
-                        type="Resource",
-                        resource=k8s.autoscaling.v2.ResourceMetricSourceArgs(
-                            name="cpu",
-                            target=k8s.autoscaling.v2.MetricTargetArgs(
-                                type="Utilization",
-                                average_utilization=args.target_cpu_utilization)),
-                    )],
+                    metrics=[_hpa_metric(args)],
                 ),
                 opts=common.child(self),
             )
@@ -163,5 +166,26 @@ class Serving(pulumi.ComponentResource):
         self.grpc_target = pulumi.Output.concat(
             dep.svc_host(service.metadata.apply(lambda m: m.name)), ":", str(grpc_port))
         self.autoscaled = pulumi.Output.from_input(autoscaled)
+        #: what Prometheus scrapes (``components.monitoring``)
+        self.scrape_targets = [scrape_target(spec, sel)]
         self.register_outputs({"url": self.url, "grpc_target": self.grpc_target,
                                "autoscaled": self.autoscaled})
+
+
+def _hpa_metric(args: ServingArgs) -> k8s.autoscaling.v2.MetricSpecArgs:
+    """The HPA's metric: CPU utilization, or the average in-flight requests per pod."""
+    if args.autoscale_metric == "inflight":
+        return k8s.autoscaling.v2.MetricSpecArgs(
+            type="Pods",
+            pods=k8s.autoscaling.v2.PodsMetricSourceArgs(
+                metric=k8s.autoscaling.v2.MetricIdentifierArgs(name=INFLIGHT),
+                target=k8s.autoscaling.v2.MetricTargetArgs(type="AverageValue",
+                                                           average_value=str(args.target_inflight))))
+    if args.autoscale_metric != "cpu":
+        raise ValueError(f"autoscale_metric {args.autoscale_metric!r}: cpu or inflight")
+    return k8s.autoscaling.v2.MetricSpecArgs(
+        type="Resource",
+        resource=k8s.autoscaling.v2.ResourceMetricSourceArgs(
+            name="cpu",
+            target=k8s.autoscaling.v2.MetricTargetArgs(type="Utilization",
+                                                       average_utilization=args.target_cpu_utilization)))

@@ -119,10 +119,16 @@ class TrackingServer(pulumi.ComponentResource):
         self.register_outputs({"url": self.url})
 
 
-def tracking_env(uri: Optional[pulumi.Input[str]], experiment: str) -> list[k8s.core.v1.EnvVarArgs]:
-    """``MLFLOW_TRACKING_URI`` and ``MLFLOW_EXPERIMENT_NAME`` for a pod that logs (the
-    training job, the transfer); empty when ``uri`` is None (tracking off)."""
+def tracking_env(uri: Optional[pulumi.Input[str]], experiment: str,
+                 job: Optional[str] = None) -> list[k8s.core.v1.EnvVarArgs]:
+    """``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME`` and, with ``job``, the job's name
+    (``ELASTIC_CTR_JOB``: the training job's runs and the transfer's, a child of the job's
+    run; ``runtime.tracking``) for a pod that logs (the training job, the transfer); empty
+    when ``uri`` is None (tracking off)."""
     if uri is None:
         return []
+    from runtime.tracking import JOB_ENV
+
     return [k8s.core.v1.EnvVarArgs(name="MLFLOW_TRACKING_URI", value=uri),
-            k8s.core.v1.EnvVarArgs(name="MLFLOW_EXPERIMENT_NAME", value=experiment)]
+            k8s.core.v1.EnvVarArgs(name="MLFLOW_EXPERIMENT_NAME", value=experiment),
+            *([k8s.core.v1.EnvVarArgs(name=JOB_ENV, value=job)] if job else [])]

@@ -27,10 +27,13 @@ import pulumi_kubernetes as k8s
 
 from components import common
 from components.common import DeployContext
+from components.monitoring import scrape_target
 from components.tracking_server import tracking_env
 from runtime import role_specs
 
 GENERATED = "generated"
+#: the pod label naming a pod's task (pserver | trainer)
+TASK_LABEL = "elastic-ctr.io/task"
 DATA_DIR = "/data"
 #: where both tasks mount the ReadWriteMany claim ``<name>-shared`` (the sparse-table save)
 SHARED_DIR = "/shared"
@@ -74,7 +77,8 @@ class TrainingJobArgs:
             sparse-table save (text, gzip) at a time.
         scratch_size: size limit of each pod's ``/data`` emptyDir.
         tracking_uri / tracking_experiment: the trainers' ``MLFLOW_TRACKING_URI`` and
-            ``MLFLOW_EXPERIMENT_NAME`` (``runtime.tracking``); None = no tracking.
+            ``MLFLOW_EXPERIMENT_NAME``; tracking_job: the job's name (``ELASTIC_CTR_JOB``: the
+            runs' names and parent) (``runtime.tracking``); None = no tracking.
     """
 
     deployment: DeployContext
@@ -112,6 +116,7 @@ class TrainingJobArgs:
     scratch_size: pulumi.Input[str] = "10Gi"
     tracking_uri: Optional[pulumi.Input[str]] = None
     tracking_experiment: str = "elastic-ctr"
+    tracking_job: Optional[str] = None
 
 
 class TrainingJob(pulumi.ComponentResource):
@@ -178,6 +183,9 @@ class TrainingJob(pulumi.ComponentResource):
         )
         self.job_name = self.job.metadata.apply(lambda m: m["name"] if isinstance(m, dict) else m.name)
         self.min_available = pulumi.Output.from_input(args.pservers + args.trainers)
+        #: what Prometheus scrapes (``components.monitoring``): each task's pods (Volcano's, no Service of ours)
+        self.scrape_targets = [scrape_target(role_specs.ps_role(task), {**common.selector(lbls), TASK_LABEL: task},
+                                             kind="pod") for task in ("pserver", "trainer")]
         self.register_outputs({"job_name": self.job_name, "min_available": self.min_available,
                                "shared_claim": self.shared_claim})
 
@@ -203,7 +211,7 @@ class TrainingJob(pulumi.ComponentResource):
                     field_ref=k8s.core.v1.ObjectFieldSelectorArgs(field_path="status.podIP"))))
         env += common.base_env(dep=dep)
         if is_trainer:  # the trainers log to MLflow (runtime.tracking); pservers never do
-            env += tracking_env(args.tracking_uri, args.tracking_experiment)
+            env += tracking_env(args.tracking_uri, args.tracking_experiment, args.tracking_job)
         if is_trainer and args.upload_token_secret is not None:  # only trainer 0 uploads; pservers never see it
             env.append(common.token_env(args.upload_token_secret, args.upload_token_key))
         cpu, mem = ((args.trainer_cpu, args.trainer_memory) if is_trainer
@@ -234,7 +242,8 @@ class TrainingJob(pulumi.ComponentResource):
                 volume_mounts=[data_mount, tmp_mount],
             )]
         return k8s.core.v1.PodTemplateSpecArgs(
-            metadata=k8s.meta.v1.ObjectMetaArgs(labels={**lbls, "elastic-ctr.io/task": task}),
+            metadata=k8s.meta.v1.ObjectMetaArgs(labels={**lbls, TASK_LABEL: task},
+                                                annotations=common.scrape_annotations(dep, spec) or None),
             spec=k8s.core.v1.PodSpecArgs(
                 restart_policy="Never",  # failures are handled by the job's policies
                 security_context=common.pod_security(),

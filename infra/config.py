@@ -24,7 +24,7 @@ import pulumi
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from infra import config_storage, config_tracking
+from infra import config_monitoring, config_storage, config_tracking
 from infra.config_types import check as _check, pulumi_bool as _pulumi_bool
 from runtime.trainer import config as train
 from runtime.trainer.config import TrainConfig, TrainConfigError
@@ -117,7 +117,7 @@ def _t(key: str):
     return train.field_type(TRAIN_KEYS[key])
 
 
-class StackConfig(config_storage.StorageKeys, config_tracking.TrackingKeys):
+class StackConfig(config_storage.StorageKeys, config_tracking.TrackingKeys, config_monitoring.MonitoringKeys):
     """Every key of the stack (camelCase in Pulumi, snake_case here). Quantities are
     Kubernetes quantity strings (``500m`` CPU, ``512Mi`` memory, ``20Gi`` storage); data
     locations are comma-separated (``data_train()``/``data_test()`` split them). Each
@@ -327,7 +327,9 @@ SECRETS: dict[str, tuple[str, int]] = {
 }
 #: secrets required unless ``modelRoot`` is set (the file server is then not deployed)
 REQUIRED_SECRETS = ("uploadToken",)
-FIELDS = {f.alias: (name, f) for name, f in StackConfig.model_fields.items()}
+#: alias -> (field name, field), in Pulumi.yaml's order: the monitoring keys (a group of their own) last
+FIELDS = dict(sorted(((f.alias, (name, f)) for name, f in StackConfig.model_fields.items()),
+                     key=lambda kv: kv[1][0] in config_monitoring.MonitoringKeys.model_fields))
 KEYS = list(FIELDS) + list(SECRETS)
 
 
@@ -354,7 +356,7 @@ def parse(raw: Mapping[str, Any], secret_keys: frozenset[str] | set[str] = froze
 
     Raises ``ConfigError`` listing every invalid, missing or unknown key, each with its
     value (secrets hidden) and what is allowed."""
-    errors = unknown_keys(raw) + config_storage.problems(raw)
+    errors = unknown_keys(raw) + config_storage.problems(raw) + config_monitoring.problems(raw)
     for key, (_, min_len) in SECRETS.items():
         value = raw.get(key)
         if not value:

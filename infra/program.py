@@ -19,14 +19,15 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components import (CubeCluster, CubeClusterArgs, CubeTransfer, CubeTransferArgs, DeployContext, FileServer,
-                        FileServerArgs, Images, ImagesArgs, Serving, ServingArgs, TrackingServer, TrackingServerArgs,
-                        TrainingJob, TrainingJobArgs, common)
+                        FileServerArgs, Images, ImagesArgs, Monitoring, MonitoringArgs, Serving, ServingArgs,
+                        TrackingServer, TrackingServerArgs, TrainingJob, TrainingJobArgs, common)
 from components.object_store import ObjectStoreAccess, ObjectStoreAccessArgs
-from infra import config_tracking
+from infra import config_monitoring, config_tracking
 from infra.config import PROJECT, REPO_ROOT, Secrets, StackConfig, load
 from infra.config_storage import annotations
 
 REGISTRY_SECRET = "registry-credentials"
+TRAINING_JOB = "ctr-train"
 
 
 def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any]:
@@ -60,8 +61,9 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
             string_data={".dockerconfigjson": secrets.registry_password.apply(
                 lambda pw: _dockerconfig(cfg.image_registry, cfg.registry_username, pw))})
         pull_secrets = (sec.metadata.apply(lambda m: m.name),)
+    scrape = cfg.monitoring == "annotations"
     dep = DeployContext(namespace=namespace, instance=instance, image_pull_secrets=pull_secrets,
-                        image_pull_policy=cfg.image_pull_policy)
+                        image_pull_policy=cfg.image_pull_policy, scrape_annotations=scrape)
     storage_class = cfg.storage_class or None
     store_secrets = secrets.storage.env_secrets()
     if cfg.env() or store_secrets or cfg.storage_service_account_annotations:
@@ -70,7 +72,7 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
             service_account_annotations=annotations(cfg.storage_service_account_annotations)))
         dep = DeployContext(namespace=namespace, instance=instance, image_pull_secrets=pull_secrets,
                             image_pull_policy=cfg.image_pull_policy, store_env=tuple(store.env),
-                            service_account=store.service_account)
+                            service_account=store.service_account, scrape_annotations=scrape)
 
     files = None if cfg.uses_store() else FileServer("fileserver", FileServerArgs(
         deployment=dep, image=images.cube, upload_token=secrets.upload_token,
@@ -86,9 +88,11 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         backend_store_uri=secrets.tracking.backend_store_uri,
         artifacts_destination=cfg.tracking_artifacts_destination or None)) if cfg.tracking_server else None
     track = {"tracking_uri": config_tracking.tracking_uri(cfg, tracker.url if tracker else None),
-             "tracking_experiment": cfg.tracking_experiment}
+             "tracking_experiment": cfg.tracking_experiment,
+             # one job's name for the trainers' runs and the transfer's (a child of the job's run)
+             "tracking_job": f"{instance}-{TRAINING_JOB}"}
 
-    training = TrainingJob("ctr-train", TrainingJobArgs(
+    training = TrainingJob(TRAINING_JOB, TrainingJobArgs(
         deployment=dep, image=images.trainer, queue=cfg.volcano_queue,
         pservers=cfg.pservers, trainers=cfg.trainers,
         pserver_cpu=cfg.pserver_cpu, pserver_memory=cfg.pserver_memory,
@@ -124,9 +128,17 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         transfer_url=transfer.url, replicas=cfg.serving_replicas,
         max_replicas=cfg.serving_max_replicas,
         target_cpu_utilization=cfg.serving_target_cpu_utilization,
+        autoscale_metric=cfg.serving_autoscale_metric, target_inflight=cfg.serving_target_inflight,
         workers=cfg.serving_workers, data_format=cfg.data_format,
         slot_file=cfg.slot_file or None, cpu=cfg.serving_cpu, memory=cfg.serving_memory,
         wait_for=[*cube.statefulsets, transfer.deployment]))
+
+    monitoring = Monitoring("monitoring", MonitoringArgs(
+        deployment=dep, mode=cfg.monitoring,
+        targets=[*(files.scrape_targets if files else []), *cube.scrape_targets, *transfer.scrape_targets,
+                 *serving.scrape_targets, *training.scrape_targets],
+        labels=config_monitoring.labels(cfg.monitoring_labels), thresholds=cfg.thresholds(),
+        runbook_url=cfg.monitoring_runbook_url, dashboards=cfg.grafana_dashboards))
 
     return {
         "namespace": namespace,
@@ -139,6 +151,8 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         "trainingJob": pulumi.Output.concat(namespace, "/", training.job_name),
         "images": images.refs,
         **({"trackingUrl": tracker.url} if tracker else {}),
+        "monitoring": pulumi.Output.all(monitoring.monitors, monitoring.rule, monitoring.dashboards).apply(
+            lambda a: {"mode": cfg.monitoring, "monitors": a[0], "rule": a[1], "dashboards": a[2]}),
     }
 
 

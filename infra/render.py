@@ -32,7 +32,7 @@ SECRET_PLACEHOLDER = "render-placeholder-not-a-secret"
 KIND_ORDER = {
     "Namespace": 0, "Secret": 1, "ServiceAccount": 1, "ConfigMap": 2, "PersistentVolumeClaim": 3, "Service": 4,
     "StatefulSet": 5, "Deployment": 6, "PodDisruptionBudget": 7,
-    "HorizontalPodAutoscaler": 8, "Job": 9,
+    "HorizontalPodAutoscaler": 8, "Job": 9, "ServiceMonitor": 10, "PodMonitor": 10, "PrometheusRule": 10,
 }
 #: the file :func:`write` names each manifest's dependencies in
 DEPENDENCIES = "dependencies.json"

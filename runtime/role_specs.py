@@ -10,7 +10,10 @@ after ``proc.self_command()``); ``tests/infra`` checks that each rendered pod's 
 its spec's and that every spec parses with the real command line.
 
 Ports: each role's default port numbers are the pods' (``PORTS``); local processes pass
-free ones. Every value of ``args`` is a ``str``, or, from a component, a ``pulumi.Input``
+free ones. A role's ``metrics`` names where Prometheus scrapes it (a named port and
+``/metrics``): the ServiceMonitors, PodMonitors and scrape annotations of the stack
+(``components/monitoring.py``) and the local Prometheus's targets
+(``runtime.monitoring.targets``) are built from it. Every value of ``args`` is a ``str``, or, from a component, a ``pulumi.Input``
 of one (a location known only at deploy time): this module never looks inside them.
 """
 from __future__ import annotations
@@ -29,8 +32,8 @@ PORTS: dict[str, dict[str, int]] = {
     "cube-agent": {"agent": 8902},
     "cube-transfer": {"http": 8910},
     "serving": {"http": 8000, "grpc": 8001},
-    "pserver": {"paddle": 8200, "gloo": 8210},
-    "trainer": {"paddle": 8200},
+    "pserver": {"paddle": 8200, "gloo": 8210, "metrics": 8220},
+    "trainer": {"paddle": 8200, "metrics": 8220},
     "tracking": {"http": 5000},
 }
 
@@ -42,6 +45,12 @@ LOOPBACK = "127.0.0.1"
 #: probe paths of the control roles (``runtime.webserver``) and of serving (the v2 protocol)
 HEALTHZ, READYZ = "/healthz", "/readyz"
 V2_LIVE, V2_READY = "/v2/health/live", "/v2/health/ready"
+#: where every role of the pipeline answers Prometheus' scrape (its text exposition format)
+METRICS_PATH = "/metrics"
+#: the training processes' metrics port (``runtime.metrics.trainer``; 0 or unset: none) and
+#: the address it listens on (a pod's every address; a local process's 127.0.0.1: given in
+#: the environment, as every other role's bind address is given in its arguments)
+METRICS_PORT_ENV, METRICS_HOST_ENV = "ELASTIC_CTR_METRICS_PORT", "ELASTIC_CTR_METRICS_HOST"
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,8 @@ class RoleSpec:
         ports: ``(name, number)`` pairs, in the order a pod declares them.
         readiness / liveness: the probes (None: not probed).
         env: fixed environment ``(name, value)`` pairs the role needs (not secrets).
+        metrics: where Prometheus scrapes the role (a GET of ``path`` on the port named
+            ``port``; None: the role exposes no metrics).
     """
 
     name: str
@@ -70,6 +81,7 @@ class RoleSpec:
     readiness: Optional[Probe] = None
     liveness: Optional[Probe] = None
     env: tuple[tuple[str, str], ...] = field(default=())
+    metrics: Optional[Probe] = None
 
     def port(self, name: str) -> int:
         """The number of port ``name``. Raises ``KeyError`` naming the role's ports."""
@@ -93,7 +105,8 @@ def _ports(role: str, **numbers: Optional[int]) -> tuple[tuple[str, int], ...]:
 
 
 def _control_probes(port: str) -> dict[str, Probe]:
-    return {"readiness": Probe(port, READYZ), "liveness": Probe(port, HEALTHZ)}
+    """A control role's probes and its metrics, all on the HTTP port ``port``."""
+    return {"readiness": Probe(port, READYZ), "liveness": Probe(port, HEALTHZ), "metrics": Probe(port, METRICS_PATH)}
 
 
 def file_server(root: Any, host: str = ANY_HOST, port: Optional[int] = None,
@@ -181,8 +194,8 @@ def serving(topology: str, model_root: Any, transfer_url: Any, work_dir: str, ho
         args += ["--slot-file", slot_file]
     if poll_interval_s is not None:
         args += ["--poll-interval", _number(poll_interval_s)]
-    return RoleSpec("serving", tuple(args) + tuple(extra), ports,
-                    readiness=Probe("http", V2_READY), liveness=Probe("http", V2_LIVE))
+    return RoleSpec("serving", tuple(args) + tuple(extra), ports, readiness=Probe("http", V2_READY),
+                    liveness=Probe("http", V2_LIVE), metrics=Probe("http", METRICS_PATH))
 
 
 def tracking_server(host: str = ANY_HOST, port: Optional[int] = None, workers: int = 1) -> RoleSpec:
@@ -194,20 +207,26 @@ def tracking_server(host: str = ANY_HOST, port: Optional[int] = None, workers: i
 
 
 def ps_role(task: str, paddle_port: Optional[int] = None, gloo_port: Optional[int] = None,
-            args: Sequence[Any] = ()) -> RoleSpec:
+            args: Sequence[Any] = (), metrics_port: Optional[int] = None,
+            metrics_host: Optional[str] = None) -> RoleSpec:
     """A training process, ``task`` ``pserver`` or ``trainer``, running ``elastic-ctr``
     ``args`` (``train ...``: ``runtime.trainer.config.train_argv``) with the environment
     contract's fixed part (``TRAINING_ROLE``, ``PADDLE_PORT``, ``PADDLE_GLOO_PORT``;
-    ``runtime.trainer.roles`` derives the rest). A pserver is probed by a TCP connect on
-    ``paddle``; a trainer, which completes, is not. Raises ``ValueError`` for another task."""
+    ``runtime.trainer.roles`` derives the rest) and its metrics port
+    (``METRICS_PORT_ENV``: ``runtime.metrics.trainer`` serves ``/metrics`` there, on
+    ``metrics_host``, default every address: ``METRICS_HOST_ENV``). A pserver
+    is probed by a TCP connect on ``paddle``; a trainer, which completes, is not. Raises
+    ``ValueError`` for another task."""
     if task not in ("pserver", "trainer"):
         raise ValueError(f"task: {task!r} is not 'pserver' or 'trainer'")
     paddle = int(paddle_port or PORTS[task]["paddle"])
     gloo = int(gloo_port or PORTS["pserver"]["gloo"])
-    ports = _ports(task, paddle=paddle, gloo=gloo)
-    env = (("TRAINING_ROLE", task.upper()), ("PADDLE_PORT", str(paddle)), ("PADDLE_GLOO_PORT", str(gloo)))
+    ports = _ports(task, paddle=paddle, gloo=gloo, metrics=metrics_port)
+    env = (("TRAINING_ROLE", task.upper()), ("PADDLE_PORT", str(paddle)), ("PADDLE_GLOO_PORT", str(gloo)),
+           (METRICS_PORT_ENV, str(dict(ports)["metrics"])), (METRICS_HOST_ENV, metrics_host or ANY_HOST))
     probe = Probe("paddle") if task == "pserver" else None
-    return RoleSpec(task, tuple(args), ports, readiness=probe, liveness=probe, env=env)
+    return RoleSpec(task, tuple(args), ports, readiness=probe, liveness=probe, env=env,
+                    metrics=Probe("metrics", METRICS_PATH))
 
 
 def _number(value: float) -> str:

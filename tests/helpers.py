@@ -370,6 +370,17 @@ class CliProcess:
         self._reader.join(5)
         return rc
 
+    def stop(self) -> None:
+        """Stops the process if it still runs (SIGTERM, then SIGKILL after 10 s): a test that
+        failed half way leaves nothing behind."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
 
 # ----------------------------------------------------------------------------- rendered manifests
 #: the Kubernetes version manifests are validated against (kubernetes-validate 1.37.0

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtime import proc, role_specs, storage
+from runtime.monitoring import targets
 from runtime.formats.dict_info import DictInfo, DictInfoError, fetch_dict_info
 from runtime.formats import donefile
 from runtime.formats.topology import Topology
@@ -115,6 +116,7 @@ class LocalCubeCluster:
         else:
             spec = role_specs.file_server(str(self.root), role_specs.LOOPBACK, fs_port, upload_token_file=str(tok))
             fs = self.group.start("fileserver", spec.argv())
+            targets.register(spec, "fileserver")
             self.root_url = f"http://{role_specs.LOOPBACK}:{fs_port}"
         gen = self.start_layout(self.shards, self.replicas, prefix="cube", topology_name="topology.json")
         if fs is not None:
@@ -129,6 +131,7 @@ class LocalCubeCluster:
             extra=["--phase-timeout", "120", *self.extra_transfer_args])
         self._transfer_port = tr_port
         self.transfer = self.group.start("cube-transfer", self._transfer_spec.argv())
+        targets.register(self._transfer_spec, "cube-transfer")
         self.transfer_url = f"http://{role_specs.LOOPBACK}:{tr_port}"
         self._wait(self.transfer, tr_port)
 
@@ -169,6 +172,8 @@ class LocalCubeCluster:
                 agent = role_specs.cube_agent(str(self.base / f"{agent_dir}-{s}-{r}"), hport, role_specs.LOOPBACK, aport)
                 srv = self.group.start(f"{gen.prefix}-server-{s}-{r}", server.argv())
                 ag = self.group.start(f"{gen.prefix}-agent-{s}-{r}", agent.argv())
+                for spec, role in ((server, srv), (agent, ag)):
+                    targets.register(spec, role.name, {"replica": str(r)})
                 gen.servers[(s, r)], gen.agents[(s, r)] = srv, ag
                 gen.addresses[(s, r)] = role_specs.replica_addresses(role_specs.LOOPBACK, dport, hport, aport)
                 started += [(srv, dport), (srv, hport), (ag, aport)]

@@ -32,6 +32,9 @@ bytes, backslashes and absolute paths are refused with 403 (percent-encoded vari
 such as ``%2e%2e`` and ``%2f`` arrive decoded and are caught the same way); a symlink
 inside the root that resolves outside it is 404 (and never listed).
 
+``GET /metrics``: Prometheus text format (``runtime.metrics.fileserver``; a file named
+``metrics`` at the top of the root is therefore not served).
+
 Errors are JSON ``{"error": "..."}`` with a 4xx status.
 """
 from __future__ import annotations
@@ -49,6 +52,8 @@ from urllib.parse import quote
 
 from flask import Flask, Response, jsonify, request, send_file
 
+from runtime.metrics import exposition
+from runtime.metrics.fileserver import FileServerMetrics
 from runtime.webserver import json_errors
 
 log = logging.getLogger(__name__)
@@ -198,6 +203,17 @@ def create_app(root: str | os.PathLike, token: str | None = None,
     app.config["MAX_CONTENT_LENGTH"] = None
     app.url_map.merge_slashes = False  # '//' is handled (ignored) by resolve(), not redirected
     app.url_map.strict_slashes = False
+    metrics = FileServerMetrics()
+
+    @app.after_request
+    def count(resp: Response) -> Response:
+        metrics.answered(request.method, resp.status_code, resp.content_length)
+        return resp
+
+    @app.get("/metrics")
+    def metrics_view():
+        body, ctype = exposition(metrics.registry)
+        return Response(body, mimetype=ctype)
 
     def err(status: int, message: str, headers: dict | None = None) -> Response:
         resp = jsonify({"error": message})
@@ -298,6 +314,7 @@ def create_app(root: str | os.PathLike, token: str | None = None,
                 os.unlink(tmp)
             raise
         log.info("stored /%s (%d bytes)", rel, size)
+        metrics.uploaded.inc(size)
         resp = jsonify({"path": "/" + rel, "size": size, "md5": hashers["md5"].hexdigest()})
         resp.status_code = 200 if existed else 201
         return resp

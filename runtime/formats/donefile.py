@@ -12,7 +12,10 @@ Layout under a root ``R`` (a directory or the file server's URL)::
 A line is a JSON object: ``id`` (the version), ``key`` (a base: its own id; a patch: its
 base's id) and ``input`` (the SequenceFiles, relative to ``R`` or absolute), the fields of
 Paddle Serving's cube-transfer donefiles; this project adds ``model`` (the dense model
-directory), ``dim`` and ``count``. Ids are integers (numeric strings are accepted, as
+directory), ``dim``, ``count`` and, for a version trained on time partitions, its data
+time: ``data_end`` (unix s, the end of the last partition it was trained through: the
+served version's freshness is ``now - data_end``) and ``landed`` (unix s, when the trainer
+found that partition complete: the transfer measures landed-to-served from it). Ids are integers (numeric strings are accepted, as
 Paddle Serving's own tools write them). Every file of a version is written before its
 line is appended, so a reader never sees a half-written version.
 
@@ -45,8 +48,9 @@ KINDS: tuple[str, str] = ("base", "patch")
 class DonefileRecord(BaseModel):
     """One donefile line. ``id``/``key``: version ids (int); ``input``/``model``: locations
     relative to the root (str); ``dim``: floats per embedding; ``count``: keys in the
-    version's SequenceFiles. ``line`` is the 1-based line number it was read from (0 when
-    built in memory); it is not written."""
+    version's SequenceFiles; ``data_end`` / ``landed``: unix seconds (module docstring; None
+    for a version not trained on time partitions). ``line`` is the 1-based line number it
+    was read from (0 when built in memory); it is not written."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -56,6 +60,8 @@ class DonefileRecord(BaseModel):
     model: Optional[str] = Field(default=None, min_length=1)
     dim: Optional[PosInt] = None
     count: Optional[NonNegInt] = None
+    data_end: Optional[NonNegInt] = None
+    landed: Optional[NonNegInt] = None
     _line: int = PrivateAttr(default=0)
 
     @property
@@ -77,18 +83,21 @@ def dense_dir(version: int) -> str:
     return f"versions/{int(version)}/dense"
 
 
-def base_record(version: int, dim: int | None = None, count: int | None = None) -> DonefileRecord:
+def base_record(version: int, dim: int | None = None, count: int | None = None, data_end: int | None = None,
+                landed: int | None = None) -> DonefileRecord:
     """The base line of ``version`` in the standard layout (key = its own id); ``dim``
-    floats per embedding and ``count`` keys, when known. Raises ``pydantic.ValidationError``."""
+    floats per embedding, ``count`` keys and the data time (``data_end``, ``landed``: unix
+    s), when known. Raises ``pydantic.ValidationError``."""
     return DonefileRecord(id=version, key=version, input=sparse_dir(version), model=dense_dir(version),
-                          dim=dim, count=count)
+                          dim=dim, count=count, data_end=data_end, landed=landed)
 
 
-def patch_record(version: int, base: int, dim: int | None = None, count: int | None = None) -> DonefileRecord:
+def patch_record(version: int, base: int, dim: int | None = None, count: int | None = None,
+                 data_end: int | None = None, landed: int | None = None) -> DonefileRecord:
     """The patch line of ``version``, applying to base ``base``, in the standard layout;
-    ``dim`` and ``count`` when known. Raises ``pydantic.ValidationError``."""
+    ``dim``, ``count`` and the data time when known. Raises ``pydantic.ValidationError``."""
     return DonefileRecord(id=version, key=base, input=sparse_dir(version), model=dense_dir(version),
-                          dim=dim, count=count)
+                          dim=dim, count=count, data_end=data_end, landed=landed)
 
 
 def location(root: str, kind: Kind) -> str:

@@ -6,9 +6,10 @@ when the demo runs from a terminal (``--no-wait``, or no terminal on stdin: stop
 once, as the tests do; ``--no-tracking``: none of it).
 
 The demo's figures in the job's run (``runtime.tracking`` names; step = the partition
-index from the start hour, as the trainer's): ``served_auc_next`` at the scored hour's
-step (beside the trainer's ``auc_before`` of that hour), ``base_alone_auc`` and
-``true_logit_auc`` at the same step, ``rollout_seconds`` at the version's own step.
+index from the start hour, as the job's): ``served_auc_next`` at the scored hour's step
+(beside the trainer's ``auc_before`` of that hour), ``base_alone_auc`` and
+``true_logit_auc`` at the same step. Rollouts are the transfer's run's (a child of the
+job's run: the demo names the job to the transfer, ``$ELASTIC_CTR_JOB``).
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def log_demo(server: MlflowServer, state_dir: Path, start_hour: str, versions: l
     when the job's run is unknown (the server was down: warned by the trainer)."""
     from runtime import tracking
 
-    rfile = tracking.RunIdFile(str(state_dir), "trainer-0")
+    rfile = tracking.RunIdFile(str(state_dir), "job")
     rec = rfile.record()
     if not rec or rec.get("uri") != server.url:
         return None
@@ -57,29 +58,29 @@ def log_demo(server: MlflowServer, state_dir: Path, start_hour: str, versions: l
     for v, h, b, t in zip(versions, scored_hours, base_alone, true_logit):
         tr.log_metrics({"served_auc_next": v["served_auc_next"], "base_alone_auc": b, "true_logit_auc": t},
                        step=tracking.partition_step(start_hour, h))
-        tr.log_metrics({"rollout_seconds": v["rollout_s"]}, step=tracking.partition_step(start_hour, v["hour"]))
     tr.close(timeout_s=30)
     return rec
 
 
-def linger(args, group, server: Optional[MlflowServer], rec: Optional[dict]) -> None:
+def linger(args, group, server: Optional[MlflowServer], rec: Optional[dict], keep=()) -> None:
     """Prints the UI's and the run's addresses; when run from a terminal and without
-    ``--no-wait``, stops every other role and keeps the server up until Ctrl-C (or
-    SIGTERM); then returns. (Not from a terminal, e.g. a test or CI: stops at once.)"""
-    if server is None:
-        return
-    print(f"MLflow UI: {server.url}", flush=True)
-    if rec:
-        print(f"MLflow run: {server.run_url(rec['experiment_id'], rec['run_id'])} "
-              f"(charts: {server.metrics_url(rec['experiment_id'], rec['run_id'])})", flush=True)
-    if getattr(args, "no_wait", False) or not sys.stdin.isatty():  # no one at a terminal to press Ctrl-C
+    ``--no-wait``, stops every other role but ``keep`` (the run's Prometheus) and keeps the
+    server (and ``keep``) up until Ctrl-C (or SIGTERM); then returns. (Not from a terminal,
+    e.g. a test or CI: stops at once.)"""
+    stay = [r for r in ([server.role] if server is not None else []) + list(keep) if r is not None]
+    if server is not None:
+        print(f"MLflow UI: {server.url}", flush=True)
+        if rec:
+            print(f"MLflow run: {server.run_url(rec['experiment_id'], rec['run_id'])} "
+                  f"(charts: {server.metrics_url(rec['experiment_id'], rec['run_id'])})", flush=True)
+    if not stay or getattr(args, "no_wait", False) or not sys.stdin.isatty():  # no one at a terminal to press Ctrl-C
         return
     for r in list(group.roles):
-        if r is not server.role:
+        if all(r is not k for k in stay):
             group.stop(r)
-    print("the MLflow server stays up for browsing; Ctrl-C stops it", flush=True)
+    print(f"{', '.join(r.name for r in stay)} stay(s) up for browsing; Ctrl-C stops it", flush=True)
     try:
-        while server.role.proc.poll() is None:
+        while all(r.proc.poll() is None for r in stay):
             time.sleep(0.5)
     except KeyboardInterrupt:
-        print("\nstopping the MLflow server", flush=True)
+        print("\nstopping " + ", ".join(r.name for r in stay), flush=True)

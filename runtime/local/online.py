@@ -18,9 +18,10 @@
    offline, by the base alone (its dense model and SequenceFiles);
 6. a chart of the AUC per hour and the rollout seconds per version
    (``runtime.local.plot``), the job's run in a local MLflow server
-   (``runtime.local.demo_tracking``, unless ``--no-tracking``), a summary table per
-   version (kind, sparse rows, rollout seconds, the trainer's and the served AUC on the
-   next hour) and the line
+   (``runtime.local.demo_tracking``, unless ``--no-tracking``), with ``--prometheus`` the
+   chart of the served data's age and the AUC from the run's Prometheus
+   (``runtime.local.prometheus``), a summary table per version (kind, sparse rows,
+   rollout seconds, the trainer's and the served AUC on the next hour) and the line
    ``demo: versions=<n> auc=<served next-hour AUC of the last version> failed_requests=<n>
    qps=<x> p99_ms=<y> patches=<n>``.
 """
@@ -34,12 +35,30 @@ from pathlib import Path
 import numpy as np
 
 from runtime.local import demo_tracking, plot
+from runtime.local import prometheus as local_prometheus
 from runtime.local.services import start_client, start_serving, start_services
 from runtime.formats import signal
 from runtime.formats.dict_info import served_version as cube_version
 from runtime.local.status import Waiter, serving_version, summary_line
 
 START = "20261120/00"
+
+
+def start_hour(value, hours: int) -> str:
+    """The first partition of a run of ``hours`` trained partitions: ``value``
+    (``YYYYMMDD/HH``), ``START`` when None, or with ``now`` the hour ``hours`` before the
+    current one (the last trained partition then ends when the current hour began).
+    Raises ``ValueError`` naming ``--start-hour``."""
+    from runtime.formats import partitions
+
+    if value is None:
+        return START
+    if value == "now":
+        import datetime as dt
+
+        now = dt.datetime.now(dt.timezone.utc).replace(minute=0, second=0, microsecond=0)
+        return (now - dt.timedelta(hours=hours)).strftime("%Y%m%d/%H")
+    return str(partitions.Hour.parse(value, "--start-hour"))
 
 
 def _eval_file(src: Path, dst: Path, rows: int) -> Path:
@@ -109,8 +128,14 @@ def _version_dir(svc, version: int, scratch: Path) -> Path:
     return dest
 
 
-def run(args, run_dir: Path, group, step) -> int:
-    """Runs the online demo (module docstring); returns 0 when no request failed."""
+def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
+    """Runs the online demo (module docstring); returns 0 when no request failed.
+
+    ``prom``: the run's Prometheus (``runtime.local.prometheus``; its chart is drawn at the
+    end). ``observer`` (the live monitoring test's): ``before_landing(t, svc, land)`` is
+    called after version ``t`` was scored, before the next partition lands, and returns
+    True when it called ``land()`` itself; ``at_end(svc)`` once the summary is printed,
+    before the roles stop."""
     from runtime import proc, storage
     from runtime.formats import donefile, partitions
 
@@ -123,13 +148,18 @@ def run(args, run_dir: Path, group, step) -> int:
     H = int(args.hours)
     if H < 2:
         raise ValueError(f"--hours must be >= 2 (a base and at least one patch; got {H})")
-    hs = [partitions.Hour.parse(START).next(i) for i in range(H + 1)]
+    first = start_hour(getattr(args, "start_hour", None), H)
+    hs = [partitions.Hour.parse(first).next(i) for i in range(H + 1)]
+    t_run = time.time()
 
-    gen = group.start("datagen", cli + ["data", "generate", "--hours", str(H + 1), "--start", START, "--rows",
+    gen = group.start("datagen", cli + ["data", "generate", "--hours", str(H + 1), "--start", first, "--rows",
                                         str(args.rows_per_hour), "--seed", str(args.seed), "--out", str(upstream)],
                       expect_exit=True)
-    step(f"data: generating {H + 1} hourly partitions of {args.rows_per_hour} rows from {START} (drifting hour "
+    step(f"data: generating {H + 1} hourly partitions of {args.rows_per_hour} rows from {first} (drifting hour "
          "to hour); they land one by one while the job trains")
+    from runtime import tracking
+
+    os.environ[tracking.JOB_ENV] = tracking.job_name(start_hour=first)  # the transfer's run: the job's child
     server = demo_tracking.launch(args, run_dir, group)
     svc = start_services(args, run_dir, group)
     step(f"{'file server' if svc.fs_root else 'version root (no file server)'} {svc.root_url}; "
@@ -154,7 +184,7 @@ def run(args, run_dir: Path, group, step) -> int:
     step(f"partition {hs[0]} landed")
     train_argv = cli + ["train", "--local-cluster", "--pservers", str(args.pservers), "--trainers",
                         str(args.trainers), "--mode", "continuous", "--data-root", hours_root,
-                        "--start-hour", START, "--end-hour", str(hs[H - 1]), "--state-dir",
+                        "--start-hour", first, "--end-hour", str(hs[H - 1]), "--state-dir",
                         str(run_dir / "train-state"), "--output", svc.root_url, "--upload-token-file",
                         str(svc.token_file), "--poll-s", "0.2", "--patch-every", "1", "--base-every",
                         str(args.base_every), "--seed", str(args.seed), "--log-dir", str(logs / "train")]
@@ -209,7 +239,7 @@ def run(args, run_dir: Path, group, step) -> int:
                          "failed": s["failed_requests"]})
         step(f"{kind} {rec.id} (after {hs[t]}, {rec.count} sparse rows): rolled out in {rollout_s:.1f} s; "
              f"AUC on {hs[t + 1]} (not trained yet) {served:.4f}")
-        if t + 1 < H:
+        if t + 1 < H and not (observer is not None and observer.before_landing(t, svc, lambda: land(hs[t + 1]))):
             land(hs[t + 1])
     waiter.wait([trainer], "continuous training")
     trec = summary_line(trainer.log_path)
@@ -235,7 +265,7 @@ def run(args, run_dir: Path, group, step) -> int:
                              [v["served_auc_next"] for v in versions], base_alone_h, true_logit,
                              [v["version"] for v in versions], [v["kind"] for v in versions],
                              [v["rollout_s"] for v in versions])
-    run_rec = (demo_tracking.log_demo(server, run_dir / "train-state", START, versions, scored, base_alone_h,
+    run_rec = (demo_tracking.log_demo(server, run_dir / "train-state", first, versions, scored, base_alone_h,
                                       true_logit) if server is not None else None)
     # -- summary -------------------------------------------------------------------------------
     print("\n== elastic-ctr local (online): summary ==")
@@ -258,13 +288,17 @@ def run(args, run_dir: Path, group, step) -> int:
     print(f"failed requests: {failed}")
     print(f"logs: {logs}")
     print(f"chart: {chart}")
+    prom_chart = local_prometheus.report(prom, run_dir, t_run)
     patches = sum(v["kind"] == "patch" for v in versions)
     (run_dir / "summary.json").write_text(json.dumps({
         "mode": "online", "versions": versions, "base_alone_auc_last": base_alone, "base_alone_auc": base_alone_h,
-        "chart": str(chart), "tracking": run_rec, "failed_requests": failed,
+        "chart": str(chart), "prometheus_chart": str(prom_chart) if prom_chart else None, "tracking": run_rec,
+        "failed_requests": failed,
         "latency": lat, "rollout": rollout, "signal": sig.model_dump(mode="json"), "eval_files": [str(e) for e in evals],
         "trainer": trec}, indent=1))
     print(f"demo: versions={len(versions)} auc={latest['served_auc_next']:.4f} failed_requests={failed} "
           f"qps={lat['qps']} p99_ms={lat['p99_ms']} patches={patches}", flush=True)
-    demo_tracking.linger(args, group, server, run_rec)
+    if observer is not None:
+        observer.at_end(svc)
+    demo_tracking.linger(args, group, server, run_rec, keep=[prom.role] if prom is not None else [])
     return 0 if failed == 0 else 1

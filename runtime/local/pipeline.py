@@ -77,9 +77,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="online: rows of the next hour each version is scored on")
     p.add_argument("--base-every", type=int, default=24, help="online: partitions between two bases")
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
-    from runtime.local import demo_tracking
+    p.add_argument("--start-hour", default=None, metavar="YYYYMMDD/HH|now",
+                   help="online: the first hourly partition (UTC; default: the demo's fixed first hour, for "
+                        "reproducible runs); now: the partitions are the hours before the current one, so the "
+                        "versions' data times, and the served data's age, are real")
+    from runtime.local import demo_tracking, prometheus
 
     demo_tracking.add_arguments(p)
+    prometheus.add_arguments(p)
     p.add_argument("--data-root", default=None, metavar="ROOT",
                    help="online: where the hourly partitions land (ROOT/YYYYMMDD/HH/, data then _SUCCESS): a "
                         "directory or an object-store location such as s3://bucket/hours (credentials and "
@@ -152,16 +157,19 @@ def main(args) -> int:
     try:
         with group:
             _check_roots(args)
+            from runtime.local import prometheus
+
+            prom = prometheus.launch(args, run_dir, group)  # before any role: each one's target is written
             if args.mode == "online" and not args.data:
                 from runtime.local import online
 
-                return online.run(args, run_dir, group, step)
+                return online.run(args, run_dir, group, step, prom=prom)
             return _pipeline(args, run_dir, group, step)
     except proc.RoleFailed as exc:
         print(f"\nelastic-ctr local: FAILED: role {exc.name!r} exited with code {exc.returncode}; "
               f"last lines of {logs / (exc.name + '.log')}:\n{exc.log_tail}", file=sys.stderr, flush=True)
         return 1
-    except (TimeoutError, storage.LocationError, ValueError) as exc:
+    except (TimeoutError, storage.LocationError, ValueError, FileNotFoundError) as exc:
         print(f"\nelastic-ctr local: FAILED: {exc}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt as exc:

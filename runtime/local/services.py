@@ -63,6 +63,9 @@ def start_serving(args, run_dir: Path, group, svc: Services, fmt: str, slot_args
                               threads=args.serving_threads, data_format=fmt, poll_interval_s=0.2,
                               extra=list(slot_args))
     serving = group.start("serving", spec.argv())
+    from runtime.monitoring import targets
+
+    targets.register(spec, "serving")
     for port in (svc.serving_port, svc.grpc_port):
         proc.wait_for_port("127.0.0.1", port, 120, serving.proc, serving.name, serving.log_path)
     return serving

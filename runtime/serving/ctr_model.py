@@ -90,6 +90,8 @@ class CtrModel(Model):
 
     def _switched(self, model: DenseModel) -> None:
         self.metrics.version.set(model.version)
+        data_end = getattr(model, "data_end", None)
+        self.metrics.data_end.set(float("nan") if data_end is None else data_end)
         self.metrics.switches.inc()
 
     def cube(self):
@@ -276,6 +278,16 @@ class CtrModel(Model):
         probabilities float32[n,1], with ``model`` and cube pinned to its version.
         Concurrent calls for one version are combined (``Combiner``) when ``combine`` is on.
         Raises ``Unavailable`` (cube lookup failed)."""
+        m = self.metrics
+        m.request_samples.observe(feasigns.shape[0])
+        m.inflight.inc()  # the autoscaler's custom metric (docs/monitoring.md)
+        try:
+            return self._submit(model, dense_raw, feasigns)
+        finally:
+            m.inflight.dec()
+
+    def _submit(self, model: DenseModel, dense_raw: np.ndarray, feasigns: np.ndarray) -> np.ndarray:
+        """``predict`` without its metrics: one run, or a share of a combined one."""
         if not self.combine:
             return self._predict(model, dense_raw, feasigns)
         comb = model.combiner
@@ -308,6 +320,7 @@ class CtrModel(Model):
         keys = np.ascontiguousarray(feasigns.T).ravel()  # slot-major: slot s = rows s*n..s*n+n-1
         res = self._seek(keys, model.version)
         self.metrics.runs.inc()  # counted once the lookups answered
+        self.metrics.batch_samples.observe(n)
         values = res.values
         if values.dtype != np.float32 or not values.flags.c_contiguous:
             values = np.ascontiguousarray(values, dtype=np.float32)

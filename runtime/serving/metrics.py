@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import os
 
+#: serving's in-flight inference requests (the autoscaler's pods metric: components/serving.py)
+INFLIGHT = "elastic_ctr_serving_inflight_requests"
+#: histogram buckets of samples per request and per dense-model run
+_SAMPLES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
 
 class ServingMetrics:
     """Counters and gauges of one serving process: requests by endpoint and HTTP status,
-    latency (s), errors by kind, samples, predictor runs, the version served, readiness."""
+    latency (s), errors by kind, samples, predictor runs, the version served, readiness,
+    the served version's data time (``..._model_data_end_timestamp_seconds``), inference
+    requests in progress, and samples per request and per dense-model run (histograms)."""
 
     def __init__(self):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -31,6 +38,20 @@ class ServingMetrics:
         self.runs = Counter("elastic_ctr_serving_predictor_runs_total",
                             "dense-model runs (one per combined batch of requests)", registry=r)
         self.switches = Counter("elastic_ctr_serving_version_switches_total", "version switches", registry=r)
+        # the served version's data time (its donefile line's data_end; NaN: unknown): freshness
+        # is time() - this (docs/monitoring.md); the workers' most recent value
+        self.data_end = Gauge("elastic_ctr_serving_model_data_end_timestamp_seconds",
+                              "data time of the version served: the end of its last partition (unix s)",
+                              registry=r, **({"multiprocess_mode": "livemostrecent"} if self.multiproc else {}))
+        self.data_end.set(float("nan"))
+        # inference requests inside the model now (summed over the workers): the autoscaler's metric
+        self.inflight = Gauge(INFLIGHT, "inference requests in progress",
+                              registry=r, **({"multiprocess_mode": "livesum"} if self.multiproc else {}))
+        self.request_samples = Histogram("elastic_ctr_serving_request_samples", "samples per inference request",
+                                         registry=r, buckets=_SAMPLES)
+        self.batch_samples = Histogram("elastic_ctr_serving_batch_samples",
+                                       "samples per dense-model run (requests combined)", registry=r,
+                                       buckets=_SAMPLES)
         self._bound: dict = {}  # (endpoint, code) -> bound children: no label lookup per request
 
     def observe(self, endpoint: str, code: int, seconds: float) -> None:

@@ -34,8 +34,8 @@ class ModelLoadError(RuntimeError):
 
 class DenseModel:
     """One version's dense model: ``version`` (int), ``meta`` (``ModelMeta``), and a pool of
-    ``pool_size`` predictors (``runtime.inference.DensePredictor``). ``predict`` is
-    thread-safe. ``combiner`` is set by serving (concurrent requests of this version are
+    ``pool_size`` predictors (``runtime.inference.DensePredictor``), ``data_end`` (the
+    version's data time, unix s, or None). ``predict`` is thread-safe. ``combiner`` is set by serving (concurrent requests of this version are
     combined into one run). Raises ``ModelLoadError``."""
 
     def __init__(self, version: int, model_dir: str | os.PathLike, pool_size: int = 4):
@@ -54,6 +54,7 @@ class DenseModel:
         self.dim = self.meta.embedding_dim
         self.loaded_at = time.time()
         self.combiner = None
+        self.data_end: int | None = None  # its donefile line's data_end (unix s), set by the watcher
 
     def predict(self, dense: np.ndarray, emb: np.ndarray) -> np.ndarray:
         """``dense`` float32[n,13] normalized; ``emb`` float32[num_slots*n, dim] slot-major.
@@ -153,18 +154,18 @@ class VersionWatcher:
             return v
         return max((r.id for r in self._records()), default=None)
 
-    def _model_rel(self, version: int) -> str:
-        for rec in self._records():
-            if rec.id == version and rec.model:
-                return rec.model
-        return donefile.dense_dir(version)
+    def _record(self, version: int) -> donefile.DonefileRecord | None:
+        return next((r for r in self._records() if r.id == version), None)
 
     # -- loading -----------------------------------------------------------------------
     def load(self, version: int) -> DenseModel:
         """Fetches, loads and warms up ``version``'s dense model (not yet current)."""
         t0 = time.monotonic()
-        local = fetch_model(self.model_root, self._model_rel(version), version, self.work_dir)
+        rec = self._record(version)
+        rel = rec.model if rec is not None and rec.model else donefile.dense_dir(version)
+        local = fetch_model(self.model_root, rel, version, self.work_dir)
         model = DenseModel(version, local, self.pool_size)
+        model.data_end = rec.data_end if rec is not None else None
         model.predict(np.zeros((1, model.meta.features.num_dense), np.float32),
                       np.zeros((model.num_slots, model.dim), np.float32))
         log.info("loaded dense model of version %d from %s in %.0f ms", version, local,

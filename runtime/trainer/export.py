@@ -20,6 +20,7 @@ import glob
 import gzip
 import logging
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -43,13 +44,21 @@ class ExportError(RuntimeError):
     """The export could not be completed; the message says which step and why."""
 
 
-def read_saved_table(table_dir: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
+def _count(rows: dict[int, int] | None, path: str, n: int) -> None:
+    """Adds ``n`` rows to ``rows[<pserver>]`` for a ``part-<pserver>-<shard>`` file."""
+    if rows is not None:
+        m = re.match(r"part-(\d+)-", os.path.basename(path))
+        if m:
+            rows[int(m.group(1))] = rows.get(int(m.group(1)), 0) + n
+
+
+def read_saved_table(table_dir: str, dim: int, rows: dict[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Reads the text files of ``fleet.save_one_table`` under ``table_dir`` ->
     ``(keys uint64[n], values float32[n,dim])`` (layout: module docstring).
 
     Every part file under ``table_dir`` (any depth) is read, so several pservers, each
     writing its own ``part-<pserver>-<shard>`` files into the same directory, give the
-    whole table.
+    whole table. ``rows``: filled with the rows read per pserver index.
 
     Raises ``ExportError`` if no part file is found (e.g. the pservers saved on another
     machine's file system: ``--table-dir`` must then be a shared volume) or a line has
@@ -66,6 +75,7 @@ def read_saved_table(table_dir: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rt") as f:
             lines = f.read().splitlines()
+        _count(rows, path, len(lines))
         if not lines:
             continue
         ks = np.empty(len(lines), dtype=np.uint64)
@@ -86,11 +96,12 @@ def read_saved_table(table_dir: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
     return keys, values
 
 
-def read_saved_keys(table_dir: str) -> np.ndarray:
+def read_saved_keys(table_dir: str, rows: dict[int, int] | None = None) -> np.ndarray:
     """uint64[n]: only the keys (first column) of the text files of ``fleet.save_one_table``
     under ``table_dir``, for a caller that pulls the values itself (``runtime.trainer.fedrows``):
-    about 10x cheaper than ``read_saved_table``'s float parsing. Raises ``ExportError`` as
-    ``read_saved_table`` when no part file is found or a key is not an integer."""
+    about 10x cheaper than ``read_saved_table``'s float parsing. ``rows``: filled with the
+    rows read per pserver index. Raises ``ExportError`` as ``read_saved_table`` when no part
+    file is found or a key is not an integer."""
     files = sorted(glob.glob(os.path.join(table_dir, "**", "part-*"), recursive=True))
     if not files:
         raise ExportError(f"sparse table: no part files under {table_dir} (see read_saved_table)")
@@ -101,6 +112,7 @@ def read_saved_keys(table_dir: str) -> np.ndarray:
             data = f.read()
         try:
             out.append(np.array([int(ln.split(b" ", 1)[0]) for ln in data.splitlines() if ln], dtype=np.uint64))
+            _count(rows, path, len(out[-1]))
         except ValueError as exc:
             raise ExportError(f"{path}: a line whose first column is not a uint64 key ({exc})") from None
     return np.concatenate(out) if out else np.zeros(0, np.uint64)
@@ -187,7 +199,8 @@ def write_sparse(stage: Path, keys: np.ndarray, values: np.ndarray) -> list[dict
 def export_version(root: str, *, slots: Sequence[int], fmt: str, dim: int, layers: Sequence[int],
                    keys: np.ndarray, values: np.ndarray, metrics: dict, training: dict,
                    source_scope=None, token: str | None = None, version_id: int | None = None,
-                   seed: int = 0, base_id: int | None = None) -> DonefileRecord:
+                   seed: int = 0, base_id: int | None = None, data_end: int | None = None,
+                   landed: int | None = None) -> DonefileRecord:
     """Writes and publishes one version under ``root`` (a directory or the file server's
     URL): ``versions/<id>/dense/`` (program, parameters, ``model_meta.json``),
     ``versions/<id>/sparse/part-*``, then the line in ``donefile/base.txt`` (a base: the
@@ -204,6 +217,8 @@ def export_version(root: str, *, slots: Sequence[int], fmt: str, dim: int, layer
             the program's seeded initialization; used by tests and benchmarks).
         token: the file server's upload token; version_id: default a new id
             (``runtime.formats.donefile.new_version_id``).
+        data_end, landed: the version's data time for its donefile line (unix s; None:
+            not trained on time partitions).
 
     Returns the donefile record. Raises ``ExportError`` / ``storage.LocationError``; the
     donefile line is appended only once every file of the version is in place.
@@ -231,9 +246,9 @@ def export_version(root: str, *, slots: Sequence[int], fmt: str, dim: int, layer
         meta.write(stage / "dense")
         storage.upload_tree(stage, storage.join(root, "versions", str(vid)), token)
     if base_id is None:
-        rec = donefile.base_record(vid, dim, int(len(keys)))
+        rec = donefile.base_record(vid, dim, int(len(keys)), data_end, landed)
     else:
-        rec = donefile.patch_record(vid, int(base_id), dim, int(len(keys)))
+        rec = donefile.patch_record(vid, int(base_id), dim, int(len(keys)), data_end, landed)
     donefile.append(root, "base" if base_id is None else "patch", rec, token)
     log.info("exported %s version %d to %s: %d keys, dim %d, in %.1f s",
              "base" if base_id is None else f"patch (base {base_id})", vid, root, len(keys), dim,

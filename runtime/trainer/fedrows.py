@@ -42,6 +42,16 @@ def agree(worker, value: int) -> int:
     return int(np.asarray(fleet.util.all_reduce(np.array([mine]), "sum")).ravel()[0])
 
 
+def total(worker, value: int) -> int:
+    """The sum of every trainer's ``value`` (gloo all-reduce; every trainer calls it, in the
+    same order as the job's other collectives); a single process returns ``value``."""
+    if getattr(worker, "role", None) is None:
+        return int(value)
+    from paddle.distributed import fleet
+
+    return int(np.asarray(fleet.util.all_reduce(np.array([float(value)]), "sum")).ravel()[0])
+
+
 def gather_keys(worker, purpose: str = "patch rows") -> np.ndarray | None:
     """The union of every trainer's fed feasigns (``worker.keys_seen``) on trainer 0
     (uint64[k], sorted, unique), ``None`` on the others. Every trainer calls it (barriers).

@@ -1,7 +1,8 @@
 """``elastic-ctr train --local-cluster``: P pservers + T trainers as processes on 127.0.0.1.
 
 Each role is ``python -m runtime.cli train <same flags>`` with the environment contract of
-``runtime.trainer.roles`` (free ports). The launcher checks the inputs first (a missing
+``runtime.trainer.roles`` (free ports, a metrics port each: their scrape targets are
+written where ``runtime.monitoring.targets`` says). The launcher checks the inputs first (a missing
 file or unreachable URL fails before any process starts), starts the pservers, then the
 trainers, waits for the trainers, and stops the pservers (by PID). If any role dies, every
 process is stopped and ``RoleFailed`` (with the failing role's log tail) is raised.
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from runtime import proc, role_specs
+from runtime.monitoring import targets
 from runtime.formats.train_result import RESULT, TrainResult, TrainResultError
 from runtime.trainer import PADDLE_FLAGS
 from runtime.trainer.config import TrainConfig, check_inputs, train_argv
@@ -36,22 +38,30 @@ def run_local_ps(cfg: TrainConfig, pservers: int = 1, trainers: int = 2,
     t0 = time.monotonic()
     logs = Path(log_dir or tempfile.mkdtemp(prefix="elastic-ctr-cluster-"))
     *ports, gloo_port = proc.free_ports(pservers + 1)
+    metrics_ports = proc.free_ports(pservers + trainers)
     endpoints = [f"127.0.0.1:{p}" for p in ports]
+    from runtime import tracking
+
     common = {**PADDLE_FLAGS, "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(endpoints), "PADDLE_TRAINERS_NUM": str(trainers),
-              "POD_IP": "127.0.0.1", "OMP_NUM_THREADS": "1", "CPU_NUM": "1"}
+              "POD_IP": "127.0.0.1", "OMP_NUM_THREADS": "1", "CPU_NUM": "1",
+              tracking.JOB_ENV: tracking.job_name(cfg)}  # one job name for every process (its runs)
     args = ["train"] + train_argv(cfg)
     log.info("local cluster: %d pserver(s) %s, %d trainer(s); logs in %s", pservers, endpoints, trainers, logs)
     with proc.ProcessGroup(logs) as group:
         ps_roles = []
         for i, p in enumerate(ports):
-            spec = role_specs.ps_role("pserver", p, gloo_port, args)
+            spec = role_specs.ps_role("pserver", p, gloo_port, args, metrics_port=metrics_ports[i],
+                                      metrics_host=role_specs.LOOPBACK)
             ps_roles.append(group.start(f"pserver-{i}", spec.argv(), env={**common, **dict(spec.env)}))
+            targets.register(spec, f"pserver-{i}", {"pserver": str(i)})
         tr_roles = []
         for i in range(trainers):  # a trainer's PADDLE_PORT is the pservers' (the endpoints are given)
-            spec = role_specs.ps_role("trainer", ports[0], gloo_port, args)
+            spec = role_specs.ps_role("trainer", ports[0], gloo_port, args, metrics_port=metrics_ports[pservers + i],
+                                      metrics_host=role_specs.LOOPBACK)
             tr_roles.append(group.start(f"trainer-{i}", spec.argv(),
                                         env={**common, **dict(spec.env), "PADDLE_TRAINER_ID": str(i)},
                                         expect_exit=True))
+            targets.register(spec, f"trainer-{i}", {"trainer": str(i)})
         if on_started is not None:
             on_started(endpoints, [r.proc.pid for r in tr_roles])
         group.wait(tr_roles, timeout_s=timeout_s)

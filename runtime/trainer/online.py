@@ -68,10 +68,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runtime import tracking
 from runtime.formats import donefile, partitions
+from runtime.metrics.trainer import metrics as trainer_metrics, waiting_counter
 # an export entry of the state file is the result line's record (one definition)
 from runtime.formats.train_result import ExportResult as ExportRecord
 from runtime.formats.train_result import PartitionResult
-from runtime.trainer import publish
+from runtime.trainer import fedrows, publish
 from runtime.trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -281,9 +282,15 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
     records: list[PartitionResult] = []
     load_s = 0.0
     t_job = time.monotonic()
+    m = trainer_metrics()
+    untrained = [hour]  # the first partition not trained yet (partitions_waiting counts from it)
+    if worker.chief:
+        m.count_waiting(waiting_counter(cfg.data_root, lambda: untrained[0]))
     while (end is None or hour <= end) and not stop.requested:
         if not _wait_for(cfg, hour, stop):
             break
+        landed = int(time.time())  # found complete now (within --poll-s of its _SUCCESS when waited for)
+        untrained[0] = hour.next()
         files = partitions.files(cfg.data_root, hour)
         t_load = time.monotonic()
         ds, staged = worker.load(files, keep_rows=worker.chief)
@@ -307,7 +314,8 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
         worker.sync()
         records.append(rec)
         step = tracking.partition_step(cfg.start_hour, rec.hour)
-        tracking.log_partition(tr, step, rec, st.loss)
+        tr.partition(step, rec, st.loss, fedrows.total(worker, rec.rows), hour.location(cfg.data_root))
+        m.partition_done(hour.next().start.timestamp(), rec.auc_before)
         since_export += 1
         hour = hour.next()
         fresh = hour > published  # not in a version already out
@@ -322,10 +330,10 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
                 log.info("%s: partitions before %s are in published versions: trained again after the restore, "
                          "their rows go into the next export", worker.who, hour)
                 continue
-            ver = _export_point(worker, cfg, state, hour, ckroot, last=last)
+            ver = _export_point(worker, cfg, state, hour, ckroot, last=last, landed=landed)
             if ver is not None:
                 rec.version = ver.id
-                tracking.log_version(tr, step, ver.model_dump(), tracking.published_model_meta(cfg.output, rec.version))
+                tr.version(step, ver.model_dump(), tracking.published_model_meta(cfg.output, rec.version))
     worker.budget.finish()
     # every partition is one pass over its rows (train_pass checks the count)
     examples = sum(r.rows for r in records)
@@ -348,18 +356,17 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
 
 
 def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: partitions.Hour, ckroot: str,
-                  last: bool = False):
+                  last: bool = False, landed: Optional[int] = None):
     """Rows, pending state, publish, state, then a checkpoint when one is due (module
     docstring). Every process calls it; returns the ``ExportRecord`` on trainer 0, ``None``
-    elsewhere. ``last``: the job's end hour was trained (a checkpoint is taken).
+    elsewhere. ``last``: the job's end hour was trained (a checkpoint is taken);
+    ``landed``: when the last partition was found complete (unix s).
 
     The rows: a base is the whole table (a save, then its values pulled), a patch the
     rows of the feasigns fed since the last export point (``Worker.fed_rows``); trainer 0
     decides which and every trainer follows (``fedrows.agree``). Trainer 0 keeps them in
     ``--state-dir/exports/<id>/`` (``ROWS``) until the export is committed, so that a
     restart publishes a pending export with the same rows."""
-    from runtime.trainer import fedrows
-
     is_base = bool(fedrows.agree(worker, int(state.base_id is None or state.since_base >= cfg.base_every
                                                  or state.base_due is not None)))
     t0 = time.monotonic()
@@ -378,7 +385,7 @@ def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: parti
         last_hour = str(next_hour.next(-1))
         vid = donefile.new_version_id(cfg.output) if cfg.output else (state.exports[-1].id + 1 if state.exports else 1)
         rec = ExportRecord(id=vid, kind="base" if is_base else "patch", base=vid if is_base else state.base_id,
-                           hour=last_hour, rows=int(len(keys)), rows_seconds=round(rows_s, 3))
+                           hour=last_hour, rows=int(len(keys)), rows_seconds=round(rows_s, 3), landed=landed)
         directory = export_dir(cfg.state_dir, vid)
         shutil.rmtree(directory, ignore_errors=True)  # left by a run that died before its state
         os.makedirs(directory)
@@ -395,6 +402,7 @@ def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: parti
         rec.publish_seconds = round(time.monotonic() - t2, 3)
         rec.seconds = round(time.monotonic() - t0, 3)
         _commit(state, rec, cfg)
+        trainer_metrics().export_done(rec.kind, rec.seconds, rec.rows, rec.id, next_hour.start.timestamp())
         log.info("%s: exported %s %d after partition %s: %d sparse rows in %.1f s (rows %.1f s, publish %.1f s)",
                  worker.who, rec.kind, rec.id, last_hour, rec.rows, rec.seconds, rows_s, rec.publish_seconds)
     # the version is out: a checkpoint now costs the next partition, never this one's freshness
@@ -433,9 +441,12 @@ def export_dir(state_dir: str, version_id: int) -> str:
 
 
 def _publish(worker, cfg: TrainConfig, rec: ExportRecord, keys: np.ndarray, values: np.ndarray) -> None:
+    """Publishes ``rec``'s version with its data time (``data_end``: the end of its last
+    partition, ``rec.hour``; ``landed``: ``rec.landed``) on its donefile line."""
     meta_rec = {"mode": "continuous", "test_auc": [], "trainers": None, "pservers": None, "epochs": 1}
+    data_end = int(partitions.Hour.parse(rec.hour).next().start.timestamp())
     publish.publish(cfg, worker.slots, keys, values, meta_rec, version_id=rec.id,
-                 base_id=None if rec.kind == "base" else rec.base)
+                    base_id=None if rec.kind == "base" else rec.base, data_end=data_end, landed=rec.landed)
 
 
 def _commit(state: OnlineState, rec: ExportRecord, cfg: TrainConfig) -> None:

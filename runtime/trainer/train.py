@@ -92,8 +92,7 @@ def _run_batch(worker, cfg: TrainConfig, train_files: list[str], test_files: lis
             a, _ = worker.evaluate(test)
             aucs.append(a)
             log.info("%s pass %d/%d: test auc %.5f (%d rows)", worker.who, epoch + 1, cfg.epochs, a, len(test))
-        tr.log_metrics({"train_auc": st.train_auc, "loss": tracking.finite(st.loss), "test_auc": a,
-                        "examples_per_s": st.examples_per_s, "seconds": st.seconds}, step=epoch)
+        tr.training_pass(epoch, st, a)
     ds.release_memory()
     worker.budget.finish()
     examples = sum(p.examples for p in passes)
@@ -114,11 +113,13 @@ def _run_batch(worker, cfg: TrainConfig, train_files: list[str], test_files: lis
             keys, values = table
             ver = publish(cfg, worker.slots, keys, values, rec)
             rec.update(version=ver.id, export_seconds=round(time.monotonic() - t_save, 3))
-            tracking.log_version(tr, None, {"id": ver.id, "kind": "base", "base": ver.id, "hour": None,
-                                            "rows": int(len(keys)), "seconds": rec["export_seconds"]},
-                                 tracking.published_model_meta(cfg.output, ver.id))
-    tr.log_metrics({k: rec[k] for k in ("examples", "load_seconds", "train_seconds", "examples_per_s",
-                                        "examples_per_s_with_load")})
+            from runtime.metrics.trainer import metrics
+
+            metrics().export_done("base", rec["export_seconds"], int(len(keys)), ver.id, None)
+            tr.version(None, {"id": ver.id, "kind": "base", "base": ver.id, "hour": None, "rows": int(len(keys)),
+                              "seconds": rec["export_seconds"]}, tracking.published_model_meta(cfg.output, ver.id))
+    tr.totals({k: rec[k] for k in ("examples", "load_seconds", "train_seconds", "examples_per_s",
+                                   "examples_per_s_with_load")})
     return rec
 
 
@@ -126,7 +127,10 @@ def run_single(cfg: TrainConfig) -> dict:
     """Trains in this process without parameter servers, evaluates, exports if ``output``.
     Returns the result record (``test_auc`` per pass, ``examples_per_s``, ``version``...)."""
     train_files, test_files = check_inputs(cfg)
+    from runtime.metrics.trainer import serve_from_env
     from runtime.trainer.worker import SingleWorker
+
+    serve_from_env()
 
     job = {"mode": "single", "trainers": 1, "pservers": 0}
     if cfg.mode == "continuous":
@@ -152,8 +156,10 @@ def run_pserver(cfg: TrainConfig, role) -> None:
     build_ps_programs(cfg, cfg.slots(), continuous=cfg.mode == "continuous")
     log.info("pserver %s: serving (trainers %d)", role.endpoint, role.trainers)
     fleet.init_server()
+    from runtime.metrics.trainer import pserver_exporter
     from runtime.trainer.stop import exit_on_signal
 
+    pserver_exporter()  # a process of its own: no thread of this one runs once run_server holds the GIL
     # after init_server (Paddle's and the PS runtime's handlers are in place); run_server
     # then holds the GIL for good, so the exit on SIGTERM is the C handler's
     exit_on_signal(0)
@@ -186,6 +192,9 @@ def run_role(cfg: TrainConfig) -> dict | None:
     if fleet.is_server():
         run_pserver(cfg, role)
         return None
+    from runtime.metrics.trainer import serve_from_env
+
+    serve_from_env()
     worker = PsWorker(cfg, role)
     job = {"mode": "ps", "trainers": role.trainers, "pservers": len(role.pservers), "trainer_id": role.trainer_id}
     if cfg.mode == "continuous":

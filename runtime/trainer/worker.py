@@ -244,6 +244,9 @@ class Worker:
         if n != expected_rows:
             raise RuntimeError(f"{self.who} {label}: trained {n} examples of the {expected_rows} loaded")
         st = PassStats(n, round(seconds, 3), bucket_auc(pos, neg), progress.loss)
+        from runtime.metrics.trainer import metrics
+
+        metrics().pass_done(n, seconds, st.train_auc, st.loss)
         log.info("%s %s done: %d examples in %.1f s (%.0f ex/s), train auc %.4f", self.who, label, n,
                  seconds, st.examples_per_s, st.train_auc)
         return st
@@ -497,11 +500,17 @@ class PsWorker(Worker):
         if not self.chief:
             return None
         log.info("%s: sparse table saved under %s in %.1f s", self.who, save_dir, time.monotonic() - t0)
+        from runtime.metrics.trainer import metrics
+
+        rows: dict[int, int] = {}  # per pserver, counted while reading
         if not exact:
-            return export.read_saved_table(save_dir, self.cfg.embedding_dim)
+            table = export.read_saved_table(save_dir, self.cfg.embedding_dim, rows)
+            metrics().table_saved(rows)
+            return table
         from runtime.trainer import fedrows
 
-        keys, t0 = export.read_saved_keys(save_dir), time.monotonic()
+        keys, t0 = export.read_saved_keys(save_dir, rows), time.monotonic()
+        metrics().table_saved(rows)
         values = fedrows.pull(self, keys) if len(keys) else np.zeros((0, self.cfg.embedding_dim), np.float32)
         log.info("%s: %d rows pulled in %.1f s", self.who, len(keys), time.monotonic() - t0)
         return keys, values

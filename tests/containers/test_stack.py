@@ -256,10 +256,11 @@ def test_tracking_server_holds_the_jobs_run_and_the_rollout(stack, say):
         for run in found.get("runs", []):
             tags = {t["key"]: t["value"] for t in run["data"].get("tags", [])}
             runs[(tags.get("elastic_ctr.role"), tags.get("elastic_ctr.trainer_id"))] = run
-        return ("trainer", "0") in runs and ("transfer", None) in runs and runs[("transfer", None)]["data"].get("metrics")
+        return (("job", None) in runs and ("trainer", "0") in runs and ("transfer", None) in runs
+                and runs[("transfer", None)]["data"].get("metrics"))
 
     c.wait_for("the job's and the transfer's runs", both, timeout_s=120, every_s=2)
-    job = runs[("trainer", "0")]
+    job = runs[("job", None)]
     rid = job["info"]["run_id"]
 
     def hist(run_id, key):
@@ -272,8 +273,11 @@ def test_tracking_server_holds_the_jobs_run_and_the_rollout(stack, say):
     assert hist(rid, "version_id") == {0: v}
     params = {p["key"]: p["value"] for p in job["data"]["params"]}
     assert params["trainers"] == "2" and params["pservers"] == "1"
-    assert ("trainer", "1") in runs  # trainer 1's own figures, tagged with its id
+    for tid in ("0", "1"):  # each trainer's own figures: a child run of the job's, tagged with its id
+        tags = {t["key"]: t["value"] for t in runs[("trainer", tid)]["data"]["tags"]}
+        assert tags["mlflow.parentRunId"] == rid
     transfer = runs[("transfer", None)]["info"]["run_id"]
+    assert {t["key"]: t["value"] for t in runs[("transfer", None)]["data"]["tags"]}["mlflow.parentRunId"] == rid
     rollout = hist(transfer, "rollout_seconds")
     assert v in rollout
     RESULTS["tracking"] = {"job_run": rid, "test_auc": hist(rid, "test_auc"), "rollout_seconds": rollout}

@@ -190,7 +190,8 @@ def test_control_conflicts_and_failed_load(server, data):
     assert Conn(server).seek(keys[:2])[1] == 100
     assert requests.get(http(server) + "/healthz").status_code == 200
     metrics = requests.get(http(server) + "/metrics").text
-    assert "cube_requests_total" in metrics and 'cube_loads_total{result="failed"} 4.0' in metrics
+    assert "elastic_ctr_cube_requests_total" in metrics
+    assert 'elastic_ctr_cube_loads_total{result="failed",shard="0",shard_num="1"} 4.0' in metrics
 
 
 @pytest.mark.parametrize("io_mode", ["epoll", "threads"])

@@ -169,7 +169,7 @@ def test_base_then_patch_and_malformed_lines(cluster, root, tmp_path):
     assert tr.poll_once() is None
     assert cluster.versions() == [300] * 4
     # logged and counted once, not at every poll
-    assert tr.metrics.registry.get_sample_value("cube_transfer_donefile_malformed_lines_total") == 1
+    assert tr.metrics.registry.get_sample_value("elastic_ctr_transfer_donefile_malformed_lines_total") == 1
 
 
 def test_restart_does_not_repeat_a_finished_rollout(cluster, root, tmp_path):
@@ -312,7 +312,8 @@ def test_http_api(cluster, root, tmp_path):
     hist = c.get("/dict/deploy/history").json["history"]
     assert hist[-1]["status"] == "finished" and hist[-1]["version"] == 5
     m = c.get("/metrics").data.decode()
-    assert "cube_transfer_served_version 5.0" in m and 'cube_transfer_rollouts_total{status="finished"} 1.0' in m
+    assert "elastic_ctr_transfer_served_version 5.0" in m
+    assert 'elastic_ctr_transfer_rollouts_total{status="finished"} 1.0' in m
 
 
 # ------------------------------------------------------------------------- resize

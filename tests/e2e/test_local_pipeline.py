@@ -192,6 +192,7 @@ def _check_tracking(run_dir: Path, summary: dict, stdout: str) -> None:
     assert hist(rec["run_id"], "version_id") == {tracking.partition_step(start, v["hour"]): v["version"]
                                                  for v in summary["versions"]}
     (transfer,) = client.search_runs([rec["experiment_id"]], "tags.`elastic_ctr.role` = 'transfer'")
+    assert transfer.data.tags["mlflow.parentRunId"] == rec["run_id"]  # the job's child
     rollouts = hist(transfer.info.run_id, "rollout_seconds")
     assert sorted(rollouts) == [v["version"] for v in summary["versions"]]
     assert set(hist(transfer.info.run_id, "enabling_seconds")) == set(rollouts)

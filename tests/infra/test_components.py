@@ -24,12 +24,14 @@ def kinds(r) -> Counter:
 
 def test_dev_stack_resource_counts(rendered):
     r = rendered("dev")
-    assert kinds(r) == {"Namespace": 1, "Secret": 1, "ConfigMap": 1, "PersistentVolumeClaim": 4,
+    assert kinds(r) == {"Namespace": 1, "Secret": 1, "ConfigMap": 1 + 4, "PersistentVolumeClaim": 4,
                         "Service": 6, "StatefulSet": 2, "Deployment": 4,
-                        "PodDisruptionBudget": 2, "Job": 1}
+                        "PodDisruptionBudget": 2, "Job": 1,
+                        "ServiceMonitor": 5, "PodMonitor": 2, "PrometheusRule": 1}  # 4 dashboards, monitoring
     types = Counter(x["type"] for x in r.resources)
     assert types["docker:index/image:Image"] == 4
-    for name in ("Images", "TrainingJob", "CubeCluster", "CubeTransfer", "FileServer", "Serving", "TrackingServer"):
+    for name in ("Images", "TrainingJob", "CubeCluster", "CubeTransfer", "FileServer", "Serving", "TrackingServer",
+                 "Monitoring"):
         assert types[f"elastic-ctr:index:{name}"] == 1
 
 

@@ -39,7 +39,7 @@ def test_the_run_page_shows_the_auc_chart(mlflow_server, tmp_path):
     _summary(_run(["--single", "--mode", "continuous", "--data-root", str(tmp_path / "hours"), "--start-hour",
                    START, "--end-hour", "20261120/02", "--state-dir", str(state), "--poll-s", "0.2",
                    "--threads", "1", "--tracking-uri", mlflow_server.url], tmp_path))
-    rec = tracking.RunIdFile(str(state), "trainer-0").record()
+    rec = tracking.RunIdFile(str(state), "job").record()  # the job's run holds auc_before
     url = mlflow_server.metrics_url(rec["experiment_id"], rec["run_id"])
     from selenium.webdriver.common.by import By
 

@@ -4,6 +4,7 @@ continues its run, a server that goes away mid-job costs a warning and nothing o
 model, and a tracker never blocks its caller."""
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -127,20 +128,33 @@ def _online(root, tmp, out, state, end, uri=None, extra=()):
     return _run(args, tmp)
 
 
-def test_continuous_job_metrics_equal_its_summary_and_resume_continues_the_run(mlflow_server, hours4, tmp_path):
+def test_continuous_job_metrics_equal_its_summary_and_resume_continues_the_runs(mlflow_server, hours4, tmp_path):
     out, state = tmp_path / "out", tmp_path / "state"
     r = _online(hours4, tmp_path, out, state, "20261120/02", mlflow_server.url)
     s = _summary(r)
-    rid = tracking.RunIdFile(str(state), "trainer-0").read(mlflow_server.url)
-    assert rid, r.stderr[-2000:]
+    rid = tracking.RunIdFile(str(state), "job").read(mlflow_server.url)
+    tid = tracking.RunIdFile(str(state), "trainer-0").read(mlflow_server.url)
+    assert rid and tid and rid != tid, r.stderr[-2000:]
     c = _client(mlflow_server)
-    run = c.get_run(rid)
-    assert run.info.status == "FINISHED" and run.data.tags["elastic_ctr.role"] == "trainer"
+    run, child = c.get_run(rid), c.get_run(tid)
+    # one parent run per job, a child run per trainer; the code's version on the job's run
+    assert run.info.status == "FINISHED" and run.data.tags["elastic_ctr.role"] == "job"
+    assert run.data.tags["elastic_ctr.job"] == run.info.run_name == "online-20261120-00"
+    assert run.data.tags["mlflow.source.git.commit"] == tracking.code_version() and len(tracking.code_version()) == 40
+    assert child.data.tags["mlflow.parentRunId"] == rid and child.data.tags["elastic_ctr.role"] == "trainer"
+    assert child.data.tags["elastic_ctr.trainer_id"] == "0" and child.info.run_name == "online-20261120-00-trainer0"
     assert run.data.params["mode"] == "continuous" and run.data.params["trainers"] == "1"
-    for key in ("auc_before", "train_auc", "rows", "seconds"):
-        logged = _history(c, rid, key)
-        want = {tracking.partition_step(START, p["hour"]): p[key] for p in s["partitions"] if p.get(key) is not None}
-        assert logged == pytest.approx(want), key
+    # the partitions trained are the job's datasets
+    inputs = [(d.dataset.name, json.loads(d.dataset.source)["uri"]) for d in run.inputs.dataset_inputs]
+    assert inputs == [(p["hour"], str(hours4 / p["hour"])) for p in s["partitions"]]
+    step = {tracking.partition_step(START, p["hour"]): p for p in s["partitions"]}
+    # one name per figure: the job's partition_rows (every trainer; one here) and the trainer's own share
+    for run_id, key, field in ((rid, "auc_before", "auc_before"), (rid, "partition_rows", "rows"),
+                               (tid, "train_auc", "train_auc"), (tid, "trainer_rows", "rows"),
+                               (tid, "seconds", "seconds")):
+        want = {k: p[field] for k, p in step.items() if p.get(field) is not None}
+        assert _history(c, run_id, key) == pytest.approx(want), key
+    assert not _history(c, rid, "train_auc") and not _history(c, tid, "auc_before") and not _history(c, rid, "rows")
     assert sorted(_history(c, rid, "auc_before")) == [1, 2]  # none before the first partition
     exports = s["exports"]
     assert _history(c, rid, "version_id") == {tracking.partition_step(START, e["hour"]): e["id"] for e in exports}
@@ -149,16 +163,39 @@ def test_continuous_job_metrics_equal_its_summary_and_resume_continues_the_run(m
     for e in exports:
         assert run.data.tags[f"version.{e['id']}.kind"] == e["kind"]
         art = c.download_artifacts(rid, f"versions/{e['id']}.json", str(tmp_path / "dl"))
-        import json
-
         doc = json.loads(open(art).read())
         assert doc["id"] == e["id"] and doc["kind"] == e["kind"] and doc["model_meta"]["sparse"]["kind"] == e["kind"]
-    # resumed: the same run goes on with the next partition
+    # resumed: the same runs go on with the next partition
     r2 = _online(hours4, tmp_path, out, state, "20261120/03", mlflow_server.url)
     s2 = _summary(r2)
     assert [p["hour"] for p in s2["partitions"]] == ["20261120/03"]
-    assert tracking.RunIdFile(str(state), "trainer-0").read(mlflow_server.url) == rid
+    assert tracking.RunIdFile(str(state), "job").read(mlflow_server.url) == rid
+    assert tracking.RunIdFile(str(state), "trainer-0").read(mlflow_server.url) == tid
     assert _history(c, rid, "auc_before")[3] == pytest.approx(s2["partitions"][0]["auc_before"])
+
+
+def test_a_child_run_waits_for_its_parent_and_the_transfer_names_versions_as_the_donefile(mlflow_server, tmp_path,
+                                                                                         monkeypatch):
+    """A trainer's run made before its job's run is nested under it once that exists; the
+    transfer's run is the job's child, its versions base or patch (never delta)."""
+    job = f"unit-job-{time.time_ns()}"
+    child = tracking.Tracker(mlflow_server.url, f"{job}-trainer1", tags={tracking.ROLE_TAG: "trainer"},
+                             parent_job=job)
+    child.log_metrics({"train_auc": 0.6}, step=0)
+    time.sleep(1.0)  # the child's thread is waiting for the parent
+    parent = tracking.Tracker(mlflow_server.url, job, tags={tracking.ROLE_TAG: "job", tracking.JOB_TAG: job})
+    parent.log_params({"x": 1})
+    monkeypatch.setenv(tracking.JOB_ENV, job)
+    transfer = tracking.start_transfer(str(tmp_path), "d", mlflow_server.url)
+    tracking.log_rollout(transfer, 7, "delta", 1.5, {"Building": 0.5}, landed_to_served_s=30.0)
+    for t in (child, parent, transfer):
+        assert t.wait_idle(60) and t.close() == 0
+    c = _client(mlflow_server)
+    assert c.get_run(child.run_id).data.tags["mlflow.parentRunId"] == parent.run_id
+    tr = c.get_run(transfer.run_id)
+    assert tr.data.tags["mlflow.parentRunId"] == parent.run_id and tr.data.tags["version.7.kind"] == "patch"
+    assert _history(c, transfer.run_id, "landed_to_served_seconds") == {7: 30.0}
+    assert _history(c, transfer.run_id, "building_seconds") == {7: 0.5}
 
 
 @pytest.mark.slow
@@ -186,23 +223,26 @@ def test_server_stopped_mid_job_same_model_and_a_warning(hours4, tmp_path):
                         START, "--end-hour", "20261120/02", "--state-dir", str(state), "--output", str(out),
                         "--base-every", "3", "--poll-s", "0.2", "--threads", "1", "--tracking-uri", server.url],
                        tmp_path)
-        p.wait_for("waiting for partition 20261120/01")
-        c = _client(server)
-        rid = None
-        deadline = time.monotonic() + 60
-        while rid is None and time.monotonic() < deadline:
-            rid = tracking.RunIdFile(str(state), "trainer-0").read(server.url)
-            time.sleep(0.2)
-        deadline = time.monotonic() + 60
-        while not _history(c, rid, "train_auc") and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert 0 in _history(c, rid, "train_auc")
-        server.stop()
-        t0 = time.monotonic()
-        for h in ("01", "02"):
-            partitions.mark_complete(late / "20261120" / h)
-        assert p.wait() == 0
-        wall = time.monotonic() - t0
+        try:
+            p.wait_for("waiting for partition 20261120/01")
+            c = _client(server)
+            rid = None
+            deadline = time.monotonic() + 120  # the job's run, then the trainer's: slow on a loaded machine
+            while rid is None and time.monotonic() < deadline:
+                rid = tracking.RunIdFile(str(state), "trainer-0").read(server.url)
+                time.sleep(0.2)
+            assert rid, "the trainer's run was not made:\n" + p.text()[-3000:]
+            while not _history(c, rid, "train_auc") and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert 0 in _history(c, rid, "train_auc"), p.text()[-3000:]
+            server.stop()
+            t0 = time.monotonic()
+            for h in ("01", "02"):
+                partitions.mark_complete(late / "20261120" / h)
+            assert p.wait() == 0
+            wall = time.monotonic() - t0
+        finally:
+            p.stop()
     text = p.text()
     assert "tracking" in text and "failed" in text and "dropped" in text
     assert wall < 120
@@ -210,3 +250,17 @@ def test_server_stopped_mid_job_same_model_and_a_warning(hours4, tmp_path):
     assert [c[0] for c in got] == [c[0] for c in ref] == ["base", "patch", "patch"]
     for (_, _, rk, rv), (_, _, gk, gv) in zip(ref, got):
         assert np.array_equal(rk, gk) and np.array_equal(rv.view(np.uint32), gv.view(np.uint32))
+
+
+def test_a_child_whose_parent_never_comes_is_made_alone_at_close(mlflow_server):
+    """Closing stops the wait for a parent: the run is made without one, its events sent,
+    within the close's timeout (no busy loop meanwhile)."""
+    child = tracking.Tracker(mlflow_server.url, "orphan", tags={tracking.ROLE_TAG: "trainer"},
+                             parent_job=f"never-{time.time_ns()}")
+    child.log_metrics({"train_auc": 0.7}, step=0)
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    assert child.close(timeout_s=10) == 0
+    assert time.monotonic() - t0 < 10 and child.run_id
+    run = _client(mlflow_server).get_run(child.run_id)
+    assert "mlflow.parentRunId" not in run.data.tags and run.data.metrics["train_auc"] == pytest.approx(0.7)

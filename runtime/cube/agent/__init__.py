@@ -19,6 +19,8 @@ cube-agent (download / reload / enable / status):
 - ``GET /status``: every step's state (``idle|running|done|failed|aborted``), version,
   error and duration (s), plus the last step (``{"step", "state", "error"}`` at the top
   level) and the server's own status.
+- ``GET /metrics``: Prometheus text format (``runtime.metrics.cube.AgentMetrics``: each
+  step's seconds, result and bytes).
 - ``GET /healthz``, ``GET /readyz``: liveness and readiness (``runtime.webserver``).
 
 Download and reload run in a background thread (one step at a time): the command answers

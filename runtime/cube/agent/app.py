@@ -9,7 +9,9 @@ from runtime.webserver import json_errors
 
 def create_app(agent: Agent):
     """The agent's Flask app (routes in the module docstring)."""
-    from flask import Flask, jsonify, request
+    from flask import Flask, Response, jsonify, request
+
+    from runtime.metrics import exposition
 
     app = json_errors(Flask("cube-agent"))
 
@@ -26,6 +28,11 @@ def create_app(agent: Agent):
     @app.get("/status")
     def status():
         return jsonify(agent.status())
+
+    @app.get("/metrics")
+    def metrics():
+        body, ctype = exposition(agent.metrics.registry)
+        return Response(body, mimetype=ctype)
 
     @app.post("/download")
     def download():

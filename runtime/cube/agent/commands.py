@@ -48,7 +48,17 @@ class Agent(StepMachine):
         self.versions: dict[int, Unpacked] = {}
         self.enabled: list[int] = []  # versions enabled, oldest first
         self._http = requests.Session()
+        from runtime.metrics.cube import AgentMetrics
+
+        self.metrics = AgentMetrics()
         self._load_state()
+        self.metrics.version.set(self.enabled[-1] if self.enabled else 0)
+
+    def step_finished(self, step: str, st: StepState) -> None:
+        """A step's seconds, result and bytes (``detail["bytes"]``) into ``metrics``."""
+        self.metrics.step_done(step, st.duration_s or 0.0, st.state == "done", int(st.detail.get("bytes") or 0))
+        if step == "enable" and st.state == "done" and st.version is not None:
+            self.metrics.version.set(st.version)
 
     # ---------------------------------------------------------------- status
 
@@ -131,6 +141,7 @@ class Agent(StepMachine):
             except storage.LocationError as exc:
                 raise AgentError("download", str(exc)) from exc
             t1 = time.monotonic()
+            nbytes = tar_path.stat().st_size
             members = safe_extract(tar_path, vdir / "data")
             tar_path.unlink()  # the unpacked copy is what the server loads
             ddir = dict_dir_of(vdir / "data")
@@ -141,7 +152,7 @@ class Agent(StepMachine):
                 self._save_state()
             log.info("downloaded version %d from %s (%.2f s) and unpacked %d members (%.2f s) into %s",
                      version, url, t1 - t0, len(members), time.monotonic() - t1, ddir)
-            return {"dir": str(ddir), "members": len(members), "url": url}
+            return {"dir": str(ddir), "members": len(members), "url": url, "bytes": nbytes}
 
         return self._run_async("download", version, run, wait_s)
 
@@ -181,7 +192,8 @@ class Agent(StepMachine):
                     raise AgentError("reload", f"reload of version {version} abandoned: the agent is shutting down")
                 st = self.server_status()
                 if st.get("bg_version") == version and st.get("bg_state") == "loaded":
-                    return {"keys": st.get("keys"), "server_version": st.get("version")}
+                    nbytes = sum(f.stat().st_size for f in Path(info.dir).iterdir() if f.is_file())
+                    return {"keys": st.get("keys"), "server_version": st.get("version"), "bytes": nbytes}
                 if st.get("bg_version") == version and st.get("bg_state") == "failed":
                     raise AgentError("reload", f"cube server {self.server_http} failed to load "
                                                f"version {version}: {st.get('bg_error')}")

@@ -80,6 +80,11 @@ class StepMachine:
             if detail:
                 st.detail = detail
             self._cond.notify_all()
+        self.step_finished(step, st)
+
+    def step_finished(self, step: str, st: StepState) -> None:
+        """Called once a step ended (``st.state`` done or failed; ``st.detail``); the agent
+        counts it in its metrics."""
 
     def _run_async(self, step: str, version: int, fn: Callable[[], dict | None],
                    wait_s: float) -> tuple[int, dict]:

@@ -1,11 +1,11 @@
-"""The cube server's HTTP control app (Flask) and its Prometheus collector.
+"""The cube server's HTTP control app (Flask).
 
 Routes (docs/contracts.md): ``GET /status``, ``POST /bg_load_base {"dir", "version"}``
 (202), ``POST /bg_load_patch {"dir", "version", "base_version"}`` (202; 409 unless
 ``base_version`` is the served version), ``POST /enable {"version"}`` (409 unless the bg
 slot holds it, loaded; 200 when it is already served), ``POST /bg_unload``, ``GET
-/metrics`` (Prometheus text format). ``/healthz`` and ``/readyz`` come from
-``runtime/webserver.py``. Errors are JSON ``{"error"}``: 400 for a bad body, 404, 405, 409.
+/metrics`` (Prometheus text format: ``runtime.metrics.cube``). ``/healthz`` and
+``/readyz`` come from ``runtime/webserver.py``. Errors are JSON ``{"error"}``: 400 for a bad body, 404, 405, 409.
 """
 from __future__ import annotations
 
@@ -17,35 +17,12 @@ def create_control_app(server):
     """The control app of ``server`` (a ``CubeServer``, ``core.py``: its ``status()`` and
     ``versions``) -> a Flask app (routes in the module docstring)."""
     from flask import Flask, Response, jsonify, request
-    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    from runtime.metrics import exposition
+    from runtime.metrics.cube import server_registry
 
     versions = server.versions
-
-    class _Collector:
-        def collect(self):
-            st = server.status()
-            yield CounterMetricFamily("cube_requests", "seek requests answered", value=st["requests"])
-            yield CounterMetricFamily("cube_keys", "keys looked up", value=st["keys_looked_up"])
-            yield CounterMetricFamily("cube_hits", "keys found", value=st["hits"])
-            e = CounterMetricFamily("cube_errors", "error replies by status", labels=["status"])
-            for k, v in st["errors"].items():
-                e.add_metric([k], v)
-            yield e
-            yield GaugeMetricFamily("cube_version", "served version id (0 = none)", value=st["version"] or 0)
-            yield GaugeMetricFamily("cube_prev_version", "previous version still answered",
-                                    value=st["prev_version"] or 0)
-            yield GaugeMetricFamily("cube_dict_keys", "keys in the served version", value=st["keys"])
-            yield GaugeMetricFamily("cube_connections", "open data-plane connections", value=st["connections"])
-            lo = CounterMetricFamily("cube_loads", "background loads by result", labels=["result"])
-            for k, v in versions.loads.items():
-                lo.add_metric([k], v)
-            yield lo
-            yield CounterMetricFamily("cube_enables", "version switches", value=versions.enables)
-
-    registry = CollectorRegistry()
-    registry.register(_Collector())
-    ProcessCollector(registry=registry)
+    registry = server_registry(server)
     app = json_errors(Flask("cube-server"))
 
     def body() -> dict:
@@ -60,7 +37,8 @@ def create_control_app(server):
 
     @app.get("/metrics")
     def metrics():
-        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+        body, ctype = exposition(registry)
+        return Response(body, mimetype=ctype)
 
     @app.post("/bg_load_base")
     def bg_load_base():

@@ -42,27 +42,9 @@ from runtime.cube.transfer.planner import Event
 from runtime.cube.transfer.state import STATE_FILE, Phase, Plan, TransferState
 from runtime.formats import donefile
 from runtime.formats.topology import Replica, Topology
+from runtime.metrics.transfer import TransferMetrics
 
 log = logging.getLogger(__name__)
-
-
-class TransferMetrics:
-    """The transfer's Prometheus metrics, in their own registry."""
-
-    def __init__(self):
-        from prometheus_client import CollectorRegistry, Counter, Gauge
-
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.version = Gauge("cube_transfer_served_version", "version id served by every replica", registry=r)
-        self.rollouts = Counter("cube_transfer_rollouts", "rollouts by outcome", ["status"], registry=r)
-        self.phase = Gauge("cube_transfer_phase_seconds", "duration of the last rollout's phases (s)", ["phase"],
-                           registry=r)
-        self.rollout_s = Gauge("cube_transfer_last_rollout_seconds",
-                               "donefile line seen -> every replica enabled, last rollout (s)", registry=r)
-        self.malformed = Counter("cube_transfer_donefile_malformed_lines",
-                                 "malformed donefile lines skipped (each counted once)", registry=r)
-        self.polls = Counter("cube_transfer_polls", "donefile polls", registry=r)
 
 
 class Transfer:
@@ -113,6 +95,8 @@ class Transfer:
         self._logged: set[tuple] = set()
         self.after_phase: Optional[Callable[[Phase, Plan], None]] = None  # test hook
         self.metrics = TransferMetrics()
+        self.records: dict[int, donefile.DonefileRecord] = {}  # the donefiles' lines by version id
+        self._reported: Optional[int] = None  # the served version whose data time the metrics have
         from runtime import tracking  # MLflow only when $MLFLOW_TRACKING_URI is set
 
         self.tracker = tracking.start_transfer(str(self.work_dir), self.dict_name)
@@ -143,7 +127,7 @@ class Transfer:
                 self._logged.add(e.key)
             log.log(e.level, "%s", e.message)
             if e.counter:
-                self.metrics.rollouts.labels(e.counter).inc()
+                self.metrics.rollout_done(e.counter, None, {})
 
     def _log_once(self, key: tuple, level: int, msg: str, *args) -> None:
         if key not in self._logged:
@@ -159,6 +143,7 @@ class Transfer:
                 self._log_once(("read", loc, str(exc)), logging.WARNING, "donefile %s: %s", loc, exc)
             return []
         records, errors = donefile.parse(text)
+        self.records.update((r.id, r) for r in records)
         for n, why, line in errors:
             key = ("malformed", loc, n, line)
             if key not in self._logged:
@@ -185,13 +170,16 @@ class Transfer:
         rollout done (None if there was nothing to do). Never raises for a failed rollout."""
         self.metrics.polls.inc()
         self.last_poll = time.time()
+        self.metrics.last_poll.set(self.last_poll)
         plan = self.next_plan()
         if plan is None:
             self.waiting_for = []
+            self._count_pending()
             return None
         n = self.shard_num
         self.waiting_for = sorted(i.name for i, (_, shards) in self.agents.served(self.replicas).items()
                                   if shards is not None and int(shards) != n)
+        self._count_pending()
         if self.waiting_for:
             self._log_once(("waiting", plan.version, n, tuple(self.waiting_for)), logging.WARNING,
                            "version %d%s waits: %s run with another --shard-num than the topology's %d "
@@ -199,6 +187,19 @@ class Transfer:
                            ", ".join(self.waiting_for), n)
             return None
         return self.rollout(plan)
+
+    def _count_pending(self) -> None:
+        """``pending_versions`` and ``held_versions`` (``runtime.metrics.transfer``) from the
+        donefiles' lines read by the last poll; the served version's data time after a start."""
+        with self.lock:
+            served, relayout = self.state.served, self.state.relayout
+        v = served.version if served else 0
+        pending = sum(1 for r in self.records.values() if r.id > v)
+        self.metrics.pending.set(pending)
+        self.metrics.held.set(pending if relayout is not None or self.waiting_for else 0)
+        if served is not None and self._reported != v and v in self.records:  # served before a restart
+            rec, self._reported = self.records[v], v
+            self.metrics.served(v, rec.data_end, rec.landed, served.enabled_at or time.time(), new=False)
 
     def run(self) -> None:
         """Polls until ``stop`` is set; an unexpected error is logged and the loop goes on."""
@@ -225,6 +226,7 @@ class Transfer:
     def _phase(self, plan: Plan, phase: Phase) -> None:
         with self.lock:
             self._commit(planner.at_phase(self.state, plan, phase))
+        self.metrics.in_phase(phase.value.lower())
         if self.after_phase:
             self.after_phase(phase, plan)
 
@@ -283,18 +285,17 @@ class Transfer:
                 self.state, plan, shard_num=n, dim=build.dim, count=build.count, urls=ship.urls, md5s=ship.md5s,
                 phases=phases, skipped=(i.name for i in skip), resumed=resumed, now=now, seconds=total)
             self._commit(state)
-            self.metrics.rollouts.labels("finished").inc()
-            self.metrics.version.set(v)
-            self.metrics.rollout_s.set(total)
-            for k, s in phases.items():
-                self.metrics.phase.labels(k).set(s)
+        rec, self._reported = self.records.get(v), v
+        self.metrics.rollout_done("finished", total, phases)
+        self.metrics.served(v, rec.data_end if rec else None, rec.landed if rec else None, now)
         log.info("Finished version=%d mode=%s%s: %d replicas serve it, %.2f s (%s)", v, plan.mode,
                  f" ({plan.reason})" if plan.reason else "", len(self.replicas), total,
                  ", ".join(f"{k} {s:.2f} s" for k, s in phases.items()))
         self._emit(events)
         from runtime import tracking
 
-        tracking.log_rollout(self.tracker, v, plan.mode, total, phases)
+        tracking.log_rollout(self.tracker, v, plan.mode, total, phases,
+                             now - rec.landed if rec is not None and rec.landed is not None else None)
         self.builder.cleanup(keep_relayout=self.state.relayout is not None)
         return entry.to_json()
 
@@ -304,7 +305,7 @@ class Transfer:
                                            phases=phases, enabled=(i.name for i in part.enabled),
                                            resumed=resumed, now=time.time())
             self._commit(state)
-            self.metrics.rollouts.labels("partial").inc()
+        self.metrics.rollout_done("partial", None, phases)
         log.error("Enabling version=%d incomplete (%d/%d replicas switched): %s; driven again at the next poll",
                   plan.version, len(part.enabled), len(self.replicas), part)
         return entry.to_json()
@@ -318,8 +319,8 @@ class Transfer:
                                           resumed=resumed, max_rollout_attempts=self.max_rollout_attempts,
                                           backoff_s=self.rollout_backoff_s, now=time.time())
             self._commit(state)
-            self.metrics.rollouts.labels("failed").inc()
             served = state.served.version if state.served else None
+        self.metrics.rollout_done("failed", None, phases, given_up=bool(entry.given_up))
         log.error("Aborted version=%d%s attempt=%d/%d: %s; version %s keeps serving%s", plan.version,
                   f" ({plan.reason})" if plan.reason else "", plan.attempt, self.max_rollout_attempts, err, served,
                   " (given up)" if entry.given_up else "")

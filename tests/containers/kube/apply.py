@@ -169,7 +169,8 @@ class Applier:
                 return "removed (pods that started with it keep what they read)"
             else:
                 kmanifests.put(self.store, ch.new, secret_values)
-            if ch.kind in ("PodDisruptionBudget", "HorizontalPodAutoscaler", "Namespace"):
+            if ch.kind in ("PodDisruptionBudget", "HorizontalPodAutoscaler", "Namespace", "ServiceMonitor",
+                           "PodMonitor", "PrometheusRule"):
                 return "not played (schema.IGNORED)" if ch.kind != "Namespace" else ""
             return "stored; pods see it when they start"
         if ch.action == "delete":

@@ -50,6 +50,9 @@ IGNORED: dict[str, str] = {
         "limits voluntary evictions through the eviction API; the harness deletes pods directly (as "
         "`kubectl delete pod`), which a PDB does not block; the tests delete one replica at a time anyway",
     "HorizontalPodAutoscaler": "no metrics server: the declared replicas (the HPA minimum) run",
+    "ServiceMonitor": "no Prometheus Operator: checked against its CRD offline (tests/infra/test_validate.py)",
+    "PodMonitor": "no Prometheus Operator: checked against its CRD offline (tests/infra/test_validate.py)",
+    "PrometheusRule": "no Prometheus Operator: its rules run in tests/monitoring (promtool, a live Prometheus)",
     "Secret.type": "Opaque payloads are played; a dockerconfigjson Secret only feeds image pulls (none)",
     "Job.spec.schedulerName": "the harness is the scheduler (gang start is played)",
     "Job.spec.queue": "one queue, no quota contention",
@@ -143,6 +146,7 @@ def _schema():
             "persistentVolumeClaimRetentionPolicy": ig("StatefulSet.spec.persistentVolumeClaimRetentionPolicy")}},
         "PodDisruptionBudget": ig("PodDisruptionBudget"),
         "HorizontalPodAutoscaler": ig("HorizontalPodAutoscaler"),
+        **{kind: ig(kind) for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule")},
         "Job": {**head, "spec": {
             "schedulerName": ig("Job.spec.schedulerName"), "queue": ig("Job.spec.queue"),
             "minAvailable": PLAY, "maxRetry": ig("Job.spec.maxRetry"), "policies": ig("Job.spec.policies"),

@@ -1,0 +1,67 @@
+"""The Prometheus rules (``runtime.monitoring.rules``): ``promtool check rules`` accepts the
+rule file, and ``promtool test rules`` runs a unit test per alert (``rules_test.yaml``: it
+fires on the series that should fire it and stays silent on a healthy one). The unit
+tests discriminate: with other thresholds they fail."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runtime.monitoring import rules
+
+HERE = Path(__file__).resolve().parent
+
+
+def _write(tmp_path: Path, t: rules.Thresholds) -> Path:
+    (tmp_path / "rules.yaml").write_text(rules.rule_file(t))
+    shutil.copy(HERE / "rules_test.yaml", tmp_path / "rules_test.yaml")
+    return tmp_path / "rules_test.yaml"
+
+
+def test_promtool_checks_the_rule_file(promtool, tmp_path):
+    (tmp_path / "rules.yaml").write_text(rules.rule_file())
+    r = subprocess.run([promtool, "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    n = len(rules.recording_rules()) + len(rules.alerts())
+    assert f"SUCCESS: {n} rules found" in r.stdout
+
+
+def test_every_alert_has_a_unit_test_that_passes(promtool, tmp_path):
+    test_file = _write(tmp_path, rules.Thresholds())
+    tested = {case["alertname"] for t in yaml.safe_load(test_file.read_text())["tests"]
+              for case in t.get("alert_rule_test", [])}
+    assert tested == set(rules.ALERTS), f"alerts without a unit test: {set(rules.ALERTS) - tested}"
+    r = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_unit_tests_fail_against_other_thresholds(promtool, tmp_path):
+    test_file = _write(tmp_path, rules.Thresholds(freshness_slo_s=4 * 3600, error_ratio=0.1))
+    r = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode != 0
+    out = r.stdout + r.stderr
+    assert "ElasticCtrServedDataStale" in out and "ElasticCtrServingErrors" in out
+
+
+def test_every_alert_expression_names_catalogued_metrics():
+    from runtime.metrics import catalog
+
+    known = catalog.series_names()
+    for name, expr in [(a.name, a.expr) for a in rules.alerts()] + [(r["record"], r["expr"])
+                                                                   for r in rules.recording_rules()]:
+        missing = catalog.unknown_metrics(expr, known)
+        assert not missing, f"{name}: no role exposes {missing}"
+
+
+@pytest.mark.parametrize("bad", [{"freshness_slo_s": -1}, {"error_ratio": 1.5}, {"p99_s": float("nan")}])
+def test_thresholds_refuse_bad_values(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        rules.Thresholds(**bad)
+
+
+def test_durations():
+    assert [rules.duration(s) for s in (0, 90, 300, 3600, 5400, 7200)] == ["0s", "90s", "5m", "1h", "90m", "2h"]
