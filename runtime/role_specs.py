@@ -52,6 +52,15 @@ METRICS_PATH = "/metrics"
 #: the environment, as every other role's bind address is given in its arguments)
 METRICS_PORT_ENV, METRICS_HOST_ENV = "ELASTIC_CTR_METRICS_PORT", "ELASTIC_CTR_METRICS_HOST"
 
+#: the trust boundaries, each guarded by its own credential: the transfer -> cube servers' control
+#: ports and agents; writers (trainer, transfer) -> the file server; readers -> a protected file
+#: server; the trainer and the transfer -> MLflow (basic auth)
+CUBE_CONTROL, FILES_WRITE, FILES_READ, TRACKING = "cube-control", "fileserver-write", "fileserver-read", "tracking"
+CREDENTIAL_BOUNDARIES = (CUBE_CONTROL, FILES_WRITE, FILES_READ, TRACKING)
+#: where a role reads its credentials: ``$ELASTIC_CTR_CREDENTIALS_DIR/<boundary>/current`` (and
+#: ``previous`` while a rotation rolls out); a pod mounts one Secret per boundary there
+CREDENTIALS_DIR_ENV, CREDENTIALS_DIR = "ELASTIC_CTR_CREDENTIALS_DIR", "/var/run/secrets/elastic-ctr"
+
 
 @dataclass(frozen=True)
 class Probe:
@@ -73,6 +82,8 @@ class RoleSpec:
         env: fixed environment ``(name, value)`` pairs the role needs (not secrets).
         metrics: where Prometheus scrapes the role (a GET of ``path`` on the port named
             ``port``; None: the role exposes no metrics).
+        credentials: the trust boundaries (``CREDENTIAL_BOUNDARIES``) whose credential the
+            role reads from ``CREDENTIALS_DIR``, to check it or to present it.
     """
 
     name: str
@@ -82,6 +93,7 @@ class RoleSpec:
     liveness: Optional[Probe] = None
     env: tuple[tuple[str, str], ...] = field(default=())
     metrics: Optional[Probe] = None
+    credentials: tuple[str, ...] = ()
 
     def port(self, name: str) -> int:
         """The number of port ``name``. Raises ``KeyError`` naming the role's ports."""
