@@ -109,9 +109,14 @@ class CubeCluster(pulumi.ComponentResource):
             opts=common.child(self),
         )
         self.topology_configmap = self.configmap.metadata.apply(lambda m: m.name)
+        # one identity for the cube pods of every layout (a resize leaves it alone): the agents
+        # read the versions; no API token
+        self.service_account = common.service_account(dep, name, self, common.READ)
         self.statefulsets = [self._shard(i, shard_name, args) for i, shard_name in enumerate(self.shard_names)]
         # every shard's headless Service (every layout's, during a resize), one monitor per role
         every_shard = common.selector(common.labels(dep, "cube-server", "cube"))
+        #: the labels of every cube pod of the stack, every layout's (``components.network_policies``)
+        self.every_shard = every_shard
         #: what Prometheus scrapes (``components.monitoring``): the servers' and the agents' endpoints
         self.scrape_targets = [scrape_target(role_specs.cube_server(0, args.shards), every_shard),
                                scrape_target(role_specs.cube_agent(f"{DATA_DIR}/agent"), every_shard)]
@@ -162,7 +167,8 @@ class CubeCluster(pulumi.ComponentResource):
                     spec=k8s.core.v1.PodSpecArgs(
                         security_context=common.pod_security(),
                         image_pull_secrets=dep.pull_secrets() or None,
-                        service_account_name=dep.service_account,
+                        service_account_name=self.service_account,
+                        automount_service_account_token=False,
                         # replicas of one shard on different nodes where possible
                         affinity=k8s.core.v1.AffinityArgs(
                             pod_anti_affinity=k8s.core.v1.PodAntiAffinityArgs(
@@ -183,6 +189,7 @@ class CubeCluster(pulumi.ComponentResource):
                                 name="cube-data",
                                 empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(size_limit=args.data_size)),
                             tmp_vol,
+                            *common.credential_volumes(dep, server, agent),
                         ],
                     ),
                 ),

@@ -106,7 +106,8 @@ class TrackingServer(pulumi.ComponentResource):
         # a cold start (database migrations) takes ~20 s on 2 cores: liveness waits 60 s
         container = common.container(spec, dep, args.image, env=env, resources_=common.resources(args.cpu, args.memory),
                                      volume_mounts=[*mounts, tmp_mount], liveness_delay_s=60)
-        common.singleton_deployment(dep, name, lbls, container, [*volumes, tmp_vol], parent=self)
+        common.singleton_deployment(dep, name, lbls, container, [*volumes, tmp_vol, *common.credential_volumes(dep, spec)],
+                                    parent=self, service_account=common.service_account(dep, name, self))
         self.service = k8s.core.v1.Service(
             name,
             metadata=common.metadata(dep, name, lbls),
@@ -116,6 +117,8 @@ class TrackingServer(pulumi.ComponentResource):
             opts=common.child(self),
         )
         self.url = dep.svc_url(self.service.metadata.apply(lambda m: m.name), port)
+        #: the pod's labels (``components.network_policies``)
+        self.selector = sel
         self.register_outputs({"url": self.url})
 
 
