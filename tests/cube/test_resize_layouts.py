@@ -147,7 +147,7 @@ def _serving_patch(c) -> None:
     c.wait_version(PATCH, timeout_s=60)
 
 
-def test_shard_change_beside_the_serving_generation_fails_no_request(tmp_path):
+def test_shard_change_beside_the_serving_layout_fails_no_request(tmp_path):
     from runtime.cube.local_cube import LocalCubeCluster
 
     root = tmp_path / "root"
