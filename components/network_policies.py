@@ -15,6 +15,10 @@ the training job's pods             pservers; trainers                     paddl
 monitoring namespace                each role's metrics port               (``RoleSpec.metrics``)
 ==================================  =====================================  =======================
 
+With ``egress`` the pods' outgoing connections are denied too but for the same flows seen
+from their sources, DNS (UDP and TCP 53 to the ``kube-system`` namespace) and the
+``egress_cidrs`` (the object store, the data's HTTP sources, an external tracking server).
+
 Pods are selected by the labels their selectors use (``common.selector``) without the
 per-shard label, so both cube layouts of a resize (``cube-<N>s``) and a surge serving pod
 are covered by the same policies. The cube server's control port is reached only by the
@@ -79,6 +83,8 @@ class NetworkPoliciesArgs:
             transfer (a UI proxy), or None.
         monitoring_namespace: the namespace of the Prometheus that scrapes the stack, or None.
         task_label: the pod label naming a job pod's task (``pserver`` | ``trainer``).
+        egress: also deny egress but for the flows, DNS and ``egress_cidrs``.
+        egress_cidrs: CIDRs every pod may connect to (any port) when ``egress``.
     """
 
     deployment: DeployContext
@@ -93,12 +99,15 @@ class NetworkPoliciesArgs:
     tracking_ui: Optional[Peers] = None
     monitoring_namespace: Optional[str] = None
     task_label: str = "elastic-ctr.io/task"
+    egress: bool = False
+    egress_cidrs: Sequence[str] = ()
 
 
 class NetworkPolicies(pulumi.ComponentResource):
     """The default-deny policy ``<name>-default-deny`` and one policy per pod group
-    (``<name>-<group>``) admitting its flows. Attribute ``policies``: group -> the
-    NetworkPolicy (``default-deny`` included)."""
+    (``<name>-<group>``) admitting its flows; with ``egress`` also ``<name>-egress`` (the
+    stack's pods, by their instance label: egress denied but DNS and the CIDRs) and ``<name>-<group>-egress`` (a group's flows from its side).
+    Attribute ``policies``: group -> the NetworkPolicy (``default-deny`` included)."""
 
     def __init__(self, name: str, args: NetworkPoliciesArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("elastic-ctr:index:NetworkPolicies", name, None, opts)
@@ -138,7 +147,37 @@ class NetworkPolicies(pulumi.ComponentResource):
         self._policy("pserver", pserver, [
             (job, [PORTS["pserver"]["paddle"], PORTS["pserver"]["gloo"]]), *metrics("pserver", "metrics")])
         self._policy("trainer", trainer, [(job, [PORTS["trainer"]["paddle"]]), *metrics("trainer", "metrics")])
+        if args.egress:
+            self._egress(args, pserver, trainer)
         self.register_outputs({})
+
+    def _egress(self, args: NetworkPoliciesArgs, pserver: dict, trainer: dict) -> None:
+        """The egress policies: DNS and ``egress_cidrs`` for every pod, then each source
+        group's flows (the ingress flows above, seen from their sources)."""
+        # the stack's pods only (the instance label): a client in the namespace keeps its egress
+        stack = {"app.kubernetes.io/instance": self._dep.instance}
+        dns = [k8s.networking.v1.NetworkPolicyPeerArgs(namespace_selector=k8s.meta.v1.LabelSelectorArgs(
+            match_labels={NAMESPACE_NAME: "kube-system"}))]
+        self._policy("egress", stack, [(dns, [(53, "UDP"), (53, "TCP")]),
+                                       *([(_ip_blocks(args.egress_cidrs), [])] if args.egress_cidrs else [])],
+                     types=["Egress"])
+        flows: dict[str, tuple[Mapping[str, str], list]] = {
+            "serving": (args.serving_selector, [(args.cube_selector, [PORTS["cube-server"]["data"]]),
+                                                (args.transfer_selector, [PORTS["cube-transfer"]["http"]])]),
+            "cube-transfer": (args.transfer_selector, [(args.cube_selector, [PORTS["cube-agent"]["agent"]])]),
+            "cube": (args.cube_selector, []),
+            **{task: (sel, [(pserver, [PORTS["pserver"]["paddle"], PORTS["pserver"]["gloo"]]),
+                            (trainer, [PORTS["trainer"]["paddle"]])]) for task, sel in (("pserver", pserver),
+                                                                                      ("trainer", trainer))},
+        }
+        if args.files_selector is not None:
+            for group in ("trainer", "cube-transfer", "cube", "serving"):
+                flows[group][1].append((args.files_selector, [PORTS["fileserver"]["http"]]))
+        if args.tracking_selector is not None:
+            for group in ("trainer", "cube-transfer"):
+                flows[group][1].append((args.tracking_selector, [PORTS["tracking"]["http"]]))
+        for group, (pods, to) in flows.items():
+            self._policy(f"{group}-egress", pods, [(self._pods(dst), ports) for dst, ports in to], types=["Egress"])
 
     @staticmethod
     def _pods(labels: Mapping[str, str]) -> list[k8s.networking.v1.NetworkPolicyPeerArgs]:
@@ -155,17 +194,28 @@ class NetworkPolicies(pulumi.ComponentResource):
             namespace_selector=k8s.meta.v1.LabelSelectorArgs(match_labels={NAMESPACE_NAME: namespace}),
             pod_selector=k8s.meta.v1.LabelSelectorArgs())]
 
-    def _policy(self, group: str, pods: Mapping[str, str], rules: list) -> None:
+    def _policy(self, group: str, pods: Mapping[str, str], rules: list, types: Sequence[str] = ("Ingress",)) -> None:
         """A NetworkPolicy ``<name>-<group>`` over the pods with labels ``pods`` (all: ``{}``)
-        admitting, per rule ``(peers, ports)``, TCP to ``ports`` from ``peers``."""
+        of ``types``; per rule ``(peers, ports)`` it admits connections to ``ports`` (a port
+        number: TCP, or ``(number, protocol)``; none: every port) from ``peers`` (an Ingress
+        policy) or to them (an Egress one)."""
         name = f"{self._name}-{group}"
         dep = self._dep
+
+        def ports_(ports: list) -> Optional[list]:
+            out = [k8s.networking.v1.NetworkPolicyPortArgs(
+                protocol=p[1] if isinstance(p, tuple) else "TCP", port=p[0] if isinstance(p, tuple) else p)
+                for p in ports]
+            return out or None
+
+        egress = types == ["Egress"]
         self.policies[group] = k8s.networking.v1.NetworkPolicy(
             name, metadata=common.metadata(dep, name, common.labels(dep, name, "network")),
             spec=k8s.networking.v1.NetworkPolicySpecArgs(
                 pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=dict(pods) or None),
-                policy_types=["Ingress"],
-                ingress=[k8s.networking.v1.NetworkPolicyIngressRuleArgs(
-                    from_=list(peers), ports=[k8s.networking.v1.NetworkPolicyPortArgs(protocol="TCP", port=p)
-                                              for p in ports]) for peers, ports in rules] or None),
+                policy_types=list(types),
+                ingress=None if egress else ([k8s.networking.v1.NetworkPolicyIngressRuleArgs(
+                    from_=list(peers), ports=ports_(ports)) for peers, ports in rules] or None),
+                egress=([k8s.networking.v1.NetworkPolicyEgressRuleArgs(to=list(peers), ports=ports_(ports))
+                         for peers, ports in rules] or None) if egress else None),
             opts=common.child(self))

@@ -58,6 +58,12 @@ class SecurityKeys(BaseModel):
         True, description="NetworkPolicies: deny all ingress to the stack's pods but the flows the pipeline uses "
                           "(docs/security.md has the table); false = none (every pod reachable from the whole "
                           "cluster).", json_schema_extra={"group": "security"})
+    network_policy_egress: Annotated[bool, BeforeValidator(_pulumi_bool)] = Field(
+        False, description="networkPolicies also deny the pods' outgoing connections but for the pipeline's flows, "
+                            "DNS (port 53 in kube-system) and egressCidrs.")
+    egress_cidrs: Cidrs = Field(
+        "", description="networkPolicyEgress: the address ranges every pod may connect to (the object store, the "
+                        "data's HTTP sources, an external tracking server), comma-separated CIDRs.")
     serving_client_namespaces: Namespaces = Field(
         "", description="Namespaces whose pods (with servingClientPodLabels) may call serving, comma-separated; "
                         "empty = the stack's own namespace.")
@@ -85,6 +91,10 @@ class SecurityKeys(BaseModel):
     def client_cidrs(self) -> list[str]:
         """``servingClientCidrs`` as a list."""
         return _items(self.serving_client_cidrs)
+
+    def egress_ranges(self) -> list[str]:
+        """``egressCidrs`` as a list."""
+        return _items(self.egress_cidrs)
 
     def source_ranges(self) -> list[str]:
         """``fileServerSourceRanges`` as a list."""

@@ -163,7 +163,8 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
             tracking_ui=Peers(
                 namespaces=config_security.namespaces(cfg.tracking_ui_namespaces),
                 pod_labels=config_security.labels(cfg.tracking_ui_pod_labels)) if cfg.tracking_ui_pod_labels else None,
-            monitoring_namespace=cfg.monitoring_namespace or None))
+            monitoring_namespace=cfg.monitoring_namespace or None,
+            egress=cfg.network_policy_egress, egress_cidrs=cfg.egress_ranges()))
 
     monitoring = Monitoring("monitoring", MonitoringArgs(
         deployment=dep, mode=cfg.monitoring,

@@ -79,9 +79,10 @@ def _ports(text: str) -> frozenset:
     return frozenset(out)
 
 
-def connectivity(ns: str, objects: list[dict], tmp_path: Path) -> dict[tuple[str, str], frozenset]:
+def connectivity(ns: str, objects: list[dict], tmp_path: Path, inbound: bool = True) -> dict[tuple[str, str], frozenset]:
     """nca's connectivity map, ``(src, dst) -> ports``, of the connections into ``ns``'s
-    pods (``ns/name`` of a workload or pod; an address range as nca prints it)."""
+    pods (``ns/name`` of a workload or pod; an address range as nca prints it); not
+    ``inbound``: every connection of the map."""
     if not NCA.exists():
         pytest.fail(f"{NCA} is missing: make install creates .venv-nca (requirements/nca.txt)")
     d = tmp_path / "cluster"
@@ -98,7 +99,7 @@ def connectivity(ns: str, objects: list[dict], tmp_path: Path) -> dict[tuple[str
         if not m:
             continue
         src, dst = (re.sub(r"\[\w+\]$", "", e) for e in m.group(1, 2))
-        if dst.startswith(f"{ns}/"):
+        if dst.startswith(f"{ns}/") or not inbound:
             out[(src, dst)] = _ports(m.group(3))
     assert out, proc.stdout + proc.stderr
     return out
@@ -158,6 +159,21 @@ def test_during_a_resize_both_layouts_and_a_surge_serving_pod_keep_their_flows(r
     names = {o["metadata"]["name"] for o in objects}
     assert {"cube-2s-shard-1", "cube-4s-shard-3", "serving-surge"} <= names
     _compare(connectivity(ns, objects, tmp_path), expected(ns, objects))
+
+
+def test_egress_policies_keep_the_flows_and_admit_only_dns_and_the_cidrs(rendered, tmp_path):
+    r = rendered("dev", "networkPolicyEgress=true", "egressCidrs=192.0.2.0/24")
+    ns, objects = cluster([r])
+    objects += [_namespace("kube-system"), _pod("kube-system", "coredns", {"k8s-app": "kube-dns"})]
+    got = connectivity(ns, objects, tmp_path, inbound=False)
+    _compare({k: v for k, v in got.items() if k[1].startswith(f"{ns}/")}, expected(ns, objects))
+    stack_pods = {k[0] for k in got if k[0].startswith(f"{ns}/") and k[0] not in (f"{ns}/client", f"{ns}/intruder")}
+    assert len(stack_pods) == 9  # every workload (2 cube shards) and job pod (1 pserver, 2 trainers)
+    for src in stack_pods:
+        out = {dst: ports for (s, dst), ports in got.items() if s == src and not dst.startswith(f"{ns}/")}
+        assert out == {"kube-system/coredns": {53}, "192.0.2.0-192.0.2.255": {"all"}}, (src, out)
+    # a pod of the namespace that is not the stack's keeps its egress (the client reaches outside)
+    assert got[(f"{ns}/client", "monitoring/prometheus")] == {"all"}
 
 
 def test_clients_and_sources_follow_the_stack_keys(rendered, tmp_path):
