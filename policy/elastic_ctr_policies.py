@@ -4,8 +4,10 @@ Kubernetes object the program declares.
 
 Each policy's ``validate`` reads a resource's ``props`` (the Kubernetes provider's inputs:
 the manifest's fields, camelCase) and reports one violation per problem, naming the
-resource (``Kind/name``), what is wrong and the fix. Values unknown during a preview
-(e.g. an image digest not yet pushed) are not judged: they are checked again at ``up``.
+resource (``Kind/name``), what is wrong and the fix. A value unknown during a preview
+(e.g. the digest of an image not yet pushed) stops that policy for that resource with the
+SDK's "can't run policy" note (its proxy raises ``UnknownValueError``); ``pulumi up``
+checks it again with the value known.
 
 Pod specs are found in every workload kind the stack uses: Deployment, StatefulSet,
 DaemonSet, ReplicaSet, Job and CronJob (batch), Pod, and the Volcano Job's
@@ -84,7 +86,7 @@ def _images(args: ResourceValidationArgs) -> Iterator[tuple[str, str, Any]]:
 def _no_latest(args: ResourceValidationArgs, report: Report) -> None:
     for where, res, image in _images(args):
         if not isinstance(image, str):
-            continue  # unknown during a preview
+            continue  # no image: not this policy's concern
         tail = image.rsplit("/", 1)[-1]
         if "@" not in tail and (":" not in tail or tail.endswith(":latest")):
             report(f"{res}: {where} image {image!r} is :latest or untagged; fix: a fixed tag (imageTag) or a "
