@@ -132,7 +132,7 @@ SECRETS: dict[str, tuple[str, int]] = {
     "fileServerReadTokenPrevious": ("The read token being rotated out, accepted beside fileServerReadToken while "
                                     "the new one rolls out; empty = none.", 16),
     "trackingPassword": ("Password of trackingUsername on the MLflow server (basic auth; also its admin); empty = "
-                         "generated per stack.", 16),
+                         "generated per stack (with an external server, trackingUri, set it to that server's).", 16),
 }
 
 

@@ -80,9 +80,10 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
             deployment=dep, env=cfg.env(), secret_env=store_secrets,
             read_secret_env=secrets.storage.read_env_secrets()))
         store_env, store_read_env = tuple(store.env), tuple(store.read_env)
-    # a Secret per trust boundary the stack has (the file server's only with a file server)
+    # a Secret per trust boundary the stack has (the file server's only with a file server, the
+    # tracking one with a tracking server: the stack's, or trackingUri's with trackingPassword set)
     boundaries = [CUBE_CONTROL, *(() if cfg.uses_store() else (FILES_WRITE, FILES_READ)),
-                  *((TRACKING,) if cfg.tracking_server else ())]
+                  *((TRACKING,) if cfg.tracking_server or cfg.tracking_uri else ())]
     creds = Credentials("credentials", CredentialsArgs(
         deployment=dep, boundaries=boundaries, current=secrets.credentials.current,
         previous=secrets.credentials.previous, tracking_username=cfg.tracking_username))

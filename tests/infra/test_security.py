@@ -64,6 +64,9 @@ def test_a_secret_per_trust_boundary_generated_and_kept_secret(rendered):
     store = rendered("dev", "modelRoot=s3://b/m", "dataSource=s3://b/h", "trainingMode=continuous",
                      "dataStartHour=20261120/00", "trackingServer=false")
     assert {m.name for m in store.by_kind("Secret")} == {f"credentials-{CUBE_CONTROL}"}
+    # an external tracking server: its credential Secret stays (the pods log in there)
+    external = rendered("dev", "trackingServer=false", "trackingUri=http://mlflow.example.com:5000")
+    assert f"credentials-{TRACKING}" in {m.name for m in external.by_kind("Secret")}
 
 
 def test_user_credentials_and_a_rotation_stay_secret():
