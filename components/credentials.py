@@ -6,7 +6,8 @@ at ``CREDENTIALS_DIR/<boundary>``.
 Named ``<name>-<boundary>`` (e.g. ``credentials-cube-control``). A token boundary's Secret
 holds ``current`` and, while a rotation rolls out, ``previous`` (both accepted by the
 checking role; docs/security.md has the steps); ``TRACKING``'s holds ``username`` and
-``password`` (MLflow basic auth). Each value is the user's (a secret stack key,
+``password`` (MLflow basic auth) and ``server-secret-key`` (the MLflow server's CSRF secret,
+always generated). Each value is the user's (a secret stack key,
 ``infra.config_security.BOUNDARY_KEYS``), else a ``pulumi_random.RandomPassword`` of
 ``LENGTH`` alphanumeric characters made once per stack and kept, as a secret, in the stack's
 state. Every value stays a Pulumi secret (redacted in the render).
@@ -28,8 +29,9 @@ from runtime.role_specs import CREDENTIAL_BOUNDARIES, TRACKING
 LENGTH = 32
 #: the file (Secret key) of a token boundary's credential and of the one being rotated out
 CURRENT, PREVIOUS = "current", "previous"
-#: the files (Secret keys) of ``TRACKING``
-USERNAME, PASSWORD = "username", "password"
+#: the files (Secret keys) of ``TRACKING``: the pipeline's MLflow user (the server's admin), and
+#: the MLflow server's own CSRF secret (``--app-name basic-auth`` needs one), generated
+USERNAME, PASSWORD, SERVER_SECRET = "username", "password", "server-secret-key"
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,10 @@ class Credentials(pulumi.ComponentResource):
                 value = random.RandomPassword(sec_name, length=LENGTH, special=False, opts=common.child(self)).result
             value = pulumi.Output.secret(value)
             if boundary == TRACKING:
-                data = {USERNAME: pulumi.Output.from_input(args.tracking_username), PASSWORD: value}
+                server_secret = random.RandomPassword(f"{sec_name}-server", length=LENGTH, special=False,
+                                                      opts=common.child(self)).result
+                data = {USERNAME: pulumi.Output.from_input(args.tracking_username), PASSWORD: value,
+                        SERVER_SECRET: pulumi.Output.secret(server_secret)}
             else:
                 data = {CURRENT: value}
                 if args.previous.get(boundary) is not None:

@@ -28,7 +28,7 @@ from components.object_store import ObjectStoreAccess, ObjectStoreAccessArgs
 from infra import config_monitoring, config_security, config_tracking
 from infra.config import PROJECT, REPO_ROOT, Secrets, StackConfig, load
 from infra.config_storage import annotations
-from runtime.role_specs import CUBE_CONTROL, FILES_READ, FILES_WRITE, TRACKING
+from runtime.role_specs import CREDENTIAL_BOUNDARIES
 
 REGISTRY_SECRET = "registry-credentials"
 TRAINING_JOB = "ctr-train"
@@ -80,12 +80,10 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
             deployment=dep, env=cfg.env(), secret_env=store_secrets,
             read_secret_env=secrets.storage.read_env_secrets()))
         store_env, store_read_env = tuple(store.env), tuple(store.read_env)
-    # a Secret per trust boundary the stack has (the file server's only with a file server, the
-    # tracking one with a tracking server: the stack's, or trackingUri's with trackingPassword set)
-    boundaries = [CUBE_CONTROL, *(() if cfg.uses_store() else (FILES_WRITE, FILES_READ)),
-                  *((TRACKING,) if cfg.tracking_server or cfg.tracking_uri else ())]
+    # a Secret per trust boundary, whatever the stack deploys: a role's spec lists the boundaries it
+    # may use (e.g. the trainer FILES_WRITE with the versions on an object store too)
     creds = Credentials("credentials", CredentialsArgs(
-        deployment=dep, boundaries=boundaries, current=secrets.credentials.current,
+        deployment=dep, boundaries=CREDENTIAL_BOUNDARIES, current=secrets.credentials.current,
         previous=secrets.credentials.previous, tracking_username=cfg.tracking_username))
     dep = DeployContext(namespace=namespace, instance=instance, image_pull_secrets=pull_secrets,
                         image_pull_policy=cfg.image_pull_policy, store_env=store_env, store_read_env=store_read_env,

@@ -37,7 +37,8 @@ def _env(container: dict) -> dict:
 
 def test_model_root_on_a_store_deploys_no_file_server(rendered):
     r = rendered("dev", *STORE)
-    assert not [m for m in r.manifests if "fileserver" in m.name]
+    # (the file-server credentials' Secrets stay: every boundary has one, tests/infra/test_security.py)
+    assert not [m for m in r.manifests if "fileserver" in m.name and not m.name.startswith("credentials-")]
     assert "fileServerUrl" not in r.outputs and r.outputs["modelRoot"] == ROOT
     # no upload token: the stack file sets none, the render sets no placeholder (the program
     # reads it with get_secret), no Secret holds one

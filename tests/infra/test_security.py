@@ -53,20 +53,19 @@ def test_a_secret_per_trust_boundary_generated_and_kept_secret(rendered):
         f"credentials-{b}": secrets[f"credentials-{b}"] for b in (CUBE_CONTROL, FILES_WRITE, FILES_READ, TRACKING)}
     for b in (CUBE_CONTROL, FILES_WRITE, FILES_READ):
         assert secrets[f"credentials-{b}"]["stringData"] == {"current": REDACTED}
-    assert secrets[f"credentials-{TRACKING}"]["stringData"] == {"username": REDACTED, "password": REDACTED}
+    assert secrets[f"credentials-{TRACKING}"]["stringData"] == {
+        "username": REDACTED, "password": REDACTED, "server-secret-key": REDACTED}
     # generated where the user set none (uploadToken is FILES_WRITE's), each a secret Output end to end
     generated = {x["name"] for x in r.resources if x["type"] == "random:index/randomPassword:RandomPassword"}
-    assert generated == {f"credentials-{b}" for b in (CUBE_CONTROL, FILES_READ, TRACKING)}
+    assert generated == {f"credentials-{b}" for b in (CUBE_CONTROL, FILES_READ, TRACKING)} | {
+        f"credentials-{TRACKING}-server"}
     for x in r.resources:
         if x["type"] == "kubernetes:core/v1:Secret" and x["name"].startswith("credentials-"):
             assert x["inputs"]["stringData"][_SIG_KEY] == _SECRET_SIG, x["name"]
-    # no file server (versions on an object store): no file-server boundaries
+    # every boundary whatever the stack deploys (a role's spec lists what it may use)
     store = rendered("dev", "modelRoot=s3://b/m", "dataSource=s3://b/h", "trainingMode=continuous",
                      "dataStartHour=20261120/00", "trackingServer=false")
-    assert {m.name for m in store.by_kind("Secret")} == {f"credentials-{CUBE_CONTROL}"}
-    # an external tracking server: its credential Secret stays (the pods log in there)
-    external = rendered("dev", "trackingServer=false", "trackingUri=http://mlflow.example.com:5000")
-    assert f"credentials-{TRACKING}" in {m.name for m in external.by_kind("Secret")}
+    assert {m.name for m in store.by_kind("Secret")} == set(secrets)
 
 
 def test_user_credentials_and_a_rotation_stay_secret():
