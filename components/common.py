@@ -13,7 +13,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from runtime.formats import topology
-from runtime.role_specs import CREDENTIALS_DIR, CREDENTIALS_DIR_ENV, Probe, RoleSpec
+from runtime.role_specs import CREDENTIALS_DIR, CREDENTIALS_DIR_ENV, TRACKING, Probe, RoleSpec
 
 PART_OF = "elastic-ctr"
 #: UID/GID of the non-root ``app`` user the Dockerfiles create.
@@ -25,6 +25,10 @@ TMP_DIR = "/tmp"
 READ, WRITE = "read", "write"
 #: file mode of every credential file a pod mounts (owner read only; the pod's fsGroup reads it too)
 CREDENTIAL_MODE = 0o400
+#: the files of the ``TRACKING`` Secret a pod mounts: the pipeline's MLflow login only (the Secret's
+#: ``server-secret-key``, the MLflow server's own, reaches nothing through a volume;
+#: ``components.credentials`` has the Secret's layout)
+TRACKING_FILES = ("username", "password")
 
 
 @dataclass(frozen=True)
@@ -228,13 +232,15 @@ def _credential_volume(boundary: str) -> str:
 
 def credential_volumes(dep: DeployContext, *specs: RoleSpec) -> list[k8s.core.v1.VolumeArgs]:
     """The pod's Secret volumes of every trust boundary one of ``specs`` lists (each once, in
-    first-listed order), files mode ``CREDENTIAL_MODE``. Raises ``ValueError`` as
-    ``container``."""
+    first-listed order), files mode ``CREDENTIAL_MODE`` (of ``TRACKING``'s, ``TRACKING_FILES``
+    only). Raises ``ValueError`` as ``container``."""
     seen: list[str] = []
     for spec in specs:
         seen += [b for b in _credentials(spec, dep) if b not in seen]
     return [k8s.core.v1.VolumeArgs(name=_credential_volume(b), secret=k8s.core.v1.SecretVolumeSourceArgs(
-        secret_name=dep.credentials[b], default_mode=CREDENTIAL_MODE)) for b in seen]
+        secret_name=dep.credentials[b], default_mode=CREDENTIAL_MODE,
+        items=[k8s.core.v1.KeyToPathArgs(key=k, path=k) for k in TRACKING_FILES] if b == TRACKING else None))
+        for b in seen]
 
 
 def service_account(dep: DeployContext, name: str, parent: pulumi.Resource,

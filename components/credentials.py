@@ -22,7 +22,7 @@ import pulumi_kubernetes as k8s
 import pulumi_random as random
 
 from components import common
-from components.common import DeployContext
+from components.common import TRACKING_FILES, DeployContext
 from runtime.role_specs import CREDENTIAL_BOUNDARIES, TRACKING
 
 #: characters of a generated credential ([A-Za-z0-9]: about 190 bits)
@@ -31,7 +31,7 @@ LENGTH = 32
 CURRENT, PREVIOUS = "current", "previous"
 #: the files (Secret keys) of ``TRACKING``: the pipeline's MLflow user (the server's admin), and
 #: the MLflow server's own CSRF secret (``--app-name basic-auth`` needs one), generated
-USERNAME, PASSWORD, SERVER_SECRET = "username", "password", "server-secret-key"
+(USERNAME, PASSWORD), SERVER_SECRET = TRACKING_FILES, "server-secret-key"
 
 
 @dataclass(frozen=True)

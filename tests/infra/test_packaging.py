@@ -17,8 +17,8 @@ def _names(path: Path) -> dict[str, str]:
     for line in path.read_text().splitlines():
         line = line.split("#")[0].strip()
         if line:
-            m = re.match(r"([A-Za-z0-9_.-]+)(.*)", line)
-            out[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = m.group(2).strip()
+            m = re.match(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?(.*)", line)  # name, extras, specifier
+            out[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = m.group(3).strip()
     return out
 
 

@@ -117,9 +117,13 @@ def test_a_container_mounts_exactly_the_credentials_its_spec_lists():
     assert [(e.name, e.value) for e in c.env if e.name == CREDENTIALS_DIR_ENV] == [(CREDENTIALS_DIR_ENV, CREDENTIALS_DIR)]
     # two containers of one pod needing one boundary: one volume; files readable by the owner only
     vols = common.credential_volumes(dep, spec, _spec((CUBE_CONTROL,)))
-    assert [(v.name, v.secret.secret_name, v.secret.default_mode) for v in vols] == [
-        (f"credentials-{CUBE_CONTROL}", f"credentials-{CUBE_CONTROL}", 0o400),
-        (f"credentials-{FILES_READ}", f"credentials-{FILES_READ}", 0o400)]
+    assert [(v.name, v.secret.secret_name, v.secret.default_mode, v.secret.items) for v in vols] == [
+        (f"credentials-{CUBE_CONTROL}", f"credentials-{CUBE_CONTROL}", 0o400, None),
+        (f"credentials-{FILES_READ}", f"credentials-{FILES_READ}", 0o400, None)]
+    # the tracking login only: the MLflow server's own secret is not a file of a client's pod
+    tracking = common.DeployContext(namespace="ns", instance="i", credentials={TRACKING: f"credentials-{TRACKING}"})
+    (v,) = common.credential_volumes(tracking, _spec((TRACKING,)))
+    assert [(i.key, i.path) for i in v.secret.items] == [("username", "username"), ("password", "password")]
     # none listed: nothing mounted, no variable
     bare = common.container(_spec(()), dep, "img", resources_=common.resources("1", "1Gi"))
     assert bare.volume_mounts == [] and not [e for e in bare.env if e.name == CREDENTIALS_DIR_ENV]
@@ -140,4 +144,7 @@ def test_rendered_pods_mount_what_their_specs_list(rendered):
             env = {e["name"]: e.get("value") for e in c.get("env", [])}
             assert (CREDENTIALS_DIR_ENV in env) == bool(mounted), (name, c["name"])
             for b in mounted:
-                assert volumes[f"credentials-{b}"]["secret"] == {"secretName": f"credentials-{b}", "defaultMode": 256}
+                secret = dict(volumes[f"credentials-{b}"]["secret"])
+                items = secret.pop("items", None)
+                assert secret == {"secretName": f"credentials-{b}", "defaultMode": 256}
+                assert items == ([{"key": k, "path": k} for k in ("username", "password")] if b == TRACKING else None)
