@@ -20,8 +20,8 @@ random), collisions by linear probing. Built and probed by ``runtime/cube/kernel
 time and keeps only that.
 
 A delta (patch) has the same files holding only the changed and new keys, and names its
-base in ``base_version``; the server merges it into a copy of the served table
-(``InlineTable.upsert``: copy on write, the served version is never modified).
+base in ``base_version``; the server loads it as an overlay on the served table and
+merges it in place later (``runtime/cube/table.py``, ``VersionView``; docs/cube.md).
 
 Validation on load (``load_shard_dict``): every field present and typed, every file's
 size equal to what meta says, crc32 of each file (``verify=True``, the default), index

@@ -1,10 +1,12 @@
-"""The cube data plane's hot loops, in C (``kernel.c``): hash index build and batch
-lookup of the dict files, the server's inline table (build, upsert, rehash, lookup), and
-the client's request path (split a batch by shard, one request per shard, gather the
-replies: ``CubeClient.seek``'s common case, with the GIL released).
+"""The cube data plane's hot loops, in C (``kernel.c``, ``kernel_client.c``): hash index
+build and batch lookup of the dict files, the server's inline table (build, upsert in
+place, rehash, lookup) and versioned views (a stack of tables read newest first, pinned
+by lookups), and the client's request path (split a batch by shard, one request per
+shard, gather the replies: ``CubeClient.seek``'s common case, with the GIL released).
 
-``kernel.c`` is compiled when the project is installed (a setuptools extension module,
-``runtime.cube._kernel``; it exports plain C functions, no Python module) and called
+``kernel.c`` and ``kernel_client.c`` are compiled when the project is installed (a
+setuptools extension module, ``runtime.cube._kernel``; it exports plain C functions, no
+Python module) and called
 through ctypes, which releases the GIL for the duration of each call. C rather than a
 JIT: a process importing numba holds ~145 MiB more RSS before any data, which alone
 breaks the server's memory target (1.6 x raw bytes + 60 MiB); the C library adds < 1 MiB.
@@ -70,6 +72,18 @@ class CKernel:
         lib.cube_table_rehash.restype = i64
         lib.cube_table_lookup.argtypes = [vp, i64, i64, u64, i64, vp, i64, vp, vp]
         lib.cube_table_lookup.restype = i64
+        lib.cube_view_lookup.argtypes = [vp, vp, i64, vp, vp]
+        lib.cube_view_lookup.restype = i64
+        lib.cube_view_pins.argtypes = [vp]
+        lib.cube_view_pins.restype = i64
+        lib.cube_view_retire.argtypes = [vp]
+        lib.cube_view_retire.restype = None
+        #: raw entry of a versioned view's lookup (``runtime/cube/table.py``, ``VersionView``):
+        #: (view_addr, q_addr, qn, out_addr or None, found_addr) -> hits, or -1 when the view
+        #: is retired (nothing written). No checks: used by the server's hot path.
+        self.view_lookup_raw = lib.cube_view_lookup
+        #: (view_addr) -> lookups in progress on the view; (view_addr) -> None: retire it.
+        self.view_pins, self.view_retire = lib.cube_view_pins, lib.cube_view_retire
         self._lib = lib
         #: raw entry of the inline table's lookup: (table_addr, cap, stride_bytes, sentinel,
         #: dim, q_addr, qn, out_addr or None, found_addr) -> hits; addresses are ints (no

@@ -18,13 +18,17 @@ random pages are most of a lookup's cost. Memory: ``cap * stride`` bytes, e.g. 1
 10 float32 -> 1.67M x 48 B = 76 MiB (raw keys + values: 46 MiB); the keys/values arrays are
 not kept.
 
-Patches (``upsert``) are copy on write: the result is a new table (the served one keeps
-answering): a copy of it when the keys fit under ``MAX_LOAD`` and the sentinel is not a
-patch key, else a rehash into a new, larger table (new sentinel if needed).
+Patches: ``merge`` writes rows into a table in place (when they fit under ``MAX_LOAD`` and
+none is the sentinel; ``fits``); ``upsert`` is copy on write (a new table: a copy, or a
+rehash into a larger one with a new sentinel if needed), the fallback when a merge does not
+fit. ``VersionView`` is what the server serves: a base table plus the patches applied since
+its last merge as small overlay tables, read newest first (docs/cube.md, "Versions in
+place", has the design and its invariants).
 """
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
@@ -58,8 +62,9 @@ def choose_sentinel(*key_arrays: np.ndarray, avoid: tuple[int, ...] = ()) -> int
 
 
 class InlineTable:
-    """One dict version as an inline table (see the module docstring). Read-only once
-    built: share it between connections; ``upsert`` returns a new one.
+    """An inline table (see the module docstring): a base or a patch's overlay. Changed
+    only by ``merge`` (in place, under the conditions it states); ``upsert`` returns a new
+    one.
 
     Attributes: ``tab`` uint64[cap, stride // 8] (column 0 = keys), ``tabf`` the same
     memory as float32[cap, stride // 4] (values in columns 2 .. 2 + dim), ``sentinel``,
@@ -126,6 +131,39 @@ class InlineTable:
         used = self.tab[:, 0] != np.uint64(self.sentinel)
         return self.tab[used, 0].copy(), self.tabf[used, 2:2 + self.dim].copy()
 
+    def _patch_rows(self, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        values = np.ascontiguousarray(values, dtype=np.float32)
+        if values.ndim != 2 or values.shape != (keys.shape[0], self.dim):
+            raise ValueError(f"values must be float32[{keys.shape[0]}, {self.dim}], got {values.shape}")
+        return keys, values
+
+    def fits(self, keys: np.ndarray) -> bool:
+        """Whether ``merge(keys, ...)`` can write in place: no key is the sentinel and the
+        table stays at most ``MAX_LOAD`` full (O(len(keys)))."""
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        if bool((keys == np.uint64(self.sentinel)).any()):
+            return False
+        count = self.count + int(keys.shape[0] - np.count_nonzero(self.contains(keys)))
+        return count <= MAX_LOAD * self.capacity and count < self.capacity
+
+    def merge(self, keys: np.ndarray, values: np.ndarray) -> int:
+        """In place: updates or adds unique ``keys: uint64[n]`` with ``values: float32[n,
+        dim]``; returns the number of keys added. Cost O(n), no allocation of the table's
+        size. Readers may run meanwhile, on the condition that none of them can read a key
+        being merged from this table (the server's views: ``VersionView.folded``); a probe
+        for any other key is answered as before. Raises ``ValueError`` when the rows do
+        not ``fit`` (nothing written), or on bad shapes or repeated keys."""
+        keys, values = self._patch_rows(keys, values)
+        if not self.fits(keys):
+            raise ValueError(f"{keys.shape[0]} rows do not fit in place (capacity {self.capacity}, "
+                             f"{self.count} keys, sentinel {self.sentinel})")
+        if np.unique(keys).shape[0] != keys.shape[0]:
+            raise ValueError("patch keys repeat")
+        added = KERNEL.table_upsert(self.tab, self.tabf, self.sentinel, self.count, keys, values)
+        self.count += added
+        return added
+
     def upsert(self, keys: np.ndarray, values: np.ndarray) -> "InlineTable":
         """Copy on write: a new table = this one with ``keys`` updated or added (unique
         ``keys: uint64[n]``, ``values: float32[n, dim]``). This table is not modified."""
@@ -150,3 +188,122 @@ class InlineTable:
         t.count = self.count + added
         assert added == new, (added, new)
         return t
+
+
+class VersionRetired(RuntimeError):
+    """A lookup on a ``VersionView`` that was retired (no longer served)."""
+
+
+class VersionView:
+    """One served version: ``base`` (an ``InlineTable``) and ``overlays`` (``InlineTable``
+    each, oldest first: the patches applied since the base's last merge), read newest
+    first: a key's value is the one of the newest table holding it. ``version``: its id;
+    ``count``: keys it holds; ``dim``. Views of successive versions share the base.
+
+    ``buf`` is the view as ``kernel.c``'s ``cube_view_lookup`` reads it (uint64: pins,
+    retired, dim, stride, table count, then address, capacity, sentinel per table, newest
+    first); ``addr`` its address (the server's hot path calls ``KERNEL.view_lookup_raw``
+    with it). A view holds references to its tables, so they live as long as it does."""
+
+    __slots__ = ("base", "overlays", "version", "count", "dim", "buf", "addr")
+
+    def __init__(self, base: InlineTable, overlays: list[InlineTable], version: int, count: int):
+        self.base, self.overlays, self.version, self.count = base, list(overlays), int(version), int(count)
+        self.dim = base.dim
+        tables = self.overlays[::-1] + [base]
+        if any(t.dim != base.dim for t in tables):
+            raise ValueError(f"overlays must have the base's dim {base.dim}")
+        self.buf = np.zeros(5 + 3 * len(tables), np.uint64)
+        self.buf[2:5] = (self.dim, base.stride, len(tables))
+        for i, t in enumerate(tables):
+            self.buf[5 + 3 * i: 8 + 3 * i] = (t.tab.ctypes.data, t.capacity, t.sentinel)
+        self.addr = self.buf.ctypes.data
+
+    @classmethod
+    def of_base(cls, keys: np.ndarray, values: np.ndarray, version: int) -> "VersionView":
+        """A view of a base: a table built from ``keys``/``values`` (``InlineTable.build``)."""
+        t = InlineTable.build(keys, values)
+        return cls(t, [], version, t.count)
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tables it reads (the base, shared with other views, included)."""
+        return self.base.nbytes + sum(t.nbytes for t in self.overlays)
+
+    @property
+    def retired(self) -> bool:
+        return bool(self.buf[1])
+
+    def lookup(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``query: uint64[q]`` -> ``(values float32[q, dim] (zeros for misses), found
+        bool[q])``. Raises ``VersionRetired``."""
+        query = np.ascontiguousarray(query, dtype=np.uint64)
+        out = np.empty((query.shape[0], self.dim), np.float32)
+        found = np.empty(query.shape[0], np.uint8)
+        if KERNEL.view_lookup_raw(self.addr, query.ctypes.data, query.shape[0], out.ctypes.data,
+                                  found.ctypes.data) < 0:
+            raise VersionRetired(f"version {self.version} is retired")
+        return out, found.view(bool)
+
+    def contains(self, query: np.ndarray) -> np.ndarray:
+        """``query: uint64[q]`` -> bool[q]. Raises ``VersionRetired``."""
+        query = np.ascontiguousarray(query, dtype=np.uint64)
+        found = np.empty(query.shape[0], np.uint8)
+        if KERNEL.view_lookup_raw(self.addr, query.ctypes.data, query.shape[0], None, found.ctypes.data) < 0:
+            raise VersionRetired(f"version {self.version} is retired")
+        return found.view(bool)
+
+    def patched(self, keys: np.ndarray, values: np.ndarray, version: int) -> "VersionView":
+        """The view of ``version`` = this one with the patch rows (unique ``keys:
+        uint64[n]``, ``values: float32[n, dim]``) as a new overlay. Nothing shared is
+        modified; memory O(n). Raises ``ValueError`` on bad shapes or repeated keys."""
+        keys, values = self.base._patch_rows(keys, values)
+        overlay = InlineTable.build(keys, values)
+        new = int(keys.shape[0] - np.count_nonzero(self.contains(keys)))
+        return VersionView(self.base, self.overlays + [overlay], version, self.count + new)
+
+    def folded(self, in_place: bool = True) -> "VersionView":
+        """The same version with its overlays merged into the base, oldest first: in place
+        (``InlineTable.merge``, O(overlay rows)) when they fit and ``in_place``, else into a
+        new base (``InlineTable.upsert``: a copy, larger if needed). Returns a view with no overlay (or ``self`` when it
+        has none). In place, the caller guarantees that no lookup runs or starts on a view
+        of this base lacking one of these overlays (``retire`` + ``wait_unpinned``); lookups
+        on this view may run meanwhile: a merged key is found in its overlay first."""
+        if not self.overlays:
+            return self
+        rows = [t.items() for t in self.overlays]
+        keys = np.concatenate([k for k, _ in rows])
+        values = np.concatenate([v for _, v in rows])
+        if len(rows) > 1:  # a key in several overlays: the newest row wins
+            _, last = np.unique(keys[::-1], return_index=True)
+            keep = keys.shape[0] - 1 - last
+            keys, values = keys[keep], values[keep]
+        base = self.base
+        if in_place and base.fits(keys):
+            base.merge(keys, values)
+        else:
+            base = base.upsert(keys, values)
+        assert base.count == self.count, (base.count, self.count)
+        return VersionView(base, [], self.version, self.count)
+
+    def retire(self) -> None:
+        """Lookups on this view answer ``VersionRetired`` from now on (those in progress finish)."""
+        KERNEL.view_retire(self.addr)
+
+    @property
+    def pinned(self) -> bool:
+        """Whether a lookup is in progress on this view."""
+        return KERNEL.view_pins(self.addr) > 0
+
+    def wait_unpinned(self, timeout_s: float = 10.0) -> bool:
+        """Waits until no lookup is in progress on this view (after ``retire``: none will
+        start); False after ``timeout_s`` s."""
+        deadline = time.monotonic() + timeout_s
+        while KERNEL.view_pins(self.addr) > 0:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.0002)
+        return True

@@ -1,4 +1,4 @@
-"""Cube server: background load, atomic enable, copy-on-write patches, previous version,
+"""Cube server: background load, atomic enable, patches in place, previous version,
 HTTP control errors, malformed/oversized frames, restart from --data-dir, the CLI process."""
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def test_frame_sizes_follow_the_protocol(server, data):
     c.close()
 
 
-def test_switch_keeps_previous_version_and_patch_cow(server, data):
+def test_switch_keeps_previous_version_and_patch(server, data):
     tmp, keys, values, base = data
     load_and_enable(server, shard_dir(base, 0), 100)
     c = Conn(server)
@@ -133,7 +133,7 @@ def test_switch_keeps_previous_version_and_patch_cow(server, data):
     assert enable(server, 101).status_code == 200
     _, version, other, found, vals = c.seek(dkeys)
     assert version == 101 and other == 100 and found.all() and (vals == 3.5).all()
-    # the previous version is still answered when asked for, unchanged (copy on write)
+    # the previous version is still answered when asked for, unchanged (versioned views)
     _, version, other, found, vals = c.seek(dkeys, version=100)
     assert version == 100 and other == 101
     np.testing.assert_array_equal(vals[:10], values[:10])
