@@ -215,11 +215,12 @@ def test_versions_fold_waits_for_retired_views_else_copies():
     ref.apply(1, pk, pv)
     cur, prev = Slot(v0.patched(pk, pv, 1), 1, [0, 1], []), Slot(v0, 0, [0], [])
     vs.served = (cur, prev)
+    assert vs._fold() is cur  # a previous version is served: nothing merged
     vs.served = (cur, None)
     prev.t.buf[0] += 1  # a lookup of version 0 still in progress
     vs._retire(prev)
     vs.unpin_timeout_s = 0.01
-    folded = vs._fold(cur)
+    folded = vs._fold()
     assert vs.served[0] is folded and folded.t.base is not v0.base and vs.merges == {"in_place": 0, "copied": 1}
     prev.t.buf[0] -= 1
     query = np.concatenate([keys, pk])
@@ -231,6 +232,6 @@ def test_versions_fold_waits_for_retired_views_else_copies():
     nxt = Slot(folded.t.patched(pk2, pv2, 2), 2, [0, 1, 2], [])
     vs.served = (nxt, None)
     vs._retire(folded)
-    f2 = vs._fold(nxt)
+    f2 = vs._fold()
     assert f2.t.base is folded.t.base and vs.merges["in_place"] == 1
     check(f2.t, ref, 2, np.concatenate([query, pk2]))

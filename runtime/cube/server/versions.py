@@ -71,6 +71,7 @@ class Versions:
         self.data_dir, self.verify = data_dir, verify
         self.served: tuple[Slot | None, Slot | None] = (None, None)
         self._lock = threading.Lock()  # control operations
+        self._fold_lock = threading.Lock()  # one merge into the base at a time
         self.bg: Slot | None = None
         self.bg_state, self.bg_error, self.bg_version = "empty", None, None
         self._bg_gen = 0
@@ -108,12 +109,18 @@ class Versions:
             self._bg_gen += 1
             gen = self._bg_gen
             self.bg, self.bg_state, self.bg_error, self.bg_version = None, "loading", None, version
-        threading.Thread(target=self._load, args=(gen, directory, version, base_version, cur),
+        threading.Thread(target=self._load, args=(gen, directory, version, base_version),
                          name="cube-load", daemon=True).start()
 
-    def _load(self, gen: int, directory: str, version: int, base_version: int | None, base: Slot | None):
+    def _load(self, gen: int, directory: str, version: int, base_version: int | None):
         t0 = time.perf_counter()
         try:
+            if base_version is not None:
+                # first, so that the served version's overlay is freed before the patch is read
+                base = self._fold()
+                if base is None or base.version != base_version:
+                    raise Conflict(f"the served version changed to {base.version if base else None} "
+                                   f"while patch {version} on {base_version} was loading")
             d = dictfile.load_shard_dict(directory, verify=self.verify, index=False)
             m = d.meta
             want = (self.dict_name, self.shard, self.shard_num, version)
@@ -137,7 +144,6 @@ class Versions:
                         f"served version {base.version} (made of {base.lineage})")
                 if m.dim != base.dim:
                     raise dictfile.DictFormatError(f"{directory}: dim {m.dim}, the served version has dim {base.dim}")
-                base = self._fold(base)
                 slot = Slot(base.t.patched(d.keys, d.values, version), version, base.lineage + [version],
                             base.chain + [entry])
             del d  # keys/values arrays: the table holds the data
@@ -162,29 +168,37 @@ class Versions:
         # a retired view seen unpinned is never read again: only those still pinned are kept
         self._retired = [v for v in self._retired if v.pinned] + [slot.t]
 
-    def _fold(self, cur: Slot) -> Slot:
-        """Merges the overlays of the served ``cur`` into its base (``VersionView.folded``)
-        and serves the folded view in its place (same version, same answers). In place once
-        every retired view is unpinned (none can read a merged key from the base then: the
-        only views served or loading hold every merged overlay); by a copy if one stays
-        pinned past ``unpin_timeout_s``. Returns the slot now serving ``cur``'s version."""
-        if not cur.t.overlays:
-            return cur
-        with self._lock:
-            retired = list(self._retired)
-        in_place = all(v.wait_unpinned(self.unpin_timeout_s) for v in retired)
-        t0 = time.perf_counter()
-        folded = Slot(cur.t.folded(in_place), cur.version, cur.lineage, cur.chain)
-        with self._lock:
-            self._retired = [v for v in self._retired if v not in retired]
-            c, p = self.served
-            if c is cur:
-                self.served = (folded, p)
-                self._retire(cur)
-        self.merges["in_place" if folded.t.base is cur.t.base else "copied"] += 1
-        log.info("merged %d patch(es) of version %d into its base (%s) in %.3f s", len(cur.t.overlays),
-                 cur.version, "in place" if folded.t.base is cur.t.base else "copied", time.perf_counter() - t0)
-        return folded
+    def _fold(self) -> Slot | None:
+        """Merges the overlays of the served version into its base (``VersionView.folded``)
+        and serves the folded view in its place (same version, same answers); only while no
+        previous version is served (else nothing is done). In place once every retired view
+        is unpinned (none can read a merged key from the base then: the only views served
+        or loading hold every merged overlay); by a copy if one stays pinned past
+        ``unpin_timeout_s``. Returns the slot now serving the current version (None: none)."""
+        with self._fold_lock:
+            with self._lock:
+                cur, prev = self.served
+                retired = list(self._retired)
+            if cur is None or not cur.t.overlays or prev is not None:
+                return cur
+            in_place = all(v.wait_unpinned(self.unpin_timeout_s) for v in retired)
+            t0 = time.perf_counter()
+            folded = Slot(cur.t.folded(in_place), cur.version, cur.lineage, cur.chain)
+            with self._lock:
+                self._retired = [v for v in self._retired if v not in retired]
+                c, p = self.served
+                swapped = c is cur  # else a base was enabled meanwhile (a load discarded by bg_unload)
+                if swapped:
+                    self.served = (folded, p)
+                    self._retire(cur)
+            how = "in place" if folded.t.base is cur.t.base else "copied"
+            self.merges["in_place" if how == "in place" else "copied"] += 1
+            if swapped and cur.t.wait_unpinned(self.unpin_timeout_s):  # its overlays can be freed now
+                with self._lock:
+                    self._retired = [v for v in self._retired if v is not cur.t]
+            log.info("merged %d patch(es) of version %d into its base (%s) in %.3f s", len(cur.t.overlays),
+                     cur.version, how, time.perf_counter() - t0)
+            return folded
 
     def enable(self, version: int) -> dict:
         """Switches to the loaded bg version atomically and records it in ``state.json``.
