@@ -28,9 +28,10 @@ patches of those row counts (half new values of base keys, half new keys), each 
 version before, timed the same way; for each, every cube server's RSS serving before it
 (``VmRSS``) and its peak while the patch is downloaded, loaded, enabled (``VmHWM`` after
 resetting it through ``/proc/<pid>/clear_refs``, and ``VmRSS`` sampled every 10 ms), and
-the largest ratio peak / serving over the servers. Line: ``rollout_patches keys=<n>
+the largest ratio peak / serving over the servers (and peak / RSS serving the base alone:
+a server that keeps older copies shows it there). Line: ``rollout_patches keys=<n>
 shards=<S> replicas=<R> base_seconds=<s> serving_rss_mib=<n> patch_<rows>_s=<s>
-patch_<rows>_rss_ratio=<r> ...``.
+patch_<rows>_rss_ratio=<r> patch_<rows>_rss_ratio_to_base=<r> ...``.
 
 Prints the transfer's phase durations, the value checks of a sample of keys, and one line:
 ``rollout keys=<n> shards=<S> replicas=<R> seconds=<s> patch_keys=<n> patch_seconds=<s>
@@ -70,7 +71,7 @@ def run_rollout_bench(keys: int = 1_000_000, dim: int = 10, shards: int = 2, rep
     "patch_seconds", "patch_phases", "relayout_shards", "relayout_seconds",
     "relayout_links" (per re-laid link: version, mode, s), "old_generation_stopped_seconds"
     (restart -> old layout stopped)}``; with ``patch_sizes``: ``"patches"`` (per size: rows,
-    seconds, phases, serving_rss_mib, peak_rss_mib, rss_ratio) instead of the patch and the
+    seconds, phases, serving_rss_mib, peak_rss_mib, rss_ratio, rss_ratio_to_base) instead of the patch and the
     re-layout (``patch_series``). No patch when ``patch_fraction`` is 0; no
     re-layout when ``relayout_shards`` is 0 or equals ``shards``; default ``shards + 1``).
     Raises ``AssertionError`` if the sampled values read back through CubeClient differ."""
@@ -189,6 +190,8 @@ def patch_series(c: LocalCubeCluster, root: Path, vid: int, k, v, sizes, dim: in
     docstring). Raises ``AssertionError`` if a patched value read back differs."""
     pids = [r.proc.pid for r in c.servers.values()]
     out, prev = [], vid
+    time.sleep(1.0)
+    base_rss = {p: rss_mib(p) for p in pids}  # serving the base alone
     for i, n in enumerate(sizes):
         changed = rng.choice(len(k), n - n // 2, replace=False)
         new = rng.integers(1, 1 << 63, n // 2, dtype=np.uint64)
@@ -213,12 +216,14 @@ def patch_series(c: LocalCubeCluster, root: Path, vid: int, k, v, sizes, dim: in
             assert res.version == pid and res.found.all(), "patched keys missing"
             np.testing.assert_array_equal(res.values, pv[sample])
         ratio = max(peaks[p] / serving[p] for p in pids if serving[p] > 0)
+        to_base = max(peaks[p] / base_rss[p] for p in pids if base_rss[p] > 0)
         out.append({"rows": int(len(pk)), "seconds": round(t1 - t0, 3), "phases": hist.get("phases"),
                     "serving_rss_mib": round(max(serving.values())), "peak_rss_mib": round(max(peaks.values())),
-                    "rss_ratio": round(ratio, 3)})
+                    "rss_ratio": round(ratio, 3), "rss_ratio_to_base": round(to_base, 3)})
         print(f"patch {len(pk):>8} rows after v{prev}: {t1 - t0:6.2f} s, phases {json.dumps(hist.get('phases'))}; "
               f"server RSS serving {max(serving.values()):.0f} MiB, peak {max(peaks.values()):.0f} MiB, "
-              f"ratio {ratio:.3f}", flush=True)
+              f"ratio {ratio:.3f} (to the RSS serving the base alone, {max(base_rss.values()):.0f} MiB: "
+              f"{to_base:.3f})", flush=True)
         prev = pid
     return {"patches": out}
 
@@ -282,8 +287,8 @@ def main() -> int:
         print("base: transfer phases (s):", json.dumps(r["phases"]), "transfer total (s):", r["transfer_seconds"])
         print(f"rollout_patches keys={r['keys']} shards={r['shards']} replicas={r['replicas']} "
               f"base_seconds={r['seconds']:.2f} serving_rss_mib={r['patches'][0]['serving_rss_mib']} "
-              + " ".join(f"patch_{p['rows']}_s={p['seconds']:.2f} patch_{p['rows']}_rss_ratio={p['rss_ratio']:.3f}"
-                         for p in r["patches"]))
+              + " ".join(f"patch_{p['rows']}_s={p['seconds']:.2f} patch_{p['rows']}_rss_ratio={p['rss_ratio']:.3f} "
+                         f"patch_{p['rows']}_rss_ratio_to_base={p['rss_ratio_to_base']:.3f}" for p in r["patches"]))
         return 0
     print("base: transfer phases (s):", json.dumps(r["phases"]), "transfer total (s):", r["transfer_seconds"])
     if r["patch_keys"]:
