@@ -264,6 +264,8 @@ int64_t cube_table_lookup(const uint8_t *table, int64_t cap, int64_t stride, uin
  * so its tables may change in place (Dekker: either the lookup sees retired or the writer
  * sees the pin). */
 
+#define VIEW_MAX_TABLES 16
+
 int64_t cube_view_pins(const uint64_t *view) {
     return (int64_t)__atomic_load_n(&view[0], __ATOMIC_SEQ_CST);
 }
@@ -274,8 +276,9 @@ void cube_view_retire(uint64_t *view) {
 
 /* Looks up q[qn] in the view: found[qn] (1 hit, 0 miss) and, when out is not NULL,
  * out[qn * dim] (the value, zeros for a miss). Returns the number of hits, or -1 when the
- * view is retired (nothing written). Per chunk of TCHUNK keys and per table, newest
- * first: hash and prefetch the keys not found yet, then probe them (as cube_table_lookup). */
+ * view is retired (nothing written), or -2 when it has more than VIEW_MAX_TABLES tables.
+ * Per chunk of TCHUNK keys: hash every key for every table and prefetch its home slot in
+ * each (so the misses of all tables overlap), then probe the tables newest first. */
 int64_t cube_view_lookup(uint64_t *view, const uint64_t *q, int64_t qn, float *out, uint8_t *found) {
     __atomic_add_fetch(&view[0], 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&view[1], __ATOMIC_SEQ_CST)) {
@@ -283,49 +286,99 @@ int64_t cube_view_lookup(uint64_t *view, const uint64_t *q, int64_t qn, float *o
         return -1;
     }
     const int64_t dim = (int64_t)view[2], stride = (int64_t)view[3], ntab = (int64_t)view[4];
+    if (ntab < 1 || ntab > VIEW_MAX_TABLES) {
+        __atomic_sub_fetch(&view[0], 1, __ATOMIC_SEQ_CST);
+        return -2;
+    }
     const size_t row_bytes = (size_t)dim * sizeof(float);
+    const uint8_t *tabs[VIEW_MAX_TABLES];
+    uint64_t caps[VIEW_MAX_TABLES], sents[VIEW_MAX_TABLES];
+    for (int64_t t = 0; t < ntab; t++) {
+        tabs[t] = (const uint8_t *)(uintptr_t)view[5 + 3 * t];
+        caps[t] = view[6 + 3 * t];
+        sents[t] = view[7 + 3 * t];
+    }
     int64_t hits = 0;
-    uint64_t h[TCHUNK];
+    uint64_t h[VIEW_MAX_TABLES][TCHUNK];
     for (int64_t base = 0; base < qn; base += TCHUNK) {
         const int64_t m = (qn - base) < TCHUNK ? (qn - base) : TCHUNK;
-        memset(found + base, 0, (size_t)m);
-        for (int64_t t = 0; t < ntab; t++) {
-            const uint8_t *table = (const uint8_t *)(uintptr_t)view[5 + 3 * t];
-            const uint64_t cap = view[6 + 3 * t], sentinel = view[7 + 3 * t];
+        for (int64_t t = 0; t < ntab; t++)
             for (int64_t j = 0; j < m; j++) {
-                if (found[base + j]) continue;
                 uint64_t k;
                 memcpy(&k, q + base + j, 8);
-                h[j] = home(k, cap);
-                const uint8_t *p = table + (size_t)h[j] * stride;
+                h[t][j] = home(k, caps[t]);
+                const uint8_t *p = tabs[t] + (size_t)h[t][j] * stride;
                 __builtin_prefetch(p);
-                __builtin_prefetch(p + 64);
-                __builtin_prefetch(p + 128);
+                if (t == ntab - 1) {  /* the base: as cube_table_lookup; an overlay: its home line */
+                    __builtin_prefetch(p + 64);
+                    __builtin_prefetch(p + 128);
+                }
             }
-            for (int64_t j = 0; j < m; j++) {
-                const int64_t o = base + j;
-                if (found[o]) continue;
-                uint64_t k, s = h[j], sk;
-                memcpy(&k, q + o, 8);
-                if (k == sentinel) continue;  /* not in this table */
-                const uint8_t *slot = table + (size_t)s * stride;
-                sk = __atomic_load_n((const uint64_t *)slot, __ATOMIC_ACQUIRE);
-                while (sk != k && sk != sentinel) {
-                    if (++s == cap) s = 0;
-                    slot = table + (size_t)s * stride;
+        for (int64_t j = 0; j < m; j++) {
+            const int64_t o = base + j;
+            uint64_t k;
+            memcpy(&k, q + o, 8);
+            const uint8_t *hit = NULL;
+            for (int64_t t = 0; t < ntab && !hit; t++) {
+                if (k == sents[t]) continue;  /* not in this table */
+                uint64_t s = h[t][j];
+                const uint8_t *slot = tabs[t] + (size_t)s * stride;
+                uint64_t sk = __atomic_load_n((const uint64_t *)slot, __ATOMIC_ACQUIRE);
+                while (sk != k && sk != sents[t]) {
+                    if (++s == caps[t]) s = 0;
+                    slot = tabs[t] + (size_t)s * stride;
                     sk = __atomic_load_n((const uint64_t *)slot, __ATOMIC_ACQUIRE);
                 }
-                if (sk == k) {
-                    if (out) memcpy(out + o * dim, slot + 8, row_bytes);
-                    found[o] = 1;
-                    hits++;
-                }
+                if (sk == k) hit = slot;
+            }
+            if (hit) {
+                if (out) memcpy(out + o * dim, hit + 8, row_bytes);
+                found[o] = 1;
+                hits++;
+            } else {
+                if (out) memset(out + o * dim, 0, row_bytes);
+                found[o] = 0;
             }
         }
-        if (out)
-            for (int64_t j = 0; j < m; j++)
-                if (!found[base + j]) memset(out + (base + j) * dim, 0, row_bytes);
     }
     __atomic_sub_fetch(&view[0], 1, __ATOMIC_SEQ_CST);
     return hits;
+}
+
+/* Upserts every key of src (src_cap slots, src_sentinel) into dst (dst_cap slots,
+ * dst_sentinel, dst_count keys), both of `stride`, in place as cube_table_insert does it
+ * (a new key's value before its key). count_only = 1: writes nothing. Returns the number
+ * of src keys absent from dst (added, or that would be), or -1 when a src key equals
+ * dst_sentinel or dst would become full (nothing written past that point: callers check
+ * with count_only first). */
+int64_t cube_table_merge(uint8_t *dst, int64_t dst_cap, uint64_t dst_sentinel, int64_t dst_count,
+                         const uint8_t *src, int64_t src_cap, uint64_t src_sentinel, int64_t stride,
+                         int count_only) {
+    int64_t added = 0;
+    for (int64_t s = 0; s < src_cap; s++) {
+        const uint8_t *from = src + (size_t)s * stride;
+        uint64_t k;
+        memcpy(&k, from, 8);
+        if (k == src_sentinel) continue;
+        if (k == dst_sentinel) return -1;
+        uint64_t h = home(k, (uint64_t)dst_cap);
+        uint8_t *slot;
+        uint64_t sk;
+        for (;;) {
+            slot = dst + (size_t)h * stride;
+            memcpy(&sk, slot, 8);
+            if (sk == k || sk == dst_sentinel) break;
+            if (++h == (uint64_t)dst_cap) h = 0;
+        }
+        if (sk == k) {
+            if (!count_only) memcpy(slot + 8, from + 8, (size_t)stride - 8);
+            continue;
+        }
+        added++;
+        if (count_only) continue;
+        if (dst_count + added >= dst_cap) return -1;
+        memcpy(slot + 8, from + 8, (size_t)stride - 8);
+        __atomic_store_n((uint64_t *)slot, k, __ATOMIC_RELEASE);
+    }
+    return added;
 }

@@ -72,6 +72,8 @@ class CKernel:
         lib.cube_table_rehash.restype = i64
         lib.cube_table_lookup.argtypes = [vp, i64, i64, u64, i64, vp, i64, vp, vp]
         lib.cube_table_lookup.restype = i64
+        lib.cube_table_merge.argtypes = [vp, i64, u64, i64, vp, i64, u64, i64, ctypes.c_int]
+        lib.cube_table_merge.restype = i64
         lib.cube_view_lookup.argtypes = [vp, vp, i64, vp, vp]
         lib.cube_view_lookup.restype = i64
         lib.cube_view_pins.argtypes = [vp]
@@ -80,7 +82,8 @@ class CKernel:
         lib.cube_view_retire.restype = None
         #: raw entry of a versioned view's lookup (``runtime/cube/table.py``, ``VersionView``):
         #: (view_addr, q_addr, qn, out_addr or None, found_addr) -> hits, or -1 when the view
-        #: is retired (nothing written). No checks: used by the server's hot path.
+        #: is retired, -2 when it has more than 16 tables (nothing written). No checks: used
+        #: by the server's hot path.
         self.view_lookup_raw = lib.cube_view_lookup
         #: (view_addr) -> lookups in progress on the view; (view_addr) -> None: retire it.
         self.view_pins, self.view_retire = lib.cube_view_pins, lib.cube_view_retire
@@ -137,6 +140,14 @@ class CKernel:
         if rc < 0:
             raise ValueError("table rehash failed: destination too small or holds the sentinel")
         return int(rc)
+
+    def table_merge(self, dst, dst_sentinel, dst_count, src, src_sentinel, count_only: bool) -> int:
+        """Every key of table ``src`` upserted into table ``dst`` in place (same stride);
+        returns the keys added (``count_only``: that would be, nothing written), or -1 when
+        a ``src`` key is ``dst_sentinel`` or ``dst`` would be full."""
+        return int(self._lib.cube_table_merge(dst.ctypes.data, dst.shape[0], dst_sentinel, dst_count,
+                                              src.ctypes.data, src.shape[0], src_sentinel, dst.strides[0],
+                                              1 if count_only else 0))
 
     def table_lookup(self, tab, tabf, sentinel, dim, query, out, found) -> int:
         query = np.ascontiguousarray(query, dtype=np.uint64)

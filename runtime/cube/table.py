@@ -36,12 +36,17 @@ from runtime.cube.kernel import KERNEL
 
 #: load factor of a freshly built table, and the most a patch may fill it before it grows
 LOAD, MAX_LOAD = 0.6, 0.7
+#: load factor of a patch's overlay: lower than a base's, as most lookups miss it (a miss
+#: reads (1 + 1 / (1 - a)**2) / 2 slots, Knuth: 1.7 at 0.35, 3.6 at 0.6)
+OVERLAY_LOAD = 0.35
+#: most tables (overlays + base) one view reads (``kernel.c``'s VIEW_MAX_TABLES)
+MAX_TABLES = 16
 _U64_MAX = 2**64 - 1
 
 
-def table_capacity(count: int) -> int:
-    """Slots for ``count`` keys: ``max(16, ceil(count / LOAD))`` (always > count)."""
-    return max(16, math.ceil(count / LOAD), count + 1)
+def table_capacity(count: int, load: float = LOAD) -> int:
+    """Slots for ``count`` keys: ``max(16, ceil(count / load))`` (always > count)."""
+    return max(16, math.ceil(count / load), count + 1)
 
 
 def choose_sentinel(*key_arrays: np.ndarray, avoid: tuple[int, ...] = ()) -> int:
@@ -81,16 +86,16 @@ class InlineTable:
         return np.empty((cap, (8 + 4 * dim + 7) // 8), np.uint64)
 
     @classmethod
-    def build(cls, keys: np.ndarray, values: np.ndarray) -> "InlineTable":
-        """From unique ``keys: uint64[n]`` and ``values: float32[n, dim]`` (the C kernel).
-        Raises ``ValueError`` on duplicate keys or bad shapes."""
+    def build(cls, keys: np.ndarray, values: np.ndarray, load: float = LOAD) -> "InlineTable":
+        """From unique ``keys: uint64[n]`` and ``values: float32[n, dim]`` (the C kernel),
+        at load factor ``load``. Raises ``ValueError`` on duplicate keys or bad shapes."""
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
         values = np.ascontiguousarray(values, dtype=np.float32)
         if values.ndim != 2 or values.shape[0] != keys.shape[0] or values.shape[1] < 1:
             raise ValueError(f"values must be float32[{keys.shape[0]}, dim >= 1], got {values.shape}")
         dim = values.shape[1]
         sentinel = choose_sentinel(keys)
-        tab = cls._alloc(table_capacity(keys.shape[0]), dim)
+        tab = cls._alloc(table_capacity(keys.shape[0], load), dim)
         t = cls(tab, sentinel, keys.shape[0], dim)
         KERNEL.build_table(tab, t.tabf, sentinel, keys, values)
         return t
@@ -213,6 +218,8 @@ class VersionView:
         tables = self.overlays[::-1] + [base]
         if any(t.dim != base.dim for t in tables):
             raise ValueError(f"overlays must have the base's dim {base.dim}")
+        if len(tables) > MAX_TABLES:
+            raise ValueError(f"a view reads at most {MAX_TABLES} tables, got {len(tables)}: fold it first")
         self.buf = np.zeros(5 + 3 * len(tables), np.uint64)
         self.buf[2:5] = (self.dim, base.stride, len(tables))
         for i, t in enumerate(tables):
@@ -261,30 +268,41 @@ class VersionView:
         uint64[n]``, ``values: float32[n, dim]``) as a new overlay. Nothing shared is
         modified; memory O(n). Raises ``ValueError`` on bad shapes or repeated keys."""
         keys, values = self.base._patch_rows(keys, values)
-        overlay = InlineTable.build(keys, values)
+        overlay = InlineTable.build(keys, values, OVERLAY_LOAD)
         new = int(keys.shape[0] - np.count_nonzero(self.contains(keys)))
         return VersionView(self.base, self.overlays + [overlay], version, self.count + new)
 
     def folded(self, in_place: bool = True) -> "VersionView":
         """The same version with its overlays merged into the base, oldest first: in place
-        (``InlineTable.merge``, O(overlay rows)) when they fit and ``in_place``, else into a
-        new base (``InlineTable.upsert``: a copy, larger if needed). Returns a view with no overlay (or ``self`` when it
+        (``KERNEL.table_merge``: O(overlay slots), GIL released) when they fit and
+        ``in_place``, else into a new base (``InlineTable.upsert``: a copy, larger if needed). Returns a view with no overlay (or ``self`` when it
         has none). In place, the caller guarantees that no lookup runs or starts on a view
         of this base lacking one of these overlays (``retire`` + ``wait_unpinned``); lookups
         on this view may run meanwhile: a merged key is found in its overlay first."""
         if not self.overlays:
             return self
-        rows = [t.items() for t in self.overlays]
-        keys = np.concatenate([k for k, _ in rows])
-        values = np.concatenate([v for _, v in rows])
-        if len(rows) > 1:  # a key in several overlays: the newest row wins
-            _, last = np.unique(keys[::-1], return_index=True)
-            keep = keys.shape[0] - 1 - last
-            keys, values = keys[keep], values[keep]
         base = self.base
-        if in_place and base.fits(keys):
-            base.merge(keys, values)
+        sentinel = np.array([base.sentinel], np.uint64)
+        if in_place and not any(bool(t.contains(sentinel)[0]) for t in self.overlays):
+            # an upper bound of the keys added (a new key in two overlays counts twice)
+            new = sum(KERNEL.table_merge(base.tab, base.sentinel, base.count, t.tab, t.sentinel, True)
+                      for t in self.overlays)
+            in_place = base.count + new <= MAX_LOAD * base.capacity and base.count + new < base.capacity
         else:
+            in_place = False
+        if in_place:  # oldest first: the newest row of a key is written last; GIL released
+            for t in self.overlays:
+                added = KERNEL.table_merge(base.tab, base.sentinel, base.count, t.tab, t.sentinel, False)
+                assert added >= 0, added  # checked above
+                base.count += added
+        else:
+            rows = [t.items() for t in self.overlays]
+            keys = np.concatenate([k for k, _ in rows])
+            values = np.concatenate([v for _, v in rows])
+            if len(rows) > 1:  # a key in several overlays: the newest row wins
+                _, last = np.unique(keys[::-1], return_index=True)
+                keep = keys.shape[0] - 1 - last
+                keys, values = keys[keep], values[keep]
             base = base.upsert(keys, values)
         assert base.count == self.count, (base.count, self.count)
         return VersionView(base, [], self.version, self.count)

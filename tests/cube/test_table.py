@@ -199,6 +199,13 @@ def test_bad_patches_raise():
         v.patched(np.array([3, 3], np.uint64), np.zeros((2, DIM), np.float32), 2)
     with pytest.raises(ValueError, match="values must be"):
         v.patched(np.array([3], np.uint64), np.zeros((1, DIM + 1), np.float32), 2)
+    many = v
+    with pytest.raises(ValueError, match="at most 16 tables"):
+        for i in range(16):
+            many = many.patched(np.array([1000 + i], np.uint64), np.ones((1, DIM), np.float32), 2 + i)
+    assert len(many.overlays) == 15
+    vals, found = many.folded().lookup(np.array([1000, 1014], np.uint64))
+    assert found.all() and (vals == 1).all()
     with pytest.raises(ValueError, match="do not fit"):
         v.base.merge(np.arange(1, 1000, dtype=np.uint64), np.zeros((999, DIM), np.float32))
 
