@@ -37,8 +37,9 @@ from runtime.cube.kernel import KERNEL
 #: load factor of a freshly built table, and the most a patch may fill it before it grows
 LOAD, MAX_LOAD = 0.6, 0.7
 #: load factor of a patch's overlay: lower than a base's, as most lookups miss it (a miss
-#: reads (1 + 1 / (1 - a)**2) / 2 slots, Knuth: 1.7 at 0.35, 3.6 at 0.6)
-OVERLAY_LOAD = 0.35
+#: reads (1 + 1 / (1 - a)**2) / 2 slots, Knuth: 1.7 at 0.35, 3.6 at 0.6); ``LOAD`` for an
+#: overlay of more than 1 / ``OVERLAY_BIG`` of the view's keys, where memory counts more
+OVERLAY_LOAD, OVERLAY_BIG = 0.35, 16
 #: most tables (overlays + base) one view reads (``kernel.c``'s VIEW_MAX_TABLES)
 MAX_TABLES = 16
 _U64_MAX = 2**64 - 1
@@ -265,10 +266,12 @@ class VersionView:
 
     def patched(self, keys: np.ndarray, values: np.ndarray, version: int) -> "VersionView":
         """The view of ``version`` = this one with the patch rows (unique ``keys:
-        uint64[n]``, ``values: float32[n, dim]``) as a new overlay. Nothing shared is
+        uint64[n]``, ``values: float32[n, dim]``) as a new overlay (at ``OVERLAY_LOAD``, or
+        ``LOAD`` when big: module constants). Nothing shared is
         modified; memory O(n). Raises ``ValueError`` on bad shapes or repeated keys."""
         keys, values = self.base._patch_rows(keys, values)
-        overlay = InlineTable.build(keys, values, OVERLAY_LOAD)
+        load = OVERLAY_LOAD if keys.shape[0] * OVERLAY_BIG <= self.count else LOAD
+        overlay = InlineTable.build(keys, values, load)
         new = int(keys.shape[0] - np.count_nonzero(self.contains(keys)))
         return VersionView(self.base, self.overlays + [overlay], version, self.count + new)
 
