@@ -126,12 +126,18 @@ class CKernel:
                                         values.shape[1])
         _check_insert(rc, keys, sentinel)
 
-    def table_upsert(self, tab, tabf, sentinel, count, keys, values) -> int:
+    def table_upsert(self, tab, tabf, sentinel, count, keys, values, upsert: bool = True) -> int:
+        """Inserts ``keys``/``values`` into ``tab`` holding ``count`` keys; returns the keys
+        added. ``upsert=False``: a key already held is an error. Raises ``ValueError``."""
         rc = self._lib.cube_table_insert(tab.ctypes.data, tab.shape[0], tab.strides[0], sentinel,
                                          count, keys.ctypes.data, values.ctypes.data,
-                                         keys.shape[0], values.shape[1], 1)
+                                         keys.shape[0], values.shape[1], 1 if upsert else 0)
         _check_insert(rc, keys, sentinel)
         return int(rc)
+
+    def table_clear(self, tab, sentinel) -> None:
+        """Empties ``tab``: every key the ``sentinel``, every value 0."""
+        self._lib.cube_table_clear(tab.ctypes.data, tab.shape[0], tab.strides[0], sentinel)
 
     def table_rehash(self, src, src_sentinel, dst, dstf, dst_sentinel) -> int:
         self._lib.cube_table_clear(dst.ctypes.data, dst.shape[0], dst.strides[0], dst_sentinel)

@@ -266,12 +266,36 @@ class VersionView:
 
     def patched(self, keys: np.ndarray, values: np.ndarray, version: int) -> "VersionView":
         """The view of ``version`` = this one with the patch rows (unique ``keys:
-        uint64[n]``, ``values: float32[n, dim]``) as a new overlay (at ``OVERLAY_LOAD``, or
-        ``LOAD`` when big: module constants). Nothing shared is
-        modified; memory O(n). Raises ``ValueError`` on bad shapes or repeated keys."""
-        keys, values = self.base._patch_rows(keys, values)
+        uint64[n]``, ``values: float32[n, dim]``) as a new overlay (``patched_chunks``)."""
+        return self.patched_chunks(keys, [(0, values)], version)
+
+    def patched_chunks(self, keys: np.ndarray, chunks, version: int) -> "VersionView":
+        """As ``patched``, the values given as ``chunks``: an iterable of ``(first row,
+        float32[m, dim])`` covering rows ``0 .. n`` in order (``dictfile.iter_values``), so
+        only one chunk of them is held at a time. The overlay is built at
+        ``OVERLAY_LOAD``, or ``LOAD`` when big (module constants). Nothing shared is
+        modified; memory O(n). Raises ``ValueError`` on bad shapes or repeated keys, and
+        whatever ``chunks`` raises (nothing is then served)."""
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        if keys.ndim != 1:
+            raise ValueError(f"keys must be uint64[n], got shape {keys.shape}")
         load = OVERLAY_LOAD if keys.shape[0] * OVERLAY_BIG <= self.count else LOAD
-        overlay = InlineTable.build(keys, values, load)
+        sentinel = choose_sentinel(keys)
+        tab = InlineTable._alloc(table_capacity(keys.shape[0], load), self.dim)
+        KERNEL.table_clear(tab, sentinel)
+        overlay = InlineTable(tab, sentinel, 0, self.dim)
+        at = 0
+        for start, values in chunks:
+            values = np.ascontiguousarray(values, dtype=np.float32)
+            m = values.shape[0] if values.ndim == 2 else -1
+            if start != at or values.ndim != 2 or values.shape[1] != self.dim or at + m > keys.shape[0]:
+                raise ValueError(f"values must be float32[m, {self.dim}] rows from {at} of {keys.shape[0]}: "
+                                 f"got a chunk at row {start} of shape {values.shape}")
+            overlay.count += KERNEL.table_upsert(tab, overlay.tabf, sentinel, overlay.count, keys[at:at + m],
+                                                 values, upsert=False)
+            at += m
+        if at != keys.shape[0]:
+            raise ValueError(f"values chunks cover {at} rows of {keys.shape[0]} keys")
         new = int(keys.shape[0] - np.count_nonzero(self.contains(keys)))
         return VersionView(self.base, self.overlays + [overlay], version, self.count + new)
 

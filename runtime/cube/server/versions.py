@@ -121,8 +121,11 @@ class Versions:
                 if base is None or base.version != base_version:
                     raise Conflict(f"the served version changed to {base.version if base else None} "
                                    f"while patch {version} on {base_version} was loading")
-            d = dictfile.load_shard_dict(directory, verify=self.verify, index=False)
-            m = d.meta
+            if base_version is None:
+                d = dictfile.load_shard_dict(directory, verify=self.verify, index=False)
+                m = d.meta
+            else:  # the values read in chunks into the overlay: never all held at once
+                m, keys, chunks = dictfile.load_shard_dict_chunked(directory, verify=self.verify)
             want = (self.dict_name, self.shard, self.shard_num, version)
             got = (m.dict_name, m.shard, m.shard_num, m.version)
             if got != want:
@@ -135,6 +138,7 @@ class Versions:
                 if m.mode != "base":
                     raise dictfile.DictFormatError(f"{directory}: a {m.mode} dict, bg_load_base needs a base")
                 slot = Slot(VersionView.of_base(d.keys, d.values, version), version, [version], [entry])
+                del d  # keys/values arrays: the table holds the data
             else:
                 if m.mode != "delta":
                     raise dictfile.DictFormatError(f"{directory}: a {m.mode} dict, bg_load_patch needs a delta")
@@ -144,9 +148,8 @@ class Versions:
                         f"served version {base.version} (made of {base.lineage})")
                 if m.dim != base.dim:
                     raise dictfile.DictFormatError(f"{directory}: dim {m.dim}, the served version has dim {base.dim}")
-                slot = Slot(base.t.patched(d.keys, d.values, version), version, base.lineage + [version],
+                slot = Slot(base.t.patched_chunks(keys, chunks, version), version, base.lineage + [version],
                             base.chain + [entry])
-            del d  # keys/values arrays: the table holds the data
         except Exception as exc:  # reported through /status; the served version is untouched
             with self._lock:
                 if gen == self._bg_gen:
