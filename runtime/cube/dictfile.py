@@ -28,6 +28,8 @@ size equal to what meta says, crc32 of each file (``verify=True``, the default),
 entries within range and exactly ``count`` of them set. The server loads with
 ``index=False``: the index file's size is checked, but it is not read. Any mismatch raises
 ``DictFormatError`` naming the directory: a truncated or corrupt dict never gets served.
+A patch is loaded by the server with ``load_shard_dict_chunked`` (the same checks, the
+values read in chunks, their crc32 checked after the last one).
 """
 from __future__ import annotations
 
