@@ -256,7 +256,13 @@ int64_t cube_table_lookup(const uint8_t *table, int64_t cap, int64_t stride, uin
  *
  *     [0] pins (atomic: lookups in progress)   [1] retired (0 / 1)
  *     [2] dim   [3] stride (bytes)   [4] ntab (>= 1)
- *     [5 + 3 * t ...] table t: address, cap, sentinel (t = 0 newest .. ntab - 1 base)
+ *     [5 + 5 * t ...] table t: address, cap, sentinel, filter address (0: none), filter
+ *                     words (t = 0 newest .. ntab - 1 base)
+ *
+ * A table's filter (cube_filter_build): a blocked Bloom filter of its keys, uint64
+ * words[nwords], 2 bits per key in one word, both from fmix64(key ^ FILTER_SALT) (the word:
+ * its high bits, by multiply-shift; the bits: its low 12); a query whose bits are not both
+ * set is not in the table, and the table is not probed (an overlay: most lookups miss it).
  *
  * Pinning: a lookup increments pins, then reads retired (both sequentially consistent);
  * if retired it unpins and answers -1 (not read). cube_view_retire sets retired, then a
@@ -265,6 +271,28 @@ int64_t cube_table_lookup(const uint8_t *table, int64_t cap, int64_t stride, uin
  * sees the pin). */
 
 #define VIEW_MAX_TABLES 16
+#define FILTER_SALT 0x9e3779b97f4a7c15ULL
+
+static inline uint64_t filter_mask(uint64_t g) { return (1ULL << (g & 63)) | (1ULL << ((g >> 6) & 63)); }
+
+static inline int filter_may_hold(const uint64_t *words, uint64_t nwords, uint64_t k) {
+    const uint64_t g = fmix64(k ^ FILTER_SALT), m = filter_mask(g);
+    return (words[home(g, nwords)] & m) == m;  /* home(): multiply-shift of the mixed bits */
+}
+
+/* Builds the filter words[nwords] (nwords >= 1) of every key of table (cap slots,
+ * sentinel). */
+void cube_filter_build(const uint8_t *table, int64_t cap, int64_t stride, uint64_t sentinel,
+                       uint64_t *words, int64_t nwords) {
+    memset(words, 0, (size_t)nwords * 8);
+    for (int64_t s = 0; s < cap; s++) {
+        uint64_t k;
+        memcpy(&k, table + (size_t)s * stride, 8);
+        if (k == sentinel) continue;
+        const uint64_t g = fmix64(k ^ FILTER_SALT);
+        words[home(g, (uint64_t)nwords)] |= filter_mask(g);
+    }
+}
 
 int64_t cube_view_pins(const uint64_t *view) {
     return (int64_t)__atomic_load_n(&view[0], __ATOMIC_SEQ_CST);
@@ -292,11 +320,14 @@ int64_t cube_view_lookup(uint64_t *view, const uint64_t *q, int64_t qn, float *o
     }
     const size_t row_bytes = (size_t)dim * sizeof(float);
     const uint8_t *tabs[VIEW_MAX_TABLES];
-    uint64_t caps[VIEW_MAX_TABLES], sents[VIEW_MAX_TABLES];
+    uint64_t caps[VIEW_MAX_TABLES], sents[VIEW_MAX_TABLES], nwords[VIEW_MAX_TABLES];
+    const uint64_t *filts[VIEW_MAX_TABLES];
     for (int64_t t = 0; t < ntab; t++) {
-        tabs[t] = (const uint8_t *)(uintptr_t)view[5 + 3 * t];
-        caps[t] = view[6 + 3 * t];
-        sents[t] = view[7 + 3 * t];
+        tabs[t] = (const uint8_t *)(uintptr_t)view[5 + 5 * t];
+        caps[t] = view[6 + 5 * t];
+        sents[t] = view[7 + 5 * t];
+        filts[t] = (const uint64_t *)(uintptr_t)view[8 + 5 * t];
+        nwords[t] = view[9 + 5 * t];
     }
     int64_t hits = 0;
     uint64_t h[VIEW_MAX_TABLES][TCHUNK];
@@ -306,6 +337,10 @@ int64_t cube_view_lookup(uint64_t *view, const uint64_t *q, int64_t qn, float *o
             for (int64_t j = 0; j < m; j++) {
                 uint64_t k;
                 memcpy(&k, q + base + j, 8);
+                if (filts[t] && !filter_may_hold(filts[t], nwords[t], k)) {
+                    h[t][j] = UINT64_MAX;  /* not in this table */
+                    continue;
+                }
                 h[t][j] = home(k, caps[t]);
                 const uint8_t *p = tabs[t] + (size_t)h[t][j] * stride;
                 __builtin_prefetch(p);
@@ -320,8 +355,8 @@ int64_t cube_view_lookup(uint64_t *view, const uint64_t *q, int64_t qn, float *o
             memcpy(&k, q + o, 8);
             const uint8_t *hit = NULL;
             for (int64_t t = 0; t < ntab && !hit; t++) {
-                if (k == sents[t]) continue;  /* not in this table */
                 uint64_t s = h[t][j];
+                if (k == sents[t] || s == UINT64_MAX) continue;  /* not in this table */
                 const uint8_t *slot = tabs[t] + (size_t)s * stride;
                 uint64_t sk = __atomic_load_n((const uint64_t *)slot, __ATOMIC_ACQUIRE);
                 while (sk != k && sk != sents[t]) {

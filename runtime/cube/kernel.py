@@ -74,6 +74,8 @@ class CKernel:
         lib.cube_table_lookup.restype = i64
         lib.cube_table_merge.argtypes = [vp, i64, u64, i64, vp, i64, u64, i64, ctypes.c_int]
         lib.cube_table_merge.restype = i64
+        lib.cube_filter_build.argtypes = [vp, i64, i64, u64, vp, i64]
+        lib.cube_filter_build.restype = None
         lib.cube_view_lookup.argtypes = [vp, vp, i64, vp, vp]
         lib.cube_view_lookup.restype = i64
         lib.cube_view_pins.argtypes = [vp]
@@ -134,6 +136,11 @@ class CKernel:
                                          keys.shape[0], values.shape[1], 1 if upsert else 0)
         _check_insert(rc, keys, sentinel)
         return int(rc)
+
+    def filter_build(self, tab, sentinel, words) -> None:
+        """Fills ``words`` (uint64[>= 1]) with the Bloom filter of ``tab``'s keys (``kernel.c``)."""
+        self._lib.cube_filter_build(tab.ctypes.data, tab.shape[0], tab.strides[0], sentinel,
+                                    words.ctypes.data, words.shape[0])
 
     def table_clear(self, tab, sentinel) -> None:
         """Empties ``tab``: every key the ``sentinel``, every value 0."""

@@ -36,10 +36,9 @@ from runtime.cube.kernel import KERNEL
 
 #: load factor of a freshly built table, and the most a patch may fill it before it grows
 LOAD, MAX_LOAD = 0.6, 0.7
-#: load factor of a patch's overlay: lower than a base's, as most lookups miss it (a miss
-#: reads (1 + 1 / (1 - a)**2) / 2 slots, Knuth: 1.7 at 0.35, 3.6 at 0.6); ``LOAD`` for an
-#: overlay of more than 1 / ``OVERLAY_BIG`` of the view's keys, where memory counts more
-OVERLAY_LOAD, OVERLAY_BIG = 0.35, 16
+#: bits per key of an overlay's Bloom filter (2 set per key: ~2 % false positives at 16);
+#: a lookup probes an overlay only for a key its filter may hold
+FILTER_BITS = 16
 #: most tables (overlays + base) one view reads (``kernel.c``'s VIEW_MAX_TABLES)
 MAX_TABLES = 16
 _U64_MAX = 2**64 - 1
@@ -74,13 +73,24 @@ class InlineTable:
 
     Attributes: ``tab`` uint64[cap, stride // 8] (column 0 = keys), ``tabf`` the same
     memory as float32[cap, stride // 4] (values in columns 2 .. 2 + dim), ``sentinel``,
-    ``count`` (keys held), ``dim``."""
+    ``count`` (keys held), ``dim``, ``filter`` (None, or its Bloom filter: an overlay)."""
 
-    __slots__ = ("tab", "tabf", "sentinel", "count", "dim")
+    __slots__ = ("tab", "tabf", "sentinel", "count", "dim", "filter")
 
     def __init__(self, tab: np.ndarray, sentinel: int, count: int, dim: int):
         self.tab, self.sentinel, self.count, self.dim = tab, int(sentinel), int(count), int(dim)
         self.tabf = tab.view(np.float32)
+        self.filter: np.ndarray | None = None  # an overlay's Bloom filter (``with_filter``)
+
+    def with_filter(self) -> "InlineTable":
+        """Builds this table's Bloom filter of its keys (``kernel.c``: uint64 words,
+        ``FILTER_BITS`` bits per key, 2 bits per key set): a view then probes the table
+        only for a query the filter may hold. Call once the table is complete (a key added
+        later would be missed). Returns ``self``."""
+        words = np.empty(max(1, math.ceil(self.count * FILTER_BITS / 64)), np.uint64)
+        KERNEL.filter_build(self.tab, self.sentinel, words)
+        self.filter = words
+        return self
 
     @staticmethod
     def _alloc(cap: int, dim: int) -> np.ndarray:
@@ -112,7 +122,8 @@ class InlineTable:
 
     @property
     def nbytes(self) -> int:
-        return int(self.tab.nbytes)
+        """Bytes of the table and its filter."""
+        return int(self.tab.nbytes) + (0 if self.filter is None else int(self.filter.nbytes))
 
     def __len__(self) -> int:
         return self.count
@@ -207,8 +218,8 @@ class VersionView:
     ``count``: keys it holds; ``dim``. Views of successive versions share the base.
 
     ``buf`` is the view as ``kernel.c``'s ``cube_view_lookup`` reads it (uint64: pins,
-    retired, dim, stride, table count, then address, capacity, sentinel per table, newest
-    first); ``addr`` its address (the server's hot path calls ``KERNEL.view_lookup_raw``
+    retired, dim, stride, table count, then address, capacity, sentinel, filter address
+    and words per table, newest first); ``addr`` its address (the server's hot path calls ``KERNEL.view_lookup_raw``
     with it). A view holds references to its tables, so they live as long as it does."""
 
     __slots__ = ("base", "overlays", "version", "count", "dim", "buf", "addr")
@@ -221,10 +232,12 @@ class VersionView:
             raise ValueError(f"overlays must have the base's dim {base.dim}")
         if len(tables) > MAX_TABLES:
             raise ValueError(f"a view reads at most {MAX_TABLES} tables, got {len(tables)}: fold it first")
-        self.buf = np.zeros(5 + 3 * len(tables), np.uint64)
+        self.buf = np.zeros(5 + 5 * len(tables), np.uint64)
         self.buf[2:5] = (self.dim, base.stride, len(tables))
         for i, t in enumerate(tables):
-            self.buf[5 + 3 * i: 8 + 3 * i] = (t.tab.ctypes.data, t.capacity, t.sentinel)
+            f = t.filter
+            self.buf[5 + 5 * i: 10 + 5 * i] = (t.tab.ctypes.data, t.capacity, t.sentinel,
+                                               0 if f is None else f.ctypes.data, 0 if f is None else f.shape[0])
         self.addr = self.buf.ctypes.data
 
     @classmethod
@@ -271,17 +284,16 @@ class VersionView:
 
     def patched_chunks(self, keys: np.ndarray, chunks, version: int) -> "VersionView":
         """As ``patched``, the values given as ``chunks``: an iterable of ``(first row,
-        float32[m, dim])`` covering rows ``0 .. n`` in order (``dictfile.iter_values``), so
-        only one chunk of them is held at a time. The overlay is built at
-        ``OVERLAY_LOAD``, or ``LOAD`` when big (module constants). Nothing shared is
-        modified; memory O(n). Raises ``ValueError`` on bad shapes or repeated keys, and
+        float32[m, dim])`` covering rows ``0 .. n`` in order
+        (``dictfile.load_shard_dict_chunked``), so only one chunk of them is held at a
+        time. The overlay gets a Bloom filter (``InlineTable.with_filter``): most lookups
+        miss it and then do not probe it. Nothing shared is modified; memory O(n). Raises ``ValueError`` on bad shapes or repeated keys, and
         whatever ``chunks`` raises (nothing is then served)."""
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
         if keys.ndim != 1:
             raise ValueError(f"keys must be uint64[n], got shape {keys.shape}")
-        load = OVERLAY_LOAD if keys.shape[0] * OVERLAY_BIG <= self.count else LOAD
         sentinel = choose_sentinel(keys)
-        tab = InlineTable._alloc(table_capacity(keys.shape[0], load), self.dim)
+        tab = InlineTable._alloc(table_capacity(keys.shape[0]), self.dim)
         KERNEL.table_clear(tab, sentinel)
         overlay = InlineTable(tab, sentinel, 0, self.dim)
         at = 0
@@ -296,12 +308,13 @@ class VersionView:
             at += m
         if at != keys.shape[0]:
             raise ValueError(f"values chunks cover {at} rows of {keys.shape[0]} keys")
+        overlay.with_filter()
         new = int(keys.shape[0] - np.count_nonzero(self.contains(keys)))
         return VersionView(self.base, self.overlays + [overlay], version, self.count + new)
 
     def folded(self, in_place: bool = True) -> "VersionView":
         """The same version with its overlays merged into the base, oldest first: in place
-        (``KERNEL.table_merge``: O(overlay slots), GIL released) when they fit and
+        (``KERNEL.table_merge``: O(overlay slots), GIL released; the base has no filter) when they fit and
         ``in_place``, else into a new base (``InlineTable.upsert``: a copy, larger if needed). Returns a view with no overlay (or ``self`` when it
         has none). In place, the caller guarantees that no lookup runs or starts on a view
         of this base lacking one of these overlays (``retire`` + ``wait_unpinned``); lookups
