@@ -331,7 +331,7 @@ def _answerer(plane: LookupServer):
     unpack_len, unpack_req, pack_rep = P.LEN.unpack_from, P.REQ_HEADER.unpack_from, P.REP_FRAME.pack_into
     request_size, reply_layout = P.request_size, P.reply_layout
     MAGIC, OP_SEEK, FLAG_VERSION, OK = P.MAGIC, P.OP_SEEK, P.FLAG_VERSION, P.OK
-    NOT_READY, VERSION_UNAVAILABLE = P.NOT_READY, P.VERSION_UNAVAILABLE
+    NOT_READY, VERSION_UNAVAILABLE, SERVER_ERROR = P.NOT_READY, P.VERSION_UNAVAILABLE, P.SERVER_ERROR
     REQ_PREFIX, REP_PREFIX, hdr = P.REQ_PREFIX, P.REP_PREFIX, P.REQ_HEADER.size
     lookup_raw = KERNEL.view_lookup_raw
     versions, error = plane.versions, plane._error
@@ -363,7 +363,7 @@ def _answerer(plane: LookupServer):
                       f"bad request (magic {magic:#x}, op {op}, length {length}, count {count})")
                 return False
             hits = -1
-            while hits < 0:  # -1: the view was retired since `served` was read: read it again
+            while hits == -1:  # the view was retired since `served` was read: read it again
                 cur, prev = versions.served
                 slot = cur
                 if cur is None:
@@ -385,7 +385,10 @@ def _answerer(plane: LookupServer):
                     rout = c.rout = Buf(size)
                 addr = rout.addr
                 hits = lookup_raw(slot.addr, rin.addr + REQ_PREFIX, count, addr + values_at, addr + REP_PREFIX)
-            if hits >= 0:
+            if hits < -1:  # the kernel refused the view (more tables than it reads): never built so
+                error(c, SERVER_ERROR, rid, f"version {slot.version}: view refused by the kernel ({hits})",
+                      close=False)
+            elif hits >= 0:
                 pack_rep(rout.b, 0, size - 4, MAGIC, OK, 0, 0, rid, count, dim, slot.version,
                          (prev.version if slot is cur else cur.version) if prev is not None else 0)
                 c.send(rout.mv[:size])
