@@ -287,8 +287,9 @@ class VersionView:
         float32[m, dim])`` covering rows ``0 .. n`` in order
         (``dictfile.load_shard_dict_chunked``), so only one chunk of them is held at a
         time. The overlay gets a Bloom filter (``InlineTable.with_filter``): most lookups
-        miss it and then do not probe it. Nothing shared is modified; memory O(n). Raises ``ValueError`` on bad shapes or repeated keys, and
-        whatever ``chunks`` raises (nothing is then served)."""
+        miss it and then do not probe it. Nothing shared is modified; memory O(n). Raises
+        ``ValueError`` on bad shapes or repeated keys, and whatever ``chunks`` raises
+        (nothing is then served)."""
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
         if keys.ndim != 1:
             raise ValueError(f"keys must be uint64[n], got shape {keys.shape}")
@@ -314,9 +315,10 @@ class VersionView:
 
     def folded(self, in_place: bool = True) -> "VersionView":
         """The same version with its overlays merged into the base, oldest first: in place
-        (``KERNEL.table_merge``: O(overlay slots), GIL released; the base has no filter) when they fit and
-        ``in_place``, else into a new base (``InlineTable.upsert``: a copy, larger if needed). Returns a view with no overlay (or ``self`` when it
-        has none). In place, the caller guarantees that no lookup runs or starts on a view
+        (``KERNEL.table_merge``: O(overlay slots), GIL released; the base has no filter)
+        when they fit and ``in_place``, else into a new base (``InlineTable.upsert``: a
+        copy, larger if needed). Returns a view with no overlay (or ``self`` when it has
+        none). In place, the caller guarantees that no lookup runs or starts on a view
         of this base lacking one of these overlays (``retire`` + ``wait_unpinned``); lookups
         on this view may run meanwhile: a merged key is found in its overlay first."""
         if not self.overlays:

@@ -3,9 +3,10 @@ its one owner: frame sizes, layout, flags) over TCP.
 
 Per request: ``recv_into`` a per-connection preallocated buffer, one C call
 (``kernel.c`` ``cube_view_lookup``, GIL released) that probes the served version's
-view (``runtime/cube/table.py``: its overlay tables newest first, then its base) and writes the found mask and the values straight
-into a preallocated reply buffer, one send. No per-key Python, no per-request allocation
-(buffers grow only for bigger batches).
+view (``runtime/cube/table.py``: its overlay tables newest first, then its base) and
+writes the found mask and the values straight into a preallocated reply buffer, one
+send. No per-key Python, no per-request allocation (buffers grow only for bigger
+batches).
 
 I/O mode: ``epoll`` (default) multiplexes every connection on one thread; ``threads``
 runs a blocking loop per connection and pays for GIL hand-offs between them.
