@@ -15,8 +15,8 @@ Modules:
   propagates; dropped when the next load begins) and the background slot; ``enable``
   swaps one reference; a patch is loaded as an overlay on the served base and merged
   into it in place when the next patch load begins (never a copy of the table).
-  ``--data-dir``: the enabled chain of dict directories (base + patches) is recorded in ``<data-dir>/state.json``;
-  a restarted server reloads and serves it, unless a dict of the chain is not this
+  ``--data-dir``: the enabled chain of dict directories (base + patches) is recorded
+  in ``<data-dir>/state.json``; a restarted server reloads and serves it, unless a dict of the chain is not this
   server's dict name, shard and ``--shard-num`` (a resize: it then starts empty, logged,
   and the transfer lays the version out for the new shard count). Loads check the same
   against the dict's meta, so a server never serves another layout.
