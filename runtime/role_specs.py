@@ -60,6 +60,13 @@ CREDENTIAL_BOUNDARIES = (CUBE_CONTROL, FILES_WRITE, FILES_READ, TRACKING)
 #: where a role reads its credentials: ``$ELASTIC_CTR_CREDENTIALS_DIR/<boundary>/current`` (and
 #: ``previous`` while a rotation rolls out); a pod mounts one Secret per boundary there
 CREDENTIALS_DIR_ENV, CREDENTIALS_DIR = "ELASTIC_CTR_CREDENTIALS_DIR", "/var/run/secrets/elastic-ctr"
+#: the keys (file names) of a boundary's Secret: the credential a role presents, and the one
+#: still accepted while a rotation rolls out (``runtime.auth``)
+CREDENTIAL_CURRENT, CREDENTIAL_PREVIOUS = "current", "previous"
+#: the ``tracking`` Secret's keys: the pipeline's MLflow user (the trainer and the transfer log
+#: in with it: ``runtime.tracking_login``), and in the MLflow pod only, MLflow's admin
+TRACKING_USERNAME, TRACKING_PASSWORD = "username", "password"
+TRACKING_ADMIN_USERNAME, TRACKING_ADMIN_PASSWORD = "admin-username", "admin-password"
 
 
 @dataclass(frozen=True)
@@ -122,14 +129,19 @@ def _control_probes(port: str) -> dict[str, Probe]:
 
 
 def file_server(root: Any, host: str = ANY_HOST, port: Optional[int] = None,
-                upload_token_file: Optional[str] = None) -> RoleSpec:
+                upload_token_file: Optional[str] = None, read_auth: bool = False) -> RoleSpec:
     """``elastic-ctr fileserver``: serves the directory ``root``; uploads need the bearer
-    token (``upload_token_file``, else ``$ELASTIC_CTR_UPLOAD_TOKEN``)."""
+    token (``upload_token_file``, else ``$ELASTIC_CTR_UPLOAD_TOKEN``, else the
+    ``FILES_WRITE`` credential); with ``read_auth``, reads need ``FILES_READ``."""
     ports = _ports("fileserver", http=port)
     args = ["fileserver", "--root", root, "--host", host, "--port", str(ports[0][1])]
     if upload_token_file:
         args += ["--upload-token-file", str(upload_token_file)]
-    return RoleSpec("fileserver", tuple(args), ports, **_control_probes("http"))
+    creds = (FILES_WRITE,)
+    if read_auth:
+        args.append("--read-auth")
+        creds += (FILES_READ,)
+    return RoleSpec("fileserver", tuple(args), ports, credentials=creds, **_control_probes("http"))
 
 
 def cube_server(shard: int, shard_num: int, host: str = ANY_HOST, port: Optional[int] = None,
@@ -146,19 +158,23 @@ def cube_server(shard: int, shard_num: int, host: str = ANY_HOST, port: Optional
     if data_dir:
         args += ["--data-dir", str(data_dir)]
     args += ["--host", host, "--port", str(ports[0][1]), "--http-port", str(ports[1][1]), *extra]
-    return RoleSpec("cube-server", tuple(args), ports, **_control_probes("http"))
+    return RoleSpec("cube-server", tuple(args), ports, credentials=(CUBE_CONTROL,), **_control_probes("http"))
 
 
 def cube_agent(work_dir: str, server_http_port: Optional[int] = None, host: str = ANY_HOST,
-               port: Optional[int] = None) -> RoleSpec:
+               port: Optional[int] = None, version_roots: Sequence[Any] = ()) -> RoleSpec:
     """``elastic-ctr cube agent``: beside one cube server (the same pod, or the same
     machine: it reaches the server's control port on 127.0.0.1), unpacking into
-    ``work_dir``."""
+    ``work_dir``; downloads only under ``version_roots`` (``--version-root`` each: where the
+    transfer publishes, ``<root>/cube/``), checks and presents ``CUBE_CONTROL``, reads
+    ``FILES_READ`` (a protected file server)."""
     ports = _ports("cube-agent", agent=port)
     http = int(server_http_port or PORTS["cube-server"]["http"])
-    args = ("cube", "agent", "--host", host, "--port", str(ports[0][1]),
-            "--server-http", f"http://{LOOPBACK}:{http}", "--work-dir", str(work_dir))
-    return RoleSpec("cube-agent", args, ports, **_control_probes("agent"))
+    args: tuple[Any, ...] = ("cube", "agent", "--host", host, "--port", str(ports[0][1]),
+                             "--server-http", f"http://{LOOPBACK}:{http}", "--work-dir", str(work_dir))
+    for root in version_roots:
+        args += ("--version-root", root)
+    return RoleSpec("cube-agent", args, ports, credentials=(CUBE_CONTROL, FILES_READ), **_control_probes("agent"))
 
 
 def replica_addresses(host: str, server_port: Optional[int] = None, http_port: Optional[int] = None,
@@ -182,7 +198,8 @@ def cube_transfer(topology: str, root: Any, work_dir: str, host: str = ANY_HOST,
         args += ["--upload-token-file", str(upload_token_file)]
     if publish_url:
         args += ["--publish-url", publish_url]
-    return RoleSpec("cube-transfer", tuple(args) + tuple(extra), ports, **_control_probes("http"))
+    return RoleSpec("cube-transfer", tuple(args) + tuple(extra), ports,
+                    credentials=(CUBE_CONTROL, FILES_WRITE, FILES_READ, TRACKING), **_control_probes("http"))
 
 
 def serving(topology: str, model_root: Any, transfer_url: Any, work_dir: str, host: str = ANY_HOST,
@@ -207,7 +224,7 @@ def serving(topology: str, model_root: Any, transfer_url: Any, work_dir: str, ho
     if poll_interval_s is not None:
         args += ["--poll-interval", _number(poll_interval_s)]
     return RoleSpec("serving", tuple(args) + tuple(extra), ports, readiness=Probe("http", V2_READY),
-                    liveness=Probe("http", V2_LIVE), metrics=Probe("http", METRICS_PATH))
+                    liveness=Probe("http", V2_LIVE), metrics=Probe("http", METRICS_PATH), credentials=(FILES_READ,))
 
 
 def tracking_server(host: str = ANY_HOST, port: Optional[int] = None, workers: int = 1) -> RoleSpec:
@@ -237,8 +254,11 @@ def ps_role(task: str, paddle_port: Optional[int] = None, gloo_port: Optional[in
     env = (("TRAINING_ROLE", task.upper()), ("PADDLE_PORT", str(paddle)), ("PADDLE_GLOO_PORT", str(gloo)),
            (METRICS_PORT_ENV, str(dict(ports)["metrics"])), (METRICS_HOST_ENV, metrics_host or ANY_HOST))
     probe = Probe("paddle") if task == "pserver" else None
+    # a trainer reads its data and writes its export (trainer 0) and logs to MLflow; a pserver
+    # reads the data a trainer gives it and nothing else
+    creds = (FILES_WRITE, FILES_READ, TRACKING) if task == "trainer" else ()
     return RoleSpec(task, tuple(args), ports, readiness=probe, liveness=probe, env=env,
-                    metrics=Probe("metrics", METRICS_PATH))
+                    metrics=Probe("metrics", METRICS_PATH), credentials=creds)
 
 
 def _number(value: float) -> str:

@@ -7,7 +7,10 @@ inputs, publishing shard tars), the cube agent (downloads) and serving (dense mo
 
 Uploads are HTTP ``PUT`` with ``Authorization: Bearer <token>`` and a ``Content-MD5``
 header (base64 of the MD5 digest, RFC 1864) that the file server verifies. The token
-comes from ``--upload-token-file`` or ``$ELASTIC_CTR_UPLOAD_TOKEN``.
+comes from ``--upload-token-file`` or ``$ELASTIC_CTR_UPLOAD_TOKEN``, else from the
+``fileserver-write`` credential (``runtime.auth``), read at each upload. Every other
+HTTP request of ``session()`` presents the ``fileserver-read`` credential when one is
+configured (a read-protected file server, ``--read-auth``).
 
 Version layout under a root (a directory or the file server's URL), see docs/contracts.md:
 ``donefile/base.txt``, ``donefile/patch.txt`` and ``versions/<id>/{dense,sparse}/``.
@@ -29,7 +32,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from runtime import objectstore
+from runtime import auth, objectstore, role_specs
 
 TOKEN_ENV = "ELASTIC_CTR_UPLOAD_TOKEN"
 CHUNK = 1 << 20  # bytes per streamed chunk
@@ -73,12 +76,27 @@ def is_url(location: str) -> bool:
     return urlparse(str(location)).scheme in ("http", "https")
 
 
+class _ReadCredential(requests.auth.AuthBase):
+    """Adds ``Authorization: Bearer <fileserver-read credential>`` to a request that has no
+    ``Authorization`` of its own, when that credential is configured (re-read on change)."""
+
+    def __init__(self):
+        self.credential = auth.Credential(role_specs.FILES_READ)
+
+    def __call__(self, r):
+        if "Authorization" not in r.headers:
+            r.headers.update(self.credential.headers())
+        return r
+
+
 def session() -> requests.Session:
     """A process-wide ``requests.Session`` with pooled connections and bounded retries
-    (3 retries, exponential backoff, on connection errors and 502/503/504)."""
+    (3 retries, exponential backoff, on connection errors and 502/503/504), presenting
+    the ``fileserver-read`` credential when one is configured (``_ReadCredential``)."""
     global _session
     if _session is None:
         s = requests.Session()
+        s.auth = _ReadCredential()
         retry = Retry(total=3, backoff_factor=0.2, status_forcelist=(502, 503, 504),
                       allowed_methods=None, raise_on_status=False)
         adapter = HTTPAdapter(max_retries=retry, pool_connections=16, pool_maxsize=16)
@@ -321,7 +339,8 @@ def upload(local: str | os.PathLike, location: str, token: str | None = None,
            timeout_s: float = 120.0) -> None:
     """Puts a local file at a path or URL.
 
-    URL: ``PUT`` streamed with ``Authorization: Bearer <token>`` and ``Content-MD5``.
+    URL: ``PUT`` streamed with ``Authorization: Bearer <token>`` (``token`` None: the
+    ``fileserver-write`` credential's current value, if configured) and ``Content-MD5``.
     Path: copied to a temporary file beside the target and renamed into place, so a
     reader never sees a half-written file. Store: one object, published whole
     (``objectstore.put_file``). Raises ``LocationError`` on failure.
@@ -337,6 +356,8 @@ def upload(local: str | os.PathLike, location: str, token: str | None = None,
         headers = {"Content-MD5": digest}
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        else:
+            headers.update(auth.Credential(role_specs.FILES_WRITE).headers())
         try:
             with open(local, "rb") as f:
                 r = session().put(location, data=f, headers=headers, timeout=timeout_s)

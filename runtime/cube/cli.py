@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from runtime import role_specs
+from runtime.auth import INSECURE_HELP
 from runtime.cli import HelpFormatter
 from runtime.webserver import add_drain_seconds
 
@@ -61,6 +62,7 @@ def register_server(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--no-verify", action="store_true", help="skip the crc32 check of loaded dicts")
     p.add_argument("--io-mode", choices=("epoll", "threads"), default="epoll",
                    help="data-plane I/O: one epoll thread for every connection, or a thread each")
+    p.add_argument("--insecure-no-auth", action="store_true", help=INSECURE_HELP)
     add_drain_seconds(p)
     p.add_argument("--stop-timeout", type=float, default=10.0,
                    help="on SIGTERM, after the drain: seconds the lookups already received get to be "
@@ -87,6 +89,7 @@ def register_agent(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--work-dir", required=True, help="directory for downloaded and unpacked versions")
     p.add_argument("--load-timeout", type=float, default=300.0,
                    help="seconds to wait for the server's background load")
+    p.add_argument("--insecure-no-auth", action="store_true", help=INSECURE_HELP + "; presents none to the server")
     add_drain_seconds(p)
 
     def handler(args: argparse.Namespace) -> int:
@@ -129,6 +132,8 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
                         "resumes at the next start)")
     add_drain_seconds(p)
     p.add_argument("--once", action="store_true", help="roll out what the donefile holds, then exit")
+    p.add_argument("--insecure-no-auth", action="store_true",
+                   help="present no cube-control credential to the agents (they must run with --insecure-no-auth)")
 
     def handler(args: argparse.Namespace) -> int:
         from runtime.cube.transfer import app

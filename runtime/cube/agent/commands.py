@@ -34,16 +34,20 @@ class Agent(StepMachine):
         load_timeout_s: how long ``reload`` waits for the server's background load (s).
         poll_s: interval of the server ``/status`` polls during reload (s).
         keep: unpacked versions kept after an enable (served + previous = 2).
+        control: the ``cube-control`` credential presented to the server's control port
+            (``runtime.auth.Credential``; None: none presented).
     """
 
     def __init__(self, server_http: str, work_dir: str | os.PathLike, load_timeout_s: float = 300.0,
-                 poll_s: float = 0.05, keep: int = 2, http_timeout_s: float = 10.0):
+                 poll_s: float = 0.05, keep: int = 2, http_timeout_s: float = 10.0,
+                 control=None):
         super().__init__()
         self.server_http = server_http.rstrip("/")
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.load_timeout_s, self.poll_s, self.keep = load_timeout_s, poll_s, keep
         self.http_timeout_s = http_timeout_s
+        self.control = control
         # per downloaded version: what was unpacked where (``Unpacked``)
         self.versions: dict[int, Unpacked] = {}
         self.enabled: list[int] = []  # versions enabled, oldest first
@@ -270,7 +274,8 @@ class Agent(StepMachine):
     def _server_post(self, step: str, path: str, body: dict) -> dict:
         url = f"{self.server_http}{path}"
         try:
-            r = self._http.post(url, json=body, timeout=self.http_timeout_s)
+            r = self._http.post(url, json=body, timeout=self.http_timeout_s,
+                                headers=self.control.headers() if self.control is not None else None)
         except requests.RequestException as exc:
             raise AgentError(step, f"cube server {url} unreachable: {exc}") from exc
         if r.status_code >= 300:

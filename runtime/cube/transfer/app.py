@@ -47,14 +47,16 @@ def main(args) -> int:
     readiness turns false, ``--drain-seconds`` pass still answering, the poll loop stops
     after the step in progress (its state is persisted, so an interrupted rollout resumes
     at the next start), requests in flight finish, and it returns the exit code (0)."""
+    from runtime import auth
     from runtime.webserver import WebServer, serve_forever
 
+    control = auth.control_client("cube-transfer", args.insecure_no_auth)
     token = storage.read_token(args.upload_token_file)
     tr = Transfer(args.topology, args.root, args.work_dir, publish_url=args.publish_url, token=token,
                   poll_interval_s=args.poll_interval, phase_timeout_s=args.phase_timeout,
                   retries=args.retries, max_rollout_attempts=args.max_rollout_attempts,
                   rollout_backoff_s=args.rollout_backoff, reconcile_interval_s=args.reconcile_interval,
-                  dict_name=args.dict_name)
+                  dict_name=args.dict_name, control=control)
     if args.once:
         while tr.poll_once() is not None:
             pass

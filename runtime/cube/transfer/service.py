@@ -61,6 +61,8 @@ class Transfer:
             (backoff doubled per attempt, at most 300; reconcile 0 = never).
         retries: attempts per replica and phase; max_rollout_attempts: rollouts per version.
         dict_name: default the topology's. build_fn: the builder (``build.default_build``).
+        control: the ``cube-control`` credential presented to the agents
+            (``runtime.auth.Credential``; None: none).
 
     Raises ``state.StateError`` for an unreadable state file, ``TopologyError``.
     """
@@ -69,7 +71,7 @@ class Transfer:
                  token: Optional[str] = None, poll_interval_s: float = 2.0, phase_timeout_s: float = 300.0,
                  retries: int = 3, max_rollout_attempts: int = 3, rollout_backoff_s: float = 10.0,
                  reconcile_interval_s: float = 30.0, dict_name: Optional[str] = None,
-                 build_fn: Optional[BuildFn] = None, http_timeout_s: float = 10.0):
+                 build_fn: Optional[BuildFn] = None, http_timeout_s: float = 10.0, control=None):
         self.topology = Topology.load(topology)
         self.dict_name = dict_name or self.topology.dict_name
         self.replicas = list(self.topology.all_replicas())
@@ -84,7 +86,7 @@ class Transfer:
         self.reconcile_interval_s = reconcile_interval_s
         self.builder = Builder(self.root, self.work_dir, self.dict_name, self.shard_num, publish_url or self.root,
                                token, build_fn or default_build)
-        self.agents = AgentClient(self.dict_name, retries, http_timeout_s)
+        self.agents = AgentClient(self.dict_name, retries, http_timeout_s, control)
         self.state_path = self.work_dir / STATE_FILE
         self.lock = threading.RLock()
         self.state = TransferState.load(self.state_path)
