@@ -146,10 +146,11 @@ def file_server(root: Any, host: str = ANY_HOST, port: Optional[int] = None,
 
 def cube_server(shard: int, shard_num: int, host: str = ANY_HOST, port: Optional[int] = None,
                 http_port: Optional[int] = None, data_dir: Optional[str] = None,
-                dict_name: str = DICT_NAME, extra: Sequence[str] = ()) -> RoleSpec:
+                dict_name: str = DICT_NAME, extra: Sequence[str] = (), load_roots: Sequence[Any] = ()) -> RoleSpec:
     """``elastic-ctr cube server``: shard ``shard`` of ``shard_num`` (keys ``key %
     shard_num == shard``), data plane on port ``data``, control and metrics on ``http``;
-    ``data_dir`` records the enabled chain (served again after a restart). Raises
+    ``data_dir`` records the enabled chain (served again after a restart); loads only from
+    under ``load_roots`` (``--load-root`` each: the agent's work directory). Raises
     ``ValueError`` for a shard outside ``[0, shard_num)``."""
     if not 0 <= int(shard) < int(shard_num):
         raise ValueError(f"cube server: shard {shard} is not in [0, {shard_num})")
@@ -157,6 +158,8 @@ def cube_server(shard: int, shard_num: int, host: str = ANY_HOST, port: Optional
     args = ["cube", "server", "--shard", str(shard), "--shard-num", str(shard_num), "--dict-name", dict_name]
     if data_dir:
         args += ["--data-dir", str(data_dir)]
+    for root in load_roots:
+        args += ["--load-root", root]
     args += ["--host", host, "--port", str(ports[0][1]), "--http-port", str(ports[1][1]), *extra]
     return RoleSpec("cube-server", tuple(args), ports, credentials=(CUBE_CONTROL,), **_control_probes("http"))
 

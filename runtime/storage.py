@@ -226,8 +226,14 @@ def expand(pattern: str) -> list[str]:
     return sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
 
 
-def open_stream(location: str, timeout_s: float = 30.0) -> IO[bytes]:
+def _redirect_refused(location: str, r: requests.Response) -> LocationError:
+    r.close()
+    return LocationError(f"{location}: HTTP {r.status_code} redirect to {r.headers.get('Location')!r} not followed")
+
+
+def open_stream(location: str, timeout_s: float = 30.0, follow_redirects: bool = True) -> IO[bytes]:
     """Opens a path or URL for streamed binary reading (a URL is never loaded whole).
+    ``follow_redirects`` False: an HTTP redirect is an error, not followed.
 
     Raises ``LocationError`` naming the location if it is missing or unreachable
     (``LocationNotFound`` if it is missing).
@@ -239,9 +245,11 @@ def open_stream(location: str, timeout_s: float = 30.0) -> IO[bytes]:
             raise _store_error(location, exc) from exc
     if is_url(location):
         try:
-            r = session().get(location, stream=True, timeout=timeout_s)
+            r = session().get(location, stream=True, timeout=timeout_s, allow_redirects=follow_redirects)
         except requests.RequestException as exc:
             raise LocationError(f"{location}: unreachable ({exc})") from exc
+        if r.is_redirect:
+            raise _redirect_refused(location, r)
         if r.status_code >= 400:
             r.close()
             cls = LocationNotFound if r.status_code == 404 else LocationError
@@ -273,9 +281,10 @@ def iter_lines(location: str, encoding: str = "utf-8") -> Iterator[str]:
         raw.close()
 
 
-def read_bytes(location: str, timeout_s: float = 30.0) -> bytes:
-    """The whole content of a small path or URL (donefiles, metadata). Raises
-    ``LocationNotFound`` if it does not exist, ``LocationError`` for other failures."""
+def read_bytes(location: str, timeout_s: float = 30.0, follow_redirects: bool = True) -> bytes:
+    """The whole content of a small path or URL (donefiles, metadata); ``follow_redirects``
+    False: an HTTP redirect is an error. Raises ``LocationNotFound`` if it does not exist,
+    ``LocationError`` for other failures."""
     if is_store(location):
         try:
             return objectstore.read_bytes(location)
@@ -283,9 +292,11 @@ def read_bytes(location: str, timeout_s: float = 30.0) -> bytes:
             raise _store_error(location, exc) from exc
     if is_url(location):
         try:
-            r = session().get(location, timeout=timeout_s)
+            r = session().get(location, timeout=timeout_s, allow_redirects=follow_redirects)
         except requests.RequestException as exc:
             raise LocationError(f"{location}: unreachable ({exc})") from exc
+        if r.is_redirect:
+            raise _redirect_refused(location, r)
         if r.status_code >= 400:
             cls = LocationNotFound if r.status_code == 404 else LocationError
             raise cls(f"{location}: HTTP {r.status_code}")
@@ -308,8 +319,9 @@ def md5_file(path: str | os.PathLike) -> str:
 
 
 def download(location: str, dest: str | os.PathLike, md5: str | None = None,
-             timeout_s: float = 60.0) -> str:
-    """Copies a path or URL to ``dest`` through a temporary file renamed into place.
+             timeout_s: float = 60.0, follow_redirects: bool = True) -> str:
+    """Copies a path or URL to ``dest`` through a temporary file renamed into place
+    (``follow_redirects`` False: an HTTP redirect is an error).
 
     If ``md5`` (hex) is given the copy is verified first and, on mismatch, deleted and
     ``LocationError`` raised; nothing is left at ``dest``. Returns the hex MD5.
@@ -319,7 +331,7 @@ def download(location: str, dest: str | os.PathLike, md5: str | None = None,
     h = hashlib.md5()
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
     try:
-        with os.fdopen(fd, "wb") as out, open_stream(location, timeout_s) as src:
+        with os.fdopen(fd, "wb") as out, open_stream(location, timeout_s, follow_redirects) as src:
             for chunk in iter(lambda: src.read(CHUNK), b""):
                 h.update(chunk)
                 out.write(chunk)

@@ -63,6 +63,8 @@ def register_server(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--io-mode", choices=("epoll", "threads"), default="epoll",
                    help="data-plane I/O: one epoll thread for every connection, or a thread each")
     p.add_argument("--insecure-no-auth", action="store_true", help=INSECURE_HELP)
+    p.add_argument("--load-root", action="append", default=None,
+                   help="load dicts only from under this directory (repeatable; the agent's work directory)")
     add_drain_seconds(p)
     p.add_argument("--stop-timeout", type=float, default=10.0,
                    help="on SIGTERM, after the drain: seconds the lookups already received get to be "
@@ -90,6 +92,9 @@ def register_agent(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--load-timeout", type=float, default=300.0,
                    help="seconds to wait for the server's background load")
     p.add_argument("--insecure-no-auth", action="store_true", help=INSECURE_HELP + "; presents none to the server")
+    p.add_argument("--version-root", action="append", default=None,
+                   help="download only URLs under this prefix (repeatable; where the transfer publishes, "
+                        "e.g. http://fileserver:8080/cube/); the md5 must be the one published beside the tar")
     add_drain_seconds(p)
 
     def handler(args: argparse.Namespace) -> int:

@@ -92,6 +92,13 @@ class LocalCubeCluster:
         self.env = auth.env_for(self.credentials_dir)
         self.token_file = self.credentials_dir / role_specs.FILES_WRITE / role_specs.CREDENTIAL_CURRENT
 
+    def version_root(self) -> str:
+        """Where the agents may download from: ``<publish location>/cube/`` (the file
+        server's URL, or the store location)."""
+        if self.store:
+            return storage.join(str(self.root), "cube/")
+        return f"{self.root_url}/cube/"
+
     def control(self) -> auth.Credential:
         """The ``cube-control`` credential of the cluster (for a client of its agents and servers)."""
         return auth.Credential(role_specs.CUBE_CONTROL, self.credentials_dir)
@@ -177,10 +184,11 @@ class LocalCubeCluster:
         for s in range(gen.shards):
             for r in range(gen.replicas, replicas):
                 dport, hport, aport = next(ports), next(ports), next(ports)
+                work = str(self.base / f"{agent_dir}-{s}-{r}")
                 server = role_specs.cube_server(s, gen.shards, role_specs.LOOPBACK, dport, hport,
-                                                dict_name=self.dict_name)
-                agent = role_specs.cube_agent(str(self.base / f"{agent_dir}-{s}-{r}"), hport, role_specs.LOOPBACK,
-                                              aport)
+                                                dict_name=self.dict_name, load_roots=[work])
+                agent = role_specs.cube_agent(work, hport, role_specs.LOOPBACK, aport,
+                                              version_roots=[self.version_root()])
                 srv = self.group.start(f"{gen.prefix}-server-{s}-{r}", server.argv(), env=self.env)
                 ag = self.group.start(f"{gen.prefix}-agent-{s}-{r}", agent.argv(), env=self.env)
                 for spec, role in ((server, srv), (agent, ag)):

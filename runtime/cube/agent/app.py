@@ -75,6 +75,12 @@ def main(args) -> int:
 
     guard = auth.control_guard("cube-agent", args.insecure_no_auth)
     control = auth.control_client("cube-agent", args.insecure_no_auth)
-    agent = Agent(args.server_http, args.work_dir, load_timeout_s=args.load_timeout, control=control)
+    import logging
+
+    if not args.version_root:
+        logging.getLogger(__name__).warning(
+            "cube agent: no --version-root: any http(s) or object-store URL with its published md5 is downloaded")
+    agent = Agent(args.server_http, args.work_dir, load_timeout_s=args.load_timeout, control=control,
+                  version_roots=tuple(args.version_root or ()))
     server = WebServer(create_app(agent, guard), args.host, args.port, threads=8, name="cube-agent")
     return serve_forever(server, on_stop=agent.shutdown, drain_s=args.drain_seconds)
