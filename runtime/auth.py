@@ -220,10 +220,12 @@ def control_client(role: str, insecure: bool, directory=None) -> Optional[Creden
 def write_credentials(directory: str | os.PathLike, boundaries: Iterable[str] = role_specs.CREDENTIAL_BOUNDARIES,
                       values: Optional[Mapping[str, str]] = None) -> Path:
     """Writes a fresh credential (``secrets.token_urlsafe(32)``, or ``values[boundary]``)
-    to ``<directory>/<boundary>/current`` for each boundary, files mode 0600 and
-    directories 0700 (a local run's credentials: ``elastic-ctr local``, the local cube
-    cluster, tests). For ``TRACKING`` it writes ``username`` and ``password`` too
-    (``role_specs.TRACKING_USERNAME`` / ``TRACKING_PASSWORD``). Returns ``directory``."""
+    to ``<directory>/<boundary>/current`` for each boundary that has none yet (a
+    boundary already written is kept: every launcher of one run may call this), files
+    mode 0600 and directories 0700 (a local run's credentials: ``elastic-ctr local``, the
+    local cube cluster, the local MLflow server, tests). For ``TRACKING`` the files are
+    ``username``, ``password`` and ``server-secret-key`` (``role_specs.TRACKING_USERNAME``,
+    ``TRACKING_PASSWORD``, ``TRACKING_SERVER_SECRET``). Returns ``directory``."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     os.chmod(directory, 0o700)
@@ -231,10 +233,13 @@ def write_credentials(directory: str | os.PathLike, boundaries: Iterable[str] = 
         d = directory / b
         d.mkdir(exist_ok=True)
         os.chmod(d, 0o700)
+        if (d / CURRENT).exists() or (d / role_specs.TRACKING_PASSWORD).exists():
+            continue
         value = (values or {}).get(b) or secrets.token_urlsafe(32)
         files = {CURRENT: value}
         if b == role_specs.TRACKING:
-            files = {role_specs.TRACKING_USERNAME: "elastic-ctr", role_specs.TRACKING_PASSWORD: value}
+            files = {role_specs.TRACKING_USERNAME: "elastic-ctr", role_specs.TRACKING_PASSWORD: value,
+                     role_specs.TRACKING_SERVER_SECRET: secrets.token_urlsafe(32)}
         for name, text in files.items():
             _write_private(d / name, text)
     return directory

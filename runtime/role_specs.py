@@ -63,10 +63,19 @@ CREDENTIALS_DIR_ENV, CREDENTIALS_DIR = "ELASTIC_CTR_CREDENTIALS_DIR", "/var/run/
 #: the keys (file names) of a boundary's Secret: the credential a role presents, and the one
 #: still accepted while a rotation rolls out (``runtime.auth``)
 CREDENTIAL_CURRENT, CREDENTIAL_PREVIOUS = "current", "previous"
-#: the ``tracking`` Secret's keys: the pipeline's MLflow user (the trainer and the transfer log
-#: in with it: ``runtime.tracking_login``), and in the MLflow pod only, MLflow's admin
+#: the ``tracking`` Secret's keys (files): the MLflow user of the pipeline. The MLflow server
+#: (``mlflow server --app-name basic-auth``) makes it its admin at first start
+#: (``MLFLOW_AUTH_ADMIN_USERNAME`` / ``_PASSWORD``); the trainer and the transfer log in with it
+#: (``runtime.tracking_login``)
 TRACKING_USERNAME, TRACKING_PASSWORD = "username", "password"
-TRACKING_ADMIN_USERNAME, TRACKING_ADMIN_PASSWORD = "admin-username", "admin-password"
+#: the ``tracking`` Secret's key the MLflow server alone reads: the static secret of its CSRF
+#: protection (``MLFLOW_FLASK_SERVER_SECRET_KEY``, required by ``--app-name basic-auth``)
+TRACKING_SERVER_SECRET = "server-secret-key"
+#: the environment ``mlflow server --app-name basic-auth`` reads its admin and secret from,
+#: with the key of the ``tracking`` Secret each comes from; and its config file's variable
+TRACKING_SERVER_ENV = (("MLFLOW_AUTH_ADMIN_USERNAME", TRACKING_USERNAME), ("MLFLOW_AUTH_ADMIN_PASSWORD", TRACKING_PASSWORD),
+                       ("MLFLOW_FLASK_SERVER_SECRET_KEY", TRACKING_SERVER_SECRET))
+TRACKING_AUTH_CONFIG_ENV = "MLFLOW_AUTH_CONFIG_PATH"
 
 
 @dataclass(frozen=True)
@@ -230,12 +239,21 @@ def serving(topology: str, model_root: Any, transfer_url: Any, work_dir: str, ho
                     liveness=Probe("http", V2_LIVE), metrics=Probe("http", METRICS_PATH), credentials=(FILES_READ,))
 
 
-def tracking_server(host: str = ANY_HOST, port: Optional[int] = None, workers: int = 1) -> RoleSpec:
+def tracking_server(host: str = ANY_HOST, port: Optional[int] = None, workers: int = 1,
+                    basic_auth: bool = False) -> RoleSpec:
     """``mlflow server`` (the tracking image's entrypoint is ``mlflow``, not ``elastic-ctr``):
-    artifacts served through the server, ``workers`` workers."""
+    artifacts served through the server, ``workers`` workers; with ``basic_auth``, MLflow's
+    own authentication (``--app-name basic-auth``: every request but ``/health`` and the
+    static files needs a login; its admin and CSRF secret from the environment
+    ``TRACKING_SERVER_ENV``, filled from the ``TRACKING`` Secret's keys, and its config file
+    from ``TRACKING_AUTH_CONFIG_ENV``)."""
     ports = _ports("tracking", http=port)
-    args = ("server", "--serve-artifacts", "--host", host, "--port", str(ports[0][1]), "--workers", str(workers))
-    return RoleSpec("mlflow", args, ports, readiness=Probe("http", "/health"), liveness=Probe("http", "/health"))
+    args: tuple[str, ...] = ("server", "--serve-artifacts", "--host", host, "--port", str(ports[0][1]),
+                             "--workers", str(workers))
+    if basic_auth:
+        args += ("--app-name", "basic-auth")
+    return RoleSpec("mlflow", args, ports, readiness=Probe("http", "/health"), liveness=Probe("http", "/health"),
+                    credentials=(TRACKING,) if basic_auth else ())
 
 
 def ps_role(task: str, paddle_port: Optional[int] = None, gloo_port: Optional[int] = None,

@@ -125,8 +125,7 @@ class LocalCubeCluster:
         if not self.store:
             self.root.mkdir(parents=True, exist_ok=True)
         fs_port, tr_port = proc.free_ports(2)
-        if auth.Credential(role_specs.CUBE_CONTROL, self.credentials_dir).current() is None:
-            auth.write_credentials(self.credentials_dir, values={role_specs.FILES_WRITE: self.token})
+        auth.write_credentials(self.credentials_dir, values={role_specs.FILES_WRITE: self.token})
         fs = None
         if self.store:
             self.root_url = str(self.root)
