@@ -82,10 +82,13 @@ class _ReadCredential(requests.auth.AuthBase):
     ``Authorization`` of its own, when that credential is configured (re-read on change)."""
 
     def __init__(self):
-        self.credential = auth.Credential(role_specs.FILES_READ)
+        self.credential: auth.Credential | None = None
 
     def __call__(self, r):
         if "Authorization" not in r.headers:
+            d = auth.credentials_dir()  # as the environment says now
+            if self.credential is None or self.credential.dir.parent != d:
+                self.credential = auth.Credential(role_specs.FILES_READ, d)
             r.headers.update(self.credential.headers())
         return r
 

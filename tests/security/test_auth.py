@@ -90,3 +90,41 @@ def test_version_roots_accept_normalized():
     assert VersionRoots([]).check("http://anything/x.tar") == "http://anything/x.tar"
     with pytest.raises(SourceRefused):
         VersionRoots([]).check("/local/x.tar")
+
+
+def test_read_protected_file_server_and_storage_presenting_the_read_credential(tmp_path, monkeypatch):
+    from runtime import storage
+    from runtime.fileserver.app import create_app
+    from runtime.webserver import WebServer
+
+    d = auth.write_credentials(tmp_path / "c")
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "f").write_bytes(b"model")
+    app = create_app(tmp_path / "root", write=auth.Credential(role_specs.FILES_WRITE, d),
+                     read=auth.Credential(role_specs.FILES_READ, d))
+    with WebServer(app) as srv:
+        import requests
+
+        assert requests.get(f"{srv.url}/f", timeout=5).status_code == 401
+        assert requests.get(f"{srv.url}/?format=json", timeout=5).status_code == 401
+        assert requests.get(f"{srv.url}/metrics", timeout=5).status_code == 200
+        assert requests.get(f"{srv.url}/readyz", timeout=5).status_code == 200
+        monkeypatch.setenv(role_specs.CREDENTIALS_DIR_ENV, str(tmp_path / "elsewhere"))
+        with pytest.raises(storage.LocationError, match="401"):
+            storage.read_bytes(f"{srv.url}/f")
+        monkeypatch.setenv(role_specs.CREDENTIALS_DIR_ENV, str(d))
+        assert storage.read_bytes(f"{srv.url}/f") == b"model"  # the read credential, presented by storage
+        storage.upload(tmp_path / "root" / "f", f"{srv.url}/g")  # the write credential, from the same directory
+        assert (tmp_path / "root" / "g").read_bytes() == b"model"
+
+
+@pytest.mark.parametrize("argv", [["cube", "server", "--shard", "0"], ["cube", "agent", "--work-dir", "w"]])
+def test_a_control_role_without_its_credential_exits_2(tmp_path, argv):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, **{role_specs.CREDENTIALS_DIR_ENV: str(tmp_path / "none")})
+    p = subprocess.run([sys.executable, "-m", "runtime.cli", *argv, "--host", "127.0.0.1", "--port", "0"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "cube-control" in p.stderr and "--insecure-no-auth" in p.stderr
