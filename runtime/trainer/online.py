@@ -4,8 +4,9 @@ The job follows hourly partitions (``runtime.formats.partitions``) from ``--star
 in order, each once, and never ends by itself unless ``--end-hour`` is given. For each
 complete partition every worker stages and loads its shard (``runtime.trainer.worker``);
 trainer 0 first scores the model of that moment on its rows (the AUC on the next hour's
-data, before training on it), then the partition is trained as one pass. After every
-``--patch-every`` partitions the job exports a version of ``--output``:
+data), the data gate judges it (``runtime.trainer.data_gate``: a quarantined partition is
+not trained), then it is trained as one pass. Every ``--patch-every`` partitions trained
+the job exports a version of ``--output``:
 
 * a **base** (the whole sparse table, ``donefile/base.txt``) for the first export and
   whenever ``--base-every`` partitions have been trained since the last base;
@@ -72,7 +73,7 @@ from runtime.metrics.trainer import metrics as trainer_metrics, waiting_counter
 # an export entry of the state file is the result line's record (one definition)
 from runtime.formats.train_result import ExportResult as ExportRecord
 from runtime.formats.train_result import PartitionResult
-from runtime.trainer import fedrows, publish
+from runtime.trainer import data_gate, fedrows, publish
 from runtime.trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -284,6 +285,7 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
     t_job = time.monotonic()
     m = trainer_metrics()
     untrained = [hour]  # the first partition not trained yet (partitions_waiting counts from it)
+    gate = data_gate.DataGate(cfg, worker.slots) if worker.chief and data_gate.active(cfg) else None
     if worker.chief:
         m.count_waiting(waiting_counter(cfg.data_root, lambda: untrained[0]))
     while (end is None or hour <= end) and not stop.requested:
@@ -293,38 +295,40 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
         untrained[0] = hour.next()
         files = partitions.files(cfg.data_root, hour)
         t_load = time.monotonic()
-        ds, staged = worker.load(files, keep_rows=worker.chief)
+        rec = PartitionResult(hour=str(hour), rows=0)
+        scored = worker.chief and bool(state.exports or ckpt is not None or any(not r.quarantined for r in records))
+        # every worker loads its shard; trainer 0 scores the model of this moment on its rows
+        # (EVAL_ROWS) and the data gate judges the partition (runtime.trainer.data_gate)
+        verdict = data_gate.admit(worker, gate, cfg, str(hour), hour.location(cfg.data_root), files, lambda staged: (
+            data_gate.score(worker, staged, rec, EVAL_ROWS) if scored else (None, None)))
         load_s += time.monotonic() - t_load
-        rec = PartitionResult(hour=str(hour), rows=staged.rows)
-        if worker.chief and staged.holdout is not None and (state.exports or ckpt is not None or records):
-            hold = staged.holdout
-            n = min(len(hold), EVAL_ROWS)
-            from runtime.trainer import readers
-
-            sample = readers.Batch(hold.labels[:n], hold.dense[:n], hold.feasigns[:n])
-            rec.auc_before = round(worker.evaluate(sample)[0], 6)
-            log.info("%s: partition %s: auc %.4f before training on it (%d rows)", worker.who, hour,
-                     rec.auc_before, n)
-        # nobody trains the partition before trainer 0 has scored the model on it: the
-        # others' pushes would otherwise leak this hour into the "before" AUC
-        worker.barrier()
-        st = worker.train_pass(ds, f"partition {hour}", staged.rows)
-        ds.release_memory()
-        rec.train_auc, rec.seconds = round(st.train_auc, 6), st.seconds
-        worker.sync()
-        records.append(rec)
         step = tracking.partition_step(cfg.start_hour, rec.hour)
-        tr.partition(step, rec, st.loss, fedrows.total(worker, rec.rows), hour.location(cfg.data_root))
-        m.partition_done(hour.next().start.timestamp(), rec.auc_before)
-        since_export += 1
+        rec.gate_seconds = round(verdict.seconds, 4) if worker.chief and data_gate.active(cfg) else None
+        if verdict.loaded is not None:
+            ds, staged = verdict.loaded
+            rec.rows = staged.rows
+            # nobody trains the partition before trainer 0 has scored the model on it: the
+            # others' pushes would otherwise leak this hour into the "before" AUC
+            worker.barrier()
+            st = worker.train_pass(ds, f"partition {hour}", staged.rows)
+            ds.release_memory()
+            rec.train_auc, rec.seconds = round(st.train_auc, 6), st.seconds
+            worker.sync()
+            tr.partition(step, rec, st.loss, fedrows.total(worker, rec.rows), hour.location(cfg.data_root))
+            m.partition_done(hour.next().start.timestamp(), rec.auc_before)
+            since_export += 1
+        elif worker.chief:
+            rec.quarantined = verdict.anomalies
+            tr.quarantine(step, rec.hour, verdict.anomalies or [])
+        records.append(rec)
         hour = hour.next()
         fresh = hour > published  # not in a version already out
-        if fresh:
+        if fresh and verdict.loaded is not None:
             state.since_base += 1
             state.since_checkpoint += 1
         last = end is not None and hour > end
         # a stop exports only in one process: in a PS job the others may not have stopped
-        if since_export >= cfg.patch_every or last or (stop.requested and worker.shard[1] == 1):
+        if since_export and (since_export >= cfg.patch_every or last or (stop.requested and worker.shard[1] == 1)):
             since_export = 0
             if not fresh:
                 log.info("%s: partitions before %s are in published versions: trained again after the restore, "
@@ -336,7 +340,7 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
                 tr.version(step, ver.model_dump(), tracking.published_model_meta(cfg.output, rec.version))
     worker.budget.finish()
     # every partition is one pass over its rows (train_pass checks the count)
-    examples = sum(r.rows for r in records)
+    examples = sum(r.rows for r in records)  # a quarantined partition's rows are 0
     train_s = sum(r.seconds or 0.0 for r in records)
     out = {**job, "mode_online": "continuous", "next_hour": str(hour),
            "partitions": [r.model_dump() for r in records], "examples": examples, "rows": examples,
@@ -349,7 +353,7 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
         out["exports"] = [e.model_dump() for e in final.exports]
         if final.exports:
             out["version"] = final.exports[-1].id
-        out["test_auc"] = [r.auc_before for r in records if r.auc_before is not None]
+        out["test_auc"] = [r.auc_before for r in records if r.auc_before is not None and r.quarantined is None]
         log.info("%s: continuous training stopped before %s: %d partition(s) trained, %d version(s) exported",
                  worker.who, hour, len(records), len(final.exports))
     return out
