@@ -297,8 +297,7 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
         t_load = time.monotonic()
         rec = PartitionResult(hour=str(hour), rows=0)
         scored = worker.chief and bool(state.exports or ckpt is not None or any(not r.quarantined for r in records))
-        # every worker loads its shard; trainer 0 scores the model of this moment on its rows
-        # (EVAL_ROWS) and the data gate judges the partition (runtime.trainer.data_gate)
+        # every worker loads its shard; trainer 0 scores the model (EVAL_ROWS) and gates it
         verdict = data_gate.admit(worker, gate, cfg, str(hour), hour.location(cfg.data_root), files, lambda staged: (
             data_gate.score(worker, staged, rec, EVAL_ROWS) if scored else (None, None)))
         load_s += time.monotonic() - t_load
