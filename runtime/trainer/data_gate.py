@@ -303,8 +303,10 @@ def admit(worker, gate: Optional[DataGate], cfg, hour: str, location: str, files
     loads (a malformed partition raises ``readers.TooManyBadLines`` as before)."""
     from runtime.trainer import fedrows, readers
 
+    # rows set aside for the versions' evaluation (runtime.trainer.model_eval), trainer 0's only
+    aside = {"holdout_every": cfg.gate_eval_every} if worker.chief and cfg.gate_eval_every else {}
     if not active(cfg):
-        return Verdict(loaded=worker.load(files, keep_rows=worker.chief))
+        return Verdict(loaded=worker.load(files, keep_rows=worker.chief, **aside))
     marked = fedrows.agree(worker, int(worker.chief and ps.is_quarantined(location)))
     if marked:
         msg = [f"{ps.QUARANTINE_MARKER} marker found in {location}"]
@@ -314,7 +316,7 @@ def admit(worker, gate: Optional[DataGate], cfg, hour: str, location: str, files
     saved = (getattr(budget, "bad", 0), getattr(budget, "seen", 0), getattr(worker, "keys_seen", None))
     loaded, bad = None, None
     try:
-        loaded = worker.load(files, keep_rows=worker.chief)
+        loaded = worker.load(files, keep_rows=worker.chief, **aside)
     except readers.TooManyBadLines as exc:
         bad = str(exc)
     any_bad = fedrows.total(worker, int(bad is not None))

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 #: field -> default, for ``train_argv`` (a flag is passed only when it differs)
 DEFAULTS = {"data_schema": None, "gate_window": 6, "gate_min_history": 3, "gate_rows_ratio": 4.0,
             "gate_click_ratio": 1.5, "gate_missing_shift": 0.2, "gate_dense_js": 0.25,
-            "gate_new_feasign_shift": 0.3, "gate_auc_drop": 0.05, "gate_logloss_ratio": 1.3}
+            "gate_new_feasign_shift": 0.3, "gate_auc_drop": 0.05, "gate_logloss_ratio": 1.3, "gate_eval_every": 0}
 
 
 class GateFields(BaseModel):
@@ -47,6 +47,9 @@ class GateFields(BaseModel):
                                  "model's AUC on a partition below the recent median", gt=0, le=1)
     gate_logloss_ratio: float = Field(DEFAULTS["gate_logloss_ratio"], description="data gate: largest ratio of the "
                                       "served model's log loss on a partition to the recent median", gt=1)
+    gate_eval_every: int = Field(DEFAULTS["gate_eval_every"], description="continuous: trainer 0 sets aside every "
+                                 "Nth row of its shard (never trained) to evaluate each exported version beside the "
+                                 "previous one for the transfer's model gate (0: none, every row trained; the demo uses 20)", ge=0, le=1000000)
 
 
 def gate_argv(cfg) -> list[str]:

@@ -73,7 +73,8 @@ from runtime.metrics.trainer import metrics as trainer_metrics, waiting_counter
 # an export entry of the state file is the result line's record (one definition)
 from runtime.formats.train_result import ExportResult as ExportRecord
 from runtime.formats.train_result import PartitionResult
-from runtime.trainer import data_gate, fedrows, publish
+from runtime.trainer import data_gate, fedrows, model_eval, publish
+from runtime.trainer.fedrows import apply_patch, table_diff  # noqa: F401  (the patch arithmetic, tests)
 from runtime.trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -176,36 +177,6 @@ class OnlineState(BaseModel):
         return (self.checkpoint_hour or self.start_hour), self.checkpoint
 
 
-def table_diff(prev_keys: np.ndarray, prev_values: np.ndarray, keys: np.ndarray,
-               values: np.ndarray) -> np.ndarray:
-    """Indices into ``keys`` of the rows that are new or whose values differ bitwise from
-    the previous export. ``prev_keys``/``keys``: uint64[m]/[n] (unique, any order),
-    ``prev_values``/``values``: float32[m, d]/[n, d]. Returns int64[k], ascending."""
-    if len(prev_keys) == 0:
-        return np.arange(len(keys), dtype=np.int64)
-    order = np.argsort(prev_keys, kind="stable")
-    sk = prev_keys[order]
-    pos = np.searchsorted(sk, keys)
-    pos_c = np.minimum(pos, len(sk) - 1)
-    found = sk[pos_c] == keys
-    changed = ~found
-    idx = np.flatnonzero(found)
-    a = np.ascontiguousarray(values[idx], dtype=np.float32).view(np.uint32)
-    b = np.ascontiguousarray(prev_values[order[pos_c[idx]]], dtype=np.float32).view(np.uint32)
-    changed[idx] = (a != b).any(axis=1)
-    return np.flatnonzero(changed).astype(np.int64)
-
-
-def apply_patch(keys: np.ndarray, values: np.ndarray, patch_keys: np.ndarray,
-                patch_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A table (uint64[n], float32[n, d]) with a patch's rows replacing or adding rows, as
-    the cube does; returns it sorted by key."""
-    k = np.concatenate([patch_keys, keys])
-    v = np.concatenate([patch_values, values])
-    uniq, first = np.unique(k, return_index=True)  # the patch's row wins (it comes first)
-    return uniq, v[first]
-
-
 def _wait_for(cfg: TrainConfig, hour: partitions.Hour, stop) -> bool:
     """Waits until ``hour`` is complete; False if a stop was requested meanwhile. Logs the
     wait at once, then once a minute (an hourly job would otherwise log every few seconds)."""
@@ -286,6 +257,7 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
     m = trainer_metrics()
     untrained = [hour]  # the first partition not trained yet (partitions_waiting counts from it)
     gate = data_gate.DataGate(cfg, worker.slots) if worker.chief and data_gate.active(cfg) else None
+    ev = model_eval.Collector(EVAL_ROWS) if worker.chief else None  # each version's evaluation
     if worker.chief:
         m.count_waiting(waiting_counter(cfg.data_root, lambda: untrained[0]))
     while (end is None or hour <= end) and not stop.requested:
@@ -306,6 +278,8 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
         if verdict.loaded is not None:
             ds, staged = verdict.loaded
             rec.rows = staged.rows
+            if ev is not None:  # the rows set aside, scored by the model before this partition
+                ev.before(worker, staged, rec.hour, scored)
             # nobody trains the partition before trainer 0 has scored the model on it: the
             # others' pushes would otherwise leak this hour into the "before" AUC
             worker.barrier()
@@ -333,7 +307,7 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
                 log.info("%s: partitions before %s are in published versions: trained again after the restore, "
                          "their rows go into the next export", worker.who, hour)
                 continue
-            ver = _export_point(worker, cfg, state, hour, ckroot, last=last, landed=landed)
+            ver = _export_point(worker, cfg, state, hour, ckroot, last=last, landed=landed, ev=ev)
             if ver is not None:
                 rec.version = ver.id
                 tr.version(step, ver.model_dump(), tracking.published_model_meta(cfg.output, rec.version))
@@ -359,11 +333,12 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
 
 
 def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: partitions.Hour, ckroot: str,
-                  last: bool = False, landed: Optional[int] = None):
+                  last: bool = False, landed: Optional[int] = None, ev: Optional[model_eval.Collector] = None):
     """Rows, pending state, publish, state, then a checkpoint when one is due (module
     docstring). Every process calls it; returns the ``ExportRecord`` on trainer 0, ``None``
     elsewhere. ``last``: the job's end hour was trained (a checkpoint is taken);
-    ``landed``: when the last partition was found complete (unix s).
+    ``landed``: when the last partition was found complete (unix s); ``ev``: trainer 0's
+    evaluation rows (the version's ``metrics.evaluation``, ``runtime.formats.version_eval``).
 
     The rows: a base is the whole table (a save, then its values pulled), a patch the
     rows of the feasigns fed since the last export point (``Worker.fed_rows``); trainer 0
@@ -401,7 +376,7 @@ def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: parti
         state.save(cfg.state_dir)
         t2 = time.monotonic()
         if cfg.output:
-            _publish(worker, cfg, rec, keys, values)
+            _publish(worker, cfg, rec, keys, values, ev.finish(worker) if ev is not None else None)
         rec.publish_seconds = round(time.monotonic() - t2, 3)
         rec.seconds = round(time.monotonic() - t0, 3)
         _commit(state, rec, cfg)
@@ -443,10 +418,13 @@ def export_dir(state_dir: str, version_id: int) -> str:
     return os.path.join(state_dir, EXPORTS, str(version_id))
 
 
-def _publish(worker, cfg: TrainConfig, rec: ExportRecord, keys: np.ndarray, values: np.ndarray) -> None:
+def _publish(worker, cfg: TrainConfig, rec: ExportRecord, keys: np.ndarray, values: np.ndarray,
+             evaluation: Optional[dict] = None) -> None:
     """Publishes ``rec``'s version with its data time (``data_end``: the end of its last
-    partition, ``rec.hour``; ``landed``: ``rec.landed``) on its donefile line."""
-    meta_rec = {"mode": "continuous", "test_auc": [], "trainers": None, "pservers": None, "epochs": 1}
+    partition, ``rec.hour``; ``landed``: ``rec.landed``) on its donefile line and its
+    ``evaluation`` (``runtime.formats.version_eval``) in ``model_meta.json``."""
+    meta_rec = {"mode": "continuous", "test_auc": [], "trainers": None, "pservers": None, "epochs": 1,
+                "evaluation": evaluation}
     data_end = int(partitions.Hour.parse(rec.hour).next().start.timestamp())
     publish.publish(cfg, worker.slots, keys, values, meta_rec, version_id=rec.id,
                     base_id=None if rec.kind == "base" else rec.base, data_end=data_end, landed=rec.landed)

@@ -246,7 +246,7 @@ def test_continuous_job_quarantines_a_flipped_hour_and_goes_on(tmp_path):
     out, state = tmp_path / "out", tmp_path / "state"
     r = subprocess.run([sys.executable, "-m", "runtime.cli", "train", "--single", "--mode", "continuous",
                         "--data-root", str(root), "--start-hour", START, "--end-hour", "20261120/05",
-                        "--state-dir", str(state), "--output", str(out), "--poll-s", "0.2"],
+                        "--state-dir", str(state), "--output", str(out), "--poll-s", "0.2", "--gate-eval-every", "20"],
                        capture_output=True, text=True, timeout=400, cwd=tmp_path,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     rec = TrainResult.find(r.stdout, SUMMARY, source="train stdout")
@@ -254,7 +254,7 @@ def test_continuous_job_quarantines_a_flipped_hour_and_goes_on(tmp_path):
     parts = rec.to_dict()["partitions"]
     assert [p["hour"] for p in parts] == [str(h) for h in _hours(6)]
     assert [bool(p.get("quarantined")) for p in parts] == [False] * 4 + [True, False]
-    assert parts[4]["rows"] == 0 and parts[5]["rows"] == 4000
+    assert parts[4]["rows"] == 0 and parts[5]["rows"] == 4000 - 4000 // 20  # 1 in 20 set aside
     assert any("click rate" in m for m in parts[4]["quarantined"])
     assert (Path(_hours(6)[4].location(str(root))) / ps.QUARANTINE_MARKER).exists()
     assert "data gate: partition 20261120/04 quarantined: click_rate" in r.stderr
@@ -264,3 +264,13 @@ def test_continuous_job_quarantines_a_flipped_hour_and_goes_on(tmp_path):
     assert [e["hour"] for e in exports] == ["20261120/00", "20261120/01", "20261120/02", "20261120/03",
                                             "20261120/05"]
     assert json.loads((state / ps.HISTORY_FILE).read_text())["quarantined"][0]["hour"] == "20261120/04"
+    # each version carries its evaluation on rows set aside (never trained) beside the previous export's
+    from runtime.formats import donefile, version_eval
+    from runtime.formats.model_meta import ModelMeta
+
+    lines = sorted(donefile.read(str(out), "base") + donefile.read(str(out), "patch"), key=lambda x: x.id)
+    evs = [version_eval.from_metrics(ModelMeta.read(out / x.model).metrics, x.model) for x in lines]
+    assert [e.hour for e in evs] == [e["hour"] for e in exports]
+    assert all(e.rows == 4000 // 20 for e in evs) and parts[0]["rows"] == 4000 - 200
+    assert evs[0].baseline is None and all(e.baseline is not None for e in evs[1:])
+    assert all(0.6 < e.candidate.auc < 1 and 0.5 < e.candidate.calibration < 2 for e in evs[1:])
