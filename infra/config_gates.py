@@ -27,7 +27,7 @@ TRAIN_KEYS = {k: k for k in ("gate_window", "gate_min_history", "gate_rows_ratio
 #: the model gate's keys -> (``cube transfer`` flag, default): ``runtime.cube.transfer.model_gate``
 MODEL_GATE_FLAGS = {"model_gate_auc_drop": ("--model-gate-auc-drop", 0.05),
                     "model_gate_logloss_ratio": ("--model-gate-logloss-ratio", 1.25),
-                    "model_gate_calibration": ("--model-gate-calibration", 1.5)}
+                    "model_gate_calibration": ("--model-gate-calibration", 2.5)}
 
 
 def _key(name: str, text: str):
@@ -76,7 +76,7 @@ class GateKeys(BaseModel):
     model_gate_logloss_ratio: Annotated[float, _check(lambda v: v > 1, "a decimal number > 1")] = Field(
         1.25, description="Model gate: largest ratio of a version's log loss to the previous one's on the same rows.")
     model_gate_calibration: Annotated[float, _check(lambda v: v > 1, "a decimal number > 1")] = Field(
-        1.5, description="Model gate: largest factor between a version's mean prediction and the click rate, either "
+        2.5, description="Model gate: largest factor between a version's mean prediction and the click rate, either "
                          "way (held only when the previous version's is within it).")
 
 

@@ -136,7 +136,7 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
                    help="model gate: largest AUC drop below the previous version's")
     p.add_argument("--model-gate-logloss-ratio", type=float, default=1.25,
                    help="model gate: largest ratio of the log loss to the previous version's")
-    p.add_argument("--model-gate-calibration", type=float, default=1.5,
+    p.add_argument("--model-gate-calibration", type=float, default=2.5,
                    help="model gate: largest factor between mean prediction and click rate (either way)")
 
     def handler(args: argparse.Namespace) -> int:

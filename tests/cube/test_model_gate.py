@@ -17,7 +17,7 @@ from tests.cube.test_transfer import DICT, Cluster, make_transfer
 GOOD = {"auc": 0.78, "logloss": 0.47, "calibration": 1.01}
 PREV = {"auc": 0.77, "logloss": 0.48, "calibration": 0.98}
 # an export with blown-up parameters: predictions pinned near 0 or 1
-BLOWN = {"auc": 0.55, "logloss": 3.2, "calibration": 2.9}
+BLOWN = {"auc": 0.55, "logloss": 3.2, "calibration": 3.4}
 
 
 @pytest.fixture
@@ -38,11 +38,12 @@ def add(root: Path, vid: int, key: int, cand: dict | None, base: dict | None = P
     """A version whose model_meta.json carries ``metrics.evaluation`` (None: no record)."""
     vdir = root / "versions" / str(vid)
     (vdir / "sparse").mkdir(parents=True)
+    (vdir / "dense").mkdir()
     (vdir / "sparse" / "part-00000").write_bytes(b"v%d;" % vid)
     metrics = {} if cand is None else {"evaluation": {"hour": "20261120/01", "rows": 300, "candidate": cand,
                                                       "baseline": base}}
-    (vdir / "model_meta.json").write_text(json.dumps({"metrics": metrics}))
-    rec = donefile.DonefileRecord(id=vid, key=key, input=donefile.sparse_dir(vid), model=f"versions/{vid}/model_meta.json")
+    (vdir / "dense" / "model_meta.json").write_text(json.dumps({"metrics": metrics}))
+    rec = donefile.DonefileRecord(id=vid, key=key, input=donefile.sparse_dir(vid), model=donefile.dense_dir(vid))
     donefile.append(str(root), "base" if vid == key else "patch", rec)
 
 

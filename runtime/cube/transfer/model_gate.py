@@ -51,7 +51,7 @@ class Thresholds:
 
     auc_drop: float = 0.05
     logloss_ratio: float = 1.25
-    calibration: float = 1.5
+    calibration: float = 2.5
     enabled: bool = True
 
 
@@ -82,7 +82,9 @@ def judge(root: str, rec: DonefileRecord, th: Thresholds) -> list[str]:
         return []
     import json
 
-    loc = storage.join(root, rec.model)
+    from runtime.formats import model_meta
+
+    loc = storage.join(root, rec.model, model_meta.FILE)
     try:
         meta = json.loads(storage.read_bytes(loc))
         ev = version_eval.from_metrics(meta.get("metrics") or {}, loc)
