@@ -1,7 +1,8 @@
 """The transfer's model gate (runtime.cube.transfer.model_gate): a version worse than the
 previous one on its rows set aside is held (not rolled out; history, /dict/info, metric),
 the next good patch goes out with the held patch's rows (served complete), a held base
-keeps its patches back until a newer base."""
+keeps its patches back until a newer base. Fixtures ``cluster`` and ``root``:
+tests/cube/conftest.py."""
 from __future__ import annotations
 
 import json
@@ -12,26 +13,12 @@ import pytest
 from runtime.cube.buildinfo import BuildRecord
 from runtime.cube.transfer import model_gate
 from runtime.formats import donefile, version_eval
-from tests.cube.test_transfer import DICT, Cluster, make_transfer
+from tests.cube.transfer_harness import DICT, make_transfer
 
 GOOD = {"auc": 0.78, "logloss": 0.47, "calibration": 1.01}
 PREV = {"auc": 0.77, "logloss": 0.48, "calibration": 0.98}
 # an export with blown-up parameters: predictions pinned near 0 or 1
 BLOWN = {"auc": 0.55, "logloss": 3.2, "calibration": 3.4}
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(tmp_path)
-    yield c
-    c.close()
-
-
-@pytest.fixture
-def root(tmp_path):
-    r = tmp_path / "root"
-    (r / "donefile").mkdir(parents=True)
-    return r
 
 
 def add(root: Path, vid: int, key: int, cand: dict | None, base: dict | None = PREV) -> None:
