@@ -44,7 +44,8 @@ HISTORY_FILE = "data-gate.json"
 QUARANTINE_MARKER = "_QUARANTINED"
 DENSE_BINS = 10
 #: the checks an ``Anomaly`` may name
-CHECKS = ("malformed_lines", "schema_click_rate", "schema_missing", "schema_saturated", "rows", "click_rate",
+CHECKS = ("malformed_lines", "schema_click_rate", "schema_missing", "schema_dense_mean", "schema_saturated", "rows",
+          "click_rate",
           "missing_rate", "dense_drift", "new_feasigns", "auc", "logloss")
 
 

@@ -18,7 +18,7 @@ partition is quarantined (``DataGate.quarantine``): not trained on, a ``_QUARANT
 marker beside its ``_SUCCESS`` (``partition_stats.write_marker``), an entry in the gate's
 history (``--state-dir/data-gate.json``), ``elastic_ctr_trainer_partitions_quarantined_total``
 and one log line per anomaly; the caller tags the MLflow run. Accepted partitions join the
-window. Every trainer follows trainer 0's verdict (``decide``).
+window. Every trainer follows trainer 0's verdict (``admit``).
 
 The new-feasign rate uses a sketch (``FeasignSketch``): a table of ``2**SKETCH_BITS``
 16-bit stamps indexed by a multiplicative hash of the feasign, holding the last accepted
@@ -150,7 +150,7 @@ def check_schema(stats: PartitionStats, schema: data_schema.DataSchema) -> list[
     for spec, h, sat in zip(schema.dense, stats.dense_hist, stats.dense_saturated):
         mean = float(np.dot(h, centers))
         if not spec.mean[0] <= mean <= spec.mean[1]:
-            out.append(_a("schema_saturated", spec.name, mean, f"[{spec.mean[0]}, {spec.mean[1]}] (schema)",
+            out.append(_a("schema_dense_mean", spec.name, mean, f"[{spec.mean[0]}, {spec.mean[1]}] (schema)",
                           "normalized mean"))
         elif sat > spec.max_saturated:
             out.append(_a("schema_saturated", spec.name, sat, f"<= {spec.max_saturated} (schema)",
