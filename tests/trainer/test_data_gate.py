@@ -237,12 +237,19 @@ def test_admit_quarantines_marks_and_restores(small, tmp_path):
     assert v.loaded is None and "marker" in v.anomalies[0]
 
 
-def test_continuous_job_quarantines_a_flipped_hour_and_goes_on(tmp_path):
-    """(a) at process level: --single continuous over 6 hours, hour 04 flipped: quarantined
-    (marker, summary), never trained, the hours after it trained and exported."""
+BREAKS = {"labels": (lambda f: [str(1 - int(f[0]))] + f[1:], "click_rate", "click rate"),
+          "slot": (lambda f: f[:16] + [""] + f[17:], "missing_rate", "missing rate 1 (C3)")}
+
+
+@pytest.mark.parametrize("brk", sorted(BREAKS))
+def test_continuous_job_quarantines_a_broken_hour_and_goes_on(tmp_path, brk):
+    """(a) and (b) at process level: --single continuous over 6 hours, hour 04 with flipped
+    labels or slot C3 empty: quarantined (marker, summary, log line naming the anomaly),
+    never trained, the hour after it trained and exported."""
+    rewrite, check, words = BREAKS[brk]
     root = tmp_path / "hours"
     generator.generate_hours(root, 6, START, 4000, seed=6)
-    _rewrite(root, _hours(6)[4], lambda f: [str(1 - int(f[0]))] + f[1:])
+    _rewrite(root, _hours(6)[4], rewrite)
     out, state = tmp_path / "out", tmp_path / "state"
     r = subprocess.run([sys.executable, "-m", "runtime.cli", "train", "--single", "--mode", "continuous",
                         "--data-root", str(root), "--start-hour", START, "--end-hour", "20261120/05",
@@ -255,9 +262,9 @@ def test_continuous_job_quarantines_a_flipped_hour_and_goes_on(tmp_path):
     assert [p["hour"] for p in parts] == [str(h) for h in _hours(6)]
     assert [bool(p.get("quarantined")) for p in parts] == [False] * 4 + [True, False]
     assert parts[4]["rows"] == 0 and parts[5]["rows"] == 4000 - 4000 // 20  # 1 in 20 set aside
-    assert any("click rate" in m for m in parts[4]["quarantined"])
+    assert any(words in m for m in parts[4]["quarantined"]), parts[4]["quarantined"]
     assert (Path(_hours(6)[4].location(str(root))) / ps.QUARANTINE_MARKER).exists()
-    assert "data gate: partition 20261120/04 quarantined: click_rate" in r.stderr
+    assert f"data gate: partition 20261120/04 quarantined: {check}" in r.stderr
     assert parts[5]["auc_before"] > 0.7
     assert all(p["gate_seconds"] >= 0 for p in parts)
     exports = rec.to_dict()["exports"]
