@@ -36,7 +36,7 @@ def _key(name: str, text: str):
 
 
 class GateKeys(BaseModel):
-    """The data gate's keys (camelCase in Pulumi)."""
+    """The data gate's and the model gate's keys (camelCase in Pulumi)."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
 
