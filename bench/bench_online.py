@@ -219,7 +219,7 @@ def run_online(args) -> int:
     patches = [r for r in rows if r["kind"] == "patch"] or rows
     l2s = [r["landed_to_served_s"] for r in rows]
     gate_s = [p["gate_seconds"] for p in parts if p.get("gate_seconds") is not None]  # the data gate, trainer 0
-    (work / "bench-online.json").write_text(json.dumps({"hours": rows, "trainer": trec, "signal": sig}, indent=1))
+    (work / "bench-online.json").write_text(json.dumps({"hours": rows, "trainer": trec, "signal": sig.model_dump(mode="json")}, indent=1))
     print(f"(land every {args.land_every_s} s; details: {work / 'bench-online.json'})")
     print(f"online hours={H} table_rows={table_rows} rows_per_hour={args.rows_per_hour} "
           f"patch_rows_p50={int(_p50([r['rows'] for r in patches]))} "
@@ -248,7 +248,7 @@ def _version_keys(root: str, rec: dict) -> np.ndarray:
     """uint64[n]: the keys of one exported version's SequenceFiles."""
     from runtime.formats.seqfile import read_sequence_file
 
-    d = Path(root) / "versions" / str(rec.version) / "sparse"
+    d = Path(root) / "versions" / str(rec["version"]) / "sparse"
     return np.concatenate([read_sequence_file(str(p))[0] for p in sorted(d.glob("part-*"))] or
                           [np.zeros(0, np.uint64)])
 
