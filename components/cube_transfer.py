@@ -40,6 +40,7 @@ class CubeTransferArgs:
         cpu / memory: requests = limits. state_size: PVC size.
         storage_class: StorageClass name; ``None`` = cluster default.
         poll_interval_s: seconds between donefile polls.
+        gate_args: the model gate's flags (``infra.config_gates.transfer_argv``).
         tracking_uri / tracking_experiment: ``MLFLOW_TRACKING_URI`` and
             ``MLFLOW_EXPERIMENT_NAME``; tracking_job: the job's name (``ELASTIC_CTR_JOB``: the
             runs' names and parent) of the transfer (each rollout's phases and seconds;
@@ -64,6 +65,7 @@ class CubeTransferArgs:
     tracking_uri: Optional[pulumi.Input[str]] = None
     tracking_experiment: str = "elastic-ctr"
     tracking_job: Optional[str] = None
+    gate_args: Sequence[str] = ()
     wait_for: Sequence[pulumi.Resource] = ()
 
 
@@ -85,7 +87,7 @@ class CubeTransfer(pulumi.ComponentResource):
         topo_vol, topo_mount = common.topology_volume(args.topology_configmap)
         tmp_vol, tmp_mount = common.tmp_volume()
         spec = role_specs.cube_transfer(common.TOPOLOGY_FILE, args.root, STATE_DIR,
-                                        poll_interval_s=args.poll_interval_s)
+                                        poll_interval_s=args.poll_interval_s, extra=tuple(args.gate_args))
         container = common.container(
             spec, dep, args.image,
             env=[*common.base_env(dep=dep),

@@ -32,6 +32,7 @@ class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpForm
 # --help.
 _ROLE_MODULES = {
     "runtime.trainer.cli": ("data", "train"),
+    "runtime.trainer.schema_cli": ("schema",),
     "runtime.fileserver.cli": ("fileserver",),
     "runtime.cube.cli": ("cube",),
     "runtime.serving.cli": ("serve", "client"),

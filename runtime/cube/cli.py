@@ -139,6 +139,15 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--once", action="store_true", help="roll out what the donefile holds, then exit")
     p.add_argument("--insecure-no-auth", action="store_true",
                    help="present no cube-control credential to the agents (they must run with --insecure-no-auth)")
+    p.add_argument("--model-gate", choices=("on", "off"), default="on",
+                   help="hold a version worse than the previous one on its rows set aside "
+                        "(runtime/cube/transfer/model_gate.py; versions without an evaluation pass)")
+    p.add_argument("--model-gate-auc-drop", type=float, default=0.05,
+                   help="model gate: largest AUC drop below the previous version's")
+    p.add_argument("--model-gate-logloss-ratio", type=float, default=1.25,
+                   help="model gate: largest ratio of the log loss to the previous version's")
+    p.add_argument("--model-gate-calibration", type=float, default=2.5,
+                   help="model gate: largest factor between mean prediction and click rate (either way)")
 
     def handler(args: argparse.Namespace) -> int:
         from runtime.cube.transfer import app

@@ -90,6 +90,7 @@ class DictInfo(_Body):
     last_rollout: Optional[LastRollout] = None
     last_poll: Optional[float] = None
     last_error: Optional[str] = None
+    held: list[int] = Field(default_factory=list)
 
     def version_for(self, shard_num: int) -> Optional[int]:
         """The version a reader whose topology has ``shard_num`` shards may serve: ``version``

@@ -81,8 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="online: the first hourly partition (UTC; default: the demo's fixed first hour, for "
                         "reproducible runs); now: the partitions are the hours before the current one, so the "
                         "versions' data times, and the served data's age, are real")
-    from runtime.local import demo_tracking, prometheus
+    from runtime.local import breaks, demo_tracking, prometheus
 
+    breaks.add_arguments(p)
     demo_tracking.add_arguments(p)
     prometheus.add_arguments(p)
     p.add_argument("--data-root", default=None, metavar="ROOT",

@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from runtime.formats import features, partitions
 from runtime.trainer import readers
+from runtime.trainer.gate_config import GateFields, gate_argv
 
 MODES = ("batch", "continuous")
 #: the parameter-server flavours (runtime.trainer.program.strategy)
@@ -132,11 +133,12 @@ def _f(default, description: str, **kw):
     return Field(default, description=description, json_schema_extra=extra or None, **kw)
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(GateFields):
     """Everything ``train`` needs; field ``x_y`` is flag ``--x-y`` and ``--config`` key
     ``x_y`` (or ``x-y``). Frozen; built only through validation (``TrainConfig(**values)``
     raises ``TrainConfigError``). Durations in seconds (``*_s``); ``layers``: hidden widths.
-    Each field's ``description`` is its ``--help`` text."""
+    Each field's ``description`` is its ``--help`` text. The data gate's fields come from
+    ``runtime.trainer.gate_config.GateFields``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -418,4 +420,4 @@ def train_argv(cfg: TrainConfig) -> list[str]:
         v = getattr(cfg, name)
         if v is not None:
             argv += [flag(name), str(v)]
-    return argv
+    return argv + gate_argv(cfg)

@@ -42,6 +42,16 @@ def create_app(transfer: Transfer):
     return app
 
 
+def model_gate_of(args):
+    """The model gate's thresholds from ``cube transfer``'s flags (``--model-gate*``)."""
+    from runtime.cube.transfer.model_gate import Thresholds
+
+    return Thresholds(auc_drop=getattr(args, "model_gate_auc_drop", 0.05),
+                      logloss_ratio=getattr(args, "model_gate_logloss_ratio", 1.25),
+                      calibration=getattr(args, "model_gate_calibration", 2.5),
+                      enabled=getattr(args, "model_gate", "on") == "on")
+
+
 def main(args) -> int:
     """``elastic-ctr cube transfer``: polls in a thread and serves HTTP until SIGTERM; then
     readiness turns false, ``--drain-seconds`` pass still answering, the poll loop stops
@@ -56,7 +66,7 @@ def main(args) -> int:
                   poll_interval_s=args.poll_interval, phase_timeout_s=args.phase_timeout,
                   retries=args.retries, max_rollout_attempts=args.max_rollout_attempts,
                   rollout_backoff_s=args.rollout_backoff, reconcile_interval_s=args.reconcile_interval,
-                  dict_name=args.dict_name, control=control)
+                  dict_name=args.dict_name, control=control, model_gate=model_gate_of(args))
     if args.once:
         while tr.poll_once() is not None:
             pass

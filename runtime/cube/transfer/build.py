@@ -119,8 +119,8 @@ class Builder:
             except (OSError, BuildRecordError, RolloutError):
                 shutil.rmtree(vdir, ignore_errors=True)
         location = storage.join(self.root, plan.input)
-        try:
-            inputs = list_inputs(location)
+        try:  # held patches' rows first (model gate: Plan.carry), the builder keeps a key's last row
+            inputs = [f for c in plan.carry for f in list_inputs(storage.join(self.root, c))] + list_inputs(location)
         except storage.LocationError as exc:
             raise RolloutError(Phase.BUILDING, f"input of version {v}: {exc}") from exc
         fetched = None
@@ -145,7 +145,7 @@ class Builder:
     def _fetch(self, urls: list[str], dest: Path, v: int) -> list[str]:
         """Downloads the part files (in parallel: I/O bound) into ``dest``."""
         shutil.rmtree(dest, ignore_errors=True)
-        local = [str(dest / u.rstrip("/").rsplit("/", 1)[-1]) for u in urls]
+        local = [str(dest / f"{i:05d}-{u.rstrip('/').rsplit('/', 1)[-1]}") for i, u in enumerate(urls)]
         t = time.monotonic()
         try:
             with cf.ThreadPoolExecutor(max_workers=min(4, len(urls))) as ex:

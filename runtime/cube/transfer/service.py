@@ -37,9 +37,10 @@ from runtime import storage
 from runtime.cube.transfer import planner
 from runtime.cube.transfer.agents import AgentClient, PartialEnable, RolloutError, Shipment
 from runtime.cube.transfer.build import Builder, BuildFn, default_build
+from runtime.cube.transfer.model_gate import ModelGate, Thresholds as ModelGateThresholds
 from runtime.formats.dict_info import DictInfo, LastRollout, RelayoutInfo, RolloutInfo
 from runtime.cube.transfer.planner import Event
-from runtime.cube.transfer.state import STATE_FILE, Phase, Plan, TransferState
+from runtime.cube.transfer.state import STATE_FILE, HistoryEntry, Phase, Plan, TransferState
 from runtime.formats import donefile
 from runtime.formats.topology import Replica, Topology
 from runtime.metrics.transfer import TransferMetrics
@@ -63,6 +64,7 @@ class Transfer:
         dict_name: default the topology's. build_fn: the builder (``build.default_build``).
         control: the ``cube-control`` credential presented to the agents
             (``runtime.auth.Credential``; None: none).
+        model_gate: the model gate's thresholds (``model_gate.Thresholds``; default on).
 
     Raises ``state.StateError`` for an unreadable state file, ``TopologyError``.
     """
@@ -71,7 +73,8 @@ class Transfer:
                  token: Optional[str] = None, poll_interval_s: float = 2.0, phase_timeout_s: float = 300.0,
                  retries: int = 3, max_rollout_attempts: int = 3, rollout_backoff_s: float = 10.0,
                  reconcile_interval_s: float = 30.0, dict_name: Optional[str] = None,
-                 build_fn: Optional[BuildFn] = None, http_timeout_s: float = 10.0, control=None):
+                 build_fn: Optional[BuildFn] = None, http_timeout_s: float = 10.0, control=None,
+                 model_gate: Optional[ModelGateThresholds] = None):
         self.topology = Topology.load(topology)
         self.dict_name = dict_name or self.topology.dict_name
         self.replicas = list(self.topology.all_replicas())
@@ -102,6 +105,8 @@ class Transfer:
         from runtime import tracking  # MLflow only when $MLFLOW_TRACKING_URI is set
 
         self.tracker = tracking.start_transfer(str(self.work_dir), self.dict_name)
+        self.gate = ModelGate(self.root, model_gate or ModelGateThresholds(), on_held=self._held)
+        self._newly_held: list[tuple[donefile.DonefileRecord, list[str]]] = []
         if self.state.served is not None:
             self.metrics.version.set(self.state.served.version)
 
@@ -161,11 +166,37 @@ class Transfer:
         with self.lock:
             state = self.state
         bases, patches = self._donefile("base"), self._donefile("patch")
-        d = planner.next_rollout(state, bases, patches, self.shard_num, self.max_rollout_attempts, time.time())
+        d = planner.next_rollout(state, bases, patches, self.shard_num, self.max_rollout_attempts, time.time(),
+                                 held=self.gate.held)
         if d.changed:
             self._commit(d.state)
         self._emit(d.events)
+        if self._newly_held:
+            self._record_held()
         return d.plan
+
+    def _held(self, rec: donefile.DonefileRecord, reasons: list[str]) -> None:
+        """The model gate held ``rec`` (recorded after planning: ``_record_held``)."""
+        self._newly_held.append((rec, reasons))
+
+    def _record_held(self) -> None:
+        """Records the versions the model gate held (``model_gate`` module docstring): the
+        state's ``held`` and history, the metric, the MLflow tag."""
+        now = time.time()
+        with self.lock:
+            st = self.state.model_copy(deep=True)
+            for rec, why in self._newly_held:
+                if rec.id in st.held:
+                    continue  # judged again after a restart
+                st.held.append(rec.id)
+                del st.held[:-1000]
+                st.add_history(HistoryEntry(version=rec.id, mode="delta" if rec.key != rec.id else "base",
+                                            key=rec.key, status="held", error="; ".join(why), started=now,
+                                            finished=now))
+                self.metrics.versions_held.inc()
+                self.tracker.set_tags({f"version.{rec.id}.held": "; ".join(why)[:4000]})
+            self._newly_held = []
+            self._commit(st)
 
     def poll_once(self) -> Optional[dict]:
         """One donefile check and at most one rollout. Returns the history entry of the
@@ -419,7 +450,7 @@ class Transfer:
                 waiting_for=list(self.waiting_for),
                 last_rollout=None if last is None else LastRollout(
                     version=last.version, status=last.status, error=last.error, reason=last.reason),
-                last_poll=self.last_poll, last_error=self.last_error)
+                last_poll=self.last_poll, last_error=self.last_error, held=list(st.held[-20:]))
 
     def replica_status(self) -> dict:
         """``GET /instance/status`` (Paddle Serving cube-transfer's path): every replica's agent status (queried now, 2 s timeout)."""
