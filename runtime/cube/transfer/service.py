@@ -37,6 +37,7 @@ from runtime import storage
 from runtime.cube.transfer import planner
 from runtime.cube.transfer.agents import AgentClient, PartialEnable, RolloutError, Shipment
 from runtime.cube.transfer.build import Builder, BuildFn, default_build
+from runtime.cube.transfer.verify import VersionRefused
 from runtime.formats.dict_info import DictInfo, LastRollout, RelayoutInfo, RolloutInfo
 from runtime.cube.transfer.planner import Event
 from runtime.cube.transfer.state import STATE_FILE, Phase, Plan, TransferState
@@ -96,6 +97,7 @@ class Transfer:
         self.after_phase: Optional[Callable[[Phase, Plan], None]] = None  # test hook
         self.metrics = TransferMetrics()
         self.records: dict[int, donefile.DonefileRecord] = {}  # the donefiles' lines by version id
+        self.builder.records = self.records  # a version whose line names a manifest is verified
         self._reported: Optional[int] = None  # the served version whose data time the metrics have
         from runtime import tracking  # MLflow only when $MLFLOW_TRACKING_URI is set
 
@@ -311,13 +313,19 @@ class Transfer:
         return entry.to_json()
 
     def _failed(self, plan: Plan, exc: Exception, phases: dict, resumed: bool) -> dict:
+        """A rollout aborted: the previous version keeps serving; retried after its backoff,
+        except a version refused for not matching its manifest (``VersionRefused``: given
+        up at once, history ``refused``)."""
         err = str(exc) if isinstance(exc, RolloutError) else f"{plan.phase.value}: {type(exc).__name__}: {exc}"
+        refused = isinstance(exc, VersionRefused)
         self.agents.abort(self.replicas, plan.version)
         self.builder.discard(plan)  # a retry rebuilds from the inputs
         with self.lock:
             state, entry = planner.failed(self.state, plan, error=err, shard_num=self.shard_num, phases=phases,
-                                          resumed=resumed, max_rollout_attempts=self.max_rollout_attempts,
-                                          backoff_s=self.rollout_backoff_s, now=time.time())
+                                          resumed=resumed,
+                                          max_rollout_attempts=1 if refused else self.max_rollout_attempts,
+                                          backoff_s=self.rollout_backoff_s, now=time.time(),
+                                          status="refused" if refused else "failed")
             self._commit(state)
             served = state.served.version if state.served else None
         self.metrics.rollout_done("failed", None, phases, given_up=bool(entry.given_up))
