@@ -38,6 +38,7 @@ import numpy as np
 from runtime.evaluation import auc
 from runtime.trainer import dataset, readers
 from runtime.trainer.idmap import Vocab, geo_rows
+from runtime.trainer.metrics import bucket_auc
 from runtime.trainer.passes import PassProgress, PassStats, scratch_cwd
 from runtime.trainer.config import TrainConfig
 

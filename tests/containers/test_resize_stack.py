@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from tests.containers.kube import Cluster
-from tests.containers.test_stack import PROPAGATION_S, check_no_errors, dict_info, forbidden_log_lines
+from tests.containers.stack_steps import PROPAGATION_S, check_no_errors, dict_info, forbidden_log_lines
 from tests.containers.traffic import ServiceLoad
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow]

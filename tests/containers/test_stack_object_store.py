@@ -31,7 +31,8 @@ import pytest
 from runtime import storage
 from runtime.formats import donefile
 from tests.containers.kube import Cluster
-from tests.containers.test_stack import OVERRIDES, VENV_BIN, cube_versions, dict_info, forbidden_log_lines
+from tests.containers.stack_steps import cube_versions, dict_info, forbidden_log_lines
+from tests.containers.test_stack import OVERRIDES, VENV_BIN
 from tests.s3server import S3Server
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow]

@@ -18,9 +18,8 @@ import pytest
 
 from runtime.formats.dict_info import DictInfo
 from runtime.serving.model import VersionWatcher
-from tests.cube.transfer_harness import (DICT, Cluster, add_version, cluster, drain, make_transfer,  # noqa: F401
-                                         root, served_chain_2shards)
-from tests.helpers import FakeServer, ThreadedApp
+from tests.cube.transfer_harness import DICT, Cluster, add_version, drain, make_transfer, served_chain_2shards
+from tests.helpers import ThreadedApp
 
 RELAYOUT = "relayout 2->3 shards"
 

@@ -13,7 +13,7 @@ import pytest
 from runtime.cube.transfer.app import create_app
 from runtime.formats.dict_info import DictInfo
 from runtime.formats import donefile
-from tests.cube.transfer_harness import DICT, add_version, cluster, make_transfer, root, stub_build  # noqa: F401 (fixtures)
+from tests.cube.transfer_harness import DICT, add_version, make_transfer, stub_build
 from tests.helpers import ThreadedApp
 
 

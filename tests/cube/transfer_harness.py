@@ -11,8 +11,6 @@ import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pytest
-
 from runtime.cube.agent import Agent, create_app as agent_app
 from runtime.cube.buildinfo import BuildRecord, ShardBuild, md5_name, part_name, shard_tar_name
 from runtime.cube.transfer.service import Transfer
@@ -104,20 +102,6 @@ class Cluster:
 
         with ThreadPoolExecutor(max(1, len(self.rep))) as pool:
             list(pool.map(stop, self.rep.values()))
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    c = Cluster(tmp_path)
-    yield c
-    c.close()
-
-
-@pytest.fixture
-def root(tmp_path):
-    r = tmp_path / "root"
-    (r / "donefile").mkdir(parents=True)
-    return r
 
 
 def add_version(root: Path, vid: int, key: int, patch: bool = False, data: bytes | None = None) -> None:
