@@ -127,6 +127,12 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--stop-timeout", type=float, default=20.0,
                    help="on SIGTERM, seconds to wait for the step in progress before exiting (its rollout "
                         "resumes at the next start)")
+    p.add_argument("--pin-version", type=int, default=None,
+                   help="serve this version (its chain laid out as one base) instead of following the "
+                        "donefiles; left out: follow them (the stack's servedVersion)")
+    p.add_argument("--keep-versions", type=int, default=0,
+                   help="published versions kept under the root; older ones are deleted, never the served "
+                        "chain's nor a pinned one's (0 = keep all; the stack's keepVersions)")
     add_drain_seconds(p)
     p.add_argument("--once", action="store_true", help="roll out what the donefile holds, then exit")
 

@@ -14,7 +14,7 @@ import pytest
 from runtime import storage
 from runtime.formats import donefile, manifest
 from runtime.formats.seqfile import write_sequence_file
-from tests.cube.transfer_harness import cluster, make_transfer  # noqa: F401 - fixture
+from tests.cube.transfer_harness import make_transfer
 
 DIM = 4
 SYNC = b"0123456789abcdef"
@@ -94,7 +94,7 @@ def damage(kind: str, vdir: Path) -> str:
     raise ValueError(kind)
 
 
-def _roll_bad_then_good(cluster, root: str, tmp_path: Path, kind: str) -> None:  # noqa: F811
+def _roll_bad_then_good(cluster, root: str, tmp_path: Path, kind: str) -> None:
     stage = tmp_path / "stage"
     publish(root, stage_version(stage, 10), 10)
     tr = make_transfer(cluster, root, tmp_path / "work", max_rollout_attempts=3)
@@ -117,18 +117,18 @@ def _roll_bad_then_good(cluster, root: str, tmp_path: Path, kind: str) -> None: 
 
 @pytest.mark.parametrize("kind", ["sparse_cut", "dense_cut", "dense_altered", "rows_only", "manifest_missing",
                                   "extra_part"])
-def test_local_root_refuses_a_version_that_is_not_whole(cluster, tmp_path, kind):  # noqa: F811
+def test_local_root_refuses_a_version_that_is_not_whole(cluster, tmp_path, kind):
     root = tmp_path / "root"
     (root / "donefile").mkdir(parents=True)
     _roll_bad_then_good(cluster, str(root), tmp_path, kind)
 
 
 @pytest.mark.parametrize("kind", ["sparse_cut", "dense_cut", "manifest_missing"])
-def test_object_store_root_refuses_a_version_that_is_not_whole(cluster, tmp_path, s3_bucket, kind):  # noqa: F811
+def test_object_store_root_refuses_a_version_that_is_not_whole(cluster, tmp_path, s3_bucket, kind):
     _roll_bad_then_good(cluster, f"{s3_bucket}/models", tmp_path, kind)
 
 
-def test_a_line_without_manifest_is_rolled_out_unverified(cluster, tmp_path):  # noqa: F811
+def test_a_line_without_manifest_is_rolled_out_unverified(cluster, tmp_path):
     """Versions published by other tools (no ``manifest`` in their line) go out as before."""
     root = tmp_path / "root"
     (root / "donefile").mkdir(parents=True)

@@ -191,12 +191,12 @@ class Builder:
                 raise FileNotFoundError(f"{tar}: missing")
         return Build(dir=vdir, dim=rec.dim, count=rec.count, tars=tars, md5s=[s.md5 for s in rec.shards])
 
-    def publish(self, build: Build, plan: Plan) -> Shipment:
+    def publish(self, build: Build, plan: Plan, name: str | None = None) -> Shipment:
         """Publishes each shard tar (and its ``.md5``), then ``build.json``, under
-        ``ROOT/cube/<dict>/<name>/``; returns the agents' download URLs. Raises
-        ``RolloutError(Deploying)``."""
+        ``ROOT/cube/<dict>/<name>/`` (``name``: default the version id, or a re-layout's
+        name); returns the agents' download URLs. Raises ``RolloutError(Deploying)``."""
         v = plan.version
-        name = relayout_name(v, plan.relayout.to) if plan.relayout else str(v)
+        name = name or (relayout_name(v, plan.relayout.to) if plan.relayout else str(v))
         rel = f"cube/{self.dict_name}/{name}"
         files = [f for tar in build.tars for f in (tar, tar.with_name(md5_name(tar.name))) if f.exists()]
         urls = [storage.join(self.publish_url, f"{rel}/{tar.name}") for tar in build.tars]

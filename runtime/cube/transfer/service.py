@@ -34,7 +34,7 @@ from typing import Callable, Optional
 import requests
 
 from runtime import storage
-from runtime.cube.transfer import planner
+from runtime.cube.transfer import planner, rollback
 from runtime.cube.transfer.agents import AgentClient, PartialEnable, RolloutError, Shipment
 from runtime.cube.transfer.build import Builder, BuildFn, default_build
 from runtime.cube.transfer.verify import VersionRefused
@@ -62,6 +62,9 @@ class Transfer:
             (backoff doubled per attempt, at most 300; reconcile 0 = never).
         retries: attempts per replica and phase; max_rollout_attempts: rollouts per version.
         dict_name: default the topology's. build_fn: the builder (``build.default_build``).
+        pin_version: the version to serve instead of following the donefiles (``rollback``;
+            None: follow them, lifting a pin this flag set before).
+        keep_versions: published versions kept under the root (``retention``; 0 = all).
 
     Raises ``state.StateError`` for an unreadable state file, ``TopologyError``.
     """
@@ -70,7 +73,8 @@ class Transfer:
                  token: Optional[str] = None, poll_interval_s: float = 2.0, phase_timeout_s: float = 300.0,
                  retries: int = 3, max_rollout_attempts: int = 3, rollout_backoff_s: float = 10.0,
                  reconcile_interval_s: float = 30.0, dict_name: Optional[str] = None,
-                 build_fn: Optional[BuildFn] = None, http_timeout_s: float = 10.0):
+                 build_fn: Optional[BuildFn] = None, http_timeout_s: float = 10.0,
+                 pin_version: Optional[int] = None, keep_versions: int = 0):
         self.topology = Topology.load(topology)
         self.dict_name = dict_name or self.topology.dict_name
         self.replicas = list(self.topology.all_replicas())
@@ -104,6 +108,8 @@ class Transfer:
         self.tracker = tracking.start_transfer(str(self.work_dir), self.dict_name)
         if self.state.served is not None:
             self.metrics.version.set(self.state.served.version)
+        self.keep_versions = max(0, int(keep_versions))
+        rollback.apply_flag(self, pin_version)
 
     # ---------------------------------------------------------------- plumbing
 
@@ -173,6 +179,8 @@ class Transfer:
         self.metrics.polls.inc()
         self.last_poll = time.time()
         self.metrics.last_poll.set(self.last_poll)
+        if self.state.pin is not None:  # a pinned version is served; nothing else goes out
+            return rollback.hold(self)
         plan = self.next_plan()
         if plan is None:
             self.waiting_for = []
@@ -425,7 +433,8 @@ class Transfer:
                 waiting_for=list(self.waiting_for),
                 last_rollout=None if last is None else LastRollout(
                     version=last.version, status=last.status, error=last.error, reason=last.reason),
-                last_poll=self.last_poll, last_error=self.last_error)
+                last_poll=self.last_poll, last_error=self.last_error,
+                pinned=st.pin.version if st.pin else None)
 
     def replica_status(self) -> dict:
         """``GET /instance/status`` (Paddle Serving cube-transfer's path): every replica's agent status (queried now, 2 s timeout)."""
