@@ -33,7 +33,7 @@ class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpForm
 _ROLE_MODULES = {
     "runtime.trainer.cli": ("data", "train"),
     "runtime.fileserver.cli": ("fileserver",),
-    "runtime.cube.cli": ("cube",),
+    "runtime.cube.cli": ("cube", "rollback"),
     "runtime.serving.cli": ("serve", "client"),
     "runtime.local.cli": ("local",),
     "infra.cli": ("render",),

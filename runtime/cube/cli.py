@@ -20,6 +20,28 @@ def register(sub: "argparse._SubParsersAction") -> None:
     cube_sub.required = True
     for fn in _REGISTRARS:
         fn(cube_sub)
+    register_rollback(sub)
+
+
+def register_rollback(sub: "argparse._SubParsersAction") -> None:
+    """``elastic-ctr rollback``: pins a version through the transfer's ``POST /rollback``
+    and waits until it is served (``runtime.cube.transfer.rollback``)."""
+    p = sub.add_parser("rollback", formatter_class=HelpFormatter,
+                       help="serve a chosen version (pin it) or follow training again (--follow)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--to", type=int, metavar="VERSION", help="the version id to serve")
+    which.add_argument("--follow", action="store_true", help="lift the pin: follow the donefiles again")
+    p.add_argument("--transfer-url", default=f"http://{role_specs.LOOPBACK}:{role_specs.PORTS['cube-transfer']['http']}",
+                   help="the cube transfer's base URL")
+    p.add_argument("--wait", type=float, default=300.0,
+                   help="seconds to wait until every replica serves VERSION (0 = do not wait)")
+
+    def handler(args: argparse.Namespace) -> int:
+        from runtime.cube.transfer.rollback import request_rollback
+
+        return request_rollback(args.transfer_url, None if args.follow else args.to, args.wait)
+
+    p.set_defaults(handler=handler)
 
 
 # --------------------------------------------------------------------------- data plane

@@ -242,3 +242,54 @@ def _failed(tr, target: int, plan: Optional[Plan], exc: Exception, phases: dict,
     log.error("Rollback to version %d failed: %s; version %s keeps serving (retried in %.0f s)", target, err,
               served, RETRY_S)
     return entry.to_json()
+
+
+def request_rollback(transfer_url: str, version: Optional[int], wait_s: float = 300.0, poll_s: float = 0.5) -> int:
+    """``elastic-ctr rollback``: ``POST <transfer_url>/rollback {"version": version}``
+    (None lifts the pin), then, for a version, waits up to ``wait_s`` seconds until
+    ``/dict/info`` serves it. Prints what happened; returns 0 (done), 1 (refused, failed
+    or not served in time) or 2 (the transfer unreachable)."""
+    import sys
+
+    import requests
+
+    from runtime.formats.dict_info import DictInfoError, fetch_dict_info
+
+    url = transfer_url.rstrip("/") + "/rollback"
+    try:
+        r = storage.session().post(url, json={"version": version}, timeout=10)
+    except requests.RequestException as exc:
+        print(f"elastic-ctr rollback: {url}: unreachable ({exc})", file=sys.stderr)
+        return 2
+    if r.status_code != 202:
+        try:
+            why = r.json().get("error")
+        except ValueError:
+            why = r.text[:200]
+        print(f"elastic-ctr rollback: refused: HTTP {r.status_code}: {why}", file=sys.stderr)
+        return 1
+    if version is None:
+        print(f"pin lifted: the transfer follows the donefiles again (serving {r.json().get('served')})")
+        return 0
+    deadline = time.monotonic() + max(0.0, wait_s)
+    print(f"version {version} pinned (serving {r.json().get('served')}); waiting until every replica serves it")
+    while True:
+        try:
+            info = fetch_dict_info(transfer_url, timeout_s=5, session=storage.session())
+        except DictInfoError as exc:
+            info, err = None, str(exc)
+        if info is not None:
+            if info.version == version:
+                print(f"version {version} is served (pinned; `elastic-ctr rollback --follow` to follow training)")
+                return 0
+            last = info.last_rollout
+            if last is not None and last.version == version and last.status == "failed":
+                err = f"the rollback failed: {last.error} (retried by the transfer)"
+            else:
+                err = f"serving {info.version}"
+        if wait_s <= 0:
+            return 0
+        if time.monotonic() >= deadline:
+            print(f"elastic-ctr rollback: version {version} not served after {wait_s:.0f} s: {err}", file=sys.stderr)
+            return 1
+        time.sleep(poll_s)
