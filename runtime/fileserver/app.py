@@ -26,6 +26,9 @@ HTTP interface (every path is relative to ``--root``):
   ``Content-Digest``/``Repr-Digest: md5=:<base64>:`` (RFC 9530; ``sha-256`` also
   accepted), the digest is verified and a mismatch is a 400 with nothing kept.
   201 for a new file, 200 for a replaced one; body ``{"path", "size", "md5"}``.
+- ``DELETE /<file or dir>``: removes it (a directory with all it holds; never the
+  root), with the same ``Authorization`` as ``PUT``; 404 when missing. Body
+  ``{"deleted"}``. Used by the transfer's retention of published versions.
 
 Path safety: a path can never name anything outside the root. ``..`` segments, NUL
 bytes, backslashes and absolute paths are refused with 403 (percent-encoded variants
@@ -47,6 +50,7 @@ import html
 import logging
 import os
 import re
+import shutil
 import tempfile
 from urllib.parse import quote
 
@@ -222,14 +226,16 @@ def create_app(root: str | os.PathLike, token: str | None = None,
             resp.headers.update(headers)
         return resp
 
-    @app.route("/", defaults={"rel": ""}, methods=["GET", "HEAD", "PUT"])
-    @app.route("/<path:rel>", methods=["GET", "HEAD", "PUT"])
+    @app.route("/", defaults={"rel": ""}, methods=["GET", "HEAD", "PUT", "DELETE"])
+    @app.route("/<path:rel>", methods=["GET", "HEAD", "PUT", "DELETE"])
     def handle(rel: str):
         # Flask's <path:> converter gives the decoded path; take the raw decoded
         # PATH_INFO instead so that a trailing slash and '//' are seen as sent.
         rel = request.path[1:] if request.path.startswith("/") else request.path
         if request.method == "PUT":
             return put(rel)
+        if request.method == "DELETE":
+            return delete(rel)
         try:
             real = resolve(root_real, rel)
         except PathRefused as exc:
@@ -244,7 +250,8 @@ def create_app(root: str | os.PathLike, token: str | None = None,
         except OSError as exc:
             return err(404, f"/{rel}: {exc.strerror or exc}")
 
-    def put(rel: str) -> Response:
+    def auth_error() -> Response | None:
+        """None when the request carries the upload token, else the 403/401 answer."""
         if not token:
             return err(403, "uploads are disabled: the file server has no upload token")
         auth = request.headers.get("Authorization", "")
@@ -252,6 +259,31 @@ def create_app(root: str | os.PathLike, token: str | None = None,
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
             return err(401, "Authorization: a valid 'Bearer <token>' is required",
                        {"WWW-Authenticate": 'Bearer realm="elastic-ctr"'})
+        return None
+
+    def delete(rel: str) -> Response:
+        """``DELETE`` (with the upload token): removes a file, or a directory and all it
+        holds (the transfer's retention of published versions); never the root."""
+        denied = auth_error()
+        if denied is not None:
+            return denied
+        if not rel.strip("/"):
+            return err(400, "DELETE needs a path below the root")
+        try:
+            real = resolve(root_real, rel.rstrip("/"))
+        except PathRefused as exc:
+            return err(exc.status, f"/{rel}: {exc}")
+        if os.path.isdir(real):
+            shutil.rmtree(real)
+        else:
+            os.unlink(real)
+        log.info("deleted /%s", rel)
+        return jsonify({"deleted": "/" + rel})
+
+    def put(rel: str) -> Response:
+        denied = auth_error()
+        if denied is not None:
+            return denied
         if not rel or rel.endswith("/"):
             return err(400, f"/{rel}: PUT needs a file path, not a directory")
         try:

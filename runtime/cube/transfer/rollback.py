@@ -220,6 +220,7 @@ def lay_out(tr, target: int) -> dict:
     for old in (chains.iterdir() if chains.is_dir() else []):
         if old.name != str(target):
             shutil.rmtree(old, ignore_errors=True)
+    tr.prune()
     return entry.to_json()
 
 

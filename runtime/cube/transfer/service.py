@@ -34,7 +34,7 @@ from typing import Callable, Optional
 import requests
 
 from runtime import storage
-from runtime.cube.transfer import planner, rollback
+from runtime.cube.transfer import planner, retention, rollback
 from runtime.cube.transfer.agents import AgentClient, PartialEnable, RolloutError, Shipment
 from runtime.cube.transfer.build import Builder, BuildFn, default_build
 from runtime.cube.transfer.verify import VersionRefused
@@ -109,6 +109,7 @@ class Transfer:
         if self.state.served is not None:
             self.metrics.version.set(self.state.served.version)
         self.keep_versions = max(0, int(keep_versions))
+        self.deleted: set[int] = set()  # versions removed by retention
         rollback.apply_flag(self, pin_version)
 
     # ---------------------------------------------------------------- plumbing
@@ -307,7 +308,16 @@ class Transfer:
         tracking.log_rollout(self.tracker, v, plan.mode, total, phases,
                              now - rec.landed if rec is not None and rec.landed is not None else None)
         self.builder.cleanup(keep_relayout=self.state.relayout is not None)
+        self.prune()
         return entry.to_json()
+
+    def prune(self) -> list[int]:
+        """Retention (``retention.prune``) after a rollout; never fails the caller."""
+        try:
+            return retention.prune(self)
+        except Exception:  # noqa: BLE001 - retried after the next rollout
+            log.exception("retention failed")
+            return []
 
     def _partial(self, plan: Plan, part: PartialEnable, phases: dict, resumed: bool) -> dict:
         with self.lock:
