@@ -277,12 +277,13 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table", required=True, help=".npz with keys and values")
     ap.add_argument("--seed", type=int, default=0, help="seed of the head's initialization")
     ap.add_argument("--layers", default="128,64,32", help="hidden layer widths")
+    ap.add_argument("--base", type=int, default=None, help="publish a patch of this base version (its rows: the table)")
     args = ap.parse_args(argv)
     set_paddle_flags()
     table = np.load(args.table)
     export_version(args.root, slots=features.DEFAULT_SLOTS, fmt="criteo", dim=int(table["values"].shape[1]),
                    layers=[int(x) for x in args.layers.split(",")], keys=table["keys"], values=table["values"],
-                   metrics={}, training={}, version_id=args.version, seed=args.seed)
+                   metrics={}, training={}, version_id=args.version, seed=args.seed, base_id=args.base)
     return 0
 
 

@@ -56,10 +56,24 @@ def test_rollback_pin_and_follow_again(cluster, root, tmp_path):
     assert tr2.state.pin.version == 11 and drain(tr2) == []
     r = Client(create_app(tr2)).post("/rollback", json={"version": None})
     assert r.status_code == 202 and r.json["pinned"] is None
-    e12, e13 = drain(tr2)  # the patches after 11 apply on the rolled-back version, in order
-    assert (e12["status"], e12["version"], e12["base_version"]) == ("finished", 12, 11), e12
-    assert (e13["status"], e13["version"], e13["base_version"]) == ("finished", 13, 12), e13
-    assert cluster.versions() == [13] * 4
+    # two patches wait (12, 13): the newest one's chain goes out as one base (one switch)
+    (entry,) = drain(tr2)
+    assert (entry["status"], entry["version"], entry["reason"]) == ("finished", 13, "catch up to 13"), entry
+    assert cluster.versions() == [13] * 4 and tr2.info().base_id == 10
+    add_version(root, 14, 10, patch=True)  # then the donefiles are followed: 14 applies on 13
+    (entry,) = drain(tr2)
+    assert (entry["status"], entry["version"], entry["base_version"]) == ("finished", 14, 13), entry
+    assert cluster.versions() == [14] * 4
+
+
+def test_one_waiting_patch_goes_out_as_usual_after_the_pin(cluster, root, tmp_path):
+    _chain(root)
+    tr = make_transfer(cluster, root, tmp_path / "work", pin_version=11)
+    drain(tr)
+    assert cluster.versions() == [11] * 4
+    rollback.set_pin(tr, None)
+    (entry,) = drain(tr)
+    assert (entry["version"], entry["mode"], entry["base_version"]) == (12, "delta", 11), entry
 
 
 def test_flag_pin_and_bad_requests(cluster, root, tmp_path):
@@ -74,7 +88,7 @@ def test_flag_pin_and_bad_requests(cluster, root, tmp_path):
     assert api.post("/rollback", json={"version": "x"}).status_code == 400
     tr2 = make_transfer(cluster, root, tmp_path / "work")  # the flag left out: its pin is lifted
     assert tr2.state.pin is None
-    drain(tr2)
+    assert [e.get("reason") for e in drain(tr2)] == ["catch up to 12"]
     assert cluster.versions() == [12] * 4
 
 

@@ -20,7 +20,11 @@ chain's links replayed one by one: a server holds the served version and the one
 before it, so replaying three links would drop the version serving still asks for.
 
 Afterwards the served chain is that one base (key = the chain's base id), so the
-patches of that base published after V apply on it when the pin is lifted.
+patches of that base published after V apply on it when the pin is lifted. When the pin
+is lifted with more than one version waiting, the newest one's chain is laid out the
+same way (``catch_up``): one switch instead of patches enabled back to back faster than
+serving follows (each load drops the version before the served one, which serving may
+still be answering with).
 
 Every function takes ``tr``, the ``runtime.cube.transfer.service.Transfer`` (its state,
 lock, builder, agents and metrics).
@@ -80,6 +84,8 @@ def set_pin(tr, version: Optional[int], by: str = "api") -> Optional[Pin]:
         tr._commit(st)
     log.warning("%s", f"version {version} pinned ({by}): served until the pin is lifted" if version is not None
                 else "pin lifted: following the donefiles again")
+    if version is None:
+        tr.catch_up = True
     return st.pin
 
 
@@ -96,6 +102,34 @@ def apply_flag(tr, pin_version: Optional[int]) -> None:
             log.warning("version %d pinned by --pin-version", pin_version)
     elif pin is not None and pin.by == "flag":
         set_pin(tr, None, "flag")
+
+
+def catch_up(tr) -> Optional[dict]:
+    """After a pin is lifted: when more than one version waits to be rolled out, lays
+    out the newest one's chain as one base (module docstring) and returns its history
+    entry; None when at most one waits (the planner rolls it out as usual)."""
+    bases, patches = tr._donefile("base"), tr._donefile("patch")
+    with tr.lock:
+        st = tr.state
+        served = st.served
+        given_up = set(st.given_up)
+    if served is None or not bases:
+        return None
+    base = bases[-1].id if bases[-1].id > served.base_id else served.base_id
+    mine = [p.id for p in patches if p.key == base]
+    target = max(mine, default=base)
+    if target <= served.version:
+        return None
+    try:
+        chain = chain_of(target, bases, patches)
+    except RollbackError:
+        return None
+    waiting = [r.id for r in chain if r.id > served.version] if base == served.base_id else [r.id for r in chain]
+    if len(waiting) <= 1 or given_up & {r.id for r in chain}:
+        return None
+    log.info("Catching up: %d versions wait after the pin was lifted; laying out %d's chain as one base",
+             len(waiting), target)
+    return lay_out(tr, target, reason=f"catch up to {target}")
 
 
 def _key(version: Optional[int]) -> str:
@@ -168,10 +202,12 @@ def build_chain(tr, chain: list[DonefileRecord], target: int) -> Build:
         raise RolloutError(Phase.BUILDING, f"chain of version {target}: no readable build record: {exc}") from exc
 
 
-def lay_out(tr, target: int) -> dict:
+def lay_out(tr, target: int, reason: Optional[str] = None) -> dict:
     """Rolls ``target``'s chain out as one base to every shard x replica (module
-    docstring). Returns its history entry (``finished`` or ``failed``; a failure is
-    retried after ``RETRY_S``). Never raises for a failed rollback."""
+    docstring); ``reason``: its history entry's (default ``rollback to <target>``).
+    Returns its history entry (``finished`` or ``failed``; a failure is retried after
+    ``RETRY_S`` while the version is pinned). Never raises for a failed rollback."""
+    reason = reason or f"rollback to {target}"
     now = time.time()
     n = tr.shard_num
     phases: dict[str, float] = {}
@@ -183,7 +219,7 @@ def lay_out(tr, target: int) -> dict:
         chain = chain_of(target, tr._donefile("base"), tr._donefile("patch"))
         last = chain[-1]
         plan = Plan(version=target, key=chain[0].id, mode="base", input=last.input, model=last.model, seen=now,
-                    attempt=1, started=now, reason=f"rollback to {target}")
+                    attempt=1, started=now, reason=reason)
         log.info("Rollback to version=%d: chain %s", target, [r.id for r in chain])
         skip = {i for i, (have, shards) in tr.agents.served(tr.replicas).items() if have == target and shards == n}
         t = time.monotonic()
@@ -200,7 +236,7 @@ def lay_out(tr, target: int) -> dict:
             tr.agents.barrier(phase, todo, plan, ship, tr.phase_timeout_s, enabled if phase == Phase.ENABLING else None)
             phases[phase.value] = time.monotonic() - t
     except Exception as exc:  # noqa: BLE001 - the served version keeps serving; retried later
-        return _failed(tr, target, plan, exc, phases, now)
+        return _failed(tr, target, plan, exc, phases, now, reason)
     total = time.monotonic() - t_start
     done = time.time()
     with tr.lock:
@@ -214,8 +250,8 @@ def lay_out(tr, target: int) -> dict:
     rec = tr.records.get(target)
     tr.metrics.rollout_done("finished", total, phases)
     tr.metrics.served(target, rec.data_end if rec else None, rec.landed if rec else None, done)
-    log.info("Rollback finished: version=%d (chain of %d links as one base) served by %d replicas in %.2f s",
-             target, len(chain), len(tr.replicas), total)
+    log.info("Finished version=%d (%s: chain of %d links as one base): %d replicas serve it, %.2f s",
+             target, reason, len(chain), len(tr.replicas), total)
     chains = tr.builder.work_dir / "build" / "chains" / tr.dict_name
     for old in (chains.iterdir() if chains.is_dir() else []):
         if old.name != str(target):
@@ -224,7 +260,7 @@ def lay_out(tr, target: int) -> dict:
     return entry.to_json()
 
 
-def _failed(tr, target: int, plan: Optional[Plan], exc: Exception, phases: dict, now: float) -> dict:
+def _failed(tr, target: int, plan: Optional[Plan], exc: Exception, phases: dict, now: float, reason: str) -> dict:
     from runtime.cube.transfer.state import HistoryEntry
 
     err = str(exc) if isinstance(exc, (RolloutError, RollbackError)) else f"{type(exc).__name__}: {exc}"
@@ -234,14 +270,13 @@ def _failed(tr, target: int, plan: Optional[Plan], exc: Exception, phases: dict,
         st = tr.state.model_copy(deep=True)
         st.retry_after[_key(target)] = time.time() + RETRY_S
         entry = HistoryEntry(version=target, mode="base", status="failed", key=plan.key if plan else None,
-                             started=now, finished=time.time(), reason=f"rollback to {target}", error=err,
+                             started=now, finished=time.time(), reason=reason, error=err,
                              phases={k: round(s, 3) for k, s in phases.items()}, shard_num=tr.shard_num)
         st.add_history(entry)
         tr._commit(st)
         served = st.served.version if st.served else None
     tr.metrics.rollout_done("failed", None, phases)
-    log.error("Rollback to version %d failed: %s; version %s keeps serving (retried in %.0f s)", target, err,
-              served, RETRY_S)
+    log.error("Aborted version=%d (%s): %s; version %s keeps serving", target, reason, err, served)
     return entry.to_json()
 
 

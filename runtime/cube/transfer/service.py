@@ -110,6 +110,7 @@ class Transfer:
             self.metrics.version.set(self.state.served.version)
         self.keep_versions = max(0, int(keep_versions))
         self.deleted: set[int] = set()  # versions removed by retention
+        self.catch_up = False  # a pin was lifted: a backlog goes out as one base (rollback.catch_up)
         rollback.apply_flag(self, pin_version)
 
     # ---------------------------------------------------------------- plumbing
@@ -182,6 +183,11 @@ class Transfer:
         self.metrics.last_poll.set(self.last_poll)
         if self.state.pin is not None:  # a pinned version is served; nothing else goes out
             return rollback.hold(self)
+        if self.catch_up:
+            self.catch_up = False
+            entry = rollback.catch_up(self)
+            if entry is not None:
+                return entry
         plan = self.next_plan()
         if plan is None:
             self.waiting_for = []
