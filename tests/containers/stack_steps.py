@@ -20,6 +20,20 @@ from tests.containers.traffic import LoadStats, ServiceLoad
 REPO = Path(__file__).resolve().parents[2]
 #: every case's figures, written to ``<tmp>/stack-results.json`` at the end
 RESULTS: dict = {}
+
+
+def terminal_lines(request, prefix: str):
+    """A ``say(line)`` that writes ``"<prefix>: <line>"`` to pytest's terminal (shown
+    without -s: the figures the container tests report)."""
+    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(line: str) -> None:
+        line = f"{prefix}: {line}"
+        if tr is not None:
+            tr.write_line(line)
+        else:  # pragma: no cover
+            print(line)
+    return say
 #: what must never appear in a role's output (a crash, Paddle's signal handler, gunicorn
 #: reporting a killed worker, an exception at interpreter exit)
 FORBIDDEN = ("Traceback", "FatalError", "Termination signal", "Segmentation fault", "Exception ignored",

@@ -28,7 +28,7 @@ import pytest
 import requests
 
 from tests.containers.kube import Cluster
-from tests.containers.stack_steps import (MAX_ROLLOUT_ATTEMPTS, RESULTS, answers, check_no_errors, cube_versions,
+from tests.containers.stack_steps import (MAX_ROLLOUT_ATTEMPTS, RESULTS, answers, check_no_errors, cube_versions, terminal_lines,
                                           dict_info, forbidden_log_lines, need, restart_transfer_mid_rollout,
                                           start_load, stop_load, transfer_url)
 
@@ -42,15 +42,7 @@ JOB = "ctr-train"
 
 @pytest.fixture(scope="module")
 def say(request):
-    tr = request.config.pluginmanager.get_plugin("terminalreporter")
-
-    def out(line: str) -> None:
-        line = f"stack: {line}"
-        if tr is not None:
-            tr.write_line(line)
-        else:  # pragma: no cover
-            print(line)
-    return out
+    return terminal_lines(request, "stack")
 
 
 @pytest.fixture(scope="module")
