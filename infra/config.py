@@ -24,7 +24,7 @@ import pulumi
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from infra import config_monitoring, config_storage, config_tracking
+from infra import config_monitoring, config_storage, config_tracking, config_versions
 from infra.config_types import check as _check, pulumi_bool as _pulumi_bool
 from runtime.trainer import config as train
 from runtime.trainer.config import TrainConfig, TrainConfigError
@@ -66,8 +66,6 @@ def _int(lo: int, hi: int):
     return Annotated[int, _check(lambda v: lo <= v <= hi, f"an integer in [{lo}, {hi}]")]
 
 
-VersionId = Annotated[str, _check(lambda v: v == "" or (v.isdigit() and len(v) <= 19),
-                                  "empty (follow training) or a version id (digits)")]
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 Cpu = Annotated[str, _check(lambda v: (c := cpu_cores(v)) is not None and 0.01 <= c <= 64,
                             "a CPU quantity from 10m to 64 (e.g. 500m, 2)")]
@@ -119,7 +117,8 @@ def _t(key: str):
     return train.field_type(TRAIN_KEYS[key])
 
 
-class StackConfig(config_storage.StorageKeys, config_tracking.TrackingKeys, config_monitoring.MonitoringKeys):
+class StackConfig(config_storage.StorageKeys, config_tracking.TrackingKeys, config_monitoring.MonitoringKeys,
+                  config_versions.VersionKeys):
     """Every key of the stack (camelCase in Pulumi, snake_case here). Quantities are
     Kubernetes quantity strings (``500m`` CPU, ``512Mi`` memory, ``20Gi`` storage); data
     locations are comma-separated (``data_train()``/``data_test()`` split them). Each
@@ -235,12 +234,6 @@ class StackConfig(config_storage.StorageKeys, config_tracking.TrackingKeys, conf
     cube_agent_memory: Memory = Field("512Mi", description="Memory per cube-agent container.")
     transfer_cpu: Cpu = Field("1", description="CPU of the cube transfer (runs the builder).")
     transfer_memory: Memory = Field("2Gi", description="Memory of the cube transfer.")
-    served_version: VersionId = Field(
-        "", description="Version id to serve instead of following training (a rollback or a pin: its chain is "
-                        "laid out on every cube shard x replica, serving switches to it); empty: follow training.")
-    keep_versions: _int(0, 100000) = Field(
-        0, description="Published versions kept under the version root; older ones are deleted from the file "
-                       "server or object store, never the served chain nor a pinned one (0 = keep all).")
     file_server_cpu: Cpu = Field("500m", description="CPU of the file server.")
     file_server_memory: Memory = Field("512Mi", description="Memory of the file server.")
     serving_cpu: Cpu = Field("1", description="CPU per serving pod.")
