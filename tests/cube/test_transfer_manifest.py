@@ -38,11 +38,12 @@ def stage_version(stage: Path, vid: int, rows: int = 400, seed: int = 0) -> Path
     return vdir
 
 
-def publish(root: str, vdir: Path, vid: int, key: int | None = None) -> None:
-    """Uploads a staged version to ``root`` (files, manifest, then the donefile line)."""
+def publish(root: str, vdir: Path, vid: int, key: int | None = None, count: int | None = None) -> None:
+    """Uploads a staged version to ``root`` (files, manifest, then the donefile line,
+    with ``count`` rows when given)."""
     storage.upload_tree(vdir, storage.join(root, "versions", str(vid)))
-    rec = (donefile.base_record(vid, DIM, manifest=manifest.location(vid)) if key is None else
-           donefile.patch_record(vid, key, DIM, manifest=manifest.location(vid)))
+    rec = (donefile.base_record(vid, DIM, count, manifest=manifest.location(vid)) if key is None else
+           donefile.patch_record(vid, key, DIM, count, manifest=manifest.location(vid)))
     donefile.append(root, "base" if key is None else "patch", rec)
 
 
@@ -87,6 +88,8 @@ def damage(kind: str, vdir: Path) -> str:
     if kind == "manifest_missing":
         (vdir / manifest.FILE).unlink()
         return "manifest.json: manifest missing"
+    if kind == "count":  # files and manifest agree; the donefile line says another count
+        return "donefile line says 401 rows, its manifest's SequenceFiles hold 400"
     if kind == "extra_part":
         write_sequence_file(vdir / "sparse" / "part-00002", np.array([7], np.uint64),
                             np.zeros((1, DIM), np.float32))
@@ -102,7 +105,7 @@ def _roll_bad_then_good(cluster, root: str, tmp_path: Path, kind: str) -> None:
     assert cluster.versions() == [10] * 4
     bad = stage_version(stage, 11)
     why = damage(kind, bad)
-    publish(root, bad, 11, key=10)
+    publish(root, bad, 11, key=10, count=401 if kind == "count" else None)
     entry = tr.poll_once()
     assert entry["status"] == "refused" and entry["given_up"], entry
     assert why in entry["error"], entry["error"]
@@ -116,7 +119,7 @@ def _roll_bad_then_good(cluster, root: str, tmp_path: Path, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["sparse_cut", "dense_cut", "dense_altered", "rows_only", "manifest_missing",
-                                  "extra_part"])
+                                  "extra_part", "count"])
 def test_local_root_refuses_a_version_that_is_not_whole(cluster, tmp_path, kind):
     root = tmp_path / "root"
     (root / "donefile").mkdir(parents=True)

@@ -139,7 +139,7 @@ class Builder:
         if man is not None:
             t = time.monotonic()
             try:
-                verify.check_sparse(man, location, listed, inputs)
+                verify.check_sparse(man, location, listed, inputs, rec.count)
                 verify.check_dense(man, self.root, rec, self.work_dir / "verify")
             except Exception:
                 if fetched is not None:

@@ -185,7 +185,7 @@ def build_chain(tr, chain: list[DonefileRecord], target: int) -> Build:
             if any(storage.is_remote(i) for i in listed):
                 local = b._fetch(listed, fetched / str(rec.id), rec.id)
             if man is not None:
-                verify.check_sparse(man, loc, listed, local)
+                verify.check_sparse(man, loc, listed, local, rec.count)
                 if rec.id == target:
                     verify.check_dense(man, b.root, rec, b.work_dir / "verify")
             inputs += local

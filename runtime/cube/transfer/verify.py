@@ -40,11 +40,17 @@ def load_manifest(root: str, rec: Optional[DonefileRecord]) -> Optional[manifest
         raise RolloutError(Phase.BUILDING, f"manifest of version {rec.id}: {exc}") from exc
 
 
-def check_sparse(man: manifest.Manifest, location: str, inputs: list[str], local: list[str]) -> None:
+def check_sparse(man: manifest.Manifest, location: str, inputs: list[str], local: list[str],
+                 count: Optional[int] = None) -> None:
     """Checks the part files found at ``location`` (``inputs``: their locations, ``local``:
     their local copies, same order) against ``man``'s ``sparse/`` entries: the same names,
-    and each file's size, SHA-256 and rows. Raises ``VersionRefused``."""
+    and each file's size, SHA-256 and rows; with ``count`` (the donefile line's), the
+    manifest's rows must add up to it. Raises ``VersionRefused``."""
     entries = man.under(manifest.SPARSE_DIR)
+    rows = sum(e.rows or 0 for e in entries)
+    if count is not None and rows != count:
+        raise VersionRefused(f"version {man.version} refused: its donefile line says {count} rows, its "
+                             f"manifest's SequenceFiles hold {rows}")
     by_name = {PurePosixPath(e.path).name: e for e in entries}
     names = [i.rstrip("/").rsplit("/", 1)[-1] for i in inputs]
     try:
