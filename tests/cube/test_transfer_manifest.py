@@ -112,6 +112,7 @@ def _roll_bad_then_good(cluster, root: str, tmp_path: Path, kind: str) -> None:
     assert cluster.versions() == [10] * 4  # the served version on every replica
     info = tr.info()
     assert info.version == 10 and info.last_rollout.status == "refused" and why in info.last_rollout.error
+    assert tr.metrics.rollouts.labels("refused")._value.get() == 1
     assert tr.poll_once() is None  # refused once: not retried
     publish(root, stage_version(stage, 12), 12)  # the next whole version (a base) is served
     assert tr.poll_once()["status"] == "finished"

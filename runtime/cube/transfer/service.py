@@ -352,7 +352,7 @@ class Transfer:
                                           status="refused" if refused else "failed")
             self._commit(state)
             served = state.served.version if state.served else None
-        self.metrics.rollout_done("failed", None, phases, given_up=bool(entry.given_up))
+        self.metrics.rollout_done("refused" if refused else "failed", None, phases, given_up=bool(entry.given_up))
         log.error("Aborted version=%d%s attempt=%d/%d: %s; version %s keeps serving%s", plan.version,
                   f" ({plan.reason})" if plan.reason else "", plan.attempt, self.max_rollout_attempts, err, served,
                   " (given up)" if entry.given_up else "")
