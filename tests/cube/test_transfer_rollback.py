@@ -40,7 +40,12 @@ def test_rollback_pin_and_follow_again(cluster, root, tmp_path):
     api = Client(create_app(tr))
     r = api.post("/rollback", json={"version": 11})
     assert r.status_code == 202 and r.json == {"pinned": 11, "served": 12}
+    during = []
+    tr.agents.barrier, barrier = (lambda *a, **k: (during.append(tr.info()), barrier(*a, **k))[1]), tr.agents.barrier
     (entry,) = drain(tr)
+    tr.agents.barrier = barrier
+    assert [(i.status, i.version, i.rollout.version, i.rollout.phase, i.rollout.reason) for i in during] == [
+        ("rolling_out", 12, 11, p, "rollback to 11") for p in ("Downloading", "Reloading", "Enabling")]
     assert entry["status"] == "finished" and entry["reason"] == "rollback to 11", entry
     assert cluster.versions() == [11] * 4
     info = tr.info()

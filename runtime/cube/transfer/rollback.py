@@ -220,9 +220,11 @@ def lay_out(tr, target: int, reason: Optional[str] = None) -> dict:
         last = chain[-1]
         plan = Plan(version=target, key=chain[0].id, mode="base", input=last.input, model=last.model, seen=now,
                     attempt=1, started=now, reason=reason)
+        tr.laying_out = plan
         log.info("Rollback to version=%d: chain %s", target, [r.id for r in chain])
         skip = {i for i, (have, shards) in tr.agents.served(tr.replicas).items() if have == target and shards == n}
         t = time.monotonic()
+        tr.laying_out = plan = plan.model_copy(update={"phase": Phase.BUILDING})
         build = build_chain(tr, chain, target)
         phases[Phase.BUILDING.value] = time.monotonic() - t
         t = time.monotonic()
@@ -232,10 +234,12 @@ def lay_out(tr, target: int, reason: Optional[str] = None) -> dict:
         enabled: set = set()
         for phase in (Phase.DOWNLOADING, Phase.RELOADING, Phase.ENABLING):
             t = time.monotonic()
+            tr.laying_out = plan = plan.model_copy(update={"phase": phase})
             tr.metrics.in_phase(phase.value.lower())
             tr.agents.barrier(phase, todo, plan, ship, tr.phase_timeout_s, enabled if phase == Phase.ENABLING else None)
             phases[phase.value] = time.monotonic() - t
     except Exception as exc:  # noqa: BLE001 - the served version keeps serving; retried later
+        tr.laying_out = None
         return _failed(tr, target, plan, exc, phases, now, reason)
     total = time.monotonic() - t_start
     done = time.time()
@@ -247,6 +251,7 @@ def lay_out(tr, target: int, reason: Optional[str] = None) -> dict:
         st.served = st.served.model_copy(update={"base_id": base, "patch_id": None if target == base else target})
         st.served_chain[-1] = st.served_chain[-1].model_copy(update={"key": base})
         tr._commit(st)
+        tr.laying_out = None
     rec = tr.records.get(target)
     tr.metrics.rollout_done("finished", total, phases)
     tr.metrics.served(target, rec.data_end if rec else None, rec.landed if rec else None, done)

@@ -111,6 +111,7 @@ class Transfer:
         self.keep_versions = max(0, int(keep_versions))
         self.deleted: set[int] = set()  # versions removed by retention
         self.catch_up = False  # a pin was lifted: a backlog goes out as one base (rollback.catch_up)
+        self.laying_out: Optional[Plan] = None  # a rollback in progress (rollback.lay_out), for /dict/info
         rollback.apply_flag(self, pin_version)
 
     # ---------------------------------------------------------------- plumbing
@@ -428,7 +429,7 @@ class Transfer:
             served_shard_num = st.served_shard_num()
             if st.relayout is not None and st.relayout.before is not None:
                 served, served_shard_num = st.relayout.before, st.relayout.before.shard_num
-            cur = st.current
+            cur = st.current or self.laying_out  # a rollback's plan is not persisted as current
             last = st.history[-1] if st.history else None
             rl = st.relayout
             return DictInfo(
