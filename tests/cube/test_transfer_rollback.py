@@ -108,3 +108,31 @@ def test_rollback_to_a_damaged_chain_fails_and_keeps_serving(cluster, root, tmp_
     assert entry["status"] == "failed" and "version 11" in entry["error"], entry
     assert cluster.versions() == [12] * 4 and tr.info().version == 12
     assert drain(tr) == []  # retried after its backoff, not at once
+
+
+def test_rollback_command(cluster, root, tmp_path, capsys):
+    """``elastic-ctr rollback``: refused (exit 1) naming why, unreachable (exit 2), a pin
+    served (exit 0, waiting while the transfer's loop lays it out), the pin lifted."""
+    import threading
+
+    from tests.helpers import ThreadedApp
+
+    _chain(root)
+    tr = make_transfer(cluster, root, tmp_path / "work")
+    drain(tr)
+    app = ThreadedApp(create_app(tr))
+    loop = threading.Thread(target=tr.run, daemon=True)
+    loop.start()
+    try:
+        assert rollback.request_rollback(app.url, 99, wait_s=5) == 1
+        assert "refused: HTTP 400: version 99 is in neither donefile" in capsys.readouterr().err
+        assert rollback.request_rollback("http://127.0.0.1:9", 11, wait_s=1) == 2
+        assert rollback.request_rollback(app.url, 11, wait_s=30, poll_s=0.05) == 0
+        assert "version 11 is served" in capsys.readouterr().out
+        assert cluster.versions() == [11] * 4
+        assert rollback.request_rollback(app.url, None) == 0
+        assert "pin lifted" in capsys.readouterr().out
+    finally:
+        tr.stop.set()
+        loop.join(timeout=10)
+        app.close()
