@@ -1,10 +1,11 @@
-"""Cube server: background load, atomic enable, copy-on-write patches, previous version,
+"""Cube server: background load, atomic enable, patches in place, previous version,
 HTTP control errors, malformed/oversized frames, restart from --data-dir, the CLI process."""
 from __future__ import annotations
 
 import socket
 import struct
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -117,7 +118,7 @@ def test_frame_sizes_follow_the_protocol(server, data):
     c.close()
 
 
-def test_switch_keeps_previous_version_and_patch_cow(server, data):
+def test_switch_keeps_previous_version_and_patch(server, data):
     tmp, keys, values, base = data
     load_and_enable(server, shard_dir(base, 0), 100)
     c = Conn(server)
@@ -133,7 +134,7 @@ def test_switch_keeps_previous_version_and_patch_cow(server, data):
     assert enable(server, 101).status_code == 200
     _, version, other, found, vals = c.seek(dkeys)
     assert version == 101 and other == 100 and found.all() and (vals == 3.5).all()
-    # the previous version is still answered when asked for, unchanged (copy on write)
+    # the previous version is still answered when asked for, unchanged (versioned views)
     _, version, other, found, vals = c.seek(dkeys, version=100)
     assert version == 100 and other == 101
     np.testing.assert_array_equal(vals[:10], values[:10])
@@ -219,6 +220,24 @@ def test_bad_frames_get_error_and_close(data, frame, status, io_mode):
         assert Conn(server).seek(keys[:1])[1] == 100  # and new ones are accepted
     finally:
         server.stop()
+
+
+def test_corrupt_patch_values_fail_the_load_and_keep_serving(server, data):
+    """A patch whose values file is corrupt (found by its crc32 after the overlay was built
+    from it) fails in the background; the served version keeps its answers."""
+    tmp, keys, values, base = data
+    load_and_enable(server, shard_dir(base, 0), 100)
+    delta = build_version(tmp, keys[:50], values[:50] + 9, version=101, mode="delta", base_version=100)
+    vf = Path(shard_dir(delta, 0)) / "values.f32"
+    raw = bytearray(vf.read_bytes())
+    raw[-1] ^= 0xFF
+    vf.write_bytes(bytes(raw))
+    st = load(server, shard_dir(delta, 0), 101, base_version=100)
+    assert st["bg_state"] == "failed" and "crc32" in st["bg_error"] and st["version"] == 100
+    _, version, _, found, vals = Conn(server).seek(keys[:60])
+    assert version == 100 and found.all()
+    np.testing.assert_array_equal(vals, values[:60])
+    assert enable(server, 101).status_code == 409
 
 
 def test_restart_restores_enabled_chain(tmp_path, data):
