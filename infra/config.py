@@ -24,7 +24,7 @@ import pulumi
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from infra import config_gates, config_monitoring, config_storage, config_tracking
+from infra import config_gates, config_monitoring, config_storage, config_tracking, config_versions
 from infra.config_types import check as _check, pulumi_bool as _pulumi_bool
 from runtime.trainer import config as train
 from runtime.trainer.config import TrainConfig, TrainConfigError
@@ -118,7 +118,7 @@ def _t(key: str):
 
 
 class StackConfig(config_storage.StorageKeys, config_tracking.TrackingKeys, config_monitoring.MonitoringKeys,
-                  config_gates.GateKeys):
+                  config_gates.GateKeys, config_versions.VersionKeys):
     """Every key of the stack (camelCase in Pulumi, snake_case here). Quantities are
     Kubernetes quantity strings (``500m`` CPU, ``512Mi`` memory, ``20Gi`` storage); data
     locations are comma-separated (``data_train()``/``data_test()`` split them). Each

@@ -120,6 +120,7 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         upload_token_secret=token_secret, upload_token_key=token_key,
         cpu=cfg.transfer_cpu, memory=cfg.transfer_memory,
         state_size=cfg.transfer_storage_size, storage_class=storage_class,
+        pin_version=cfg.pin_version(), keep_versions=cfg.keep_versions,
         wait_for=cube.statefulsets, gate_args=config_gates.transfer_argv(cfg), **track))
 
     serving = Serving("serving", ServingArgs(

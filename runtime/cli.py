@@ -34,7 +34,7 @@ _ROLE_MODULES = {
     "runtime.trainer.cli": ("data", "train"),
     "runtime.trainer.schema_cli": ("schema",),
     "runtime.fileserver.cli": ("fileserver",),
-    "runtime.cube.cli": ("cube",),
+    "runtime.cube.cli": ("cube", "rollback"),
     "runtime.serving.cli": ("serve", "client"),
     "runtime.local.cli": ("local",),
     "infra.cli": ("render",),

@@ -200,9 +200,12 @@ def replica_addresses(host: str, server_port: Optional[int] = None, http_port: O
 
 def cube_transfer(topology: str, root: Any, work_dir: str, host: str = ANY_HOST, port: Optional[int] = None,
                   poll_interval_s: float = 5.0, upload_token_file: Optional[str] = None,
-                  publish_url: Optional[str] = None, extra: Sequence[str] = ()) -> RoleSpec:
+                  publish_url: Optional[str] = None, pin_version: Optional[int] = None,
+                  keep_versions: int = 0, extra: Sequence[str] = ()) -> RoleSpec:
     """``elastic-ctr cube transfer``: watches ``root``'s donefile and rolls each version out
-    to every replica of ``topology`` (a topology file); state under ``work_dir``."""
+    to every replica of ``topology`` (a topology file); state under ``work_dir``;
+    ``pin_version``: the version to serve instead (``--pin-version``; None: follow
+    training); ``keep_versions``: published versions kept (``--keep-versions``; 0: all)."""
     ports = _ports("cube-transfer", http=port)
     args = ["cube", "transfer", "--topology", str(topology), "--root", root, "--work-dir", str(work_dir),
             "--host", host, "--port", str(ports[0][1]), "--poll-interval", _number(poll_interval_s)]
@@ -210,6 +213,10 @@ def cube_transfer(topology: str, root: Any, work_dir: str, host: str = ANY_HOST,
         args += ["--upload-token-file", str(upload_token_file)]
     if publish_url:
         args += ["--publish-url", publish_url]
+    if pin_version is not None:
+        args += ["--pin-version", str(int(pin_version))]
+    if keep_versions:
+        args += ["--keep-versions", str(int(keep_versions))]
     return RoleSpec("cube-transfer", tuple(args) + tuple(extra), ports,
                     credentials=(CUBE_CONTROL, FILES_WRITE, FILES_READ, TRACKING), **_control_probes("http"))
 

@@ -405,6 +405,36 @@ def upload_tree(local_dir: str | os.PathLike, location: str, token: str | None =
     return rels
 
 
+def remove_tree(location: str, token: str | None = None, timeout_s: float = 60.0) -> None:
+    """Removes a file or a directory tree (a prefix on a store) at ``location``; a missing
+    one is not an error. URL: ``DELETE`` with ``Authorization: Bearer <token>`` (the file
+    server). Raises ``LocationError`` naming the location."""
+    if is_store(location):
+        try:
+            fs, path = objectstore.filesystem(location)
+            if fs.exists(path):
+                fs.rm(path, recursive=True)
+        except Exception as exc:  # noqa: BLE001
+            raise _store_error(location, exc, "remove ") from exc
+        return
+    if is_url(location):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        try:
+            r = session().delete(location, headers=headers, timeout=timeout_s)
+        except requests.RequestException as exc:
+            raise LocationError(f"remove {location}: {exc}") from exc
+        if r.status_code >= 300 and r.status_code != 404:
+            raise LocationError(f"remove {location}: HTTP {r.status_code} {r.text[:200]}")
+        return
+    try:
+        if os.path.isdir(location):
+            shutil.rmtree(location)
+        elif os.path.lexists(location):
+            os.unlink(location)
+    except OSError as exc:
+        raise LocationError(f"remove {location}: {exc}") from exc
+
+
 def append_line(location: str, line: str, token: str | None = None) -> None:
     """Appends one line to a text file at a path or URL (the donefile protocol).
 

@@ -21,6 +21,28 @@ def register(sub: "argparse._SubParsersAction") -> None:
     cube_sub.required = True
     for fn in _REGISTRARS:
         fn(cube_sub)
+    register_rollback(sub)
+
+
+def register_rollback(sub: "argparse._SubParsersAction") -> None:
+    """``elastic-ctr rollback``: pins a version through the transfer's ``POST /rollback``
+    and waits until it is served (``runtime.cube.transfer.rollback``)."""
+    p = sub.add_parser("rollback", formatter_class=HelpFormatter,
+                       help="serve a chosen version (pin it) or follow training again (--follow)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--to", type=int, metavar="VERSION", help="the version id to serve")
+    which.add_argument("--follow", action="store_true", help="lift the pin: follow the donefiles again")
+    p.add_argument("--transfer-url", default=f"http://{role_specs.LOOPBACK}:{role_specs.PORTS['cube-transfer']['http']}",
+                   help="the cube transfer's base URL")
+    p.add_argument("--wait", type=float, default=300.0,
+                   help="seconds to wait until every replica serves VERSION (0 = do not wait)")
+
+    def handler(args: argparse.Namespace) -> int:
+        from runtime.cube.transfer.rollback import request_rollback
+
+        return request_rollback(args.transfer_url, None if args.follow else args.to, args.wait)
+
+    p.set_defaults(handler=handler)
 
 
 # --------------------------------------------------------------------------- data plane
@@ -135,6 +157,12 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--stop-timeout", type=float, default=20.0,
                    help="on SIGTERM, seconds to wait for the step in progress before exiting (its rollout "
                         "resumes at the next start)")
+    p.add_argument("--pin-version", type=int, default=None,
+                   help="serve this version (its chain laid out as one base) instead of following the "
+                        "donefiles; left out: follow them (the stack's servedVersion)")
+    p.add_argument("--keep-versions", type=int, default=0,
+                   help="published versions kept under the root; older ones are deleted, never the served "
+                        "chain's nor a pinned one's (0 = keep all; the stack's keepVersions)")
     add_drain_seconds(p)
     p.add_argument("--once", action="store_true", help="roll out what the donefile holds, then exit")
     p.add_argument("--insecure-no-auth", action="store_true",

@@ -27,6 +27,9 @@ HTTP interface (every path is relative to ``--root``):
   ``Content-Digest``/``Repr-Digest: md5=:<base64>:`` (RFC 9530; ``sha-256`` also
   accepted), the digest is verified and a mismatch is a 400 with nothing kept.
   201 for a new file, 200 for a replaced one; body ``{"path", "size", "md5"}``.
+- ``DELETE /<file or dir>``: removes it (a directory with all it holds; never the
+  root), with the same ``Authorization`` as ``PUT``; 404 when missing. Body
+  ``{"deleted"}``. Used by the transfer's retention of published versions.
 
 Read protection (``read``, ``--read-auth``): ``GET``/``HEAD`` of files and listings
 then need the ``fileserver-read`` credential (or the write one: a writer reads what it
@@ -51,6 +54,7 @@ import html
 import logging
 import os
 import re
+import shutil
 import tempfile
 from urllib.parse import quote
 
@@ -217,7 +221,7 @@ def create_app(root: str | os.PathLike, token: str | None = None,
     readers = tuple(c for c in (read, write) if c is not None)
 
     def needs(method: str, path: str):
-        if method == "PUT":
+        if method in ("PUT", "DELETE"):
             return (write,) if write is not None else ()
         if read is not None and path != "/metrics":
             return readers
@@ -242,14 +246,16 @@ def create_app(root: str | os.PathLike, token: str | None = None,
             resp.headers.update(headers)
         return resp
 
-    @app.route("/", defaults={"rel": ""}, methods=["GET", "HEAD", "PUT"])
-    @app.route("/<path:rel>", methods=["GET", "HEAD", "PUT"])
+    @app.route("/", defaults={"rel": ""}, methods=["GET", "HEAD", "PUT", "DELETE"])
+    @app.route("/<path:rel>", methods=["GET", "HEAD", "PUT", "DELETE"])
     def handle(rel: str):
         # Flask's <path:> converter gives the decoded path; take the raw decoded
         # PATH_INFO instead so that a trailing slash and '//' are seen as sent.
         rel = request.path[1:] if request.path.startswith("/") else request.path
         if request.method == "PUT":
             return put(rel)
+        if request.method == "DELETE":
+            return delete(rel)
         try:
             real = resolve(root_real, rel)
         except PathRefused as exc:
@@ -263,6 +269,24 @@ def create_app(root: str | os.PathLike, token: str | None = None,
                              download_name=os.path.basename(real))
         except OSError as exc:
             return err(404, f"/{rel}: {exc.strerror or exc}")
+
+    def delete(rel: str) -> Response:
+        """``DELETE`` (with the write credential, checked by the guard): removes a file, or a
+        directory and all it holds (the transfer's retention of published versions); never the root."""
+        if write is None:
+            return err(403, "deletes are disabled: the file server has no write credential")
+        if not rel.strip("/"):
+            return err(400, "DELETE needs a path below the root")
+        try:
+            real = resolve(root_real, rel.rstrip("/"))
+        except PathRefused as exc:
+            return err(exc.status, f"/{rel}: {exc}")
+        if os.path.isdir(real):
+            shutil.rmtree(real)
+        else:
+            os.unlink(real)
+        log.info("deleted /%s", rel)
+        return jsonify({"deleted": "/" + rel})
 
     def put(rel: str) -> Response:
         if write is None:

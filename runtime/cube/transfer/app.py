@@ -2,7 +2,8 @@
 
 Routes (docs/contracts.md): ``GET /dict/info`` (serving follows its ``version``),
 ``GET /instance/status``, ``GET /dict/deploy/history``, ``GET /metrics``; ``/healthz`` and
-``/readyz`` come with ``runtime.webserver``.
+``/readyz`` come with ``runtime.webserver``. Control (mutating) calls: ``POST /rollback``
+(``runtime.cube.transfer.rollback``).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ log = logging.getLogger(__name__)
 
 def create_app(transfer: Transfer):
     """The transfer's Flask app (routes in the module docstring)."""
-    from flask import Flask, Response, jsonify
+    from flask import Flask, Response, jsonify, request
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     app = json_errors(Flask("cube-transfer"))
@@ -34,6 +35,27 @@ def create_app(transfer: Transfer):
     @app.get("/dict/deploy/history")
     def history():
         return jsonify(history=transfer.history())
+
+    # ------------------------------------------------------------ control (mutating) calls
+    @app.post("/rollback")
+    def rollback_view():
+        """``{"version": V}`` pins V (its chain is laid out at the next poll); ``{"version":
+        null}`` lifts the pin. 202 ``{"pinned", "served"}``; 400 for a bad body or a version
+        whose chain is not in the donefiles."""
+        from runtime.cube.transfer import rollback
+
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict) or "version" not in body:
+            return jsonify(error='expected a JSON object {"version": <id> or null}'), 400
+        v = body["version"]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).isdigit()):
+            return jsonify(error=f"version {v!r}: expected a version id (an integer) or null"), 400
+        try:
+            pin = rollback.set_pin(transfer, None if v is None else int(v), "api")
+        except rollback.RollbackError as exc:
+            return jsonify(error=str(exc)), 400
+        info = transfer.info()
+        return jsonify(pinned=pin.version if pin else None, served=info.version), 202
 
     @app.get("/metrics")
     def metrics():
@@ -66,7 +88,8 @@ def main(args) -> int:
                   poll_interval_s=args.poll_interval, phase_timeout_s=args.phase_timeout,
                   retries=args.retries, max_rollout_attempts=args.max_rollout_attempts,
                   rollout_backoff_s=args.rollout_backoff, reconcile_interval_s=args.reconcile_interval,
-                  dict_name=args.dict_name, control=control, model_gate=model_gate_of(args))
+                  dict_name=args.dict_name, control=control, model_gate=model_gate_of(args),
+                  pin_version=args.pin_version, keep_versions=args.keep_versions)
     if args.once:
         while tr.poll_once() is not None:
             pass

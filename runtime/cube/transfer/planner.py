@@ -329,10 +329,11 @@ def finished(st: TransferState, plan: Plan, *, shard_num: int, dim: Optional[int
 
 def failed(st: TransferState, plan: Plan, *, error: str, shard_num: int, phases: dict[str, float],
            resumed: bool, max_rollout_attempts: int, backoff_s: float,
-           now: float) -> tuple[TransferState, HistoryEntry]:
+           now: float, status: str = "failed") -> tuple[TransferState, HistoryEntry]:
     """The rollout aborted before any replica switched: it waits for its backoff (doubled
     per attempt, at most ``MAX_BACKOFF_S``), and after ``max_rollout_attempts`` it is
-    given up (never a re-layout link: without it the cube serves nothing)."""
+    given up (never a re-layout link: without it the cube serves nothing). ``status``:
+    the history entry's (``refused``: the version is not whole)."""
     st = st.model_copy(deep=True)
     gave_up = plan.attempt >= max_rollout_attempts and not plan.reason
     if gave_up and plan.version not in st.given_up:
@@ -340,7 +341,7 @@ def failed(st: TransferState, plan: Plan, *, error: str, shard_num: int, phases:
     st.retry_after[plan.akey] = now + min(MAX_BACKOFF_S, backoff_s * 2 ** (plan.attempt - 1))
     st.current = None
     entry = _entry(plan, shard_num, resumed)
-    entry.status, entry.finished, entry.error, entry.phases, entry.given_up = "failed", now, error, phases, gave_up
+    entry.status, entry.finished, entry.error, entry.phases, entry.given_up = status, now, error, phases, gave_up
     st.add_history(entry)
     return st, entry
 

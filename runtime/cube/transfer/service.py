@@ -34,10 +34,11 @@ from typing import Callable, Optional
 import requests
 
 from runtime import storage
-from runtime.cube.transfer import planner
+from runtime.cube.transfer import planner, retention, rollback
 from runtime.cube.transfer.agents import AgentClient, PartialEnable, RolloutError, Shipment
 from runtime.cube.transfer.build import Builder, BuildFn, default_build
 from runtime.cube.transfer.model_gate import ModelGate, Thresholds as ModelGateThresholds
+from runtime.cube.transfer.verify import VersionRefused
 from runtime.formats.dict_info import DictInfo, LastRollout, RelayoutInfo, RolloutInfo
 from runtime.cube.transfer.planner import Event
 from runtime.cube.transfer.state import STATE_FILE, HistoryEntry, Phase, Plan, TransferState
@@ -65,6 +66,9 @@ class Transfer:
         control: the ``cube-control`` credential presented to the agents
             (``runtime.auth.Credential``; None: none).
         model_gate: the model gate's thresholds (``model_gate.Thresholds``; default on).
+        pin_version: the version to serve instead of following the donefiles (``rollback``;
+            None: follow them, lifting a pin this flag set before).
+        keep_versions: published versions kept under the root (``retention``; 0 = all).
 
     Raises ``state.StateError`` for an unreadable state file, ``TopologyError``.
     """
@@ -74,7 +78,8 @@ class Transfer:
                  retries: int = 3, max_rollout_attempts: int = 3, rollout_backoff_s: float = 10.0,
                  reconcile_interval_s: float = 30.0, dict_name: Optional[str] = None,
                  build_fn: Optional[BuildFn] = None, http_timeout_s: float = 10.0, control=None,
-                 model_gate: Optional[ModelGateThresholds] = None):
+                 model_gate: Optional[ModelGateThresholds] = None, pin_version: Optional[int] = None,
+                 keep_versions: int = 0):
         self.topology = Topology.load(topology)
         self.dict_name = dict_name or self.topology.dict_name
         self.replicas = list(self.topology.all_replicas())
@@ -101,6 +106,7 @@ class Transfer:
         self.after_phase: Optional[Callable[[Phase, Plan], None]] = None  # test hook
         self.metrics = TransferMetrics()
         self.records: dict[int, donefile.DonefileRecord] = {}  # the donefiles' lines by version id
+        self.builder.records = self.records  # a version whose line names a manifest is verified
         self._reported: Optional[int] = None  # the served version whose data time the metrics have
         from runtime import tracking  # MLflow only when $MLFLOW_TRACKING_URI is set
 
@@ -109,6 +115,11 @@ class Transfer:
         self._newly_held: list[tuple[donefile.DonefileRecord, list[str]]] = []
         if self.state.served is not None:
             self.metrics.version.set(self.state.served.version)
+        self.keep_versions = max(0, int(keep_versions))
+        self.deleted: set[int] = set()  # versions removed by retention
+        self.catch_up = False  # a pin was lifted: a backlog goes out as one base (rollback.catch_up)
+        self.laying_out: Optional[Plan] = None  # a rollback in progress (rollback.lay_out), for /dict/info
+        rollback.apply_flag(self, pin_version)
 
     # ---------------------------------------------------------------- plumbing
 
@@ -204,6 +215,13 @@ class Transfer:
         self.metrics.polls.inc()
         self.last_poll = time.time()
         self.metrics.last_poll.set(self.last_poll)
+        if self.state.pin is not None:  # a pinned version is served; nothing else goes out
+            return rollback.hold(self)
+        if self.catch_up:
+            self.catch_up = False
+            entry = rollback.catch_up(self)
+            if entry is not None:
+                return entry
         plan = self.next_plan()
         if plan is None:
             self.waiting_for = []
@@ -330,7 +348,16 @@ class Transfer:
         tracking.log_rollout(self.tracker, v, plan.mode, total, phases,
                              now - rec.landed if rec is not None and rec.landed is not None else None)
         self.builder.cleanup(keep_relayout=self.state.relayout is not None)
+        self.prune()
         return entry.to_json()
+
+    def prune(self) -> list[int]:
+        """Retention (``retention.prune``) after a rollout; never fails the caller."""
+        try:
+            return retention.prune(self)
+        except Exception:  # noqa: BLE001 - retried after the next rollout
+            log.exception("retention failed")
+            return []
 
     def _partial(self, plan: Plan, part: PartialEnable, phases: dict, resumed: bool) -> dict:
         with self.lock:
@@ -344,16 +371,22 @@ class Transfer:
         return entry.to_json()
 
     def _failed(self, plan: Plan, exc: Exception, phases: dict, resumed: bool) -> dict:
+        """A rollout aborted: the previous version keeps serving; retried after its backoff,
+        except a version refused for not matching its manifest (``VersionRefused``: given
+        up at once, history ``refused``)."""
         err = str(exc) if isinstance(exc, RolloutError) else f"{plan.phase.value}: {type(exc).__name__}: {exc}"
+        refused = isinstance(exc, VersionRefused)
         self.agents.abort(self.replicas, plan.version)
         self.builder.discard(plan)  # a retry rebuilds from the inputs
         with self.lock:
             state, entry = planner.failed(self.state, plan, error=err, shard_num=self.shard_num, phases=phases,
-                                          resumed=resumed, max_rollout_attempts=self.max_rollout_attempts,
-                                          backoff_s=self.rollout_backoff_s, now=time.time())
+                                          resumed=resumed,
+                                          max_rollout_attempts=1 if refused else self.max_rollout_attempts,
+                                          backoff_s=self.rollout_backoff_s, now=time.time(),
+                                          status="refused" if refused else "failed")
             self._commit(state)
             served = state.served.version if state.served else None
-        self.metrics.rollout_done("failed", None, phases, given_up=bool(entry.given_up))
+        self.metrics.rollout_done("refused" if refused else "failed", None, phases, given_up=bool(entry.given_up))
         log.error("Aborted version=%d%s attempt=%d/%d: %s; version %s keeps serving%s", plan.version,
                   f" ({plan.reason})" if plan.reason else "", plan.attempt, self.max_rollout_attempts, err, served,
                   " (given up)" if entry.given_up else "")
@@ -429,7 +462,7 @@ class Transfer:
             served_shard_num = st.served_shard_num()
             if st.relayout is not None and st.relayout.before is not None:
                 served, served_shard_num = st.relayout.before, st.relayout.before.shard_num
-            cur = st.current
+            cur = st.current or self.laying_out  # a rollback's plan is not persisted as current
             last = st.history[-1] if st.history else None
             rl = st.relayout
             return DictInfo(
@@ -450,7 +483,8 @@ class Transfer:
                 waiting_for=list(self.waiting_for),
                 last_rollout=None if last is None else LastRollout(
                     version=last.version, status=last.status, error=last.error, reason=last.reason),
-                last_poll=self.last_poll, last_error=self.last_error, held=list(st.held[-20:]))
+                last_poll=self.last_poll, last_error=self.last_error, held=list(st.held[-20:]),
+                pinned=st.pin.version if st.pin else None)
 
     def replica_status(self) -> dict:
         """``GET /instance/status`` (Paddle Serving cube-transfer's path): every replica's agent status (queried now, 2 s timeout)."""

@@ -11,6 +11,8 @@ a restart neither loses nor repeats a rollout.
 - ``given_up`` / ``refused`` / ``held``: version ids not rolled out (``held``: by the model
   gate, ``runtime.cube.transfer.model_gate``), and why is in ``history``.
 - ``relayout``: a pending re-layout of the served chain for a new shard count.
+- ``pin``: the version pinned to be served (a rollback, or the stack's
+  ``servedVersion``); None: follow training.
 - ``history``: the last ``HISTORY_MAX`` rollouts and refusals (``HistoryEntry``).
 """
 from __future__ import annotations
@@ -179,6 +181,16 @@ class HistoryEntry(_Record):
         return self.model_dump(mode="json", exclude_unset=True, by_alias=True)
 
 
+class Pin(_Record):
+    """The version pinned to be served (``runtime.cube.transfer.rollback``): ``version``,
+    set ``by`` the ``--pin-version`` flag (the stack's ``servedVersion``) or the
+    ``POST /rollback`` API, ``at`` (unix s)."""
+
+    version: int
+    by: Literal["flag", "api"]
+    at: float
+
+
 class TransferState(StateFile):
     """The whole state (module docstring)."""
 
@@ -192,6 +204,7 @@ class TransferState(StateFile):
     held: list[int] = Field(default_factory=list)
     history: list[HistoryEntry] = Field(default_factory=list)
     relayout: Optional[Relayout] = None
+    pin: Optional[Pin] = None
 
     def served_shard_num(self) -> Optional[int]:
         """The shard count the served version was rolled out for: the served record's, else
