@@ -110,20 +110,27 @@ def test_rollback_to_a_damaged_chain_fails_and_keeps_serving(cluster, root, tmp_
     assert drain(tr) == []  # retried after its backoff, not at once
 
 
-def test_rollback_command(cluster, root, tmp_path, capsys):
-    """``elastic-ctr rollback``: refused (exit 1) naming why, unreachable (exit 2), a pin
-    served (exit 0, waiting while the transfer's loop lays it out), the pin lifted."""
+def test_rollback_command(cluster, root, tmp_path, capsys, monkeypatch):
+    """``elastic-ctr rollback``: refused without the cube-control credential (401, nothing
+    pinned), refused (exit 1) naming why, unreachable (exit 2), a pin served (exit 0,
+    waiting while the transfer's loop lays it out), the pin lifted."""
     import threading
 
+    from runtime import auth, role_specs
     from tests.helpers import ThreadedApp
 
+    creds = auth.write_credentials(tmp_path / "credentials", [role_specs.CUBE_CONTROL])
     _chain(root)
     tr = make_transfer(cluster, root, tmp_path / "work")
     drain(tr)
-    app = ThreadedApp(create_app(tr))
+    app = ThreadedApp(create_app(tr, auth.control_guard("cube-transfer", False, directory=creds)))
     loop = threading.Thread(target=tr.run, daemon=True)
     loop.start()
     try:
+        monkeypatch.setenv(role_specs.CREDENTIALS_DIR_ENV, str(tmp_path / "none"))
+        assert rollback.request_rollback(app.url, 11, wait_s=1) == 1
+        assert "refused: HTTP 401" in capsys.readouterr().err and tr.info().pinned is None
+        monkeypatch.setenv(role_specs.CREDENTIALS_DIR_ENV, str(creds))
         assert rollback.request_rollback(app.url, 99, wait_s=5) == 1
         assert "refused: HTTP 400: version 99 is in neither donefile" in capsys.readouterr().err
         assert rollback.request_rollback("http://127.0.0.1:9", 11, wait_s=1) == 2

@@ -17,12 +17,16 @@ from runtime.webserver import json_errors
 log = logging.getLogger(__name__)
 
 
-def create_app(transfer: Transfer):
-    """The transfer's Flask app (routes in the module docstring)."""
+def create_app(transfer: Transfer, guard=None):
+    """The transfer's Flask app (routes in the module docstring). ``guard``: a
+    ``runtime.auth.Guard`` checking every ``POST`` (the ``cube-control`` credential: a
+    rollback replaces what every replica serves; None: none checked)."""
     from flask import Flask, Response, jsonify, request
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     app = json_errors(Flask("cube-transfer"))
+    if guard is not None:
+        guard.install(app)
 
     @app.get("/dict/info")
     def dict_info():
@@ -94,7 +98,8 @@ def main(args) -> int:
         while tr.poll_once() is not None:
             pass
         return 0
-    server = WebServer(create_app(tr), args.host, args.port, threads=4, name="cube-transfer")
+    guard = auth.control_guard("cube-transfer", args.insecure_no_auth)
+    server = WebServer(create_app(tr, guard), args.host, args.port, threads=4, name="cube-transfer")
     loop = threading.Thread(target=tr.run, name="transfer-loop", daemon=True)
     loop.start()
 

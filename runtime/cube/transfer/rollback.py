@@ -287,18 +287,22 @@ def _failed(tr, target: int, plan: Optional[Plan], exc: Exception, phases: dict,
 
 def request_rollback(transfer_url: str, version: Optional[int], wait_s: float = 300.0, poll_s: float = 0.5) -> int:
     """``elastic-ctr rollback``: ``POST <transfer_url>/rollback {"version": version}``
-    (None lifts the pin), then, for a version, waits up to ``wait_s`` seconds until
-    ``/dict/info`` serves it. Prints what happened; returns 0 (done), 1 (refused, failed
-    or not served in time) or 2 (the transfer unreachable)."""
+    with the ``cube-control`` credential of ``$ELASTIC_CTR_CREDENTIALS_DIR`` (none sent
+    when it is not configured: an ``--insecure-no-auth`` transfer), None lifting the pin;
+    then, for a version, waits up to ``wait_s`` seconds until ``/dict/info`` serves it.
+    Prints what happened; returns 0 (done), 1 (refused, failed or not served in time) or 2
+    (the transfer unreachable)."""
     import sys
 
     import requests
 
+    from runtime import auth, role_specs
     from runtime.formats.dict_info import DictInfoError, fetch_dict_info
 
     url = transfer_url.rstrip("/") + "/rollback"
+    headers = auth.Credential(role_specs.CUBE_CONTROL).headers()
     try:
-        r = storage.session().post(url, json={"version": version}, timeout=10)
+        r = storage.session().post(url, json={"version": version}, headers=headers, timeout=10)
     except requests.RequestException as exc:
         print(f"elastic-ctr rollback: {url}: unreachable ({exc})", file=sys.stderr)
         return 2
