@@ -62,7 +62,8 @@ class TrainingJobArgs:
         mode: ``batch`` | ``continuous``; start_hour / end_hour (``YYYYMMDD/HH`` or None):
             with a start hour ``data_train[0]`` is a partition root (``--data-root``);
             patch_every / base_every / checkpoint_every: the continuous job's export and
-            checkpoint cadence (partitions). A continuous job
+            checkpoint cadence (partitions); gate_args: the data gate's flags
+            (``infra.config_gates``; ``--data-schema``, ``--gate-*``). A continuous job
             does not complete before its end hour; a failed or evicted pod restarts the
             whole job, which resumes from ``/shared/state`` (``train --state-dir``).
         data_train / data_test: data locations (paths, globs, URLs), or ``("generated",)``
@@ -117,6 +118,7 @@ class TrainingJobArgs:
     tracking_uri: Optional[pulumi.Input[str]] = None
     tracking_experiment: str = "elastic-ctr"
     tracking_job: Optional[str] = None
+    gate_args: Sequence[str] = ()
 
 
 class TrainingJob(pulumi.ComponentResource):
@@ -275,7 +277,8 @@ def _train_args(args: TrainingJobArgs, generated: bool) -> list[pulumi.Input[str
             cmd += ["--data-test", *data_test]
         if args.mode == "continuous":
             cmd += ["--state-dir", STATE_DIR, "--patch-every", str(args.patch_every),
-                    "--base-every", str(args.base_every), "--checkpoint-every", str(args.checkpoint_every)]
+                    "--base-every", str(args.base_every), "--checkpoint-every", str(args.checkpoint_every),
+                    *args.gate_args]
         cmd += ["--format", args.data_format]
     else:
         cmd = ["train", "--data-train", *data_train, "--data-test", *data_test,

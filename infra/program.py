@@ -25,7 +25,7 @@ from components.credentials import Credentials, CredentialsArgs
 from components.network_policies import NetworkPolicies, NetworkPoliciesArgs, Peers
 from components.training_job import TASK_LABEL
 from components.object_store import ObjectStoreAccess, ObjectStoreAccessArgs
-from infra import config_monitoring, config_security, config_tracking
+from infra import config_gates, config_monitoring, config_security, config_tracking
 from infra.config import PROJECT, REPO_ROOT, Secrets, StackConfig, load
 from infra.config_storage import annotations
 from runtime.role_specs import CREDENTIAL_BOUNDARIES
@@ -123,7 +123,7 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         data_format=cfg.data_format, slot_file=cfg.slot_file or None,
         output=root, upload_token_secret=token_secret, upload_token_key=token_key,
         shared_storage_class=cfg.training_shared_storage_class or None,
-        shared_size=cfg.training_shared_size, **track))
+        shared_size=cfg.training_shared_size, gate_args=config_gates.gate_argv(cfg.train_config()), **track))
 
     cube = CubeCluster("cube", CubeClusterArgs(
         deployment=dep, image=images.cube, shards=cfg.cube_shards, replicas=cfg.cube_replicas,
@@ -137,7 +137,8 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         upload_token_secret=token_secret, upload_token_key=token_key,
         cpu=cfg.transfer_cpu, memory=cfg.transfer_memory,
         state_size=cfg.transfer_storage_size, storage_class=storage_class,
-        wait_for=cube.statefulsets, **track))
+        pin_version=cfg.pin_version(), keep_versions=cfg.keep_versions,
+        wait_for=cube.statefulsets, gate_args=config_gates.transfer_argv(cfg), **track))
 
     serving = Serving("serving", ServingArgs(
         deployment=dep, image=images.serving, topology_configmap=cube.topology_configmap,

@@ -176,7 +176,7 @@ def _s3_pod_manifests(rendering, image: str):
     dep["spec"]["template"]["metadata"] = {"labels": labels}
     pod = dep["spec"]["template"]["spec"]
     c = pod["containers"][0]
-    for k in ("lifecycle", "livenessProbe", "volumeMounts", "env"):
+    for k in ("lifecycle", "livenessProbe", "startupProbe", "volumeMounts", "env"):
         c.pop(k, None)
     c.update(name="s3", image=image, args=["-H", "0.0.0.0", "-p", str(S3_PORT)],
              ports=[{"containerPort": S3_PORT, "name": "http"}],

@@ -288,23 +288,29 @@ def test_cli_server_process(tmp_path, data):
     """The server as a process: a version loaded over HTTP is answered through the data
     plane; SIGTERM ends it with exit code 0."""
     tmp, keys, values, base = data
+    from runtime import auth, role_specs
+
     port, hport = free_ports(2)
+    creds = auth.write_credentials(tmp_path / "credentials")
+    headers = auth.Credential(role_specs.CUBE_CONTROL, creds).headers()
     with ProcessGroup(tmp_path / "logs", grace_s=5) as pg:
         role = pg.start("cube-server", [sys.executable, "-m", "runtime.cli", "cube", "server", "--shard", "0",
                                         "--shard-num", "1", "--dict-name", DICT, "--host", "127.0.0.1",
-                                        "--port", str(port), "--http-port", str(hport)])
+                                        "--port", str(port), "--http-port", str(hport)], env=auth.env_for(creds))
         wait_for_port("127.0.0.1", hport, 60, role.proc, "cube-server", role.log_path)
         wait_for_port("127.0.0.1", port, 10, role.proc, "cube-server", role.log_path)
         url = f"http://127.0.0.1:{hport}"
         assert requests.get(url + "/healthz").status_code == 200
         assert requests.get(url + "/status").json()["kernel"] == "c"
-        assert requests.post(url + "/bg_load_base", json={"dir": shard_dir(base, 0), "version": 100}).status_code == 202
+        assert requests.post(url + "/bg_load_base", json={"dir": shard_dir(base, 0), "version": 100}).status_code == 401
+        assert requests.post(url + "/bg_load_base", json={"dir": shard_dir(base, 0), "version": 100},
+                             headers=headers).status_code == 202
         for _ in range(200):
             if requests.get(url + "/status").json()["bg_state"] == "loaded":
                 break
             import time
             time.sleep(0.05)
-        assert requests.post(url + "/enable", json={"version": 100}).status_code == 200
+        assert requests.post(url + "/enable", json={"version": 100}, headers=headers).status_code == 200
         s = socket.create_connection(("127.0.0.1", port), timeout=5)
         s.sendall(protocol.encode_request(keys[:100]))
         buf = b""

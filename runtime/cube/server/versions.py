@@ -22,6 +22,7 @@ asked for, so a server never serves another layout. ``state.json``: a ``ServerSt
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -63,10 +64,13 @@ class Versions:
     without a lock by the data plane. ``bg``/``bg_state`` ("empty", "loading", "loaded",
     "failed")/``bg_error``/``bg_version``: the background slot. ``loads`` (``{"ok",
     "failed"}``) and ``enables``: counters. ``data_dir``: where ``state.json`` is kept
-    (None: not kept). ``verify``: check the dicts' crc32 on load."""
+    (None: not kept). ``verify``: check the dicts' crc32 on load. ``load_roots``: the
+    directories loads may come from (a directory whose real path, symlinks resolved, lies
+    outside every one is refused: ``ValueError``, HTTP 400); None: any."""
 
     def __init__(self, dict_name: str, shard: int, shard_num: int, data_dir: Path | None = None,
-                 verify: bool = True):
+                 verify: bool = True, load_roots=None):
+        self.load_roots = None if load_roots is None else [os.path.realpath(r) for r in load_roots]
         self.dict_name, self.shard, self.shard_num = dict_name, shard, shard_num
         self.data_dir, self.verify = data_dir, verify
         self.served: tuple[Slot | None, Slot | None] = (None, None)
@@ -94,7 +98,12 @@ class Versions:
     def bg_load(self, directory: str, version: int, base_version: int | None = None) -> None:
         """Starts a background load of the dict in ``directory`` (a base, or a patch when
         ``base_version`` is given) on a thread; its result shows in ``bg_state``/``bg_error``.
-        Raises ``Conflict`` (HTTP 409) when a load is running or the patch's base is not served."""
+        Raises ``Conflict`` (HTTP 409) when a load is running or the patch's base is not
+        served, ``ValueError`` (HTTP 400) for a directory outside ``load_roots``."""
+        if self.load_roots is not None:
+            real = os.path.realpath(directory)
+            if not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in self.load_roots):
+                raise ValueError(f"dir {directory!r} is not under a load root ({', '.join(self.load_roots)})")
         with self._lock:
             if self.bg_state == "loading":
                 raise Conflict(f"a load of version {self.bg_version} is in progress")
