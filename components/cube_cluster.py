@@ -18,6 +18,7 @@ to it; see README "Resize"). A new ``cubeReplicas`` updates the layout in place
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -66,6 +67,9 @@ class CubeClusterArgs:
         server_cpu / server_memory: cube-server requests = limits (Kubernetes quantities).
         agent_cpu / agent_memory: cube-agent requests = limits.
         data_size: size limit of the shared emptyDir holding downloaded and loaded dicts.
+        version_root: ROOT of the versions (the file server's URL or the store location): the
+            agents download only under ``ROOT/cube/``, where the transfer publishes; None =
+            no ``--version-root`` (the agent's own default).
     """
 
     deployment: DeployContext
@@ -77,6 +81,7 @@ class CubeClusterArgs:
     agent_cpu: pulumi.Input[str]
     agent_memory: pulumi.Input[str]
     data_size: pulumi.Input[str]
+    version_root: Optional[pulumi.Input[str]] = None
 
 
 class CubeCluster(pulumi.ComponentResource):
@@ -128,8 +133,12 @@ class CubeCluster(pulumi.ComponentResource):
         # the shard label names the StatefulSet: selectors stay unique with two clusters in a stack
         lbls = common.labels(dep, "cube-server", "cube", **{"elastic-ctr.io/shard": name})
         sel = common.selector(lbls)
-        server = role_specs.cube_server(shard, args.shards, data_dir=f"{DATA_DIR}/server")
-        agent = role_specs.cube_agent(f"{DATA_DIR}/agent")
+        # the server loads only what its agent unpacked; the agent downloads only what was published
+        server = role_specs.cube_server(shard, args.shards, data_dir=f"{DATA_DIR}/server",
+                                        load_roots=[f"{DATA_DIR}/agent"])
+        roots = [] if args.version_root is None else [pulumi.Output.from_input(args.version_root).apply(
+            lambda r: r.rstrip("/") + "/cube/")]
+        agent = role_specs.cube_agent(f"{DATA_DIR}/agent", version_roots=roots)
 
         k8s.core.v1.Service(
             name,

@@ -82,7 +82,8 @@ class FileServer(pulumi.ComponentResource):
 
         pvc = common.volume_claim(self, dep, name, lbls, args.storage_size, args.storage_class)
         tmp_vol, tmp_mount = common.tmp_volume()
-        spec = role_specs.file_server(ROOT)
+        # exposed: reads need the fileserver-read credential too (every reader presents it)
+        spec = role_specs.file_server(ROOT, read_auth=args.expose)
         port = spec.port("http")
         container = common.container(
             spec, dep, args.image, env=[*common.base_env(), common.token_env(self.token_secret, TOKEN_KEY)],

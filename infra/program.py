@@ -129,7 +129,7 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         deployment=dep, image=images.cube, shards=cfg.cube_shards, replicas=cfg.cube_replicas,
         server_cpu=cfg.cube_server_cpu, server_memory=cfg.cube_server_memory,
         agent_cpu=cfg.cube_agent_cpu, agent_memory=cfg.cube_agent_memory,
-        data_size=cfg.cube_data_size))
+        data_size=cfg.cube_data_size, version_root=root))
 
     transfer = CubeTransfer("cube-transfer", CubeTransferArgs(
         deployment=dep, image=images.cube, topology_configmap=cube.topology_configmap,

@@ -24,7 +24,7 @@ def kinds(r) -> Counter:
 
 def test_dev_stack_resource_counts(rendered):
     r = rendered("dev")
-    assert kinds(r) == {"Namespace": 1, "Secret": 1 + 4, "ConfigMap": 1 + 4, "PersistentVolumeClaim": 4,
+    assert kinds(r) == {"Namespace": 1, "Secret": 1 + 4, "ConfigMap": 1 + 4 + 1, "PersistentVolumeClaim": 4,
                         "Service": 6, "StatefulSet": 2, "Deployment": 4,
                         "PodDisruptionBudget": 2, "Job": 1,
                         "ServiceMonitor": 5, "PodMonitor": 2, "PrometheusRule": 1,  # 4 dashboards, monitoring
