@@ -88,16 +88,18 @@ class LocalCubeCluster:
         self.agents: dict[tuple[int, int], proc.Role] = {}
         self.transfer: proc.Role | None = None
         self.layout: CubeLayout | None = None
+        self.root_url: str | None = None
         self.credentials_dir = Path(credentials_dir) if credentials_dir else self.base / "credentials"
         self.env = auth.env_for(self.credentials_dir)
         self.token_file = self.credentials_dir / role_specs.FILES_WRITE / role_specs.CREDENTIAL_CURRENT
 
-    def version_root(self) -> str:
+    def version_root(self) -> str | None:
         """Where the agents may download from: ``<publish location>/cube/`` (the file
-        server's URL, or the store location)."""
+        server's URL, or the store location); None before ``start()`` started the file
+        server (a layout started alone: its agents then take any published URL)."""
         if self.store:
             return storage.join(str(self.root), "cube/")
-        return f"{self.root_url}/cube/"
+        return f"{self.root_url}/cube/" if self.root_url else None
 
     def control(self) -> auth.Credential:
         """The ``cube-control`` credential of the cluster (for a client of its agents and servers)."""
@@ -177,6 +179,7 @@ class LocalCubeCluster:
         ``ValueError`` when ``replicas`` is not above the current count."""
         if replicas <= gen.replicas:
             raise ValueError(f"grow_layout: {replicas} replicas is not more than {gen.replicas}")
+        auth.write_credentials(self.credentials_dir, values={role_specs.FILES_WRITE: self.token})  # kept if written
         ports = iter(proc.free_ports(3 * gen.shards * (replicas - gen.replicas)))
         started = []
         agent_dir = "agent" if gen.prefix == "cube" else f"{gen.prefix}-agent"
@@ -186,8 +189,9 @@ class LocalCubeCluster:
                 work = str(self.base / f"{agent_dir}-{s}-{r}")
                 server = role_specs.cube_server(s, gen.shards, role_specs.LOOPBACK, dport, hport,
                                                 dict_name=self.dict_name, load_roots=[work])
+                root = self.version_root()
                 agent = role_specs.cube_agent(work, hport, role_specs.LOOPBACK, aport,
-                                              version_roots=[self.version_root()])
+                                              version_roots=[root] if root else [])
                 srv = self.group.start(f"{gen.prefix}-server-{s}-{r}", server.argv(), env=self.env)
                 ag = self.group.start(f"{gen.prefix}-agent-{s}-{r}", agent.argv(), env=self.env)
                 for spec, role in ((server, srv), (agent, ag)):

@@ -8,6 +8,7 @@ names (the base, then each patch's rows applied in order); a pinned version may 
 refused (``CubeVersionUnavailable``) once the server dropped it. Bounded: ~20 s."""
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 
@@ -51,8 +52,8 @@ class Offline:
         return vals, found
 
 
-def control(addr: str, path: str, body: dict) -> requests.Response:
-    return requests.post(f"{addr}/{path}", json=body, timeout=10)
+def control(addr: str, path: str, body: dict, headers: dict) -> requests.Response:
+    return requests.post(f"{addr}/{path}", json=body, headers=headers, timeout=10)
 
 
 def wait_loaded(addr: str, version: int, timeout_s: float = 30.0) -> None:
@@ -67,6 +68,7 @@ def wait_loaded(addr: str, version: int, timeout_s: float = 30.0) -> None:
 
 
 def test_readers_see_exactly_the_version_they_name_while_patches_land(tmp_path):
+    from runtime import auth, role_specs
     from runtime.cube.client import CubeClient, CubeVersionUnavailable
     from runtime.cube.local_cube import LocalCubeCluster
 
@@ -91,19 +93,28 @@ def test_readers_see_exactly_the_version_they_name_while_patches_land(tmp_path):
     try:
         gen = c.start_layout(2, 1)
         https = [gen.addresses[(s, 0)][1] for s in range(2)]
+        headers = auth.Credential(role_specs.CUBE_CONTROL, c.credentials_dir).headers()
+
+        def staged(version: int, s: int) -> str:
+            """Shard ``s``'s dict of ``version`` where its server may load it (its agent's work
+            directory: ``--load-root``), as the agent unpacks it."""
+            dst = c.base / f"cube-2s-agent-{s}-0" / "loads" / f"{version}-{s}"
+            if not dst.exists():
+                shutil.copytree(shard_dir(builds[version], s), dst)
+            return str(dst)
 
         def roll(version: int, base: int | None) -> None:  # the transfer's Reloading + Enabling
             for s, addr in enumerate(https):
                 if base is None:
-                    r = control(addr, "bg_load_base", {"dir": shard_dir(builds[version], s), "version": version})
+                    r = control(addr, "bg_load_base", {"dir": staged(version, s), "version": version}, headers)
                 else:
-                    r = control(addr, "bg_load_patch", {"dir": shard_dir(builds[version], s), "version": version,
-                                                        "base_version": base})
+                    r = control(addr, "bg_load_patch", {"dir": staged(version, s), "version": version,
+                                                        "base_version": base}, headers)
                 assert r.status_code == 202, r.text
             for addr in https:
                 wait_loaded(addr, version)
             for addr in https:
-                assert control(addr, "enable", {"version": version}).status_code == 200
+                assert control(addr, "enable", {"version": version}, headers).status_code == 200
 
         roll(BASE, None)
         served = [BASE]  # versions enabled so far, in order
