@@ -2,6 +2,8 @@
 process: what each family reads or counts, and the values that mean "unknown"."""
 from __future__ import annotations
 
+import logging
+
 import json
 import math
 import time
@@ -139,6 +141,9 @@ def test_a_trainer_whose_metrics_port_is_taken_trains_on_without_metrics(monkeyp
 
     from runtime.metrics import trainer
 
+    # a CLI run in this process before (``elastic-ctr data``) may have kept our loggers' lines
+    # from the root logger, where caplog listens
+    monkeypatch.setattr(logging.getLogger("runtime"), "propagate", True)
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen(1)
