@@ -2,9 +2,8 @@
 process: what each family reads or counts, and the values that mean "unknown"."""
 from __future__ import annotations
 
-import logging
-
 import json
+import logging
 import math
 import time
 from types import SimpleNamespace
