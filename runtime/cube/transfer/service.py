@@ -35,7 +35,7 @@ import requests
 
 from runtime import storage
 from runtime.cube.transfer import planner, retention, rollback
-from runtime.cube.transfer.agents import AgentClient, PartialEnable, RolloutError, Shipment
+from runtime.cube.transfer.agents import AgentClient, PartialEnable, RolloutError
 from runtime.cube.transfer.build import Builder, BuildFn, default_build
 from runtime.cube.transfer.model_gate import ModelGate, Thresholds as ModelGateThresholds
 from runtime.cube.transfer.verify import VersionRefused
@@ -395,55 +395,11 @@ class Transfer:
     # ---------------------------------------------------------------- reconcile
 
     def reconcile(self) -> list[str]:
-        """Brings lagging replicas (e.g. a server restarted empty) to the served version:
-        each is driven alone through download -> reload -> enable of every link of the
-        served chain it lacks, from the tars already published. Unreachable replicas are
-        left alone (retried next time). Does nothing while a rollout is current or while
-        the served chain is laid out for another shard count (a re-layout replaces it); an
-        replica whose server runs with another ``--shard-num`` is skipped with a warning.
-        Returns the replicas brought up to date. Errors are logged, never raised."""
-        n = self.shard_num
-        with self.lock:
-            st = self.state
-            chain = list(st.served_chain)
-            if st.current is not None or st.served is None or not chain or st.served.version != chain[-1].version:
-                return []
-            if st.served_shard_num() not in (None, n):
-                return []
-            target = st.served.version
-        links = [c.version for c in chain]
-        fixed = []
-        for rep in self.replicas:
-            try:
-                srv = self.agents.status(rep).get("server") or {}
-                have, shards = srv.get("version"), srv.get("shard_num")
-            except (requests.RequestException, ValueError, AttributeError):
-                continue
-            if shards is not None and int(shards) != n:
-                self._log_once(("shard_num", rep.name, shards, n), logging.WARNING,
-                               "%s: its server runs with --shard-num %s, the topology has %d shards; not "
-                               "reconciled until it restarts with --shard-num %d", rep.name, shards, n, n)
-                continue
-            if have == target:
-                continue
-            start = links.index(have) + 1 if have in links else 0
-            t0 = time.monotonic()
-            log.warning("Reconciling %s: serves %s, not %d; driving it through %s", rep.name, have, target,
-                        links[start:])
-            try:
-                for c in chain[start:]:
-                    plan = Plan(version=c.version, key=c.key if c.key is not None else c.version, mode=c.mode,
-                                base_version=c.base_version, input=c.input or "", model=c.model, seen=time.time())
-                    ship = Shipment(urls=c.urls, md5s=c.md5s)
-                    deadline = time.monotonic() + self.phase_timeout_s
-                    for step in ("download", "reload", "enable"):
-                        self.agents.drive(rep, step, plan, ship, deadline)
-            except Exception as exc:  # noqa: BLE001 - retried at the next reconcile
-                log.error("Reconciling %s failed: %s (retried later)", rep.name, exc)
-                continue
-            log.info("Reconciled %s to version %d in %.2f s", rep.name, target, time.monotonic() - t0)
-            fixed.append(rep.name)
-        return fixed
+        """Brings lagging replicas to the served version (``reconcile.reconcile``); returns
+        the replicas brought up to date. Errors are logged, never raised."""
+        from runtime.cube.transfer.reconcile import reconcile
+
+        return reconcile(self)
 
     # ---------------------------------------------------------------- HTTP views
 
