@@ -54,7 +54,7 @@ def main(args) -> int:
                   poll_interval_s=args.poll_interval, phase_timeout_s=args.phase_timeout,
                   retries=args.retries, max_rollout_attempts=args.max_rollout_attempts,
                   rollout_backoff_s=args.rollout_backoff, reconcile_interval_s=args.reconcile_interval,
-                  dict_name=args.dict_name)
+                  dict_name=args.dict_name, coalesce=not args.no_coalesce)
     if args.once:
         while tr.poll_once() is not None:
             pass

@@ -118,16 +118,20 @@ class Builder:
                 return done
             except (OSError, BuildRecordError, RolloutError):
                 shutil.rmtree(vdir, ignore_errors=True)
+        # a coalesced rollout reads the folded patches' parts first: the newest row wins
         location = storage.join(self.root, plan.input)
-        try:
-            inputs = list_inputs(location)
-        except storage.LocationError as exc:
-            raise RolloutError(Phase.BUILDING, f"input of version {v}: {exc}") from exc
+        inputs = []
+        for loc in [storage.join(self.root, i) for i in plan.coalesced_inputs] + [location]:
+            try:
+                inputs += list_inputs(loc)
+            except storage.LocationError as exc:
+                raise RolloutError(Phase.BUILDING, f"input of version {v}: {exc}") from exc
         fetched = None
         if any(storage.is_remote(i) for i in inputs):
             fetched = self.work_dir / "inputs" / str(v)
             inputs = self._fetch(inputs, fetched, v)
-        log.info("Building version=%d mode=%s from %d part files at %s", v, plan.mode, len(inputs), location)
+        log.info("Building version=%d mode=%s from %d part files at %s%s", v, plan.mode, len(inputs), location,
+                 f" and the coalesced patches {plan.coalesced}" if plan.coalesced else "")
         try:
             self.build_fn(inputs, str(self.build_root(plan)), self.dict_name, self.shard_num, v, plan.mode,
                           plan.base_version)
@@ -145,7 +149,8 @@ class Builder:
     def _fetch(self, urls: list[str], dest: Path, v: int) -> list[str]:
         """Downloads the part files (in parallel: I/O bound) into ``dest``."""
         shutil.rmtree(dest, ignore_errors=True)
-        local = [str(dest / u.rstrip("/").rsplit("/", 1)[-1]) for u in urls]
+        # numbered: a coalesced rollout's patches each have a part-00000; the order is kept
+        local = [str(dest / f"{i:05d}-{u.rstrip('/').rsplit('/', 1)[-1]}") for i, u in enumerate(urls)]
         t = time.monotonic()
         try:
             with cf.ThreadPoolExecutor(max_workers=min(4, len(urls))) as ex:

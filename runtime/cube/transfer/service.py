@@ -34,7 +34,7 @@ from typing import Callable, Optional
 import requests
 
 from runtime import storage
-from runtime.cube.transfer import planner
+from runtime.cube.transfer import coalesce, planner
 from runtime.cube.transfer.agents import AgentClient, PartialEnable, RolloutError, Shipment
 from runtime.cube.transfer.build import Builder, BuildFn, default_build
 from runtime.formats.dict_info import DictInfo, LastRollout, RelayoutInfo, RolloutInfo
@@ -61,6 +61,8 @@ class Transfer:
             (backoff doubled per attempt, at most 300; reconcile 0 = never).
         retries: attempts per replica and phase; max_rollout_attempts: rollouts per version.
         dict_name: default the topology's. build_fn: the builder (``build.default_build``).
+        coalesce: fold the patches queued behind a patch rollout into it
+            (``runtime.cube.transfer.coalesce``); False: one rollout per patch.
 
     Raises ``state.StateError`` for an unreadable state file, ``TopologyError``.
     """
@@ -69,7 +71,7 @@ class Transfer:
                  token: Optional[str] = None, poll_interval_s: float = 2.0, phase_timeout_s: float = 300.0,
                  retries: int = 3, max_rollout_attempts: int = 3, rollout_backoff_s: float = 10.0,
                  reconcile_interval_s: float = 30.0, dict_name: Optional[str] = None,
-                 build_fn: Optional[BuildFn] = None, http_timeout_s: float = 10.0):
+                 build_fn: Optional[BuildFn] = None, http_timeout_s: float = 10.0, coalesce: bool = True):
         self.topology = Topology.load(topology)
         self.dict_name = dict_name or self.topology.dict_name
         self.replicas = list(self.topology.all_replicas())
@@ -78,6 +80,7 @@ class Transfer:
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.poll_interval_s = poll_interval_s
+        self.coalesce = coalesce
         self.phase_timeout_s = phase_timeout_s
         self.max_rollout_attempts = max(1, max_rollout_attempts)
         self.rollout_backoff_s = max(0.0, rollout_backoff_s)
@@ -159,11 +162,20 @@ class Transfer:
         with self.lock:
             state = self.state
         bases, patches = self._donefile("base"), self._donefile("patch")
-        d = planner.next_rollout(state, bases, patches, self.shard_num, self.max_rollout_attempts, time.time())
+        now = time.time()
+        d = planner.next_rollout(state, bases, patches, self.shard_num, self.max_rollout_attempts, now)
         if d.changed:
             self._commit(d.state)
         self._emit(d.events)
-        return d.plan
+        plan = d.plan
+        if self.coalesce and plan is not None:
+            st, served = d.state, d.state.served
+            plan = coalesce.widen(plan, patches, served.version if served else None,
+                                  served.base_id if served else None, set(st.given_up), st.retry_after, now)
+            if plan is not None and plan.coalesced:
+                log.info("Coalescing patches %s into the rollout of patch %d (queued behind the served version "
+                         "%d)", plan.coalesced, plan.version, served.version)
+        return plan
 
     def poll_once(self) -> Optional[dict]:
         """One donefile check and at most one rollout. Returns the history entry of the
@@ -409,14 +421,15 @@ class Transfer:
                 status="rolling_out" if cur else ("serving" if served else "empty"),
                 rollout=None if cur is None else RolloutInfo(
                     version=cur.version, mode=cur.mode, phase=cur.phase.value, attempt=cur.attempt,
-                    started=cur.started, reason=cur.reason),
+                    started=cur.started, reason=cur.reason, coalesced=list(cur.coalesced)),
                 served_shard_num=served_shard_num,
                 relayout=None if rl is None else RelayoutInfo(
                     from_=rl.from_, to=rl.to, target=rl.target, done=rl.next, links=len(rl.links),
                     given_up=rl.given_up, error=rl.error),
                 waiting_for=list(self.waiting_for),
                 last_rollout=None if last is None else LastRollout(
-                    version=last.version, status=last.status, error=last.error, reason=last.reason),
+                    version=last.version, status=last.status, error=last.error, reason=last.reason,
+                    coalesced=list(last.coalesced or [])),
                 last_poll=self.last_poll, last_error=self.last_error)
 
     def replica_status(self) -> dict:

@@ -77,6 +77,8 @@ class ChainLink(_Record):
     input: Optional[str] = None
     model: Optional[str] = None
     shard_num: Optional[int] = None
+    coalesced: list[int] = Field(default_factory=list)  # the Plan's: patches folded into this link
+    coalesced_inputs: list[str] = Field(default_factory=list)
 
 
 class RelayoutLink(_Record):
@@ -88,6 +90,8 @@ class RelayoutLink(_Record):
     base_version: Optional[int] = None
     input: str
     model: Optional[str] = None
+    coalesced: list[int] = Field(default_factory=list)  # the Plan's: patches folded into this link
+    coalesced_inputs: list[str] = Field(default_factory=list)
 
 
 class Relayout(_Record):
@@ -123,7 +127,10 @@ class Plan(_Record):
     """A rollout: the version, its donefile ``key``/``input``/``model``, the build ``mode``
     and ``base_version`` (the served version a patch applies to), the ``phase`` reached,
     when its line was seen and the rollout started (unix s), the attempt number, and for
-    a re-layout link its ``reason``, ``relayout`` and ``attempt_key``."""
+    a re-layout link its ``reason``, ``relayout`` and ``attempt_key``. ``coalesced``: the
+    ids of older patch lines folded into this one (``runtime.cube.transfer.coalesce``),
+    ``coalesced_inputs`` their inputs, oldest first: the build reads them before
+    ``input``, a later row winning."""
 
     version: int
     key: int
@@ -138,6 +145,8 @@ class Plan(_Record):
     attempt_key: Optional[str] = None
     reason: Optional[str] = None
     relayout: Optional[RelayoutRef] = None
+    coalesced: list[int] = Field(default_factory=list)
+    coalesced_inputs: list[str] = Field(default_factory=list)
 
     @property
     def akey(self) -> str:
@@ -170,6 +179,7 @@ class HistoryEntry(_Record):
     seconds: Optional[float] = None
     since_seen: Optional[float] = None
     count: Optional[int] = None
+    coalesced: Optional[list[int]] = None  # older patch ids folded into this rollout
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_unset=True, by_alias=True)
