@@ -245,7 +245,7 @@ def _version_keys(root: str, rec: dict) -> np.ndarray:
     """uint64[n]: the keys of one exported version's SequenceFiles."""
     from runtime.formats.seqfile import read_sequence_file
 
-    d = Path(root) / "versions" / str(rec.version) / "sparse"
+    d = Path(root) / "versions" / str(rec["version"]) / "sparse"
     return np.concatenate([read_sequence_file(str(p))[0] for p in sorted(d.glob("part-*"))] or
                           [np.zeros(0, np.uint64)])
 

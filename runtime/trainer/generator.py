@@ -211,13 +211,12 @@ def _write_rows(model: _Model, rng: np.random.Generator, path: Path, n: int) -> 
 
 def generate_hours(root: str | os.PathLike, hours: int, start: str, rows_per_hour: int, seed: int = 1,
                    every_s: float = 0.0, shape: str = "small", scale: float = 1.0,
-                   minutes: int = 60, first_rows: int | None = None) -> signal.HourlySignal:
+                   minutes: int = 60) -> signal.HourlySignal:
     """Writes ``hours`` partitions of ``minutes`` (module docstring; hourly
     ``root/YYYYMMDD/HH/`` by default, ``root/YYYYMMDD/HHMM/`` under an hour) from ``start``
     (``YYYYMMDD/HH``, or ``YYYYMMDD/HHMM`` under an hour), ``rows_per_hour`` Criteo rows
     each (rows per partition), then ``_SUCCESS``; sleeps ``every_s`` seconds between
-    partitions (data that lands while a job runs). ``first_rows``: the first partition's
-    rows instead (a warm-up partition from which a job's base holds a large table). ``shape``: ``small`` | ``long-tail`` (module docstring), ``scale``: the
+    partitions (data that lands while a job runs). ``shape``: ``small`` | ``long-tail`` (module docstring), ``scale``: the
     long-tail shape's big vocabularies x ``scale``. Returns the ``signal.HourlySignal``
     written to ``root/signal.json`` (``runtime.formats.signal``).
 
@@ -226,8 +225,8 @@ def generate_hours(root: str | os.PathLike, hours: int, start: str, rows_per_hou
     """
     from runtime.formats import partitions
 
-    if hours <= 0 or rows_per_hour <= 0 or (first_rows is not None and first_rows <= 0):
-        raise ValueError(f"--hours and --rows must be > 0 (got {hours}, {rows_per_hour}, first {first_rows})")
+    if hours <= 0 or rows_per_hour <= 0:
+        raise ValueError(f"--hours and --rows must be > 0 (got {hours}, {rows_per_hour})")
     h0 = partitions.Partition.parse(start, "--start", minutes=minutes)
     out = Path(root)
     out.mkdir(parents=True, exist_ok=True)
@@ -241,12 +240,11 @@ def generate_hours(root: str | os.PathLike, hours: int, start: str, rows_per_hou
         if t and every_s > 0:
             time.sleep(every_s)
         d.mkdir(parents=True, exist_ok=True)
-        rows = first_rows if t == 0 and first_rows is not None else rows_per_hour
-        labels, logits = _write_rows(model, rng, d / "part-00000", rows)
+        labels, logits = _write_rows(model, rng, d / "part-00000", rows_per_hour)
         partitions.mark_complete(d)
-        recs.append(signal.HourSignal(hour=str(hour), rows=rows, ctr=round(float(labels.mean()), 6),
+        recs.append(signal.HourSignal(hour=str(hour), rows=rows_per_hour, ctr=round(float(labels.mean()), 6),
                                       true_logit_auc=round(auc(labels, logits), 6)))
-        log.info("partition %s: %d rows, true-logit AUC %.4f", hour, rows, recs[-1].true_logit_auc)
+        log.info("partition %s: %d rows, true-logit AUC %.4f", hour, rows_per_hour, recs[-1].true_logit_auc)
     rec = signal.HourlySignal(
         seed=seed, start=str(h0), partition_minutes=minutes, hours=recs, rows_per_hour=rows_per_hour, shape=shape, vocab_sizes=model.vocab,
         table_scale=scale, drift=signal.Drift(new_fraction=NEW_FRACTION, drift_slots=list(DRIFT_SLOTS),
