@@ -56,7 +56,7 @@ def run_rollout_bench(keys: int = 1_000_000, dim: int = 10, shards: int = 2, rep
     """Runs the measurement; returns ``{"keys", "dim", "shards", "replicas", "seconds",
     "phases" (s per phase, from the transfer's history), "transfer_seconds", "patch_keys",
     "patch_seconds", "patch_phases", "relayout_shards", "relayout_seconds",
-    "relayout_links" (per re-laid link: version, mode, s), "old_generation_stopped_seconds"
+    "relayout_links" (per re-laid link: version, mode, s), "old_layout_stopped_seconds"
     (restart -> old layout stopped)}`` (no patch when ``patch_fraction`` is 0; no
     re-layout when ``relayout_shards`` is 0 or equals ``shards``; default ``shards + 1``).
     Raises ``AssertionError`` if the sampled values read back through CubeClient differ."""
@@ -157,7 +157,7 @@ def relayout(c: LocalCubeCluster, n_new: int, replicas: int, served: int, k, v, 
         assert res.version == served and res.found.all(), "keys missing after the re-layout"
         np.testing.assert_array_equal(res.values, v[untouched])
     return {"relayout_shards": n_new, "relayout_seconds": round(seconds, 3), "relayout_links": links,
-            "old_generation_stopped_seconds": round(stopped, 3)}
+            "old_layout_stopped_seconds": round(stopped, 3)}
 
 
 def main() -> int:
@@ -183,7 +183,7 @@ def main() -> int:
     if r["relayout_seconds"] is not None:
         print(f"re-layout {r['shards']}->{r['relayout_shards']} shards: links", json.dumps(r["relayout_links"]))
         print(f"re-layout of the served chain onto {r['relayout_shards']} shards: {r['relayout_seconds']:.2f} s "
-              f"(new layout serving; old layout stopped at {r['old_generation_stopped_seconds']:.2f} s)")
+              f"(new layout serving; old layout stopped at {r['old_layout_stopped_seconds']:.2f} s)")
     print(f"rollout keys={r['keys']} shards={r['shards']} replicas={r['replicas']} seconds={r['seconds']:.2f} "
           f"patch_keys={r['patch_keys']} patch_seconds={r['patch_seconds'] if r['patch_seconds'] is not None else 'n/a'} "
           f"relayout_shards={r['relayout_shards'] or 'n/a'} "

@@ -46,26 +46,34 @@ from runtime import storage  # noqa: E402
 from runtime.serving.client import encode_batches, load_rows  # noqa: E402
 from bench.served import served_version, start_serving  # noqa: E402
 
+def _closed_loop(send, duration_s: float) -> tuple[list[float], int]:
+    """Calls ``send(i)`` (True: answered 200) back to back for ``duration_s`` seconds:
+    the latencies (s) and the count of failed requests."""
+    lat, failed, i = [], 0, 0
+    end = time.perf_counter() + duration_s
+    while (t0 := time.perf_counter()) < end:
+        if not send(i):
+            failed += 1
+        lat.append(time.perf_counter() - t0)
+        i += 1
+    return lat, failed
+
+
 def _http_client(url: str, bodies: list, duration_s: float, q) -> None:
     """Closed loop over pre-encoded HTTP bodies: ``(body, headers)`` pairs."""
     host, port = url.split("//")[1].split(":")
     c = http.client.HTTPConnection(host, int(port), timeout=30)
-    lat, failed, i = [], 0, 0
-    end = time.perf_counter() + duration_s
-    while True:
-        t0 = time.perf_counter()
-        if t0 >= end:
-            break
+
+    def send(i: int) -> bool:
         body, headers = bodies[i % len(bodies)]
         c.request("POST", "/v2/models/ctr/infer", body, headers)
         r = c.getresponse()
         r.read()
-        if r.status != 200:
-            failed += 1
-        lat.append(time.perf_counter() - t0)
-        i += 1
+        return r.status == 200
+
+    out = _closed_loop(send, duration_s)
     c.close()
-    q.put((lat, failed))
+    q.put(out)
 
 
 def _grpc_client(target: str, requests: list, duration_s: float, q) -> None:
@@ -80,20 +88,17 @@ def _grpc_client(target: str, requests: list, duration_s: float, q) -> None:
                                                      ("grpc.max_send_message_length", 64 << 20)])
     stub = pb_grpc.GRPCInferenceServiceStub(channel)
     msgs = [pb.ModelInferRequest.FromString(r) for r in requests]
-    lat, failed, i = [], 0, 0
-    end = time.perf_counter() + duration_s
-    while True:
-        t0 = time.perf_counter()
-        if t0 >= end:
-            break
+
+    def send(i: int) -> bool:
         try:
             stub.ModelInfer(msgs[i % len(msgs)], timeout=30)
+            return True
         except grpc.RpcError:
-            failed += 1
-        lat.append(time.perf_counter() - t0)
-        i += 1
+            return False
+
+    out = _closed_loop(send, duration_s)
     channel.close()
-    q.put((lat, failed))
+    q.put(out)
 
 
 def encode_binary(rows, batch: int) -> list[tuple[bytes, dict]]:

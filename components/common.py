@@ -242,6 +242,22 @@ TOPOLOGY_DIR = "/etc/elastic-ctr"
 TOPOLOGY_FILE = f"{TOPOLOGY_DIR}/{topology.FILE}"
 
 
+def volume_claim(parent: pulumi.Resource, dep: DeployContext, name: str, lbls: dict[str, str], size: pulumi.Input[str],
+                 storage_class: Optional[str] = None, access_mode: str = "ReadWriteOnce") -> k8s.core.v1.PersistentVolumeClaim:
+    """A PersistentVolumeClaim ``name`` of ``size`` (e.g. ``"10Gi"``), child of ``parent``
+    (the cluster's default storage class when ``storage_class`` is empty)."""
+    return k8s.core.v1.PersistentVolumeClaim(
+        name,
+        metadata=metadata(dep, name, lbls),
+        spec=k8s.core.v1.PersistentVolumeClaimSpecArgs(
+            access_modes=[access_mode],
+            storage_class_name=storage_class or None,
+            resources=k8s.core.v1.VolumeResourceRequirementsArgs(requests={"storage": size}),
+        ),
+        opts=child(parent),
+    )
+
+
 def singleton_deployment(dep: DeployContext, name: str, lbls: dict[str, str],
                          container: k8s.core.v1.ContainerArgs, volumes: list[k8s.core.v1.VolumeArgs],
                          parent: pulumi.Resource, service_account: Optional[pulumi.Input[str]] = None,

@@ -81,17 +81,7 @@ class CubeTransfer(pulumi.ComponentResource):
         lbls = common.labels(dep, name, "cube")
         sel = common.selector(lbls)
 
-        pvc = k8s.core.v1.PersistentVolumeClaim(
-            name,
-            metadata=common.metadata(dep, name, lbls),
-            spec=k8s.core.v1.PersistentVolumeClaimSpecArgs(
-                access_modes=["ReadWriteOnce"],
-                storage_class_name=args.storage_class or None,
-                resources=k8s.core.v1.VolumeResourceRequirementsArgs(
-                    requests={"storage": args.state_size}),
-            ),
-            opts=common.child(self),
-        )
+        pvc = common.volume_claim(self, dep, name, lbls, args.state_size, args.storage_class)
         topo_vol, topo_mount = common.topology_volume(args.topology_configmap)
         tmp_vol, tmp_mount = common.tmp_volume()
         spec = role_specs.cube_transfer(common.TOPOLOGY_FILE, args.root, STATE_DIR,

@@ -75,17 +75,7 @@ class FileServer(pulumi.ComponentResource):
         self.token_secret = self.secret.metadata.apply(lambda m: m.name)
         self.token_key = TOKEN_KEY
 
-        pvc = k8s.core.v1.PersistentVolumeClaim(
-            name,
-            metadata=common.metadata(dep, name, lbls),
-            spec=k8s.core.v1.PersistentVolumeClaimSpecArgs(
-                access_modes=["ReadWriteOnce"],
-                storage_class_name=args.storage_class or None,
-                resources=k8s.core.v1.VolumeResourceRequirementsArgs(
-                    requests={"storage": args.storage_size}),
-            ),
-            opts=common.child(self),
-        )
+        pvc = common.volume_claim(self, dep, name, lbls, args.storage_size, args.storage_class)
         tmp_vol, tmp_mount = common.tmp_volume()
         spec = role_specs.file_server(ROOT)
         port = spec.port("http")

@@ -87,12 +87,7 @@ class TrackingServer(pulumi.ComponentResource):
         env.append(k8s.core.v1.EnvVarArgs(name="MLFLOW_ARTIFACTS_DESTINATION",
                                           value=args.artifacts_destination or f"{STORE}/artifacts"))
         if args.backend_store_uri is None or args.artifacts_destination is None:
-            pvc = k8s.core.v1.PersistentVolumeClaim(
-                name, metadata=common.metadata(dep, name, lbls),
-                spec=k8s.core.v1.PersistentVolumeClaimSpecArgs(
-                    access_modes=["ReadWriteOnce"], storage_class_name=args.storage_class or None,
-                    resources=k8s.core.v1.VolumeResourceRequirementsArgs(requests={"storage": args.storage_size})),
-                opts=common.child(self))
+            pvc = common.volume_claim(self, dep, name, lbls, args.storage_size, args.storage_class)
             volumes.append(k8s.core.v1.VolumeArgs(
                 name="store", persistent_volume_claim=k8s.core.v1.PersistentVolumeClaimVolumeSourceArgs(
                     claim_name=pvc.metadata.apply(lambda m: m.name))))

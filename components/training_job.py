@@ -138,17 +138,8 @@ class TrainingJob(pulumi.ComponentResource):
         lbls = common.labels(dep, name, "training")
         claim = f"{name}-shared"
         # Not part of the Job's spec, so a new run (other scale) keeps the claim.
-        self.shared_pvc = k8s.core.v1.PersistentVolumeClaim(
-            claim,
-            metadata=common.metadata(dep, claim, common.labels(dep, claim, "training")),
-            spec=k8s.core.v1.PersistentVolumeClaimSpecArgs(
-                access_modes=["ReadWriteMany"],
-                storage_class_name=args.shared_storage_class or None,
-                resources=k8s.core.v1.VolumeResourceRequirementsArgs(
-                    requests={"storage": args.shared_size}),
-            ),
-            opts=common.child(self),
-        )
+        self.shared_pvc = common.volume_claim(self, dep, claim, common.labels(dep, claim, "training"), args.shared_size,
+                                              args.shared_storage_class, access_mode="ReadWriteMany")
         self.shared_claim = self.shared_pvc.metadata.apply(lambda m: m.name)
         spec = {
             "schedulerName": "volcano",

@@ -15,6 +15,7 @@ Version layout under a root (a directory or the file server's URL), see docs/con
 from __future__ import annotations
 
 import base64
+import contextlib
 import glob
 import hashlib
 import io
@@ -208,34 +209,49 @@ def expand(pattern: str) -> list[str]:
     return sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
 
 
+def _http_get(location: str, timeout_s: float, stream: bool = False) -> requests.Response:
+    """A GET of the URL ``location`` that answered below 400. Raises ``LocationNotFound``
+    for a 404, ``LocationError`` naming the location for any other failure."""
+    try:
+        r = session().get(location, stream=stream, timeout=timeout_s)
+    except requests.RequestException as exc:
+        raise LocationError(f"{location}: unreachable ({exc})") from exc
+    if r.status_code >= 400:
+        r.close()
+        cls = LocationNotFound if r.status_code == 404 else LocationError
+        raise cls(f"{location}: HTTP {r.status_code}")
+    return r
+
+
+@contextlib.contextmanager
+def _located(location: str) -> Iterator[None]:
+    """Maps the ``OSError`` of a local path and any failure of an object-store call in the
+    block to ``LocationNotFound`` (missing) or ``LocationError``, naming ``location``."""
+    try:
+        yield
+    except LocationError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - an object store's client raises its own types
+        if is_store(location):
+            raise _store_error(location, exc) from exc
+        if isinstance(exc, OSError):
+            cls = LocationNotFound if isinstance(exc, FileNotFoundError) else LocationError
+            raise cls(f"{location}: {exc.strerror or exc}") from exc
+        raise
+
+
 def open_stream(location: str, timeout_s: float = 30.0) -> IO[bytes]:
     """Opens a path or URL for streamed binary reading (a URL is never loaded whole).
 
     Raises ``LocationError`` naming the location if it is missing or unreachable
     (``LocationNotFound`` if it is missing).
     """
-    if is_store(location):
-        try:
-            return objectstore.open_read(location)
-        except Exception as exc:  # noqa: BLE001
-            raise _store_error(location, exc) from exc
     if is_url(location):
-        try:
-            r = session().get(location, stream=True, timeout=timeout_s)
-        except requests.RequestException as exc:
-            raise LocationError(f"{location}: unreachable ({exc})") from exc
-        if r.status_code >= 400:
-            r.close()
-            cls = LocationNotFound if r.status_code == 404 else LocationError
-            raise cls(f"{location}: HTTP {r.status_code}")
+        r = _http_get(location, timeout_s, stream=True)
         r.raw.decode_content = True
         return r.raw  # type: ignore[return-value]
-    try:
-        return open(location, "rb")
-    except FileNotFoundError as exc:
-        raise LocationNotFound(f"{location}: {exc.strerror or exc}") from exc
-    except OSError as exc:
-        raise LocationError(f"{location}: {exc.strerror or exc}") from exc
+    with _located(location):
+        return objectstore.open_read(location) if is_store(location) else open(location, "rb")
 
 
 def iter_lines(location: str, encoding: str = "utf-8") -> Iterator[str]:
@@ -258,26 +274,13 @@ def iter_lines(location: str, encoding: str = "utf-8") -> Iterator[str]:
 def read_bytes(location: str, timeout_s: float = 30.0) -> bytes:
     """The whole content of a small path or URL (donefiles, metadata). Raises
     ``LocationNotFound`` if it does not exist, ``LocationError`` for other failures."""
-    if is_store(location):
-        try:
-            return objectstore.read_bytes(location)
-        except Exception as exc:  # noqa: BLE001
-            raise _store_error(location, exc) from exc
     if is_url(location):
-        try:
-            r = session().get(location, timeout=timeout_s)
-        except requests.RequestException as exc:
-            raise LocationError(f"{location}: unreachable ({exc})") from exc
-        if r.status_code >= 400:
-            cls = LocationNotFound if r.status_code == 404 else LocationError
-            raise cls(f"{location}: HTTP {r.status_code}")
-        return r.content
-    try:
-        return Path(location).read_bytes()
-    except FileNotFoundError as exc:
-        raise LocationNotFound(f"{location}: {exc.strerror or exc}") from exc
-    except OSError as exc:
-        raise LocationError(f"{location}: {exc.strerror or exc}") from exc
+        return _http_get(location, timeout_s).content
+    with _located(location):
+        if is_store(location):
+            return objectstore.read_bytes(location)
+        with open(location, "rb") as f:
+            return f.read()
 
 
 def md5_file(path: str | os.PathLike) -> str:

@@ -124,7 +124,7 @@ class JobTracking:
                                   "seconds": part.seconds, "examples_per_s": eps}, step=step)
 
     def training_pass(self, step: int, st, test_auc: Optional[float]) -> None:
-        """One pass of a batch job (``runtime.trainer.worker.PassStats``): ``test_auc`` in
+        """One pass of a batch job (``runtime.trainer.passes.PassStats``): ``test_auc`` in
         the job's run (trainer 0), the trainer's figures in its run."""
         self.job.log_metrics({"test_auc": test_auc}, step=step)
         self.trainer.log_metrics({"train_auc": st.train_auc, "loss": finite(st.loss), "trainer_rows": st.examples,

@@ -16,20 +16,28 @@ SERIAL_DIRS = frozenset({"containers", "e2e", "lifecycle"})
 #: directory -> xdist group: its tests run on one worker, one after another (a session
 #: server they share, or CPU-heavy parameter-server jobs that must not overlap each other)
 GROUPS = {"tracking": "mlflow", "trainer": "paddle-ps"}
+#: single test files run in the serial phase: they measure timing (overload answered at
+#: once, slow clients taking nothing from others) or need the whole machine (a live
+#: Prometheus scraping a whole pipeline)
+SERIAL_FILES = frozenset({"monitoring/test_live.py", "serving/test_overload.py", "common/test_slow_clients.py"})
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
 def pytest_collection_modifyitems(config, items):
-    """Marks ``serial`` the tests of ``SERIAL_DIRS`` and those marked ``containers``, and
-    puts the tests of a ``GROUPS`` directory in its xdist group (unless they name one)."""
+    """Marks ``serial`` the tests of ``SERIAL_DIRS`` and ``SERIAL_FILES`` and those marked
+    ``containers``; puts the tests of a ``GROUPS`` directory in its xdist group, and every
+    other test in its file's group (unless it names one): a file's tests run on one worker,
+    in order, so a module-scoped fixture (a cluster several tests walk through) starts once."""
     for item in items:
         try:
-            top = Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
+            rel = Path(str(item.fspath)).resolve().relative_to(TESTS)
         except ValueError:  # a test outside tests/
             continue
-        if top in SERIAL_DIRS or item.get_closest_marker("containers"):
+        top = rel.parts[0]
+        if top in SERIAL_DIRS or rel.as_posix() in SERIAL_FILES or item.get_closest_marker("containers"):
             item.add_marker(pytest.mark.serial)
-        if top in GROUPS and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(GROUPS[top]))
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(GROUPS.get(top, rel.as_posix())))
 
 
 @pytest.fixture

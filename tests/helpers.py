@@ -4,6 +4,7 @@ cube control plane, versions written by the trainer's own export, a fake cube cl
 lookups of rendered manifests."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -288,6 +289,32 @@ def make_table(rows_feasigns: np.ndarray, seed: int, dim: int = SERVING_DIM, dro
     rng = np.random.default_rng(seed)
     keys = np.unique(rows_feasigns.ravel())
     return {int(k): rng.normal(0, 0.5, dim).astype(np.float32) for i, k in enumerate(keys) if i % drop_every}
+
+
+@contextlib.contextmanager
+def cube_serving_lines(tmp: Path, lines: list[str], version: int, shards: int = 1):
+    """A version exported from the Criteo ``lines`` (``make_table``'s embeddings for their
+    feasigns) rolled out to a local cube of ``shards`` x 1 replica under ``tmp``: yields
+    ``(cube, batch)`` (``runtime.cube.local_cube.LocalCubeCluster``, the parsed lines)."""
+    from runtime.cube.local_cube import LocalCubeCluster
+
+    batch = features.parse_criteo_lines(lines)
+    root = tmp / "root"
+    export_version(root, version, make_table(batch.feasigns, 3), seed=5)
+    with LocalCubeCluster(tmp / "cube", root, shards=shards, replicas=1) as cube:
+        cube.wait_version(version, timeout_s=120)
+        yield cube, batch
+
+
+def serving_args(cube, work_dir: Path, port: int, grpc_port: int, workers: int, threads: int,
+                 extra: tuple[str, ...] = ()) -> list[str]:
+    """``elastic-ctr serve``'s arguments on 127.0.0.1 over ``cube`` (a ``LocalCubeCluster``),
+    from the role's spec (``runtime.role_specs.serving``)."""
+    from runtime import role_specs
+
+    return list(role_specs.serving(str(cube.topology_path), cube.root_url, cube.transfer_url, str(work_dir),
+                                   host="127.0.0.1", port=port, grpc_port=grpc_port, workers=workers,
+                                   threads=threads, extra=extra).args)
 
 
 class FakeCube:

@@ -20,9 +20,9 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from runtime.formats._validation import NonNegInt, PosInt, describe
+from runtime.formats._validation import NonNegInt, PosInt, validated
 
 FILE = "build.json"
 TAR_SUFFIX = ".tar"
@@ -133,7 +133,4 @@ class BuildRecord(BaseModel):
             doc = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise BuildRecordError(f"{path}: cannot read the build record: {exc}") from None
-        try:
-            return cls.model_validate(doc)
-        except ValidationError as exc:
-            raise BuildRecordError(f"{path}: invalid build record: {describe(exc)}") from None
+        return validated(cls, doc, BuildRecordError, f"{path}: invalid build record")

@@ -1,9 +1,11 @@
 """Turns pydantic validation errors into one message that names the input and the field."""
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BeforeValidator, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 def _no_bool(value: Any) -> Any:
@@ -29,3 +31,12 @@ def describe(exc: ValidationError) -> str:
             msg += f" (got {err['input']!r:.80})"
         parts.append(f"{loc or 'document'}: {msg}")
     return "; ".join(parts)
+
+
+def validated(cls: type[_M], obj: Any, error: type[Exception], source: str) -> _M:
+    """``cls.model_validate(obj)``. Raises ``error`` with the message ``"<source>: <field>:
+    <what was wrong>"`` (``describe``) when ``obj`` is not a valid ``cls``."""
+    try:
+        return cls.model_validate(obj)
+    except ValidationError as exc:
+        raise error(f"{source}: {describe(exc)}") from None

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.formats._validation import describe
+from runtime.formats._validation import validated
 
 
 class _Body(BaseModel):
@@ -116,10 +116,7 @@ class DictInfo(_Body):
         """Parses a decoded body. Raises ``DictInfoError`` naming ``source`` and the field."""
         if not isinstance(obj, dict):
             raise DictInfoError(f"{source}: not a JSON object (got {type(obj).__name__})")
-        try:
-            return cls.model_validate(obj)
-        except ValidationError as exc:
-            raise DictInfoError(f"{source}: {describe(exc)}") from None
+        return validated(cls, obj, DictInfoError, source)
 
 
 class DictInfoError(RuntimeError):

@@ -16,9 +16,9 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from runtime.formats._validation import NonNegInt, PosInt, describe
+from runtime.formats._validation import NonNegInt, PosInt, validated
 
 FILE = "model_meta.json"
 PROGRAM_SUFFIX, PARAMS_SUFFIX = ".pdmodel", ".pdiparams"
@@ -155,10 +155,7 @@ class ModelMeta(_Strict):
     @classmethod
     def parse(cls, doc: object, source: str = FILE) -> "ModelMeta":
         """Validates a parsed document; raises ``ModelMetaError`` naming ``source``."""
-        try:
-            return cls.model_validate(doc)
-        except ValidationError as exc:
-            raise ModelMetaError(f"{source}: invalid model metadata: {describe(exc)}") from None
+        return validated(cls, doc, ModelMetaError, f"{source}: invalid model metadata")
 
     @classmethod
     def read(cls, model_dir: str | os.PathLike) -> "ModelMeta":

@@ -22,9 +22,9 @@ import os
 from pathlib import Path
 from typing import Any, Optional, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from runtime.formats._validation import NonNegInt, PosInt, describe
+from runtime.formats._validation import NonNegInt, PosInt, validated
 
 FILE = "signal.json"
 
@@ -128,10 +128,7 @@ def _read(out_dir: Union[str, os.PathLike], cls: type[_S]) -> _S:
         raise SignalError(f"{path}: no such file (written by 'elastic-ctr data generate')") from None
     except ValueError as exc:
         raise SignalError(f"{path}: not JSON ({exc})") from None
-    try:
-        return cls.model_validate(obj)
-    except ValidationError as exc:
-        raise SignalError(f"{path}: {describe(exc)}") from None
+    return validated(cls, obj, SignalError, str(path))
 
 
 def read_split(out_dir: Union[str, os.PathLike]) -> SplitSignal:

@@ -18,12 +18,27 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from runtime.formats._validation import describe
 
 _T = TypeVar("_T", bound="StateFile")
+_B = TypeVar("_B", bound=BaseModel)
 
 
 class StateError(RuntimeError):
     """A state file is unreadable; the message names the file and the field. The role
     decides whether to refuse to start (the transfer: it could repeat or skip rollouts) or
     to start empty (the agent, the cube server: the transfer brings them back)."""
+
+
+def read_record(path: Union[str, os.PathLike], cls: type[_B], error: type[Exception], what: str) -> Optional[_B]:
+    """The JSON record of type ``cls`` in the local file ``path``; None when the file does
+    not exist. Raises ``error("<path>: not a valid <what> (...)")`` when it is not one."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        return cls.model_validate_json(raw)
+    except ValueError as exc:
+        raise error(f"{path}: not a valid {what} ({exc})") from None
 
 
 class StateFile(BaseModel):

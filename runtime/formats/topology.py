@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from runtime.formats._validation import NonNegInt, describe
+from runtime.formats._validation import NonNegInt, validated
 
 FILE = "topology.json"
 
@@ -147,10 +147,7 @@ class Topology(BaseModel):
     @classmethod
     def parse(cls, doc: object, source: str = "topology") -> "Topology":
         """Validates a parsed JSON document; raises ``TopologyError`` naming ``source``."""
-        try:
-            return cls.model_validate(doc)
-        except ValidationError as exc:
-            raise TopologyError(f"{source}: invalid topology: {describe(exc)}") from None
+        return validated(cls, doc, TopologyError, f"{source}: invalid topology")
 
     @classmethod
     def load(cls, source: "str | os.PathLike | dict | Topology") -> "Topology":

@@ -21,9 +21,9 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from runtime.formats._validation import describe
+from runtime.formats._validation import validated
 
 #: the prefix of one trainer process's line
 RESULT = "ELASTIC_CTR_RESULT"
@@ -125,10 +125,7 @@ class TrainResult(BaseModel):
     def of(cls, record: dict[str, Any]) -> "TrainResult":
         """The record of a dict with the fields above. Raises ``TrainResultError`` naming
         each wrong field (a writer's bug: the line would not be readable)."""
-        try:
-            return cls.model_validate(record)
-        except ValidationError as exc:
-            raise TrainResultError(f"train result record: {describe(exc)}") from None
+        return validated(cls, record, TrainResultError, "train result record")
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain JSON values, absent fields left out (what the line holds)."""
@@ -154,10 +151,7 @@ class TrainResult(BaseModel):
             raise TrainResultError(f"{kind} line: not JSON ({exc}): {body[:80]!r}") from None
         if not isinstance(raw, dict):
             raise TrainResultError(f"{kind} line: a JSON object expected, got {type(raw).__name__}")
-        try:
-            return cls.model_validate(raw)
-        except ValidationError as exc:
-            raise TrainResultError(f"{kind} line: {describe(exc)}") from None
+        return validated(cls, raw, TrainResultError, f"{kind} line")
 
     @classmethod
     def find(cls, text: str, kind: str = RESULT, source: str = "log") -> Optional["TrainResult"]:

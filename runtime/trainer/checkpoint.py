@@ -57,6 +57,8 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from runtime.formats.statefile import read_record
+
 log = logging.getLogger(__name__)
 
 INFO_FILE = "checkpoint.json"
@@ -95,16 +97,7 @@ def write_info(directory: str, info: CheckpointInfo) -> None:
 def read_info(directory: str) -> Optional[CheckpointInfo]:
     """The checkpoint's record, ``None`` for a checkpoint written before it existed.
     Raises ``CheckpointError`` naming the file when it is not a valid record."""
-    path = os.path.join(directory, INFO_FILE)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        return None
-    try:
-        return CheckpointInfo.model_validate_json(raw)
-    except ValueError as exc:
-        raise CheckpointError(f"{path}: not a valid checkpoint record ({exc})") from None
+    return read_record(os.path.join(directory, INFO_FILE), CheckpointInfo, CheckpointError, "checkpoint record")
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ from runtime.formats import donefile, partitions
 from runtime.metrics.trainer import metrics as trainer_metrics, waiting_counter
 # an export entry of the state file is the result line's record (one definition)
 from runtime.formats.train_result import ExportResult as ExportRecord
+from runtime.formats.statefile import read_record
 from runtime.formats.train_result import PartitionResult
 from runtime.trainer import cadence, fedrows, publish
 from runtime.trainer.tablediff import apply_patch, table_diff  # noqa: F401 - part of this module's API
@@ -146,16 +147,7 @@ class OnlineState(BaseModel):
     def load(cls, state_dir: str) -> Optional["OnlineState"]:
         """The state in ``state_dir``, or ``None`` if there is none. Raises ``ValueError``
         naming the file when it is not a valid state."""
-        path = os.path.join(state_dir, STATE_FILE)
-        try:
-            with open(path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
-            return None
-        try:
-            return cls.model_validate_json(raw)
-        except ValueError as exc:
-            raise ValueError(f"{path}: not a valid online training state ({exc})") from None
+        return read_record(os.path.join(state_dir, STATE_FILE), cls, ValueError, "online training state")
 
     def save(self, state_dir: str) -> None:
         """Writes the state atomically (temporary file, fsync, rename)."""

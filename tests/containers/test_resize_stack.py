@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from tests.containers.kube import Cluster
-from tests.containers.test_stack import PROPAGATION_S, check_no_errors, dict_info, forbidden_log_lines
+from tests.containers.stack_steps import PROPAGATION_S, check_no_errors, dict_info, forbidden_log_lines, terminal_lines
 from tests.containers.traffic import ServiceLoad
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow]
@@ -77,15 +77,7 @@ def rendering(cfg: dict[str, str], tag: str):
 
 @pytest.fixture(scope="module")
 def say(request):
-    tr = request.config.pluginmanager.get_plugin("terminalreporter")
-
-    def out(line: str) -> None:
-        line = f"resize: {line}"
-        if tr is not None:
-            tr.write_line(line)
-        else:  # pragma: no cover
-            print(line)
-    return out
+    return terminal_lines(request, "resize")
 
 
 def publish(c: Cluster, rows: Path, seed: int) -> int:

@@ -31,7 +31,8 @@ import pytest
 from runtime import storage
 from runtime.formats import donefile
 from tests.containers.kube import Cluster
-from tests.containers.test_stack import OVERRIDES, VENV_BIN, cube_versions, dict_info, forbidden_log_lines
+from tests.containers.stack_steps import cube_versions, dict_info, forbidden_log_lines
+from tests.containers.test_stack import OVERRIDES, VENV_BIN
 from tests.s3server import S3Server
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow]
@@ -54,6 +55,16 @@ def _rendering(endpoint: str, bucket: str, tag: str):
     resources, outputs = run_program(config, secrets, "dev")
     manifests = sorted((m for m in (to_manifest(r) for r in resources) if m), key=lambda m: m.filename)
     return Rendering(stack="dev", config=config, manifests=manifests, outputs=outputs, resources=resources)
+
+
+def _client_report(ip: str, rows, out: Path) -> dict:
+    """``elastic-ctr client`` (host, .venv) scoring ``rows`` against the serving pod at ``ip``
+    (batch 256, 2 workers): its JSON report, written to ``out``."""
+    proc = subprocess.run([str(VENV_BIN / "elastic-ctr"), "client", "--url", f"http://{ip}:8000", "--data", str(rows),
+                           "--format", "criteo", "--batch-size", "256", "--concurrency", "2", "--json-out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -122,12 +133,7 @@ def test_stack_with_data_and_versions_in_a_bucket(s3_stack):
     c.wait_ready([p.name for p in pods], timeout_s=300)
     for i, p in enumerate(pods):
         out = s3_stack["work"] / f"client-{i}.json"
-        proc = subprocess.run([str(VENV_BIN / "elastic-ctr"), "client", "--url", f"http://{p.ip}:8000", "--data",
-                               str(s3_stack["test_rows"]), "--format", "criteo", "--batch-size", "256",
-                               "--concurrency", "2", "--json-out", str(out)], capture_output=True, text=True,
-                              timeout=300)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        rep = json.loads(out.read_text())
+        rep = _client_report(p.ip, s3_stack["test_rows"], out)
         print(f"stack-s3: client -> {p.name}: requests {rep['requests']}, failed {rep['failed_requests']}, "
               f"served AUC {rep['auc']:.6f} (trainer {auc:.6f}), p50 {rep['p50_ms']} ms")
         assert rep["failed_requests"] == 0 and rep["requests"] > 0, rep
@@ -248,11 +254,7 @@ def test_stack_with_the_s3_server_as_a_pod(s3_pod_stack, monkeypatch):
     rows.write_bytes(c.volume_dir(f"{JOB}-trainer-0", "data").joinpath("test.txt").read_bytes())
     for i, p in enumerate(pods):
         out = s3_pod_stack["work"] / f"client-{i}.json"
-        proc = subprocess.run([str(VENV_BIN / "elastic-ctr"), "client", "--url", f"http://{p.ip}:8000", "--data",
-                               str(rows), "--format", "criteo", "--batch-size", "256", "--concurrency", "2",
-                               "--json-out", str(out)], capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        rep = json.loads(out.read_text())
+        rep = _client_report(p.ip, rows, out)
         print(f"stack-s3-pod: client -> {p.name}: requests {rep['requests']}, failed {rep['failed_requests']}, "
               f"served AUC {rep['auc']:.6f} (trainer {float(res['test_auc'][-1]):.6f})")
         assert rep["failed_requests"] == 0 and rep["requests"] > 0, rep

@@ -14,11 +14,11 @@ import pytest
 from runtime.cube.transfer import coalesce
 from runtime.cube.transfer.state import Phase, Plan
 from runtime.formats import donefile
-from tests.cube.test_transfer import add_version, cluster, make_transfer, root  # noqa: F401 - fixtures
+from tests.cube.transfer_harness import add_version, make_transfer
 
 
 def _recording(calls):
-    from tests.cube.test_transfer import stub_build
+    from tests.cube.transfer_harness import stub_build
 
     def build(inputs, output_dir, dict_name, shard_num, version, mode, base_version):
         calls.append((version, mode, base_version, [os.path.basename(os.path.dirname(i)) for i in inputs]))
@@ -27,7 +27,7 @@ def _recording(calls):
     return build
 
 
-def test_queued_patches_go_out_as_one_rollout(cluster, root, tmp_path):  # noqa: F811
+def test_queued_patches_go_out_as_one_rollout(cluster, root, tmp_path):
     calls = []
     add_version(root, 100, 100)
     tr = make_transfer(cluster, root, tmp_path / "work", build_fn=_recording(calls), coalesce=True)
@@ -58,7 +58,7 @@ def _inputs(tmp_path, version):
     return BuildRecord.read(tmp_path / "work" / "build" / "d" / str(version)).inputs
 
 
-def test_no_coalesce_rolls_every_patch_out(cluster, root, tmp_path):  # noqa: F811
+def test_no_coalesce_rolls_every_patch_out(cluster, root, tmp_path):
     add_version(root, 100, 100)
     for v in (101, 102):
         add_version(root, v, 100, patch=True)

@@ -23,6 +23,7 @@ the dense model is not loaded (tests/cube/test_resize_serving.py does, slow).
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -147,45 +148,65 @@ def _serving_patch(c) -> None:
     c.wait_version(PATCH, timeout_s=60)
 
 
-def test_shard_change_beside_the_serving_generation_fails_no_request(tmp_path):
+class _Run:
+    """A local 2 x 1 cube serving PATCH (``cube``), the pods reading it (``pods``, the first
+    ready on it) and the client sending through them (``traffic``)."""
+
+    def __init__(self, cube, root, pods: list[Pod], traffic: Traffic):
+        self.cube, self.root, self.pods, self.traffic = cube, root, pods, traffic
+
+    def stop(self) -> None:
+        """Stops the client and every pod's watcher (again: nothing)."""
+        self.traffic.close()
+        for p in self.pods:
+            p.watcher.stop()
+
+
+@contextlib.contextmanager
+def _one_pod_serving(tmp_path, name: str):
+    """``_Run`` of one pod ``name`` ready on PATCH; stopped (and the cube with it) at the end."""
     from runtime.cube.local_cube import LocalCubeCluster
 
     root = tmp_path / "root"
     expected = _versions(root)
     with LocalCubeCluster(tmp_path / "run", root, shards=2, replicas=1, poll_interval_s=0.1) as c:
         _serving_patch(c)
-        old = Pod("old", c.topology_path, root, c.transfer_url, tmp_path / "w-old")
-        _wait(lambda: old.ready() and old.watcher.current.version == PATCH, "old pod ready", c)
-        traffic = Traffic(expected, [old])
-        pods = [old]
+        first = Pod(name, c.topology_path, root, c.transfer_url, tmp_path / f"w-{name}")
+        _wait(lambda: first.ready() and first.watcher.current.version == PATCH, f"{name} pod ready", c)
+        run = _Run(c, root, [first], Traffic(expected, [first]))
         try:
-            time.sleep(0.3)
-            # pulumi up: the new layout's StatefulSets (ready when up, empty) ...
-            g3 = c.start_layout(3, 1)
-            new = Pod("new", g3.topology_path, root, c.transfer_url, tmp_path / "w-new")
-            pods.append(new)
-            # ... then the transfer updated to the new topology (same work dir) ...
-            t_switch = time.monotonic()
-            c.restart_transfer(g3.topology_path)
-            c.publish_version(HELD, BASE, patch=True, dim=DIM)  # published during the switch: held
-            assert not new.ready()  # nothing laid out on 3 shards yet
-            # ... then serving rolls: a new pod is ready once its cube serves the version
-            _wait(new.ready, "the new layout serving", c)
-            relayout_s = time.monotonic() - t_switch
-            traffic.move(new, old)
-            _wait(lambda: new.watcher.current.version == HELD, "the held patch on the new layout", c)
-            time.sleep(0.3)
-            # the old layout kept the version it served, untouched, until deleted last
-            for s in c.topology.shards:
-                for r in s.replicas:
-                    assert requests.get(r.http + "/status", timeout=5).json()["version"] == PATCH
-            codes = c.stop_layout(c.layout)
-            assert set(codes.values()) == {0}, codes
-            time.sleep(0.3)
+            yield run
         finally:
-            traffic.close()
-            for p in pods:
-                p.watcher.stop()
+            run.stop()
+
+
+def test_shard_change_beside_the_serving_layout_fails_no_request(tmp_path):
+    with _one_pod_serving(tmp_path, "old") as run:
+        c, root, traffic, (old,) = run.cube, run.root, run.traffic, run.pods
+        time.sleep(0.3)
+        # pulumi up: the new layout's StatefulSets (ready when up, empty) ...
+        g3 = c.start_layout(3, 1)
+        new = Pod("new", g3.topology_path, root, c.transfer_url, tmp_path / "w-new")
+        run.pods.append(new)
+        # ... then the transfer updated to the new topology (same work dir) ...
+        t_switch = time.monotonic()
+        c.restart_transfer(g3.topology_path)
+        c.publish_version(HELD, BASE, patch=True, dim=DIM)  # published during the switch: held
+        assert not new.ready()  # nothing laid out on 3 shards yet
+        # ... then serving rolls: a new pod is ready once its cube serves the version
+        _wait(new.ready, "the new layout serving", c)
+        relayout_s = time.monotonic() - t_switch
+        traffic.move(new, old)
+        _wait(lambda: new.watcher.current.version == HELD, "the held patch on the new layout", c)
+        time.sleep(0.3)
+        # the old layout kept the version it served, untouched, until deleted last
+        for s in c.topology.shards:
+            for r in s.replicas:
+                assert requests.get(r.http + "/status", timeout=5).json()["version"] == PATCH
+        codes = c.stop_layout(c.layout)
+        assert set(codes.values()) == {0}, codes
+        time.sleep(0.3)
+        run.stop()
         assert not traffic.errors, (traffic.ok, traffic.errors[:5])
         assert traffic.ok.get("old", 0) > 0 and traffic.ok.get("new", 0) > 0, traffic.ok
         assert old.versions == [PATCH]  # never a link of the re-layout, never the held patch
@@ -202,47 +223,35 @@ def test_shard_change_beside_the_serving_generation_fails_no_request(tmp_path):
 
 @pytest.mark.slow  # ~20 s on an idle 2-core machine, 37 s under load 20 (the shard change stays fast)
 def test_replicas_up_and_down_fail_no_request(tmp_path):
-    from runtime.cube.local_cube import LocalCubeCluster
-
-    root = tmp_path / "root"
-    expected = _versions(root)
-    with LocalCubeCluster(tmp_path / "run", root, shards=2, replicas=1, poll_interval_s=0.1) as c:
-        _serving_patch(c)
-        one = Pod("one", c.topology_path, root, c.transfer_url, tmp_path / "w-one")
-        _wait(one.ready, "pod ready", c)
-        traffic = Traffic(expected, [one])
-        pods = [one]
-        gen = c.layout
-        try:
-            time.sleep(0.2)
-            # cubeReplicas 1 -> 2: the StatefulSets grow (new replicas empty), the transfer
-            # restarts on the grown topology and loads them (reconcile at start); a pod on it
-            # is ready at once (every shard answers on replica 0), the client's version-checked
-            # failover keeps the empty or lagging replicas out of its answers
-            grown_topology = c.grow_layout(gen, 2)
-            two = Pod("two", grown_topology, root, c.transfer_url, tmp_path / "w-two")
-            pods.append(two)
-            c.restart_transfer(grown_topology)
-            _wait(two.ready, "the pod on the grown topology ready", c)
-            traffic.move(two, one)
-            _wait(lambda: all(requests.get(r.http + "/status", timeout=5).json()["version"] == PATCH
-                              for s in gen.topology.shards for r in s.replicas), "the new replicas loaded", c)
-            time.sleep(0.3)
-            # cubeReplicas 2 -> 1: the highest ordinals stop first (SIGTERM, lookups received
-            # answered) while pods still list them, then the topology shrinks and pods roll
-            shrunk_topology, codes = c.shrink_layout(gen, 1)
-            assert set(codes.values()) == {0}, codes
-            back = Pod("back", shrunk_topology, root, c.transfer_url, tmp_path / "w-back")
-            pods.append(back)
-            c.restart_transfer(shrunk_topology)
-            _wait(back.ready, "the pod on the shrunk topology ready", c)
-            traffic.move(back, two)
-            time.sleep(0.3)
-        finally:
-            traffic.close()
-            for p in pods:
-                p.watcher.stop()
+    with _one_pod_serving(tmp_path, "one") as run:
+        c, root, traffic, (one,) = run.cube, run.root, run.traffic, run.pods
+        layout = c.layout
+        time.sleep(0.2)
+        # cubeReplicas 1 -> 2: the StatefulSets grow (new replicas empty), the transfer
+        # restarts on the grown topology and loads them (reconcile at start); a pod on it
+        # is ready at once (every shard answers on replica 0), the client's version-checked
+        # failover keeps the empty or lagging replicas out of its answers
+        grown_topology = c.grow_layout(layout, 2)
+        two = Pod("two", grown_topology, root, c.transfer_url, tmp_path / "w-two")
+        run.pods.append(two)
+        c.restart_transfer(grown_topology)
+        _wait(two.ready, "the pod on the grown topology ready", c)
+        traffic.move(two, one)
+        _wait(lambda: all(requests.get(r.http + "/status", timeout=5).json()["version"] == PATCH
+                          for s in layout.topology.shards for r in s.replicas), "the new replicas loaded", c)
+        time.sleep(0.3)
+        # cubeReplicas 2 -> 1: the highest ordinals stop first (SIGTERM, lookups received
+        # answered) while pods still list them, then the topology shrinks and pods roll
+        shrunk_topology, codes = c.shrink_layout(layout, 1)
+        assert set(codes.values()) == {0}, codes
+        back = Pod("back", shrunk_topology, root, c.transfer_url, tmp_path / "w-back")
+        run.pods.append(back)
+        c.restart_transfer(shrunk_topology)
+        _wait(back.ready, "the pod on the shrunk topology ready", c)
+        traffic.move(back, two)
+        time.sleep(0.3)
+        run.stop()
         assert not traffic.errors, (traffic.ok, traffic.errors[:5])
-        assert all(traffic.ok.get(p.name, 0) > 0 for p in pods), traffic.ok
-        assert [p.versions for p in pods] == [[PATCH]] * 3
+        assert all(traffic.ok.get(p.name, 0) > 0 for p in run.pods), traffic.ok
+        assert [p.versions for p in run.pods] == [[PATCH]] * 3
         assert c.info().replicas == [1, 1]

@@ -12,31 +12,23 @@ import pytest
 import requests
 
 from runtime import proc
-from runtime.formats import features
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def serving(tmp_path_factory):
-    from runtime.cube.local_cube import LocalCubeCluster
-    from tests.helpers import export_version, make_table
+    from tests.helpers import cube_serving_lines, serving_args
 
     tmp = tmp_path_factory.mktemp("serving")
     rng = np.random.default_rng(0)
     lines = ["\t".join([str(i % 2)] + [str(int(rng.integers(0, 50))) for _ in range(13)]
                        + [format(int(rng.integers(0, 30)), "x") for _ in range(26)]) for i in range(32)]
-    batch = features.parse_criteo_lines(lines)
-    root = tmp / "root"
     version = 1_800_000_000
-    export_version(root, version, make_table(batch.feasigns, 3), seed=5)
-    with LocalCubeCluster(tmp / "cube", root, shards=2, replicas=1) as cube:
-        cube.wait_version(version, timeout_s=120)
+    with cube_serving_lines(tmp, lines, version, shards=2) as (cube, batch):
         port, grpc_port = proc.free_ports(2)
-        role = cube.group.start("serving", proc.self_command() + [
-            "serve", "--topology", str(cube.topology_path), "--model-root", cube.root_url,
-            "--transfer-url", cube.transfer_url, "--host", "127.0.0.1", "--port", str(port),
-            "--grpc-port", str(grpc_port), "--workers", "2", "--threads", "2", "--work-dir", str(tmp / "sv")])
+        role = cube.group.start("serving", proc.self_command() + serving_args(
+            cube, tmp / "sv", port, grpc_port, workers=2, threads=2))
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

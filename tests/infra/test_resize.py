@@ -38,7 +38,7 @@ def paths(a, b, prefix=""):
     return [] if a == b else [prefix]
 
 
-def test_cube_shards_2_to_4_declares_a_new_generation_and_drops_the_old(rendered):
+def test_cube_shards_2_to_4_declares_a_new_layout_and_drops_the_old(rendered):
     """A new shard count is a new layout (names carry the count); the old one's files
     leave the rendering (pulumi deletes them last); transfer and serving move to the new
     topology ConfigMap; nothing of the old layout is updated in place."""
@@ -96,7 +96,7 @@ def test_batch_to_continuous_changes_only_the_job(rendered):
     assert flag(args, "--base-every-minutes") == "720" and flag(args, "--state-dir") == "/shared/state"
 
 
-def test_apply_order_new_generation_then_transfer_then_serving(rendered):
+def test_apply_order_new_layout_then_transfer_then_serving(rendered):
     """The dependencies pulumi follows (and the rendering's dependencies.json records):
     the cube layout's StatefulSets before the transfer's Deployment, both before
     serving's; and the NN-*.yaml file order is one valid apply order (each manifest
@@ -131,7 +131,7 @@ def steps_of(before, after, mutable=True) -> dict[tuple[str, str, str], set[str]
     return {(s.op, s.kind, s.name): s.paths for s in preview.preview(before, after, mutable)}
 
 
-def test_preview_cube_shards_2_to_3_creates_a_generation_and_deletes_the_old_one_last(rendered):
+def test_preview_cube_shards_2_to_3_creates_a_layout_and_deletes_the_old_one_last(rendered):
     before, after = rendered("dev", "cubeShards=2"), rendered("dev", "cubeShards=3")
     steps = preview.preview(before, after, configmap_mutable=True)
     new_gen = {(k, f"cube-3s-shard-{i}") for i in range(3) for k in ("Service", "StatefulSet", "PodDisruptionBudget")}

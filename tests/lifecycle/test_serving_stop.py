@@ -27,7 +27,7 @@ import pytest
 import requests
 
 from runtime import proc
-from runtime.formats import features
+from tests.helpers import serving_args
 from tests.lifecycle import support
 
 pytestmark = pytest.mark.slow
@@ -41,17 +41,12 @@ STOPS_TWO_WORKERS = 4
 def cube(tmp_path_factory):
     """A version exported by the trainer's export, rolled out to a local cube (1 shard x 1
     replica, its transfer and file server): what serving needs to become ready."""
-    from runtime.cube.local_cube import LocalCubeCluster
-    from tests.helpers import export_version, make_table
+    from tests.helpers import cube_serving_lines
 
     tmp = tmp_path_factory.mktemp("serving-stop")
     lines = support.criteo_lines(ROWS)
-    batch = features.parse_criteo_lines(lines)
-    root = tmp / "root"
     version = 1_800_000_100
-    export_version(root, version, make_table(batch.feasigns, 3), seed=5)
-    with LocalCubeCluster(tmp / "cube", root, shards=1, replicas=1) as c:
-        c.wait_version(version, timeout_s=120)
+    with cube_serving_lines(tmp, lines, version) as (c, batch):
         yield {"cluster": c, "lines": lines, "batch": batch, "version": version, "tmp": tmp}
 
 
@@ -111,10 +106,7 @@ class _Request(threading.Thread):
 def _serve(cube, group: proc.ProcessGroup, name: str, workers: int) -> tuple[proc.Role, int, int]:
     c = cube["cluster"]
     port, grpc_port = proc.free_ports(2)
-    role = support.start(group, name, [
-        "serve", "--topology", str(c.topology_path), "--model-root", c.root_url, "--transfer-url", c.transfer_url,
-        "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port), "--workers", str(workers),
-        "--threads", "2", "--work-dir", str(cube["tmp"] / f"work-{name}")])
+    role = support.start(group, name, serving_args(c, cube["tmp"] / f"work-{name}", port, grpc_port, workers, threads=2))
     support.wait_ready(role, f"http://127.0.0.1:{port}/v2/health/ready", timeout_s=120)
     return role, port, grpc_port
 

@@ -66,14 +66,23 @@ class Drill:
             pytest.fail(f"targets down: {down()}")
         assert {t["labels"]["job"] for t in p.targets()} == {
             "fileserver", "cube-server", "cube-agent", "cube-transfer", "serving", "pserver", "trainer"}
-        now = time.time()
-        rng = f"{int(now - self.t_run) + 5}s"
-        empty = []
-        for q in dashboards.queries():
-            res = p.query_range(dashboards.expand(q.expr, "15s", rng), self.t_run, now, 1.0)  # errors raise
-            if not any(v == v for r in res for _, v in ((t, float(x)) for t, x in r["values"])):
-                empty.append((q.dashboard, q.panel, q.ref))
-        assert not empty, f"panel queries without data: {empty}"
+
+        def empty_panels() -> list[tuple[str, str, str]]:
+            now = time.time()
+            rng = f"{int(now - self.t_run) + 5}s"
+            empty = []
+            for q in dashboards.queries():
+                res = p.query_range(dashboards.expand(q.expr, "15s", rng), self.t_run, now, 1.0)  # errors raise
+                if not any(v == v for r in res for _, v in ((t, float(x)) for t, x in r["values"])):
+                    empty.append((q.dashboard, q.panel, q.ref))
+            return empty
+
+        # a rate needs two scrapes after the client's first requests: on a loaded machine
+        # the first may come a scrape interval or two after serving turned ready
+        try:
+            _wait("every panel query has data", lambda: not empty_panels(), 30, 2.0)
+        except TimeoutError:
+            pytest.fail(f"panel queries without data: {empty_panels()}")
         for r in p.rules():
             assert r["health"] == "ok", r
         for a in rules.alerts():

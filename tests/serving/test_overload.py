@@ -28,7 +28,6 @@ import pytest
 import requests
 
 from runtime import proc
-from runtime.formats import features
 from runtime.serving.grpc_server import GrpcServer
 from runtime.serving.proto import open_inference_pb2 as pb
 from runtime.serving.proto import open_inference_pb2_grpc as pb_grpc
@@ -133,24 +132,17 @@ ROWS = 512
 def serving(tmp_path_factory):
     """``elastic-ctr serve`` (1 worker, 1 thread, queue limit 2) over a local cube holding
     a version exported by the trainer's export."""
-    from runtime.cube.local_cube import LocalCubeCluster
-    from tests.helpers import export_version, make_table
+    from tests.helpers import cube_serving_lines, serving_args
     from tests.lifecycle import support
 
     tmp = tmp_path_factory.mktemp("overload")
     lines = support.criteo_lines(ROWS)
-    batch = features.parse_criteo_lines(lines)
-    root = tmp / "root"
     version = 1_800_000_200
-    export_version(root, version, make_table(batch.feasigns, 3), seed=5)
-    with LocalCubeCluster(tmp / "cube", root, shards=1, replicas=1) as c, \
+    with cube_serving_lines(tmp, lines, version) as (c, batch), \
             proc.ProcessGroup(tmp / "logs", grace_s=10) as group:
-        c.wait_version(version, timeout_s=120)
         port, grpc_port = proc.free_ports(2)
-        role = support.start(group, "serving", [
-            "serve", "--topology", str(c.topology_path), "--model-root", c.root_url, "--transfer-url",
-            c.transfer_url, "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port),
-            "--workers", "1", "--threads", "1", "--max-queue", "2", "--work-dir", str(tmp / "work")])
+        role = support.start(group, "serving", serving_args(c, tmp / "work", port, grpc_port, workers=1, threads=1,
+                                                            extra=("--max-queue", "2")))
         url = f"http://127.0.0.1:{port}"
         support.wait_ready(role, url + "/v2/health/ready", timeout_s=120)
         yield {"url": url, "lines": lines, "batch": batch, "role": role, "cube": c}

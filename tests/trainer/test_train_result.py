@@ -100,7 +100,7 @@ class _FakeWorker:
         return SimpleNamespace(release_memory=lambda: None), SimpleNamespace(rows=self.rows, holdout=None)
 
     def train_pass(self, ds, label, expected_rows):
-        from runtime.trainer.worker import PassStats
+        from runtime.trainer.passes import PassStats
 
         return PassStats(expected_rows, self.seconds, 0.7, 0.5)
 

@@ -145,7 +145,7 @@ def test_pass_progress_reads_the_scope_logs_and_stops_at_once(worker_lines):
     import time
 
     from runtime.inference import import_paddle
-    from runtime.trainer.worker import PassProgress
+    from runtime.trainer.passes import PassProgress
 
     paddle = import_paddle()
     scope = paddle.static.global_scope()
