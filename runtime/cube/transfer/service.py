@@ -173,8 +173,9 @@ class Transfer:
             plan = coalesce.widen(plan, patches, served.version if served else None,
                                   served.base_id if served else None, set(st.given_up), st.retry_after, now)
             if plan is not None and plan.coalesced:
-                log.info("Coalescing patches %s into the rollout of patch %d (queued behind the served version "
-                         "%d)", plan.coalesced, plan.version, served.version)
+                self._log_once(("coalesce", plan.version, tuple(plan.coalesced)), logging.INFO,
+                               "Coalescing patches %s into the rollout of patch %d (queued behind the served "
+                               "version %d)", plan.coalesced, plan.version, served.version)
         return plan
 
     def poll_once(self) -> Optional[dict]:
