@@ -61,7 +61,7 @@ class _Names(dict):
 
 
 def flag(field: str) -> str:
-    """The ``train`` flag of a field: ``patch_every`` -> ``--patch-every``."""
+    """The ``train`` flag of a field: ``base_every_minutes`` -> ``--base-every-minutes``."""
     return "--" + field.replace("_", "-")
 
 

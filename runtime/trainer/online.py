@@ -29,8 +29,8 @@ here, so the trainer does not rely on it; see docs/training.md.
 Resume: at every export point, in this order, (1) trainer 0 keeps the export's rows
 (``--state-dir/exports/<id>/``, ``ROWS``) and writes the state file with the export as
 ``pending`` (its version id fixed), (2) publishes the version (files, then the donefile
-line), (3) writes the state with the export done; then (4), when ``--checkpoint-every``
-minutes of data have been trained since the last checkpoint or the job reached
+line), (3) writes the state with the export done; then (4), when ``--checkpoint-every-minutes``
+of data have been trained since the last checkpoint or the job reached
 ``--end-hour``, every worker takes a checkpoint (``Worker.checkpoint``: the pservers save all tables with
 optimizer state, or the single process its program) into
 ``--state-dir/checkpoints/<partition>`` and trainer 0 records it in the state. The checkpoint

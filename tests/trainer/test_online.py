@@ -183,7 +183,8 @@ def _fed(root, *hours_) -> np.ndarray:
 
 
 def test_single_resume_from_an_older_checkpoint_trains_again_and_exports_every_row_fed_since(hours, tmp_path):
-    """--checkpoint-every 2: the checkpoint follows 01's export, 02 is exported without one;
+    """--checkpoint-every-minutes 120 (two hourly partitions): the checkpoint follows 01's export, 02 is exported
+    without one;
     stopped there, the job resumes from the checkpoint, trains 02 again without exporting
     it a second time, and 03's patch carries every row fed in 02 and 03, so the chain still
     equals the trainer's table bit for bit."""
@@ -239,7 +240,7 @@ def test_continuous_waits_for_the_done_marker(tmp_path):
 
 @pytest.mark.slow
 def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
-    """--checkpoint-every 2: the checkpoint follows 01's export and 02 is exported without
+    """--checkpoint-every-minutes 120 (two hourly partitions): the checkpoint follows 01's export and 02 is exported without
     one; trainer 0 is killed in the middle of partition 03: the launcher fails the job; the
     same command again restores the checkpoint, trains 02 again without exporting it twice,
     then 03 (a base: the restored tables are text): every hour once in the served lineage,
