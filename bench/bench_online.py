@@ -217,7 +217,7 @@ def run_online(args) -> int:
               f"{r['rollout_s']:>9.1f} {r['landed_to_served_s']:>16.1f} {r['failed']:>6}")
     patches = [r for r in rows if r["kind"] == "patch"] or rows
     l2s = [r["landed_to_served_s"] for r in rows]
-    (work / "bench-online.json").write_text(json.dumps({"hours": rows, "trainer": trec, "signal": sig}, indent=1))
+    (work / "bench-online.json").write_text(json.dumps({"hours": rows, "trainer": trec, "signal": sig.model_dump()}, indent=1))
     print(f"(land every {args.land_every_s} s; details: {work / 'bench-online.json'})")
     print(f"online hours={H} table_rows={table_rows} rows_per_hour={args.rows_per_hour} "
           f"patch_rows_p50={int(_p50([r['rows'] for r in patches]))} "
