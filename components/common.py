@@ -169,14 +169,22 @@ def probe(p: Optional[Probe], period_s: int = 10, failures: int = 3,
     return http_probe(p.path, p.port, period_s=period_s, failures=failures, initial_delay_s=initial_delay_s)
 
 
+#: how long a role may take to answer its liveness endpoint the first time (s), and how often
+#: the startup probe asks meanwhile
+STARTUP_S, STARTUP_PERIOD_S = 300, 5
+
+
 def container(spec: RoleSpec, dep: DeployContext, image: pulumi.Input[str], *, resources_: k8s.core.v1.ResourceRequirementsArgs,
               env: Sequence[k8s.core.v1.EnvVarArgs] = (), volume_mounts: Sequence[k8s.core.v1.VolumeMountArgs] = (),
               read_only_root: bool = True, readiness_period_s: int = 5, liveness_period_s: int = 10,
-              liveness_failures: int = 6, liveness_delay_s: int = 0,
+              liveness_failures: int = 6, liveness_delay_s: int = 0, startup_s: int = STARTUP_S,
               **extra) -> k8s.core.v1.ContainerArgs:
     """The container of role ``spec`` (``runtime.role_specs``): its name, ``args``, named
     ports and probes come from the spec, nothing else; the spec's fixed environment comes
-    first, then ``env``. ``extra``: more ``ContainerArgs`` fields (e.g. ``lifecycle``)."""
+    first, then ``env``. A role with a liveness probe also gets a startup probe on the same
+    endpoint (every ``STARTUP_PERIOD_S`` s, up to ``startup_s`` s): liveness counts only once
+    the process answered, so a slow start (Paddle's import, a model's load on a busy node)
+    is not restarted. ``extra``: more ``ContainerArgs`` fields (e.g. ``lifecycle``)."""
     return k8s.core.v1.ContainerArgs(
         name=spec.name,
         image=image,
@@ -188,6 +196,8 @@ def container(spec: RoleSpec, dep: DeployContext, image: pulumi.Input[str], *, r
         readiness_probe=probe(spec.readiness, period_s=readiness_period_s),
         liveness_probe=probe(spec.liveness, period_s=liveness_period_s, failures=liveness_failures,
                              initial_delay_s=liveness_delay_s),
+        startup_probe=probe(spec.liveness, period_s=STARTUP_PERIOD_S,
+                            failures=max(1, -(-startup_s // STARTUP_PERIOD_S))) if spec.liveness else None,
         security_context=container_security(read_only_root),
         volume_mounts=list(volume_mounts),
         **extra,
