@@ -17,7 +17,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # Re-installs only when a requirements file or pyproject.toml changed.
-$(STAMP): $(BIN)/python pyproject.toml $(filter-out requirements/kserve.txt,$(wildcard requirements/*.txt)) runtime/cube/kernel.c runtime/trainer/_signals.c runtime/serving/proto/open_inference.proto setup.py
+$(STAMP): $(BIN)/python pyproject.toml $(filter-out requirements/kserve.txt,$(wildcard requirements/*.txt)) runtime/cube/kernel.c runtime/cube/kernel_client.c runtime/cube/kernel.h runtime/trainer/_signals.c runtime/serving/proto/open_inference.proto setup.py
 	$(BIN)/pip install -q -c requirements/constraints.txt -e ".[trainer,serving,cube,infra,dev,s3,tracking-server]"
 	touch $(STAMP)
 

@@ -1,6 +1,6 @@
 """Build hooks; everything else about the package is in pyproject.toml.
 
-- The cube kernel: runtime/cube/kernel.c (plain C functions that runtime/cube/kernel.py
+- The cube kernel: runtime/cube/kernel.c + kernel_client.c (plain C functions that runtime/cube/kernel.py
   calls through ctypes) compiled into runtime.cube._kernel.
 - The pserver's exit on SIGTERM: runtime/trainer/_signals.c into runtime.trainer._signals
   (runtime/trainer/stop.py: exit_on_signal, through ctypes).
@@ -31,7 +31,8 @@ class BuildPyWithProtos(build_py):
 
 
 setup(
-    ext_modules=[Extension("runtime.cube._kernel", ["runtime/cube/kernel.c"], extra_compile_args=["-O3"]),
+    ext_modules=[Extension("runtime.cube._kernel", ["runtime/cube/kernel.c", "runtime/cube/kernel_client.c"],
+                           depends=["runtime/cube/kernel.h"], extra_compile_args=["-O3"]),
                  Extension("runtime.trainer._signals", ["runtime/trainer/_signals.c"])],
     cmdclass={"build_py": BuildPyWithProtos},
 )

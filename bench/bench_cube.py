@@ -249,18 +249,23 @@ def main() -> int:
         port, hport = free_port(), free_port()
         spec = role_specs.cube_server(0, 1, role_specs.LOOPBACK, port, hport, dict_name="bench",
                                       extra=["--io-mode", args.io_mode])
-        cube = pg.start("cube-server", spec.argv(), cwd=str(Path(__file__).resolve().parent.parent))
+        from runtime import auth
+
+        creds = auth.write_credentials(work / "credentials")
+        headers = auth.Credential(role_specs.CUBE_CONTROL, creds).headers()
+        cube = pg.start("cube-server", spec.argv(), cwd=str(Path(__file__).resolve().parent.parent),
+                        env=auth.env_for(creds))
         wait_for_port("127.0.0.1", hport, 60, cube.proc, "cube-server", cube.log_path)
         import requests
         url = f"http://127.0.0.1:{hport}"
         r = requests.post(url + "/bg_load_base", json={"dir": str(Path(res1.output_dir) / "bench_part0"),
-                                                       "version": 1000}, timeout=10)
+                                                       "version": 1000}, timeout=10, headers=headers)
         r.raise_for_status()
         while (st := requests.get(url + "/status", timeout=10).json())["bg_state"] == "loading":
             time.sleep(0.1)
         if st["bg_state"] != "loaded":
             raise SystemExit(f"cube-server failed to load: {st['bg_error']}")
-        requests.post(url + "/enable", json={"version": 1000}, timeout=10).raise_for_status()
+        requests.post(url + "/enable", json={"version": 1000}, timeout=10, headers=headers).raise_for_status()
         servers = [("cube", port, cube.proc.pid)]
         if not args.skip_redis:
             rport = free_port()

@@ -19,8 +19,9 @@ seconds (donefile line -> every cube instance on the version), landed-to-served 
 requests. RSS: the pserver's and the largest cube server's peak (``VmHWM``, MiB). Last line:
 ``online hours=<n> table_rows=<n> rows_per_hour=<n> patch_rows_p50=<n> patch_export_s_p50=<s>
 rollout_s_p50=<s> landed_to_served_s_p50=<s> landed_to_served_s_max=<s> failed_requests=<n>
-pserver_rss_mib=<n> cube_rss_mib=<n>`` (the p50s over the patches; landed-to-served over
-every hour).
+gate_s_p50=<s> pserver_rss_mib=<n> cube_rss_mib=<n>`` (the p50s over the patches; landed-to-served over
+every hour; ``gate_s_p50``: the data gate's statistics and checks per partition on trainer 0,
+``runtime.trainer.data_gate``).
 
 ``--rollout-check``: instead, the rollout cost of patches of 10k, 100k and 1M rows on a cube
 (2 x 2) holding a ``--keys`` (10M) key base: build, ship, load seconds per patch (the
@@ -217,13 +218,15 @@ def run_online(args) -> int:
               f"{r['rollout_s']:>9.1f} {r['landed_to_served_s']:>16.1f} {r['failed']:>6}")
     patches = [r for r in rows if r["kind"] == "patch"] or rows
     l2s = [r["landed_to_served_s"] for r in rows]
-    (work / "bench-online.json").write_text(json.dumps({"hours": rows, "trainer": trec, "signal": sig.model_dump()}, indent=1))
+    gate_s = [p["gate_seconds"] for p in parts if p.get("gate_seconds") is not None]  # the data gate, trainer 0
+    (work / "bench-online.json").write_text(json.dumps({"hours": rows, "trainer": trec, "signal": sig.model_dump(mode="json")}, indent=1))
     print(f"(land every {args.land_every_s} s; details: {work / 'bench-online.json'})")
     print(f"online hours={H} table_rows={table_rows} rows_per_hour={args.rows_per_hour} "
           f"patch_rows_p50={int(_p50([r['rows'] for r in patches]))} "
           f"patch_export_s_p50={_p50([r['export_s'] for r in patches]):.2f} "
           f"rollout_s_p50={_p50([r['rollout_s'] for r in patches]):.2f} landed_to_served_s_p50={_p50(l2s):.2f} "
           f"landed_to_served_s_max={max(l2s):.2f} failed_requests={sum(failed_by_hour.values())} "
+          f"gate_s_p50={_p50(gate_s):.3f} "
           f"pserver_rss_mib={int(max(ps_hwm.values(), default=0))} cube_rss_mib={int(max(cube_hwm.values(), default=0))}",
           flush=True)
     if not args.keep:

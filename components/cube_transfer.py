@@ -40,6 +40,10 @@ class CubeTransferArgs:
         cpu / memory: requests = limits. state_size: PVC size.
         storage_class: StorageClass name; ``None`` = cluster default.
         poll_interval_s: seconds between donefile polls.
+        gate_args: the model gate's flags (``infra.config_gates.transfer_argv``).
+        pin_version: the version to serve instead of following training (``--pin-version``;
+            the stack's ``servedVersion``); None: follow training.
+        keep_versions: published versions kept under the root (``--keep-versions``; 0 = all).
         tracking_uri / tracking_experiment: ``MLFLOW_TRACKING_URI`` and
             ``MLFLOW_EXPERIMENT_NAME``; tracking_job: the job's name (``ELASTIC_CTR_JOB``: the
             runs' names and parent) of the transfer (each rollout's phases and seconds;
@@ -61,9 +65,12 @@ class CubeTransferArgs:
     state_size: pulumi.Input[str]
     storage_class: Optional[pulumi.Input[str]] = None
     poll_interval_s: int = 10
+    pin_version: Optional[int] = None
+    keep_versions: int = 0
     tracking_uri: Optional[pulumi.Input[str]] = None
     tracking_experiment: str = "elastic-ctr"
     tracking_job: Optional[str] = None
+    gate_args: Sequence[str] = ()
     wait_for: Sequence[pulumi.Resource] = ()
 
 
@@ -85,7 +92,8 @@ class CubeTransfer(pulumi.ComponentResource):
         topo_vol, topo_mount = common.topology_volume(args.topology_configmap)
         tmp_vol, tmp_mount = common.tmp_volume()
         spec = role_specs.cube_transfer(common.TOPOLOGY_FILE, args.root, STATE_DIR,
-                                        poll_interval_s=args.poll_interval_s)
+                                        poll_interval_s=args.poll_interval_s, pin_version=args.pin_version,
+                                        keep_versions=args.keep_versions, extra=tuple(args.gate_args))
         container = common.container(
             spec, dep, args.image,
             env=[*common.base_env(dep=dep),

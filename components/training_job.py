@@ -63,8 +63,9 @@ class TrainingJobArgs:
             with a start hour ``data_train[0]`` is a partition root (``--data-root``);
             partition_minutes: the partitions' period (``train --partition-minutes``);
             patch_every_seconds / base_every_minutes / checkpoint_every_minutes: the
-            continuous job's export, base and checkpoint cadences (``runtime.trainer.cadence``).
-            A continuous job
+            continuous job's export, base and checkpoint cadences (``runtime.trainer.cadence``);
+            gate_args: the data gate's flags (``infra.config_gates``; ``--data-schema``,
+            ``--gate-*``). A continuous job
             does not complete before its end hour; a failed or evicted pod restarts the
             whole job, which resumes from ``/shared/state`` (``train --state-dir``).
         data_train / data_test: data locations (paths, globs, URLs), or ``("generated",)``
@@ -120,6 +121,7 @@ class TrainingJobArgs:
     tracking_uri: Optional[pulumi.Input[str]] = None
     tracking_experiment: str = "elastic-ctr"
     tracking_job: Optional[str] = None
+    gate_args: Sequence[str] = ()
 
 
 class TrainingJob(pulumi.ComponentResource):
@@ -273,7 +275,7 @@ def _train_args(args: TrainingJobArgs, generated: bool) -> list[pulumi.Input[str
         if args.mode == "continuous":
             cmd += ["--state-dir", STATE_DIR, "--patch-every-seconds", str(args.patch_every_seconds),
                     "--base-every-minutes", str(args.base_every_minutes),
-                    "--checkpoint-every-minutes", str(args.checkpoint_every_minutes)]
+                    "--checkpoint-every-minutes", str(args.checkpoint_every_minutes), *args.gate_args]
         cmd += ["--format", args.data_format]
     else:
         cmd = ["train", "--data-train", *data_train, "--data-test", *data_test,

@@ -24,7 +24,7 @@ import pulumi
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from infra import config_monitoring, config_storage, config_tracking
+from infra import config_gates, config_monitoring, config_storage, config_tracking, config_versions
 from infra.config_types import check as _check, pulumi_bool as _pulumi_bool
 from runtime.trainer import config as train
 from runtime.trainer.config import TrainConfig, TrainConfigError
@@ -99,7 +99,7 @@ TRAIN_KEYS = {"epochs": "epochs", "batch_size": "batch_size", "learning_rate": "
               "patch_every_seconds": "patch_every_seconds", "base_every_minutes": "base_every_minutes",
               "checkpoint_every_minutes": "checkpoint_every_minutes",
               "trainer_threads": "threads", "data_format": "format", "slot_file": "slot_file",
-              "data_source": "data_train", "data_test_source": "data_test"}
+              "data_source": "data_train", "data_test_source": "data_test", **config_gates.TRAIN_KEYS}
 #: ``TrainConfig`` field -> the stack key that sets it (``state_dir``: the component's volume)
 KEY_OF = {**{v: to_camel(k) for k, v in TRAIN_KEYS.items()}, "data_root": "dataSource",
           "state_dir": "train --state-dir"}
@@ -118,7 +118,8 @@ def _t(key: str):
     return train.field_type(TRAIN_KEYS[key])
 
 
-class StackConfig(config_storage.StorageKeys, config_tracking.TrackingKeys, config_monitoring.MonitoringKeys):
+class StackConfig(config_storage.StorageKeys, config_tracking.TrackingKeys, config_monitoring.MonitoringKeys,
+                  config_gates.GateKeys, config_versions.VersionKeys):
     """Every key of the stack (camelCase in Pulumi, snake_case here). Quantities are
     Kubernetes quantity strings (``500m`` CPU, ``512Mi`` memory, ``20Gi`` storage); data
     locations are comma-separated (``data_train()``/``data_test()`` split them). Each
@@ -280,7 +281,8 @@ class StackConfig(config_storage.StorageKeys, config_tracking.TrackingKeys, conf
         values.update(start_hour=self.data_start_hour or None, end_hour=self.data_end_hour or None,
                       slot_file=self.slot_file or None, data_train=[] if hourly else list(self.data_train()),
                       data_root=self.data_train()[0] if hourly else None, data_test=list(self.data_test()),
-                      state_dir=STATE_DIR if self.training_mode == "continuous" else None)
+                      state_dir=STATE_DIR if self.training_mode == "continuous" else None,
+                      data_schema=self.data_schema or None)
         return TrainConfig(**values)
 
     def _training_problems(self) -> list[tuple[str, Any, str]]:
@@ -334,9 +336,11 @@ SECRETS: dict[str, tuple[str, int]] = {
 }
 #: secrets required unless ``modelRoot`` is set (the file server is then not deployed)
 REQUIRED_SECRETS = ("uploadToken",)
-#: alias -> (field name, field), in Pulumi.yaml's order: the monitoring keys (a group of their own) last
+#: alias -> (field name, field), in Pulumi.yaml's order: the monitoring keys, then the data gate's
+#: (each a group of its own) last
 FIELDS = dict(sorted(((f.alias, (name, f)) for name, f in StackConfig.model_fields.items()),
-                     key=lambda kv: kv[1][0] in config_monitoring.MonitoringKeys.model_fields))
+                     key=lambda kv: (kv[1][0] in config_gates.GateKeys.model_fields,
+                                     kv[1][0] in config_monitoring.MonitoringKeys.model_fields)))
 KEYS = list(FIELDS) + list(SECRETS)
 
 

@@ -22,7 +22,7 @@ from components import (CubeCluster, CubeClusterArgs, CubeTransfer, CubeTransfer
                         FileServerArgs, Images, ImagesArgs, Monitoring, MonitoringArgs, Serving, ServingArgs,
                         TrackingServer, TrackingServerArgs, TrainingJob, TrainingJobArgs, common)
 from components.object_store import ObjectStoreAccess, ObjectStoreAccessArgs
-from infra import config_monitoring, config_tracking
+from infra import config_gates, config_monitoring, config_tracking
 from infra.config import PROJECT, REPO_ROOT, Secrets, StackConfig, load
 from infra.config_storage import annotations
 
@@ -107,7 +107,7 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         data_format=cfg.data_format, slot_file=cfg.slot_file or None,
         output=root, upload_token_secret=token_secret, upload_token_key=token_key,
         shared_storage_class=cfg.training_shared_storage_class or None,
-        shared_size=cfg.training_shared_size, **track))
+        shared_size=cfg.training_shared_size, gate_args=config_gates.gate_argv(cfg.train_config()), **track))
 
     cube = CubeCluster("cube", CubeClusterArgs(
         deployment=dep, image=images.cube, shards=cfg.cube_shards, replicas=cfg.cube_replicas,
@@ -121,7 +121,8 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         upload_token_secret=token_secret, upload_token_key=token_key,
         cpu=cfg.transfer_cpu, memory=cfg.transfer_memory,
         state_size=cfg.transfer_storage_size, storage_class=storage_class,
-        wait_for=cube.statefulsets, **track))
+        pin_version=cfg.pin_version(), keep_versions=cfg.keep_versions,
+        wait_for=cube.statefulsets, gate_args=config_gates.transfer_argv(cfg), **track))
 
     serving = Serving("serving", ServingArgs(
         deployment=dep, image=images.serving, topology_configmap=cube.topology_configmap,

@@ -32,8 +32,9 @@ class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpForm
 # --help.
 _ROLE_MODULES = {
     "runtime.trainer.cli": ("data", "train"),
+    "runtime.trainer.schema_cli": ("schema",),
     "runtime.fileserver.cli": ("fileserver",),
-    "runtime.cube.cli": ("cube",),
+    "runtime.cube.cli": ("cube", "rollback"),
     "runtime.serving.cli": ("serve", "client"),
     "runtime.local.cli": ("local",),
     "infra.cli": ("render",),
@@ -99,8 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.error(f"{args.command}: missing subcommand")
+    from runtime.auth import CredentialError
+
     try:
         rc = handler(args)
+    except CredentialError as exc:  # a role started without the credential it needs
+        print(f"elastic-ctr: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as exc:  # SIGTERM to a launcher: its roles are stopped, exit 0
         from runtime.proc import Terminated
 

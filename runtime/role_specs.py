@@ -60,6 +60,22 @@ CREDENTIAL_BOUNDARIES = (CUBE_CONTROL, FILES_WRITE, FILES_READ, TRACKING)
 #: where a role reads its credentials: ``$ELASTIC_CTR_CREDENTIALS_DIR/<boundary>/current`` (and
 #: ``previous`` while a rotation rolls out); a pod mounts one Secret per boundary there
 CREDENTIALS_DIR_ENV, CREDENTIALS_DIR = "ELASTIC_CTR_CREDENTIALS_DIR", "/var/run/secrets/elastic-ctr"
+#: the keys (file names) of a boundary's Secret: the credential a role presents, and the one
+#: still accepted while a rotation rolls out (``runtime.auth``)
+CREDENTIAL_CURRENT, CREDENTIAL_PREVIOUS = "current", "previous"
+#: the ``tracking`` Secret's keys (files): the MLflow user of the pipeline. The MLflow server
+#: (``mlflow server --app-name basic-auth``) makes it its admin at first start
+#: (``MLFLOW_AUTH_ADMIN_USERNAME`` / ``_PASSWORD``); the trainer and the transfer log in with it
+#: (``runtime.tracking_login``)
+TRACKING_USERNAME, TRACKING_PASSWORD = "username", "password"
+#: the ``tracking`` Secret's key the MLflow server alone reads: the static secret of its CSRF
+#: protection (``MLFLOW_FLASK_SERVER_SECRET_KEY``, required by ``--app-name basic-auth``)
+TRACKING_SERVER_SECRET = "server-secret-key"
+#: the environment ``mlflow server --app-name basic-auth`` reads its admin and secret from,
+#: with the key of the ``tracking`` Secret each comes from; and its config file's variable
+TRACKING_SERVER_ENV = (("MLFLOW_AUTH_ADMIN_USERNAME", TRACKING_USERNAME), ("MLFLOW_AUTH_ADMIN_PASSWORD", TRACKING_PASSWORD),
+                       ("MLFLOW_FLASK_SERVER_SECRET_KEY", TRACKING_SERVER_SECRET))
+TRACKING_AUTH_CONFIG_ENV = "MLFLOW_AUTH_CONFIG_PATH"
 
 
 @dataclass(frozen=True)
@@ -122,22 +138,28 @@ def _control_probes(port: str) -> dict[str, Probe]:
 
 
 def file_server(root: Any, host: str = ANY_HOST, port: Optional[int] = None,
-                upload_token_file: Optional[str] = None) -> RoleSpec:
+                upload_token_file: Optional[str] = None, read_auth: bool = False) -> RoleSpec:
     """``elastic-ctr fileserver``: serves the directory ``root``; uploads need the bearer
-    token (``upload_token_file``, else ``$ELASTIC_CTR_UPLOAD_TOKEN``)."""
+    token (``upload_token_file``, else ``$ELASTIC_CTR_UPLOAD_TOKEN``, else the
+    ``FILES_WRITE`` credential); with ``read_auth``, reads need ``FILES_READ``."""
     ports = _ports("fileserver", http=port)
     args = ["fileserver", "--root", root, "--host", host, "--port", str(ports[0][1])]
     if upload_token_file:
         args += ["--upload-token-file", str(upload_token_file)]
-    return RoleSpec("fileserver", tuple(args), ports, **_control_probes("http"))
+    creds = (FILES_WRITE,)
+    if read_auth:
+        args.append("--read-auth")
+        creds += (FILES_READ,)
+    return RoleSpec("fileserver", tuple(args), ports, credentials=creds, **_control_probes("http"))
 
 
 def cube_server(shard: int, shard_num: int, host: str = ANY_HOST, port: Optional[int] = None,
                 http_port: Optional[int] = None, data_dir: Optional[str] = None,
-                dict_name: str = DICT_NAME, extra: Sequence[str] = ()) -> RoleSpec:
+                dict_name: str = DICT_NAME, extra: Sequence[str] = (), load_roots: Sequence[Any] = ()) -> RoleSpec:
     """``elastic-ctr cube server``: shard ``shard`` of ``shard_num`` (keys ``key %
     shard_num == shard``), data plane on port ``data``, control and metrics on ``http``;
-    ``data_dir`` records the enabled chain (served again after a restart). Raises
+    ``data_dir`` records the enabled chain (served again after a restart); loads only from
+    under ``load_roots`` (``--load-root`` each: the agent's work directory). Raises
     ``ValueError`` for a shard outside ``[0, shard_num)``."""
     if not 0 <= int(shard) < int(shard_num):
         raise ValueError(f"cube server: shard {shard} is not in [0, {shard_num})")
@@ -145,20 +167,26 @@ def cube_server(shard: int, shard_num: int, host: str = ANY_HOST, port: Optional
     args = ["cube", "server", "--shard", str(shard), "--shard-num", str(shard_num), "--dict-name", dict_name]
     if data_dir:
         args += ["--data-dir", str(data_dir)]
+    for root in load_roots:
+        args += ["--load-root", root]
     args += ["--host", host, "--port", str(ports[0][1]), "--http-port", str(ports[1][1]), *extra]
-    return RoleSpec("cube-server", tuple(args), ports, **_control_probes("http"))
+    return RoleSpec("cube-server", tuple(args), ports, credentials=(CUBE_CONTROL,), **_control_probes("http"))
 
 
 def cube_agent(work_dir: str, server_http_port: Optional[int] = None, host: str = ANY_HOST,
-               port: Optional[int] = None) -> RoleSpec:
+               port: Optional[int] = None, version_roots: Sequence[Any] = ()) -> RoleSpec:
     """``elastic-ctr cube agent``: beside one cube server (the same pod, or the same
     machine: it reaches the server's control port on 127.0.0.1), unpacking into
-    ``work_dir``."""
+    ``work_dir``; downloads only under ``version_roots`` (``--version-root`` each: where the
+    transfer publishes, ``<root>/cube/``), checks and presents ``CUBE_CONTROL``, reads
+    ``FILES_READ`` (a protected file server)."""
     ports = _ports("cube-agent", agent=port)
     http = int(server_http_port or PORTS["cube-server"]["http"])
-    args = ("cube", "agent", "--host", host, "--port", str(ports[0][1]),
-            "--server-http", f"http://{LOOPBACK}:{http}", "--work-dir", str(work_dir))
-    return RoleSpec("cube-agent", args, ports, **_control_probes("agent"))
+    args: tuple[Any, ...] = ("cube", "agent", "--host", host, "--port", str(ports[0][1]),
+                             "--server-http", f"http://{LOOPBACK}:{http}", "--work-dir", str(work_dir))
+    for root in version_roots:
+        args += ("--version-root", root)
+    return RoleSpec("cube-agent", args, ports, credentials=(CUBE_CONTROL, FILES_READ), **_control_probes("agent"))
 
 
 def replica_addresses(host: str, server_port: Optional[int] = None, http_port: Optional[int] = None,
@@ -172,9 +200,12 @@ def replica_addresses(host: str, server_port: Optional[int] = None, http_port: O
 
 def cube_transfer(topology: str, root: Any, work_dir: str, host: str = ANY_HOST, port: Optional[int] = None,
                   poll_interval_s: float = 5.0, upload_token_file: Optional[str] = None,
-                  publish_url: Optional[str] = None, extra: Sequence[str] = ()) -> RoleSpec:
+                  publish_url: Optional[str] = None, pin_version: Optional[int] = None,
+                  keep_versions: int = 0, extra: Sequence[str] = ()) -> RoleSpec:
     """``elastic-ctr cube transfer``: watches ``root``'s donefile and rolls each version out
-    to every replica of ``topology`` (a topology file); state under ``work_dir``."""
+    to every replica of ``topology`` (a topology file); state under ``work_dir``;
+    ``pin_version``: the version to serve instead (``--pin-version``; None: follow
+    training); ``keep_versions``: published versions kept (``--keep-versions``; 0: all)."""
     ports = _ports("cube-transfer", http=port)
     args = ["cube", "transfer", "--topology", str(topology), "--root", root, "--work-dir", str(work_dir),
             "--host", host, "--port", str(ports[0][1]), "--poll-interval", _number(poll_interval_s)]
@@ -182,7 +213,12 @@ def cube_transfer(topology: str, root: Any, work_dir: str, host: str = ANY_HOST,
         args += ["--upload-token-file", str(upload_token_file)]
     if publish_url:
         args += ["--publish-url", publish_url]
-    return RoleSpec("cube-transfer", tuple(args) + tuple(extra), ports, **_control_probes("http"))
+    if pin_version is not None:
+        args += ["--pin-version", str(int(pin_version))]
+    if keep_versions:
+        args += ["--keep-versions", str(int(keep_versions))]
+    return RoleSpec("cube-transfer", tuple(args) + tuple(extra), ports,
+                    credentials=(CUBE_CONTROL, FILES_WRITE, FILES_READ, TRACKING), **_control_probes("http"))
 
 
 def serving(topology: str, model_root: Any, transfer_url: Any, work_dir: str, host: str = ANY_HOST,
@@ -207,15 +243,24 @@ def serving(topology: str, model_root: Any, transfer_url: Any, work_dir: str, ho
     if poll_interval_s is not None:
         args += ["--poll-interval", _number(poll_interval_s)]
     return RoleSpec("serving", tuple(args) + tuple(extra), ports, readiness=Probe("http", V2_READY),
-                    liveness=Probe("http", V2_LIVE), metrics=Probe("http", METRICS_PATH))
+                    liveness=Probe("http", V2_LIVE), metrics=Probe("http", METRICS_PATH), credentials=(FILES_READ,))
 
 
-def tracking_server(host: str = ANY_HOST, port: Optional[int] = None, workers: int = 1) -> RoleSpec:
+def tracking_server(host: str = ANY_HOST, port: Optional[int] = None, workers: int = 1,
+                    basic_auth: bool = False) -> RoleSpec:
     """``mlflow server`` (the tracking image's entrypoint is ``mlflow``, not ``elastic-ctr``):
-    artifacts served through the server, ``workers`` workers."""
+    artifacts served through the server, ``workers`` workers; with ``basic_auth``, MLflow's
+    own authentication (``--app-name basic-auth``: every request but ``/health`` and the
+    static files needs a login; its admin and CSRF secret from the environment
+    ``TRACKING_SERVER_ENV``, filled from the ``TRACKING`` Secret's keys, and its config file
+    from ``TRACKING_AUTH_CONFIG_ENV``)."""
     ports = _ports("tracking", http=port)
-    args = ("server", "--serve-artifacts", "--host", host, "--port", str(ports[0][1]), "--workers", str(workers))
-    return RoleSpec("mlflow", args, ports, readiness=Probe("http", "/health"), liveness=Probe("http", "/health"))
+    args: tuple[str, ...] = ("server", "--serve-artifacts", "--host", host, "--port", str(ports[0][1]),
+                             "--workers", str(workers))
+    if basic_auth:
+        args += ("--app-name", "basic-auth")
+    return RoleSpec("mlflow", args, ports, readiness=Probe("http", "/health"), liveness=Probe("http", "/health"),
+                    credentials=(TRACKING,) if basic_auth else ())
 
 
 def ps_role(task: str, paddle_port: Optional[int] = None, gloo_port: Optional[int] = None,
@@ -237,8 +282,11 @@ def ps_role(task: str, paddle_port: Optional[int] = None, gloo_port: Optional[in
     env = (("TRAINING_ROLE", task.upper()), ("PADDLE_PORT", str(paddle)), ("PADDLE_GLOO_PORT", str(gloo)),
            (METRICS_PORT_ENV, str(dict(ports)["metrics"])), (METRICS_HOST_ENV, metrics_host or ANY_HOST))
     probe = Probe("paddle") if task == "pserver" else None
+    # a trainer reads its data and writes its export (trainer 0) and logs to MLflow; a pserver
+    # reads the data a trainer gives it and nothing else
+    creds = (FILES_WRITE, FILES_READ, TRACKING) if task == "trainer" else ()
     return RoleSpec(task, tuple(args), ports, readiness=probe, liveness=probe, env=env,
-                    metrics=Probe("metrics", METRICS_PATH))
+                    metrics=Probe("metrics", METRICS_PATH), credentials=creds)
 
 
 def _number(value: float) -> str:

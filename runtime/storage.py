@@ -7,7 +7,10 @@ inputs, publishing shard tars), the cube agent (downloads) and serving (dense mo
 
 Uploads are HTTP ``PUT`` with ``Authorization: Bearer <token>`` and a ``Content-MD5``
 header (base64 of the MD5 digest, RFC 1864) that the file server verifies. The token
-comes from ``--upload-token-file`` or ``$ELASTIC_CTR_UPLOAD_TOKEN``.
+comes from ``--upload-token-file`` or ``$ELASTIC_CTR_UPLOAD_TOKEN``, else from the
+``fileserver-write`` credential (``runtime.auth``), read at each upload. Every other
+HTTP request of ``session()`` presents the ``fileserver-read`` credential when one is
+configured (a read-protected file server, ``--read-auth``).
 
 Version layout under a root (a directory or the file server's URL), see docs/contracts.md:
 ``donefile/base.txt``, ``donefile/patch.txt`` and ``versions/<id>/{dense,sparse}/``.
@@ -30,7 +33,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from runtime import objectstore
+from runtime import auth, objectstore, role_specs
 
 TOKEN_ENV = "ELASTIC_CTR_UPLOAD_TOKEN"
 CHUNK = 1 << 20  # bytes per streamed chunk
@@ -74,12 +77,30 @@ def is_url(location: str) -> bool:
     return urlparse(str(location)).scheme in ("http", "https")
 
 
+class _ReadCredential(requests.auth.AuthBase):
+    """Adds ``Authorization: Bearer <fileserver-read credential>`` to a request that has no
+    ``Authorization`` of its own, when that credential is configured (re-read on change)."""
+
+    def __init__(self):
+        self.credential: auth.Credential | None = None
+
+    def __call__(self, r):
+        if "Authorization" not in r.headers:
+            d = auth.credentials_dir()  # as the environment says now
+            if self.credential is None or self.credential.dir.parent != d:
+                self.credential = auth.Credential(role_specs.FILES_READ, d)
+            r.headers.update(self.credential.headers())
+        return r
+
+
 def session() -> requests.Session:
     """A process-wide ``requests.Session`` with pooled connections and bounded retries
-    (3 retries, exponential backoff, on connection errors and 502/503/504)."""
+    (3 retries, exponential backoff, on connection errors and 502/503/504), presenting
+    the ``fileserver-read`` credential when one is configured (``_ReadCredential``)."""
     global _session
     if _session is None:
         s = requests.Session()
+        s.auth = _ReadCredential()
         retry = Retry(total=3, backoff_factor=0.2, status_forcelist=(502, 503, 504),
                       allowed_methods=None, raise_on_status=False)
         adapter = HTTPAdapter(max_retries=retry, pool_connections=16, pool_maxsize=16)
@@ -209,13 +230,19 @@ def expand(pattern: str) -> list[str]:
     return sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
 
 
-def _http_get(location: str, timeout_s: float, stream: bool = False) -> requests.Response:
-    """A GET of the URL ``location`` that answered below 400. Raises ``LocationNotFound``
-    for a 404, ``LocationError`` naming the location for any other failure."""
+def _http_get(location: str, timeout_s: float, stream: bool = False,
+              follow_redirects: bool = True) -> requests.Response:
+    """A GET of the URL ``location`` that answered below 400 (``follow_redirects`` False:
+    a redirect is an error, not followed). Raises ``LocationNotFound`` for a 404,
+    ``LocationError`` naming the location for any other failure."""
     try:
-        r = session().get(location, stream=stream, timeout=timeout_s)
+        r = session().get(location, stream=stream, timeout=timeout_s, allow_redirects=follow_redirects)
     except requests.RequestException as exc:
         raise LocationError(f"{location}: unreachable ({exc})") from exc
+    if r.is_redirect:
+        r.close()
+        raise LocationError(f"{location}: HTTP {r.status_code} redirect to {r.headers.get('Location')!r} "
+                            "not followed")
     if r.status_code >= 400:
         r.close()
         cls = LocationNotFound if r.status_code == 404 else LocationError
@@ -240,14 +267,15 @@ def _located(location: str) -> Iterator[None]:
         raise
 
 
-def open_stream(location: str, timeout_s: float = 30.0) -> IO[bytes]:
+def open_stream(location: str, timeout_s: float = 30.0, follow_redirects: bool = True) -> IO[bytes]:
     """Opens a path or URL for streamed binary reading (a URL is never loaded whole).
+    ``follow_redirects`` False: an HTTP redirect is an error, not followed.
 
     Raises ``LocationError`` naming the location if it is missing or unreachable
     (``LocationNotFound`` if it is missing).
     """
     if is_url(location):
-        r = _http_get(location, timeout_s, stream=True)
+        r = _http_get(location, timeout_s, stream=True, follow_redirects=follow_redirects)
         r.raw.decode_content = True
         return r.raw  # type: ignore[return-value]
     with _located(location):
@@ -271,11 +299,12 @@ def iter_lines(location: str, encoding: str = "utf-8") -> Iterator[str]:
         raw.close()
 
 
-def read_bytes(location: str, timeout_s: float = 30.0) -> bytes:
-    """The whole content of a small path or URL (donefiles, metadata). Raises
-    ``LocationNotFound`` if it does not exist, ``LocationError`` for other failures."""
+def read_bytes(location: str, timeout_s: float = 30.0, follow_redirects: bool = True) -> bytes:
+    """The whole content of a small path or URL (donefiles, metadata); ``follow_redirects``
+    False: an HTTP redirect is an error. Raises ``LocationNotFound`` if it does not exist,
+    ``LocationError`` for other failures."""
     if is_url(location):
-        return _http_get(location, timeout_s).content
+        return _http_get(location, timeout_s, follow_redirects=follow_redirects).content
     with _located(location):
         if is_store(location):
             return objectstore.read_bytes(location)
@@ -293,8 +322,9 @@ def md5_file(path: str | os.PathLike) -> str:
 
 
 def download(location: str, dest: str | os.PathLike, md5: str | None = None,
-             timeout_s: float = 60.0) -> str:
-    """Copies a path or URL to ``dest`` through a temporary file renamed into place.
+             timeout_s: float = 60.0, follow_redirects: bool = True) -> str:
+    """Copies a path or URL to ``dest`` through a temporary file renamed into place
+    (``follow_redirects`` False: an HTTP redirect is an error).
 
     If ``md5`` (hex) is given the copy is verified first and, on mismatch, deleted and
     ``LocationError`` raised; nothing is left at ``dest``. Returns the hex MD5.
@@ -304,7 +334,7 @@ def download(location: str, dest: str | os.PathLike, md5: str | None = None,
     h = hashlib.md5()
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
     try:
-        with os.fdopen(fd, "wb") as out, open_stream(location, timeout_s) as src:
+        with os.fdopen(fd, "wb") as out, open_stream(location, timeout_s, follow_redirects) as src:
             for chunk in iter(lambda: src.read(CHUNK), b""):
                 h.update(chunk)
                 out.write(chunk)
@@ -324,7 +354,8 @@ def upload(local: str | os.PathLike, location: str, token: str | None = None,
            timeout_s: float = 120.0) -> None:
     """Puts a local file at a path or URL.
 
-    URL: ``PUT`` streamed with ``Authorization: Bearer <token>`` and ``Content-MD5``.
+    URL: ``PUT`` streamed with ``Authorization: Bearer <token>`` (``token`` None: the
+    ``fileserver-write`` credential's current value, if configured) and ``Content-MD5``.
     Path: copied to a temporary file beside the target and renamed into place, so a
     reader never sees a half-written file. Store: one object, published whole
     (``objectstore.put_file``). Raises ``LocationError`` on failure.
@@ -340,6 +371,8 @@ def upload(local: str | os.PathLike, location: str, token: str | None = None,
         headers = {"Content-MD5": digest}
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        else:
+            headers.update(auth.Credential(role_specs.FILES_WRITE).headers())
         try:
             with open(local, "rb") as f:
                 r = session().put(location, data=f, headers=headers, timeout=timeout_s)
@@ -370,6 +403,36 @@ def upload_tree(local_dir: str | os.PathLike, location: str, token: str | None =
     for rel in rels:
         upload(local_dir / rel, join(location, rel.replace(os.sep, "/")), token)
     return rels
+
+
+def remove_tree(location: str, token: str | None = None, timeout_s: float = 60.0) -> None:
+    """Removes a file or a directory tree (a prefix on a store) at ``location``; a missing
+    one is not an error. URL: ``DELETE`` with ``Authorization: Bearer <token>`` (the file
+    server). Raises ``LocationError`` naming the location."""
+    if is_store(location):
+        try:
+            fs, path = objectstore.filesystem(location)
+            if fs.exists(path):
+                fs.rm(path, recursive=True)
+        except Exception as exc:  # noqa: BLE001
+            raise _store_error(location, exc, "remove ") from exc
+        return
+    if is_url(location):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        try:
+            r = session().delete(location, headers=headers, timeout=timeout_s)
+        except requests.RequestException as exc:
+            raise LocationError(f"remove {location}: {exc}") from exc
+        if r.status_code >= 300 and r.status_code != 404:
+            raise LocationError(f"remove {location}: HTTP {r.status_code} {r.text[:200]}")
+        return
+    try:
+        if os.path.isdir(location):
+            shutil.rmtree(location)
+        elif os.path.lexists(location):
+            os.unlink(location)
+    except OSError as exc:
+        raise LocationError(f"remove {location}: {exc}") from exc
 
 
 def append_line(location: str, line: str, token: str | None = None) -> None:

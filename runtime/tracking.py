@@ -9,7 +9,8 @@ Runs (tags ``elastic_ctr.role`` and ``elastic_ctr.job`` on each):
   ``pservers``, ``job_mode``); tag ``mlflow.source.git.commit`` (``code_version``); each
   partition trained as an ``mlflow.data`` dataset input (context ``training``); the job's
   figures (``JOB_METRICS``, ``EXPORT_METRICS``) and, per version, tags
-  ``version.<id>.kind|base|hour`` and the artifact ``versions/<id>.json`` (``{"id", "kind",
+  ``version.<id>.kind|base|hour``, per partition the data gate quarantined the tag
+  ``partition.<YYYYMMDD-HH>.quarantined`` (its anomalies), and the artifact ``versions/<id>.json`` (``{"id", "kind",
   "base", "hour", "rows", "seconds", "model_meta": <model_meta.json>}``; never the model);
 * **a child run per trainer** (role ``trainer``, ``elastic_ctr.trainer_id``, name
   ``<job>-trainer<i>``, tagged ``mlflow.parentRunId`` = the job's run): that trainer's own
@@ -60,7 +61,9 @@ log = logging.getLogger(__name__)
 JOB_ENV = "ELASTIC_CTR_JOB"
 COMMIT_ENV = "ELASTIC_CTR_GIT_COMMIT"
 #: the job's figures per partition (continuous) or per pass (batch: ``test_auc``)
-JOB_METRICS = ("auc_before", "partition_rows", "test_auc")
+JOB_METRICS = ("auc_before", "logloss_before", "partition_rows", "test_auc", "quarantined")
+#: the longest tag value written (MLflow accepts 8000 characters)
+TAG_MAX = 4000
 #: a trainer's own figures per partition or pass (and, batch, its totals without a step)
 TRAINER_METRICS = ("train_auc", "loss", "trainer_rows", "seconds", "examples_per_s")
 #: the job's figures per exported version (at the partition's step)
@@ -115,13 +118,22 @@ class JobTracking:
         ``step``: ``auc_before`` and ``partition_rows`` (every trainer's rows) in the job's
         run with the partition at ``location`` as a dataset; the trainer's own figures in
         its run."""
-        self.job.log_metrics({"auc_before": part.auc_before, "partition_rows": partition_rows}, step=step)
+        self.job.log_metrics({"auc_before": part.auc_before, "logloss_before": part.logloss_before,
+                              "partition_rows": partition_rows, "quarantined": 0}, step=step)
         if location:
             digest = hashlib.md5(f"{location}:{partition_rows}".encode()).hexdigest()[:8]
             self.job.log_inputs([(part.hour, location, digest, "training")])
         eps = part.rows / part.seconds if part.seconds else None
         self.trainer.log_metrics({"train_auc": part.train_auc, "loss": finite(loss), "trainer_rows": part.rows,
                                   "seconds": part.seconds, "examples_per_s": eps}, step=step)
+
+    def quarantine(self, step: int, hour: str, anomalies: list[str]) -> None:
+        """A partition the data gate refused (``runtime.trainer.data_gate``): ``quarantined``
+        = 1 at ``step`` and the tag ``partition.<YYYYMMDD-HH>.quarantined`` (its anomalies,
+        ``; ``-joined, at most ``TAG_MAX`` characters) in the job's run."""
+        self.job.log_metrics({"quarantined": 1}, step=step)
+        text = "; ".join(anomalies) or "quarantined"
+        self.job.set_tags({f"partition.{hour.replace('/', '-')}.quarantined": text[:TAG_MAX]})
 
     def training_pass(self, step: int, st, test_auc: Optional[float]) -> None:
         """One pass of a batch job (``runtime.trainer.passes.PassStats``): ``test_auc`` in

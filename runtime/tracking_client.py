@@ -22,7 +22,9 @@ to exist, and tags the run with ``mlflow.parentRunId`` (MLflow's UI nests it the
 without a parent by then the run is made alone, with a warning.
 
 Environment: ``MLFLOW_TRACKING_URI`` (no URI: ``start`` returns ``NullTracker``, nothing
-imported), ``MLFLOW_EXPERIMENT_NAME`` (default ``DEFAULT_EXPERIMENT``).
+imported), ``MLFLOW_EXPERIMENT_NAME`` (default ``DEFAULT_EXPERIMENT``); the login
+(``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD``) is set from the ``tracking`` credential
+(``runtime.tracking_login``) before the first request.
 """
 from __future__ import annotations
 
@@ -244,6 +246,9 @@ class Tracker:
         import mlflow  # lazily: only when a URI is set
 
         if self._mlflow_client is None:  # once: later tries only redo the requests
+            from runtime import tracking_login
+
+            tracking_login.login()  # basic auth from the tracking credential, if configured
             self._mlflow_client = mlflow.MlflowClient(tracking_uri=self.uri)
         client = self._mlflow_client
         run_id = self.run_id_file.read(self.uri) if self.run_id_file else None
@@ -260,8 +265,7 @@ class Tracker:
                     raise
                 run_id = None
         if run_id is None:
-            exp = client.get_experiment_by_name(self.experiment)
-            exp_id = exp.experiment_id if exp is not None else client.create_experiment(self.experiment)
+            exp_id = _experiment_id(client, self.experiment)
             tags = dict(self.tags)
             if self.parent_job:
                 parent = self._parent(client, exp_id)
@@ -414,6 +418,21 @@ def _refused(exc: BaseException) -> bool:
     except ImportError:  # pragma: no cover
         return False
     return isinstance(exc, RestException)
+
+
+def _experiment_id(client, name: str) -> str:
+    """The id of experiment ``name``, created when missing; when another tracker (the job's
+    and a trainer's run in one process, or two processes) creates it meanwhile, its id."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name)
+    except Exception as exc:  # noqa: BLE001 - MlflowException; anything else is raised again
+        exp = client.get_experiment_by_name(name) if "RESOURCE_ALREADY_EXISTS" in str(exc) else None
+        if exp is None:
+            raise
+        return exp.experiment_id
 
 
 def _tags(d: Mapping[str, str]):

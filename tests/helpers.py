@@ -267,16 +267,18 @@ def publish(root, version: int) -> None:
     donefile.append(str(root), "base", donefile.base_record(version, dim=SERVING_DIM, count=1))
 
 
-def export_version(root: Path, version: int, table: dict, seed: int, layers=LAYERS) -> Path:
+def export_version(root: Path, version: int, table: dict, seed: int, layers=LAYERS, base: int | None = None) -> Path:
     """Publishes ``version`` under ``root`` (its embeddings: ``table``, feasign ->
-    float32[dim]) with the trainer's export; returns its dense directory."""
+    float32[dim]) with the trainer's export, as a patch of ``base`` when given; returns
+    its dense directory."""
     keys = np.array(sorted(table), dtype=np.uint64)
     values = np.stack([table[int(k)] for k in keys]).astype(np.float32)
     npz = Path(root) / f".table-{version}.npz"
     Path(root).mkdir(parents=True, exist_ok=True)
     np.savez(npz, keys=keys, values=values)
     r = subprocess.run([sys.executable, "-m", "runtime.trainer.export", "--root", str(root), "--version",
-                        str(version), "--seed", str(seed), "--table", str(npz), "--layers", ",".join(map(str, layers))],
+                        str(version), "--seed", str(seed), "--table", str(npz), "--layers", ",".join(map(str, layers)),
+                        *(["--base", str(base)] if base is not None else [])],
                        capture_output=True, text=True, timeout=180, env=dict(os.environ, GLOG_minloglevel="2"))
     npz.unlink()
     assert r.returncode == 0, r.stderr[-3000:]

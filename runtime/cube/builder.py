@@ -13,7 +13,7 @@ Serving's cube-builder)::
 - Duplicate keys (within a file or across files, inputs read in the order given):
   the last one wins; ``duplicates`` counts the records dropped.
 - A delta (``mode="delta"``) holds exactly the keys of its inputs (changed and new) and
-  names its base (``base_version``); the server merges it copy-on-write.
+  names its base (``base_version``); the server applies it in place (docs/cube.md).
 - Everything is written under ``<output_dir>/<dict_name>/.tmp-<version>-<pid>/`` and
   renamed to ``<version>/`` at the end, so a failure (e.g. a corrupt SequenceFile,
   reported with its file and byte offset by ``SequenceFileError``) publishes nothing.

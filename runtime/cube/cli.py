@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from runtime import role_specs
+from runtime.auth import INSECURE_HELP
 from runtime.cli import HelpFormatter
 from runtime.webserver import add_drain_seconds
 
@@ -20,6 +21,28 @@ def register(sub: "argparse._SubParsersAction") -> None:
     cube_sub.required = True
     for fn in _REGISTRARS:
         fn(cube_sub)
+    register_rollback(sub)
+
+
+def register_rollback(sub: "argparse._SubParsersAction") -> None:
+    """``elastic-ctr rollback``: pins a version through the transfer's ``POST /rollback``
+    and waits until it is served (``runtime.cube.transfer.rollback``)."""
+    p = sub.add_parser("rollback", formatter_class=HelpFormatter,
+                       help="serve a chosen version (pin it) or follow training again (--follow)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--to", type=int, metavar="VERSION", help="the version id to serve")
+    which.add_argument("--follow", action="store_true", help="lift the pin: follow the donefiles again")
+    p.add_argument("--transfer-url", default=f"http://{role_specs.LOOPBACK}:{role_specs.PORTS['cube-transfer']['http']}",
+                   help="the cube transfer's base URL")
+    p.add_argument("--wait", type=float, default=300.0,
+                   help="seconds to wait until every replica serves VERSION (0 = do not wait)")
+
+    def handler(args: argparse.Namespace) -> int:
+        from runtime.cube.transfer.rollback import request_rollback
+
+        return request_rollback(args.transfer_url, None if args.follow else args.to, args.wait)
+
+    p.set_defaults(handler=handler)
 
 
 # --------------------------------------------------------------------------- data plane
@@ -61,6 +84,9 @@ def register_server(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--no-verify", action="store_true", help="skip the crc32 check of loaded dicts")
     p.add_argument("--io-mode", choices=("epoll", "threads"), default="epoll",
                    help="data-plane I/O: one epoll thread for every connection, or a thread each")
+    p.add_argument("--insecure-no-auth", action="store_true", help=INSECURE_HELP)
+    p.add_argument("--load-root", action="append", default=None,
+                   help="load dicts only from under this directory (repeatable; the agent's work directory)")
     add_drain_seconds(p)
     p.add_argument("--stop-timeout", type=float, default=10.0,
                    help="on SIGTERM, after the drain: seconds the lookups already received get to be "
@@ -87,6 +113,10 @@ def register_agent(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--work-dir", required=True, help="directory for downloaded and unpacked versions")
     p.add_argument("--load-timeout", type=float, default=300.0,
                    help="seconds to wait for the server's background load")
+    p.add_argument("--insecure-no-auth", action="store_true", help=INSECURE_HELP + "; presents none to the server")
+    p.add_argument("--version-root", action="append", default=None,
+                   help="download only URLs under this prefix (repeatable; where the transfer publishes, "
+                        "e.g. http://fileserver:8080/cube/); the md5 must be the one published beside the tar")
     add_drain_seconds(p)
 
     def handler(args: argparse.Namespace) -> int:
@@ -130,8 +160,25 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--stop-timeout", type=float, default=20.0,
                    help="on SIGTERM, seconds to wait for the step in progress before exiting (its rollout "
                         "resumes at the next start)")
+    p.add_argument("--pin-version", type=int, default=None,
+                   help="serve this version (its chain laid out as one base) instead of following the "
+                        "donefiles; left out: follow them (the stack's servedVersion)")
+    p.add_argument("--keep-versions", type=int, default=0,
+                   help="published versions kept under the root; older ones are deleted, never the served "
+                        "chain's nor a pinned one's (0 = keep all; the stack's keepVersions)")
     add_drain_seconds(p)
     p.add_argument("--once", action="store_true", help="roll out what the donefile holds, then exit")
+    p.add_argument("--insecure-no-auth", action="store_true",
+                   help="present no cube-control credential to the agents (they must run with --insecure-no-auth)")
+    p.add_argument("--model-gate", choices=("on", "off"), default="on",
+                   help="hold a version worse than the previous one on its rows set aside "
+                        "(runtime/cube/transfer/model_gate.py; versions without an evaluation pass)")
+    p.add_argument("--model-gate-auc-drop", type=float, default=0.05,
+                   help="model gate: largest AUC drop below the previous version's")
+    p.add_argument("--model-gate-logloss-ratio", type=float, default=1.25,
+                   help="model gate: largest ratio of the log loss to the previous version's")
+    p.add_argument("--model-gate-calibration", type=float, default=2.5,
+                   help="model gate: largest factor between mean prediction and click rate (either way)")
 
     def handler(args: argparse.Namespace) -> int:
         from runtime.cube.transfer import app

@@ -20,14 +20,16 @@ random), collisions by linear probing. Built and probed by ``runtime/cube/kernel
 time and keeps only that.
 
 A delta (patch) has the same files holding only the changed and new keys, and names its
-base in ``base_version``; the server merges it into a copy of the served table
-(``InlineTable.upsert``: copy on write, the served version is never modified).
+base in ``base_version``; the server loads it as an overlay on the served table and
+merges it in place later (``runtime/cube/table.py``, ``VersionView``; docs/cube.md).
 
 Validation on load (``load_shard_dict``): every field present and typed, every file's
 size equal to what meta says, crc32 of each file (``verify=True``, the default), index
 entries within range and exactly ``count`` of them set. The server loads with
 ``index=False``: the index file's size is checked, but it is not read. Any mismatch raises
 ``DictFormatError`` naming the directory: a truncated or corrupt dict never gets served.
+A patch is loaded by the server with ``load_shard_dict_chunked`` (the same checks, the
+values read in chunks, their crc32 checked after the last one).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ import os
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -186,6 +189,62 @@ def read_meta(directory: str | os.PathLike) -> DictMeta:
     return DictMeta(**fields)
 
 
+def _check_sizes(directory: Path, meta: DictMeta) -> dict[str, tuple[tuple, type]]:
+    """The data files' shapes and dtypes; raises ``DictFormatError`` when one is missing or
+    its size differs from what ``meta`` says."""
+    shapes = {KEYS: ((meta.count,), np.uint64), VALUES: ((meta.count, meta.dim), np.float32),
+              INDEX: ((meta.capacity,), np.int32)}
+    for name, (shape, dtype) in shapes.items():
+        path = directory / name
+        want = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise DictFormatError(f"{directory}: missing {name}") from None
+        if size != want:
+            raise DictFormatError(f"{path}: {size} bytes, expected {want} (count {meta.count}, "
+                                  f"dim {meta.dim}, capacity {meta.capacity}): truncated or corrupt")
+    return shapes
+
+
+def _check_crc(path: Path, meta: DictMeta, crc: int) -> None:
+    rec = meta.files.get(path.name) or {}
+    if rec.get("crc32") != crc:
+        raise DictFormatError(f"{path}: crc32 {crc} differs from meta's {rec.get('crc32')}: corrupt")
+
+
+def load_shard_dict_chunked(directory: str | os.PathLike, verify: bool = True,
+                            chunk_rows: int = 1 << 16) -> tuple[DictMeta, np.ndarray, Iterator]:
+    """Loads a shard dict's meta and keys, and gives its values in chunks, so a reader that
+    consumes them one by one (the server's patch load) never holds them all.
+
+    Returns ``(meta, keys uint64[count], chunks)``: ``chunks`` yields ``(first row,
+    float32[m, dim])`` with ``m <= chunk_rows``, in row order. Checks as ``load_shard_dict``
+    with ``index=False``: file sizes now, the keys' crc32 now, the values' crc32 once the
+    last chunk has been read (``chunks`` raises ``DictFormatError`` then: the caller must
+    not use what it built from them). Raises ``DictFormatError`` naming the directory."""
+    directory = Path(directory)
+    meta = read_meta(directory)
+    _check_sizes(directory, meta)
+    keys = np.fromfile(directory / KEYS, dtype=np.uint64)
+    if verify:
+        _check_crc(directory / KEYS, meta, zlib.crc32(memoryview(keys).cast("B")))
+
+    def chunks():
+        crc = 0
+        with open(directory / VALUES, "rb") as f:
+            for start in range(0, meta.count, chunk_rows):
+                m = min(chunk_rows, meta.count - start)
+                vals = np.fromfile(f, dtype=np.float32, count=m * meta.dim).reshape(m, meta.dim)
+                if verify:
+                    crc = zlib.crc32(memoryview(vals).cast("B"), crc)
+                yield start, vals
+        if verify:
+            _check_crc(directory / VALUES, meta, crc)
+
+    return meta, keys, chunks()
+
+
 def load_shard_dict(directory: str | os.PathLike, verify: bool = True, mmap: bool = False,
                     index: bool = True) -> ShardDict:
     """Loads and validates a shard dict directory.
@@ -198,30 +257,17 @@ def load_shard_dict(directory: str | os.PathLike, verify: bool = True, mmap: boo
     Raises ``DictFormatError`` (naming the directory) for anything inconsistent."""
     directory = Path(directory)
     meta = read_meta(directory)
-    shapes = {KEYS: ((meta.count,), np.uint64), VALUES: ((meta.count, meta.dim), np.float32),
-              INDEX: ((meta.capacity,), np.int32)}
     arrays = {}
-    for name, (shape, dtype) in shapes.items():
+    for name, (shape, dtype) in _check_sizes(directory, meta).items():
         path = directory / name
-        want = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            raise DictFormatError(f"{directory}: missing {name}") from None
-        if size != want:
-            raise DictFormatError(f"{path}: {size} bytes, expected {want} (count {meta.count}, "
-                                  f"dim {meta.dim}, capacity {meta.capacity}): truncated or corrupt")
         if name == INDEX and not index:
             continue
-        if mmap and want:
+        if mmap and int(np.prod(shape)):
             arr = np.memmap(path, dtype=dtype, mode="r", shape=shape)
         else:
             arr = np.fromfile(path, dtype=dtype).reshape(shape)
         if verify:
-            rec = meta.files.get(name) or {}
-            crc = zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B"))
-            if rec.get("crc32") != crc:
-                raise DictFormatError(f"{path}: crc32 {crc} differs from meta's {rec.get('crc32')}: corrupt")
+            _check_crc(path, meta, zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B")))
         arrays[name] = arr
     idx = arrays.get(INDEX)
     if verify and idx is not None:

@@ -6,32 +6,18 @@
  * public domain), then linear probing. Keys of one shard share key % shard_num, so the
  * low bits are not random: the mixer is what spreads them.
  *
- * And the cube client's request path (cube_client_seek, at the end).
+ * And the server's inline tables and versioned views (below). The cube client's request
+ * path (cube_client_seek) is in kernel_client.c.
  *
  * Built when the project is installed (the extension module runtime.cube._kernel of
  * pyproject.toml; it defines no Python module, only these functions) and called through
  * ctypes by runtime/cube/kernel.py, which releases the GIL for the duration of each call.
  */
-#include <errno.h>
-#include <poll.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <time.h>
 
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "the cube wire protocol is little-endian; the client's request path copies integers as they lie in memory"
-#endif
-
-static inline uint64_t fmix64(uint64_t k) {
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdULL;
-    k ^= k >> 33;
-    k *= 0xc4ceb9fe1a85ec53ULL;
-    k ^= k >> 33;
-    return k;
-}
+#include "kernel.h"
 
 static inline int log2_u64(uint64_t x) { int b = 0; while ((1ULL << b) < x) b++; return b; }
 
@@ -126,10 +112,6 @@ int64_t cube_lookup(const int32_t *index, int64_t cap, const uint64_t *keys,
  * cap > count always (load factor <= 0.7 by the caller, runtime/cube/table.py), so every probe ends on
  * the key or on an empty slot. A query equal to the sentinel is a miss without probing. */
 
-static inline uint64_t home(uint64_t k, uint64_t cap) {
-    return (uint64_t)(((unsigned __int128)fmix64(k) * cap) >> 64);
-}
-
 /* Empties table[cap * stride]: every key = sentinel, every value = 0. */
 void cube_table_clear(uint8_t *table, int64_t cap, int64_t stride, uint64_t sentinel) {
     memset(table, 0, (size_t)cap * stride);
@@ -140,7 +122,11 @@ void cube_table_clear(uint8_t *table, int64_t cap, int64_t stride, uint64_t sent
  * is an error; 1: its value is overwritten. Never stores the sentinel (caller's duty to
  * pick one absent from keys). Returns the number of keys added (>= 0), or -(i+1) when
  * keys[i] is a duplicate (upsert = 0) or equals the sentinel, or -(n+1) when the table
- * would become full (count + added >= cap; `count`: keys already in the table). */
+ * would become full (count + added >= cap; `count`: keys already in the table).
+ * In place under concurrent readers (the server's merge, see cube_view_lookup): a new key's
+ * value is written before its key (release store); a probe for another key passes over the
+ * slot unchanged; an overwritten value may be read torn, so the caller guarantees that no
+ * reader of a table being merged into reads a key being merged (runtime/cube/table.py). */
 int64_t cube_table_insert(uint8_t *table, int64_t cap, int64_t stride, uint64_t sentinel,
                           int64_t count, const uint64_t *keys, const float *values, int64_t n,
                           int64_t dim, int upsert) {
@@ -160,12 +146,14 @@ int64_t cube_table_insert(uint8_t *table, int64_t cap, int64_t stride, uint64_t 
         }
         if (sk == k) {
             if (!upsert) return -(i + 1);
+            memcpy(slot + 8, values + (size_t)i * dim, row_bytes);
         } else {
             if (count + added + 1 >= cap) return -(n + 1);
-            memcpy(slot, &k, 8);
+            /* the value before the key (release): a concurrent probe that sees the key sees its value */
+            memcpy(slot + 8, values + (size_t)i * dim, row_bytes);
+            __atomic_store_n((uint64_t *)slot, k, __ATOMIC_RELEASE);
             added++;
         }
-        memcpy(slot + 8, values + (size_t)i * dim, row_bytes);
     }
     return added;
 }
@@ -260,185 +248,172 @@ int64_t cube_table_lookup(const uint8_t *table, int64_t cap, int64_t stride, uin
     return hits;
 }
 
-/* ---------------------------------------------------------------------------------------
- * The cube client's request path (runtime/cube/client.py: CubeClient.seek's common case).
+/* ---------------------------------------------------------------- versioned views
  *
- * One batch seek over shard_num shards, one connection per shard already chosen by the
- * caller (fds[s]: a connected, non-blocking TCP socket to a replica of shard s): split the
- * keys by shard (key % shard_num, key & (shard_num - 1) for a power of two, as
- * runtime/formats/topology.py's shard_of), write every shard's SEEK request, then read
- * the replies with poll() until all are complete or timeout_us has passed, and put every
- * OK reply's found/values back in the batch's order. Frames follow runtime/cube/protocol.py
- * (the owner of the wire format; its docstring has the layout): little-endian, request
- * header of 28 bytes after the u32 length, reply header of 36, found mask padded to 8.
+ * A version of the served dict as the server reads it (runtime/cube/table.py, VersionView):
+ * a stack of inline tables of one stride, newest first, the base last; a key's value is
+ * the one of the first table that holds it. The view lives in a uint64 array:
  *
- * keys[n]; values[n * dim] and found[n] are written for the rows of every shard whose
- * reply is OK (other rows are left as they were). meta[3 * s ...]: the shard's outcome,
- * its reply's version and other (the previous version held). Outcome: the reply's status
- * byte (0 = OK), or CS_NONE (no keys on that shard: nothing sent), CS_IO (send/recv
- * failed or the peer closed), CS_TIMEOUT, CS_MALFORMED (bad magic, or a length, count or
- * dim that disagrees with the request). Returns 0 when every shard asked answered OK,
- * 1 otherwise, -1 when out of memory (nothing sent). Holds no lock and touches no Python
- * object: called through ctypes, which releases the GIL around it.
- */
-#define CS_NONE (-1)
-#define CS_IO (-2)
-#define CS_TIMEOUT (-3)
-#define CS_MALFORMED (-4)
-#define CUBE_MAGIC 0x45425543u
-#define REQ_PREFIX 32
-#define REP_PREFIX 40
-#define ERROR_ROOM (REP_PREFIX + 4096)  /* an error reply: header + message (protocol.py's MAX_ERROR_MESSAGE) */
+ *     [0] pins (atomic: lookups in progress)   [1] retired (0 / 1)
+ *     [2] dim   [3] stride (bytes)   [4] ntab (>= 1)
+ *     [5 + 5 * t ...] table t: address, cap, sentinel, filter address (0: none), filter
+ *                     words (t = 0 newest .. ntab - 1 base)
+ *
+ * A table's filter (cube_filter_build): a blocked Bloom filter of its keys, uint64
+ * words[nwords], 2 bits per key in one word, both from fmix64(key ^ FILTER_SALT) (the word:
+ * its high bits, by multiply-shift; the bits: its low 12); a query whose bits are not both
+ * set is not in the table, and the table is not probed (an overlay: most lookups miss it).
+ *
+ * Pinning: a lookup increments pins, then reads retired (both sequentially consistent);
+ * if retired it unpins and answers -1 (not read). cube_view_retire sets retired, then a
+ * writer waits until pins reads 0 (cube_view_pins): from then on no lookup reads the view,
+ * so its tables may change in place (Dekker: either the lookup sees retired or the writer
+ * sees the pin). */
 
-static int64_t mono_us(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000 + t.tv_nsec / 1000;
+#define VIEW_MAX_TABLES 16
+#define FILTER_SALT 0x9e3779b97f4a7c15ULL
+
+static inline uint64_t filter_mask(uint64_t g) { return (1ULL << (g & 63)) | (1ULL << ((g >> 6) & 63)); }
+
+static inline int filter_may_hold(const uint64_t *words, uint64_t nwords, uint64_t k) {
+    const uint64_t g = fmix64(k ^ FILTER_SALT), m = filter_mask(g);
+    return (words[home(g, nwords)] & m) == m;  /* home(): multiply-shift of the mixed bits */
 }
 
-static int wait_ms(int64_t deadline_us) {
-    const int64_t left = deadline_us - mono_us();
-    return left <= 0 ? 0 : (int)((left + 999) / 1000);
+/* Builds the filter words[nwords] (nwords >= 1) of every key of table (cap slots,
+ * sentinel). */
+void cube_filter_build(const uint8_t *table, int64_t cap, int64_t stride, uint64_t sentinel,
+                       uint64_t *words, int64_t nwords) {
+    memset(words, 0, (size_t)nwords * 8);
+    for (int64_t s = 0; s < cap; s++) {
+        uint64_t k;
+        memcpy(&k, table + (size_t)s * stride, 8);
+        if (k == sentinel) continue;
+        const uint64_t g = fmix64(k ^ FILTER_SALT);
+        words[home(g, (uint64_t)nwords)] |= filter_mask(g);
+    }
 }
 
-/* Writes len bytes of buf to fd (non-blocking) by deadline_us; 0 or an outcome (< 0). */
-static int send_all(int fd, const uint8_t *buf, size_t len, int64_t deadline_us) {
-    size_t done = 0;
-    while (done < len) {
-        const ssize_t w = send(fd, buf + done, len - done, MSG_NOSIGNAL);
-        if (w > 0) { done += (size_t)w; continue; }
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            struct pollfd p = {fd, POLLOUT, 0};
-            const int ms = wait_ms(deadline_us);
-            if (ms == 0) return CS_TIMEOUT;
-            if (poll(&p, 1, ms) < 0 && errno != EINTR) return CS_IO;
+int64_t cube_view_pins(const uint64_t *view) {
+    return (int64_t)__atomic_load_n(&view[0], __ATOMIC_SEQ_CST);
+}
+
+void cube_view_retire(uint64_t *view) {
+    __atomic_store_n(&view[1], 1, __ATOMIC_SEQ_CST);
+}
+
+/* Looks up q[qn] in the view: found[qn] (1 hit, 0 miss) and, when out is not NULL,
+ * out[qn * dim] (the value, zeros for a miss). Returns the number of hits, or -1 when the
+ * view is retired (nothing written), or -2 when it has more than VIEW_MAX_TABLES tables.
+ * Per chunk of TCHUNK keys: hash every key for every table and prefetch its home slot in
+ * each (so the misses of all tables overlap), then probe the tables newest first. */
+int64_t cube_view_lookup(uint64_t *view, const uint64_t *q, int64_t qn, float *out, uint8_t *found) {
+    __atomic_add_fetch(&view[0], 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&view[1], __ATOMIC_SEQ_CST)) {
+        __atomic_sub_fetch(&view[0], 1, __ATOMIC_SEQ_CST);
+        return -1;
+    }
+    const int64_t dim = (int64_t)view[2], stride = (int64_t)view[3], ntab = (int64_t)view[4];
+    if (ntab < 1 || ntab > VIEW_MAX_TABLES) {
+        __atomic_sub_fetch(&view[0], 1, __ATOMIC_SEQ_CST);
+        return -2;
+    }
+    const size_t row_bytes = (size_t)dim * sizeof(float);
+    const uint8_t *tabs[VIEW_MAX_TABLES];
+    uint64_t caps[VIEW_MAX_TABLES], sents[VIEW_MAX_TABLES], nwords[VIEW_MAX_TABLES];
+    const uint64_t *filts[VIEW_MAX_TABLES];
+    for (int64_t t = 0; t < ntab; t++) {
+        tabs[t] = (const uint8_t *)(uintptr_t)view[5 + 5 * t];
+        caps[t] = view[6 + 5 * t];
+        sents[t] = view[7 + 5 * t];
+        filts[t] = (const uint64_t *)(uintptr_t)view[8 + 5 * t];
+        nwords[t] = view[9 + 5 * t];
+    }
+    int64_t hits = 0;
+    uint64_t h[VIEW_MAX_TABLES][TCHUNK];
+    for (int64_t base = 0; base < qn; base += TCHUNK) {
+        const int64_t m = (qn - base) < TCHUNK ? (qn - base) : TCHUNK;
+        for (int64_t t = 0; t < ntab; t++)
+            for (int64_t j = 0; j < m; j++) {
+                uint64_t k;
+                memcpy(&k, q + base + j, 8);
+                if (filts[t] && !filter_may_hold(filts[t], nwords[t], k)) {
+                    h[t][j] = UINT64_MAX;  /* not in this table */
+                    continue;
+                }
+                h[t][j] = home(k, caps[t]);
+                const uint8_t *p = tabs[t] + (size_t)h[t][j] * stride;
+                __builtin_prefetch(p);
+                if (t == ntab - 1) {  /* the base: as cube_table_lookup; an overlay: its home line */
+                    __builtin_prefetch(p + 64);
+                    __builtin_prefetch(p + 128);
+                }
+            }
+        for (int64_t j = 0; j < m; j++) {
+            const int64_t o = base + j;
+            uint64_t k;
+            memcpy(&k, q + o, 8);
+            const uint8_t *hit = NULL;
+            for (int64_t t = 0; t < ntab && !hit; t++) {
+                uint64_t s = h[t][j];
+                if (k == sents[t] || s == UINT64_MAX) continue;  /* not in this table */
+                const uint8_t *slot = tabs[t] + (size_t)s * stride;
+                uint64_t sk = __atomic_load_n((const uint64_t *)slot, __ATOMIC_ACQUIRE);
+                while (sk != k && sk != sents[t]) {
+                    if (++s == caps[t]) s = 0;
+                    slot = tabs[t] + (size_t)s * stride;
+                    sk = __atomic_load_n((const uint64_t *)slot, __ATOMIC_ACQUIRE);
+                }
+                if (sk == k) hit = slot;
+            }
+            if (hit) {
+                if (out) memcpy(out + o * dim, hit + 8, row_bytes);
+                found[o] = 1;
+                hits++;
+            } else {
+                if (out) memset(out + o * dim, 0, row_bytes);
+                found[o] = 0;
+            }
+        }
+    }
+    __atomic_sub_fetch(&view[0], 1, __ATOMIC_SEQ_CST);
+    return hits;
+}
+
+/* Upserts every key of src (src_cap slots, src_sentinel) into dst (dst_cap slots,
+ * dst_sentinel, dst_count keys), both of `stride`, in place as cube_table_insert does it
+ * (a new key's value before its key). count_only = 1: writes nothing. Returns the number
+ * of src keys absent from dst (added, or that would be), or -1 when a src key equals
+ * dst_sentinel or dst would become full (nothing written past that point: callers check
+ * with count_only first). */
+int64_t cube_table_merge(uint8_t *dst, int64_t dst_cap, uint64_t dst_sentinel, int64_t dst_count,
+                         const uint8_t *src, int64_t src_cap, uint64_t src_sentinel, int64_t stride,
+                         int count_only) {
+    int64_t added = 0;
+    for (int64_t s = 0; s < src_cap; s++) {
+        const uint8_t *from = src + (size_t)s * stride;
+        uint64_t k;
+        memcpy(&k, from, 8);
+        if (k == src_sentinel) continue;
+        if (k == dst_sentinel) return -1;
+        uint64_t h = home(k, (uint64_t)dst_cap);
+        uint8_t *slot;
+        uint64_t sk;
+        for (;;) {
+            slot = dst + (size_t)h * stride;
+            memcpy(&sk, slot, 8);
+            if (sk == k || sk == dst_sentinel) break;
+            if (++h == (uint64_t)dst_cap) h = 0;
+        }
+        if (sk == k) {
+            if (!count_only) memcpy(slot + 8, from + 8, (size_t)stride - 8);
             continue;
         }
-        return CS_IO;
+        added++;
+        if (count_only) continue;
+        if (dst_count + added >= dst_cap) return -1;
+        memcpy(slot + 8, from + 8, (size_t)stride - 8);
+        __atomic_store_n((uint64_t *)slot, k, __ATOMIC_RELEASE);
     }
-    return 0;
-}
-
-int64_t cube_client_seek(const uint64_t *keys, int64_t n, int64_t shard_num, const int32_t *fds,
-                         int64_t dim, uint64_t version, int64_t timeout_us,
-                         float *values, uint8_t *found, int64_t *meta) {
-    const int64_t S = shard_num;
-    const int pow2 = (S & (S - 1)) == 0;
-    /* per shard: key count, offset of its rows, request and reply buffers */
-    int64_t *cnt = calloc((size_t)(5 * S + 1), sizeof(int64_t));
-    uint32_t *shard = malloc((size_t)(n ? n : 1) * sizeof(uint32_t));
-    int32_t *rows = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
-    uint8_t **req = calloc((size_t)S, sizeof(uint8_t *));
-    uint8_t **rep = calloc((size_t)S, sizeof(uint8_t *));
-    struct pollfd *pf = malloc((size_t)S * sizeof(struct pollfd));
-    int64_t rc = -1;
-    if (!cnt || !shard || !rows || !req || !rep || !pf || n > INT32_MAX) goto out;
-    int64_t *start = cnt + S, *have = cnt + 2 * S, *cap = cnt + 3 * S, *wait = cnt + 4 * S;
-    for (int64_t i = 0; i < n; i++) {
-        const uint32_t s = (uint32_t)(pow2 ? (keys[i] & (uint64_t)(S - 1)) : (keys[i] % (uint64_t)S));
-        shard[i] = s;
-        cnt[s]++;
-    }
-    for (int64_t s = 0, at = 0; s < S; s++) {
-        start[s] = at;
-        at += cnt[s];
-        if (!cnt[s]) continue;
-        const int64_t values_at = REP_PREFIX + ((cnt[s] + 7) & ~7LL);
-        const int64_t size = values_at + 4 * cnt[s] * dim;
-        cap[s] = size > ERROR_ROOM ? size : ERROR_ROOM;
-        req[s] = malloc((size_t)(REQ_PREFIX + 8 * cnt[s]));
-        rep[s] = malloc((size_t)cap[s]);
-        if (!req[s] || !rep[s]) goto out;
-        const uint32_t head[8] = {(uint32_t)(REQ_PREFIX - 4 + 8 * cnt[s]), CUBE_MAGIC,
-                                  1u | ((version ? 1u : 0u) << 8), 0, (uint32_t)cnt[s], 0,
-                                  (uint32_t)version, (uint32_t)(version >> 32)};
-        memcpy(req[s], head, sizeof head);  /* length, magic, op|flags<<8|rsv, id, count, rsv, version */
-    }
-    {   /* rows in shard order; keys copied into each request in that order */
-        int64_t *fill = have;  /* reused as a cursor, reset below */
-        for (int64_t s = 0; s < S; s++) fill[s] = 0;
-        for (int64_t i = 0; i < n; i++) {
-            const uint32_t s = shard[i];
-            rows[start[s] + fill[s]] = (int32_t)i;
-            memcpy(req[s] + REQ_PREFIX + 8 * fill[s], keys + i, 8);
-            fill[s]++;
-        }
-        for (int64_t s = 0; s < S; s++) fill[s] = 0;
-    }
-    const int64_t deadline = mono_us() + timeout_us;
-    int64_t pending = 0;
-    for (int64_t s = 0; s < S; s++) {
-        meta[3 * s] = CS_NONE;
-        meta[3 * s + 1] = meta[3 * s + 2] = 0;
-        if (!cnt[s]) continue;
-        const int e = send_all(fds[s], req[s], (size_t)(REQ_PREFIX + 8 * cnt[s]), deadline);
-        meta[3 * s] = e ? e : CS_TIMEOUT;  /* CS_TIMEOUT until its reply is complete */
-        if (!e) { wait[s] = 1; pending++; }
-    }
-    while (pending) {
-        int64_t m = 0;
-        for (int64_t s = 0; s < S; s++)
-            if (wait[s]) { pf[m].fd = fds[s]; pf[m].events = POLLIN; pf[m].revents = 0; m++; }
-        const int ms = wait_ms(deadline);
-        if (ms == 0) break;
-        const int r = poll(pf, (nfds_t)m, ms);
-        if (r < 0 && errno != EINTR) break;  /* every pending shard stays CS_TIMEOUT */
-        if (r <= 0) continue;
-        for (int64_t s = 0, j = 0; s < S; s++) {
-            if (!wait[s]) continue;
-            const short ev = pf[j++].revents;
-            if (!ev) continue;
-            for (;;) {  /* read what is there */
-                uint32_t len = 0;
-                if (have[s] >= 4) memcpy(&len, rep[s], 4);
-                const int64_t want = have[s] >= 4 ? (int64_t)len + 4 : 4;
-                if (have[s] >= 4 && (want > cap[s] || want < REP_PREFIX)) { meta[3 * s] = CS_MALFORMED; break; }
-                if (have[s] >= want && have[s] >= 4) break;
-                const ssize_t got = recv(fds[s], rep[s] + have[s], (size_t)(want - have[s]), 0);
-                if (got > 0) { have[s] += got; continue; }
-                if (got < 0 && errno == EINTR) continue;
-                if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-                meta[3 * s] = CS_IO;  /* closed (0) or failed */
-                break;
-            }
-            if (meta[3 * s] != CS_TIMEOUT) { wait[s] = 0; pending--; continue; }
-            uint32_t len = 0;
-            if (have[s] < 4) continue;
-            memcpy(&len, rep[s], 4);
-            if (have[s] < (int64_t)len + 4) continue;  /* incomplete */
-            wait[s] = 0;
-            pending--;
-            const uint8_t *f = rep[s];
-            uint32_t magic, count, rdim;
-            memcpy(&magic, f + 4, 4);
-            memcpy(&count, f + 16, 4);
-            memcpy(&rdim, f + 20, 4);
-            memcpy(&meta[3 * s + 1], f + 24, 8);
-            memcpy(&meta[3 * s + 2], f + 32, 8);
-            const uint8_t status = f[8];
-            if (magic != CUBE_MAGIC) { meta[3 * s] = CS_MALFORMED; continue; }
-            if (status != 0) { meta[3 * s] = status; continue; }
-            const int64_t values_at = REP_PREFIX + ((cnt[s] + 7) & ~7LL);
-            if ((int64_t)count != cnt[s] || (int64_t)rdim != dim ||
-                (int64_t)len + 4 != values_at + 4 * cnt[s] * dim) { meta[3 * s] = CS_MALFORMED; continue; }
-            const int32_t *r0 = rows + start[s];
-            const uint8_t *fm = f + REP_PREFIX;
-            const float *v = (const float *)(f + values_at);  /* 8-aligned: malloc'd, offset % 8 == 0 */
-            const size_t row_bytes = (size_t)dim * sizeof(float);
-            for (int64_t j2 = 0; j2 < cnt[s]; j2++) {
-                found[r0[j2]] = fm[j2] != 0;
-                memcpy(values + (size_t)r0[j2] * dim, v + (size_t)j2 * dim, row_bytes);
-            }
-            meta[3 * s] = 0;
-        }
-    }
-    rc = 0;
-    for (int64_t s = 0; s < S; s++)
-        if (cnt[s] && meta[3 * s] != 0) rc = 1;
-out:
-    if (req) for (int64_t s = 0; s < S; s++) free(req[s]);
-    if (rep) for (int64_t s = 0; s < S; s++) free(rep[s]);
-    free(req); free(rep); free(pf); free(rows); free(shard); free(cnt);
-    return rc;
+    return added;
 }

@@ -1,10 +1,12 @@
-"""The cube data plane's hot loops, in C (``kernel.c``): hash index build and batch
-lookup of the dict files, the server's inline table (build, upsert, rehash, lookup), and
-the client's request path (split a batch by shard, one request per shard, gather the
-replies: ``CubeClient.seek``'s common case, with the GIL released).
+"""The cube data plane's hot loops, in C (``kernel.c``, ``kernel_client.c``): hash index
+build and batch lookup of the dict files, the server's inline table (build, upsert in
+place, rehash, lookup) and versioned views (a stack of tables read newest first, pinned
+by lookups), and the client's request path (split a batch by shard, one request per
+shard, gather the replies: ``CubeClient.seek``'s common case, with the GIL released).
 
-``kernel.c`` is compiled when the project is installed (a setuptools extension module,
-``runtime.cube._kernel``; it exports plain C functions, no Python module) and called
+``kernel.c`` and ``kernel_client.c`` are compiled when the project is installed (a
+setuptools extension module, ``runtime.cube._kernel``; it exports plain C functions, no
+Python module) and called
 through ctypes, which releases the GIL for the duration of each call. C rather than a
 JIT: a process importing numba holds ~145 MiB more RSS before any data, which alone
 breaks the server's memory target (1.6 x raw bytes + 60 MiB); the C library adds < 1 MiB.
@@ -70,6 +72,23 @@ class CKernel:
         lib.cube_table_rehash.restype = i64
         lib.cube_table_lookup.argtypes = [vp, i64, i64, u64, i64, vp, i64, vp, vp]
         lib.cube_table_lookup.restype = i64
+        lib.cube_table_merge.argtypes = [vp, i64, u64, i64, vp, i64, u64, i64, ctypes.c_int]
+        lib.cube_table_merge.restype = i64
+        lib.cube_filter_build.argtypes = [vp, i64, i64, u64, vp, i64]
+        lib.cube_filter_build.restype = None
+        lib.cube_view_lookup.argtypes = [vp, vp, i64, vp, vp]
+        lib.cube_view_lookup.restype = i64
+        lib.cube_view_pins.argtypes = [vp]
+        lib.cube_view_pins.restype = i64
+        lib.cube_view_retire.argtypes = [vp]
+        lib.cube_view_retire.restype = None
+        #: raw entry of a versioned view's lookup (``runtime/cube/table.py``, ``VersionView``):
+        #: (view_addr, q_addr, qn, out_addr or None, found_addr) -> hits, or -1 when the view
+        #: is retired, -2 when it has more than 16 tables (nothing written). No checks: used
+        #: by the server's hot path.
+        self.view_lookup_raw = lib.cube_view_lookup
+        #: (view_addr) -> lookups in progress on the view; (view_addr) -> None: retire it.
+        self.view_pins, self.view_retire = lib.cube_view_pins, lib.cube_view_retire
         self._lib = lib
         #: raw entry of the inline table's lookup: (table_addr, cap, stride_bytes, sentinel,
         #: dim, q_addr, qn, out_addr or None, found_addr) -> hits; addresses are ints (no
@@ -109,12 +128,23 @@ class CKernel:
                                         values.shape[1])
         _check_insert(rc, keys, sentinel)
 
-    def table_upsert(self, tab, tabf, sentinel, count, keys, values) -> int:
+    def table_upsert(self, tab, tabf, sentinel, count, keys, values, upsert: bool = True) -> int:
+        """Inserts ``keys``/``values`` into ``tab`` holding ``count`` keys; returns the keys
+        added. ``upsert=False``: a key already held is an error. Raises ``ValueError``."""
         rc = self._lib.cube_table_insert(tab.ctypes.data, tab.shape[0], tab.strides[0], sentinel,
                                          count, keys.ctypes.data, values.ctypes.data,
-                                         keys.shape[0], values.shape[1], 1)
+                                         keys.shape[0], values.shape[1], 1 if upsert else 0)
         _check_insert(rc, keys, sentinel)
         return int(rc)
+
+    def filter_build(self, tab, sentinel, words) -> None:
+        """Fills ``words`` (uint64[>= 1]) with the Bloom filter of ``tab``'s keys (``kernel.c``)."""
+        self._lib.cube_filter_build(tab.ctypes.data, tab.shape[0], tab.strides[0], sentinel,
+                                    words.ctypes.data, words.shape[0])
+
+    def table_clear(self, tab, sentinel) -> None:
+        """Empties ``tab``: every key the ``sentinel``, every value 0."""
+        self._lib.cube_table_clear(tab.ctypes.data, tab.shape[0], tab.strides[0], sentinel)
 
     def table_rehash(self, src, src_sentinel, dst, dstf, dst_sentinel) -> int:
         self._lib.cube_table_clear(dst.ctypes.data, dst.shape[0], dst.strides[0], dst_sentinel)
@@ -123,6 +153,14 @@ class CKernel:
         if rc < 0:
             raise ValueError("table rehash failed: destination too small or holds the sentinel")
         return int(rc)
+
+    def table_merge(self, dst, dst_sentinel, dst_count, src, src_sentinel, count_only: bool) -> int:
+        """Every key of table ``src`` upserted into table ``dst`` in place (same stride);
+        returns the keys added (``count_only``: that would be, nothing written), or -1 when
+        a ``src`` key is ``dst_sentinel`` or ``dst`` would be full."""
+        return int(self._lib.cube_table_merge(dst.ctypes.data, dst.shape[0], dst_sentinel, dst_count,
+                                              src.ctypes.data, src.shape[0], src_sentinel, dst.strides[0],
+                                              1 if count_only else 0))
 
     def table_lookup(self, tab, tabf, sentinel, dim, query, out, found) -> int:
         query = np.ascontiguousarray(query, dtype=np.uint64)

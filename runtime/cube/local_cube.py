@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime import proc, role_specs, storage
+from runtime import auth, proc, role_specs, storage
 from runtime.monitoring import targets
 from runtime.formats.dict_info import DictInfo, DictInfoError, fetch_dict_info
 from runtime.formats import donefile
@@ -39,8 +39,8 @@ class LocalCubeCluster:
     """Starts the cluster in ``base_dir``; use as a context manager.
 
     Args:
-        base_dir: scratch directory (agent/transfer work dirs, topology.json, upload.token;
-            logs in ``base_dir/logs`` unless ``group`` is given).
+        base_dir: scratch directory (agent/transfer work dirs, topology.json; logs in
+            ``base_dir/logs`` unless ``group`` is given).
         root: version root served by the file server (the trainer's export target), or an
             object-store location (``s3://bucket/prefix``): then no file server is started,
             the transfer reads and publishes there and the agents download from there
@@ -51,7 +51,12 @@ class LocalCubeCluster:
         root_mode: ``"url"``: the transfer reads ROOT through the file server (listing,
             token PUT uploads); ``"dir"``: it reads the directory and agents download
             through the file server (``--publish-url``).
-        token: the upload bearer token (written to ``base_dir/upload.token``, mode 0600).
+        token: the upload bearer token: the ``fileserver-write`` credential written when
+            the cluster writes the credentials.
+        credentials_dir: the run's credentials (``runtime.auth``: ``<dir>/<boundary>/current``);
+            default ``base_dir/credentials``; when it holds no ``cube-control`` credential yet,
+            one credential per boundary is generated there (files 0600). Every role started
+            gets ``$ELASTIC_CTR_CREDENTIALS_DIR`` pointing at it (``env``).
         start_timeout_s: how long each port may take to answer (s).
         extra_transfer_args: more ``cube transfer`` flags.
         group: a ``proc.ProcessGroup`` to start the roles in (the caller stops it); default:
@@ -60,14 +65,15 @@ class LocalCubeCluster:
     ``cube-transfer``; a layout started beside (``start_layout``, a resize's new
     shard count) ``cube-<N>s-server-<s>-<r>``, ``cube-<N>s-agent-<s>-<r>``.
     Attributes after ``start()``: ``topology`` (``Topology``), ``topology_path``, ``root_url``,
-    ``transfer_url``, ``token_file``, ``group``, ``servers``/``agents`` (``(shard, replica)``
+    ``transfer_url``, ``token_file`` (the ``fileserver-write`` credential's file), ``env``
+    (the roles' credentials environment), ``credentials_dir``, ``group``, ``servers``/``agents`` (``(shard, replica)``
     -> ``proc.Role``), ``transfer``, ``layout`` (the first ``CubeLayout``).
     """
 
     def __init__(self, base_dir: str | Path, root: str | Path, shards: int = 2, replicas: int = 2,
                  dict_name: str = role_specs.DICT_NAME, poll_interval_s: float = 0.2, root_mode: str = "url",
                  token: str = "test-token", start_timeout_s: float = 60.0, extra_transfer_args=(),
-                 group: proc.ProcessGroup | None = None):
+                 group: proc.ProcessGroup | None = None, credentials_dir: str | Path | None = None):
         self.base = Path(base_dir)
         self.store = storage.is_store(str(root))
         self.root = str(root) if self.store else Path(root)
@@ -82,6 +88,20 @@ class LocalCubeCluster:
         self.agents: dict[tuple[int, int], proc.Role] = {}
         self.transfer: proc.Role | None = None
         self.layout: CubeLayout | None = None
+        self.credentials_dir = Path(credentials_dir) if credentials_dir else self.base / "credentials"
+        self.env = auth.env_for(self.credentials_dir)
+        self.token_file = self.credentials_dir / role_specs.FILES_WRITE / role_specs.CREDENTIAL_CURRENT
+
+    def version_root(self) -> str:
+        """Where the agents may download from: ``<publish location>/cube/`` (the file
+        server's URL, or the store location)."""
+        if self.store:
+            return storage.join(str(self.root), "cube/")
+        return f"{self.root_url}/cube/"
+
+    def control(self) -> auth.Credential:
+        """The ``cube-control`` credential of the cluster (for a client of its agents and servers)."""
+        return auth.Credential(role_specs.CUBE_CONTROL, self.credentials_dir)
 
     def __enter__(self) -> "LocalCubeCluster":
         try:
@@ -101,21 +121,17 @@ class LocalCubeCluster:
     def start(self) -> None:
         """Starts every role and waits until each port answers. Raises ``proc.RoleFailed``
         (a role exited) or ``TimeoutError``."""
-        import os
-
         self.base.mkdir(parents=True, exist_ok=True)
         if not self.store:
             self.root.mkdir(parents=True, exist_ok=True)
         fs_port, tr_port = proc.free_ports(2)
-        tok = self.token_file = self.base / "upload.token"
-        tok.write_text(self.token)
-        os.chmod(tok, 0o600)
+        auth.write_credentials(self.credentials_dir, values={role_specs.FILES_WRITE: self.token})
         fs = None
         if self.store:
             self.root_url = str(self.root)
         else:
-            spec = role_specs.file_server(str(self.root), role_specs.LOOPBACK, fs_port, upload_token_file=str(tok))
-            fs = self.group.start("fileserver", spec.argv())
+            spec = role_specs.file_server(str(self.root), role_specs.LOOPBACK, fs_port)
+            fs = self.group.start("fileserver", spec.argv(), env=self.env)
             targets.register(spec, "fileserver")
             self.root_url = f"http://{role_specs.LOOPBACK}:{fs_port}"
         gen = self.start_layout(self.shards, self.replicas, prefix="cube", topology_name="topology.json")
@@ -127,10 +143,10 @@ class LocalCubeCluster:
         publish = self.root_url if self.root_mode != "url" and not self.store else None
         self._transfer_spec = role_specs.cube_transfer(
             str(self.topology_path), root_arg, str(self.base / "transfer"), role_specs.LOOPBACK, tr_port,
-            poll_interval_s=self.poll_interval_s, upload_token_file=str(tok), publish_url=publish,
+            poll_interval_s=self.poll_interval_s, publish_url=publish,
             extra=["--phase-timeout", "120", *self.extra_transfer_args])
         self._transfer_port = tr_port
-        self.transfer = self.group.start("cube-transfer", self._transfer_spec.argv())
+        self.transfer = self.group.start("cube-transfer", self._transfer_spec.argv(), env=self.env)
         targets.register(self._transfer_spec, "cube-transfer")
         self.transfer_url = f"http://{role_specs.LOOPBACK}:{tr_port}"
         self._wait(self.transfer, tr_port)
@@ -167,11 +183,13 @@ class LocalCubeCluster:
         for s in range(gen.shards):
             for r in range(gen.replicas, replicas):
                 dport, hport, aport = next(ports), next(ports), next(ports)
+                work = str(self.base / f"{agent_dir}-{s}-{r}")
                 server = role_specs.cube_server(s, gen.shards, role_specs.LOOPBACK, dport, hport,
-                                                dict_name=self.dict_name)
-                agent = role_specs.cube_agent(str(self.base / f"{agent_dir}-{s}-{r}"), hport, role_specs.LOOPBACK, aport)
-                srv = self.group.start(f"{gen.prefix}-server-{s}-{r}", server.argv())
-                ag = self.group.start(f"{gen.prefix}-agent-{s}-{r}", agent.argv())
+                                                dict_name=self.dict_name, load_roots=[work])
+                agent = role_specs.cube_agent(work, hport, role_specs.LOOPBACK, aport,
+                                              version_roots=[self.version_root()])
+                srv = self.group.start(f"{gen.prefix}-server-{s}-{r}", server.argv(), env=self.env)
+                ag = self.group.start(f"{gen.prefix}-agent-{s}-{r}", agent.argv(), env=self.env)
                 for spec, role in ((server, srv), (agent, ag)):
                     targets.register(spec, role.name, {"replica": str(r)})
                 gen.servers[(s, r)], gen.agents[(s, r)] = srv, ag
@@ -236,7 +254,7 @@ class LocalCubeCluster:
             args = list(self._transfer_spec.args)
             args[args.index("--topology") + 1] = str(topology_path)
             self._transfer_spec = dataclasses.replace(self._transfer_spec, args=tuple(args))
-        self.transfer = self.group.start("cube-transfer", self._transfer_spec.argv())
+        self.transfer = self.group.start("cube-transfer", self._transfer_spec.argv(), env=self.env)
         self._wait(self.transfer, self._transfer_port)
 
     def info(self) -> DictInfo:

@@ -18,13 +18,17 @@ random pages are most of a lookup's cost. Memory: ``cap * stride`` bytes, e.g. 1
 10 float32 -> 1.67M x 48 B = 76 MiB (raw keys + values: 46 MiB); the keys/values arrays are
 not kept.
 
-Patches (``upsert``) are copy on write: the result is a new table (the served one keeps
-answering): a copy of it when the keys fit under ``MAX_LOAD`` and the sentinel is not a
-patch key, else a rehash into a new, larger table (new sentinel if needed).
+Patches: ``merge`` writes rows into a table in place (when they fit under ``MAX_LOAD`` and
+none is the sentinel; ``fits``); ``upsert`` is copy on write (a new table: a copy, or a
+rehash into a larger one with a new sentinel if needed), the fallback when a merge does not
+fit. ``VersionView`` is what the server serves: a base table plus the patches applied since
+its last merge as small overlay tables, read newest first (docs/cube.md, "Versions in
+place", has the design and its invariants).
 """
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
@@ -32,12 +36,17 @@ from runtime.cube.kernel import KERNEL
 
 #: load factor of a freshly built table, and the most a patch may fill it before it grows
 LOAD, MAX_LOAD = 0.6, 0.7
+#: bits per key of an overlay's Bloom filter (2 set per key: ~2 % false positives at 16);
+#: a lookup probes an overlay only for a key its filter may hold
+FILTER_BITS = 16
+#: most tables (overlays + base) one view reads (``kernel.c``'s VIEW_MAX_TABLES)
+MAX_TABLES = 16
 _U64_MAX = 2**64 - 1
 
 
-def table_capacity(count: int) -> int:
-    """Slots for ``count`` keys: ``max(16, ceil(count / LOAD))`` (always > count)."""
-    return max(16, math.ceil(count / LOAD), count + 1)
+def table_capacity(count: int, load: float = LOAD) -> int:
+    """Slots for ``count`` keys: ``max(16, ceil(count / load))`` (always > count)."""
+    return max(16, math.ceil(count / load), count + 1)
 
 
 def choose_sentinel(*key_arrays: np.ndarray, avoid: tuple[int, ...] = ()) -> int:
@@ -58,34 +67,46 @@ def choose_sentinel(*key_arrays: np.ndarray, avoid: tuple[int, ...] = ()) -> int
 
 
 class InlineTable:
-    """One dict version as an inline table (see the module docstring). Read-only once
-    built: share it between connections; ``upsert`` returns a new one.
+    """An inline table (see the module docstring): a base or a patch's overlay. Changed
+    only by ``merge`` (in place, under the conditions it states); ``upsert`` returns a new
+    one.
 
     Attributes: ``tab`` uint64[cap, stride // 8] (column 0 = keys), ``tabf`` the same
     memory as float32[cap, stride // 4] (values in columns 2 .. 2 + dim), ``sentinel``,
-    ``count`` (keys held), ``dim``."""
+    ``count`` (keys held), ``dim``, ``filter`` (None, or its Bloom filter: an overlay)."""
 
-    __slots__ = ("tab", "tabf", "sentinel", "count", "dim")
+    __slots__ = ("tab", "tabf", "sentinel", "count", "dim", "filter")
 
     def __init__(self, tab: np.ndarray, sentinel: int, count: int, dim: int):
         self.tab, self.sentinel, self.count, self.dim = tab, int(sentinel), int(count), int(dim)
         self.tabf = tab.view(np.float32)
+        self.filter: np.ndarray | None = None  # an overlay's Bloom filter (``with_filter``)
+
+    def with_filter(self) -> "InlineTable":
+        """Builds this table's Bloom filter of its keys (``kernel.c``: uint64 words,
+        ``FILTER_BITS`` bits per key, 2 bits per key set): a view then probes the table
+        only for a query the filter may hold. Call once the table is complete (a key added
+        later would be missed). Returns ``self``."""
+        words = np.empty(max(1, math.ceil(self.count * FILTER_BITS / 64)), np.uint64)
+        KERNEL.filter_build(self.tab, self.sentinel, words)
+        self.filter = words
+        return self
 
     @staticmethod
     def _alloc(cap: int, dim: int) -> np.ndarray:
         return np.empty((cap, (8 + 4 * dim + 7) // 8), np.uint64)
 
     @classmethod
-    def build(cls, keys: np.ndarray, values: np.ndarray) -> "InlineTable":
-        """From unique ``keys: uint64[n]`` and ``values: float32[n, dim]`` (the C kernel).
-        Raises ``ValueError`` on duplicate keys or bad shapes."""
+    def build(cls, keys: np.ndarray, values: np.ndarray, load: float = LOAD) -> "InlineTable":
+        """From unique ``keys: uint64[n]`` and ``values: float32[n, dim]`` (the C kernel),
+        at load factor ``load``. Raises ``ValueError`` on duplicate keys or bad shapes."""
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
         values = np.ascontiguousarray(values, dtype=np.float32)
         if values.ndim != 2 or values.shape[0] != keys.shape[0] or values.shape[1] < 1:
             raise ValueError(f"values must be float32[{keys.shape[0]}, dim >= 1], got {values.shape}")
         dim = values.shape[1]
         sentinel = choose_sentinel(keys)
-        tab = cls._alloc(table_capacity(keys.shape[0]), dim)
+        tab = cls._alloc(table_capacity(keys.shape[0], load), dim)
         t = cls(tab, sentinel, keys.shape[0], dim)
         KERNEL.build_table(tab, t.tabf, sentinel, keys, values)
         return t
@@ -101,7 +122,8 @@ class InlineTable:
 
     @property
     def nbytes(self) -> int:
-        return int(self.tab.nbytes)
+        """Bytes of the table and its filter."""
+        return int(self.tab.nbytes) + (0 if self.filter is None else int(self.filter.nbytes))
 
     def __len__(self) -> int:
         return self.count
@@ -125,6 +147,39 @@ class InlineTable:
         """The held ``(keys uint64[count], values float32[count, dim])`` in slot order (copies)."""
         used = self.tab[:, 0] != np.uint64(self.sentinel)
         return self.tab[used, 0].copy(), self.tabf[used, 2:2 + self.dim].copy()
+
+    def _patch_rows(self, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        values = np.ascontiguousarray(values, dtype=np.float32)
+        if values.ndim != 2 or values.shape != (keys.shape[0], self.dim):
+            raise ValueError(f"values must be float32[{keys.shape[0]}, {self.dim}], got {values.shape}")
+        return keys, values
+
+    def fits(self, keys: np.ndarray) -> bool:
+        """Whether ``merge(keys, ...)`` can write in place: no key is the sentinel and the
+        table stays at most ``MAX_LOAD`` full (O(len(keys)))."""
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        if bool((keys == np.uint64(self.sentinel)).any()):
+            return False
+        count = self.count + int(keys.shape[0] - np.count_nonzero(self.contains(keys)))
+        return count <= MAX_LOAD * self.capacity and count < self.capacity
+
+    def merge(self, keys: np.ndarray, values: np.ndarray) -> int:
+        """In place: updates or adds unique ``keys: uint64[n]`` with ``values: float32[n,
+        dim]``; returns the number of keys added. Cost O(n), no allocation of the table's
+        size. Readers may run meanwhile, on the condition that none of them can read a key
+        being merged from this table (the server's views: ``VersionView.folded``); a probe
+        for any other key is answered as before. Raises ``ValueError`` when the rows do
+        not ``fit`` (nothing written), or on bad shapes or repeated keys."""
+        keys, values = self._patch_rows(keys, values)
+        if not self.fits(keys):
+            raise ValueError(f"{keys.shape[0]} rows do not fit in place (capacity {self.capacity}, "
+                             f"{self.count} keys, sentinel {self.sentinel})")
+        if np.unique(keys).shape[0] != keys.shape[0]:
+            raise ValueError("patch keys repeat")
+        added = KERNEL.table_upsert(self.tab, self.tabf, self.sentinel, self.count, keys, values)
+        self.count += added
+        return added
 
     def upsert(self, keys: np.ndarray, values: np.ndarray) -> "InlineTable":
         """Copy on write: a new table = this one with ``keys`` updated or added (unique
@@ -150,3 +205,165 @@ class InlineTable:
         t.count = self.count + added
         assert added == new, (added, new)
         return t
+
+
+class VersionRetired(RuntimeError):
+    """A lookup on a ``VersionView`` that was retired (no longer served)."""
+
+
+class VersionView:
+    """One served version: ``base`` (an ``InlineTable``) and ``overlays`` (``InlineTable``
+    each, oldest first: the patches applied since the base's last merge), read newest
+    first: a key's value is the one of the newest table holding it. ``version``: its id;
+    ``count``: keys it holds; ``dim``. Views of successive versions share the base.
+
+    ``buf`` is the view as ``kernel.c``'s ``cube_view_lookup`` reads it (uint64: pins,
+    retired, dim, stride, table count, then address, capacity, sentinel, filter address
+    and words per table, newest first); ``addr`` its address (the server's hot path calls ``KERNEL.view_lookup_raw``
+    with it). A view holds references to its tables, so they live as long as it does."""
+
+    __slots__ = ("base", "overlays", "version", "count", "dim", "buf", "addr")
+
+    def __init__(self, base: InlineTable, overlays: list[InlineTable], version: int, count: int):
+        self.base, self.overlays, self.version, self.count = base, list(overlays), int(version), int(count)
+        self.dim = base.dim
+        tables = self.overlays[::-1] + [base]
+        if any(t.dim != base.dim for t in tables):
+            raise ValueError(f"overlays must have the base's dim {base.dim}")
+        if len(tables) > MAX_TABLES:
+            raise ValueError(f"a view reads at most {MAX_TABLES} tables, got {len(tables)}: fold it first")
+        self.buf = np.zeros(5 + 5 * len(tables), np.uint64)
+        self.buf[2:5] = (self.dim, base.stride, len(tables))
+        for i, t in enumerate(tables):
+            f = t.filter
+            self.buf[5 + 5 * i: 10 + 5 * i] = (t.tab.ctypes.data, t.capacity, t.sentinel,
+                                               0 if f is None else f.ctypes.data, 0 if f is None else f.shape[0])
+        self.addr = self.buf.ctypes.data
+
+    @classmethod
+    def of_base(cls, keys: np.ndarray, values: np.ndarray, version: int) -> "VersionView":
+        """A view of a base: a table built from ``keys``/``values`` (``InlineTable.build``)."""
+        t = InlineTable.build(keys, values)
+        return cls(t, [], version, t.count)
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tables it reads (the base, shared with other views, included)."""
+        return self.base.nbytes + sum(t.nbytes for t in self.overlays)
+
+    @property
+    def retired(self) -> bool:
+        return bool(self.buf[1])
+
+    def lookup(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``query: uint64[q]`` -> ``(values float32[q, dim] (zeros for misses), found
+        bool[q])``. Raises ``VersionRetired``."""
+        query = np.ascontiguousarray(query, dtype=np.uint64)
+        out = np.empty((query.shape[0], self.dim), np.float32)
+        found = np.empty(query.shape[0], np.uint8)
+        if KERNEL.view_lookup_raw(self.addr, query.ctypes.data, query.shape[0], out.ctypes.data,
+                                  found.ctypes.data) < 0:
+            raise VersionRetired(f"version {self.version} is retired")
+        return out, found.view(bool)
+
+    def contains(self, query: np.ndarray) -> np.ndarray:
+        """``query: uint64[q]`` -> bool[q]. Raises ``VersionRetired``."""
+        query = np.ascontiguousarray(query, dtype=np.uint64)
+        found = np.empty(query.shape[0], np.uint8)
+        if KERNEL.view_lookup_raw(self.addr, query.ctypes.data, query.shape[0], None, found.ctypes.data) < 0:
+            raise VersionRetired(f"version {self.version} is retired")
+        return found.view(bool)
+
+    def patched(self, keys: np.ndarray, values: np.ndarray, version: int) -> "VersionView":
+        """The view of ``version`` = this one with the patch rows (unique ``keys:
+        uint64[n]``, ``values: float32[n, dim]``) as a new overlay (``patched_chunks``)."""
+        return self.patched_chunks(keys, [(0, values)], version)
+
+    def patched_chunks(self, keys: np.ndarray, chunks, version: int) -> "VersionView":
+        """As ``patched``, the values given as ``chunks``: an iterable of ``(first row,
+        float32[m, dim])`` covering rows ``0 .. n`` in order
+        (``dictfile.load_shard_dict_chunked``), so only one chunk of them is held at a
+        time. The overlay gets a Bloom filter (``InlineTable.with_filter``): most lookups
+        miss it and then do not probe it. Nothing shared is modified; memory O(n). Raises
+        ``ValueError`` on bad shapes or repeated keys, and whatever ``chunks`` raises
+        (nothing is then served)."""
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        if keys.ndim != 1:
+            raise ValueError(f"keys must be uint64[n], got shape {keys.shape}")
+        sentinel = choose_sentinel(keys)
+        tab = InlineTable._alloc(table_capacity(keys.shape[0]), self.dim)
+        KERNEL.table_clear(tab, sentinel)
+        overlay = InlineTable(tab, sentinel, 0, self.dim)
+        at = 0
+        for start, values in chunks:
+            values = np.ascontiguousarray(values, dtype=np.float32)
+            m = values.shape[0] if values.ndim == 2 else -1
+            if start != at or values.ndim != 2 or values.shape[1] != self.dim or at + m > keys.shape[0]:
+                raise ValueError(f"values must be float32[m, {self.dim}] rows from {at} of {keys.shape[0]}: "
+                                 f"got a chunk at row {start} of shape {values.shape}")
+            overlay.count += KERNEL.table_upsert(tab, overlay.tabf, sentinel, overlay.count, keys[at:at + m],
+                                                 values, upsert=False)
+            at += m
+        if at != keys.shape[0]:
+            raise ValueError(f"values chunks cover {at} rows of {keys.shape[0]} keys")
+        overlay.with_filter()
+        new = int(keys.shape[0] - np.count_nonzero(self.contains(keys)))
+        return VersionView(self.base, self.overlays + [overlay], version, self.count + new)
+
+    def folded(self, in_place: bool = True) -> "VersionView":
+        """The same version with its overlays merged into the base, oldest first: in place
+        (``KERNEL.table_merge``: O(overlay slots), GIL released; the base has no filter)
+        when they fit and ``in_place``, else into a new base (``InlineTable.upsert``: a
+        copy, larger if needed). Returns a view with no overlay (or ``self`` when it has
+        none). In place, the caller guarantees that no lookup runs or starts on a view
+        of this base lacking one of these overlays (``retire`` + ``wait_unpinned``); lookups
+        on this view may run meanwhile: a merged key is found in its overlay first."""
+        if not self.overlays:
+            return self
+        base = self.base
+        sentinel = np.array([base.sentinel], np.uint64)
+        if in_place and not any(bool(t.contains(sentinel)[0]) for t in self.overlays):
+            # an upper bound of the keys added (a new key in two overlays counts twice)
+            new = sum(KERNEL.table_merge(base.tab, base.sentinel, base.count, t.tab, t.sentinel, True)
+                      for t in self.overlays)
+            in_place = base.count + new <= MAX_LOAD * base.capacity and base.count + new < base.capacity
+        else:
+            in_place = False
+        if in_place:  # oldest first: the newest row of a key is written last; GIL released
+            for t in self.overlays:
+                added = KERNEL.table_merge(base.tab, base.sentinel, base.count, t.tab, t.sentinel, False)
+                assert added >= 0, added  # checked above
+                base.count += added
+        else:
+            rows = [t.items() for t in self.overlays]
+            keys = np.concatenate([k for k, _ in rows])
+            values = np.concatenate([v for _, v in rows])
+            if len(rows) > 1:  # a key in several overlays: the newest row wins
+                _, last = np.unique(keys[::-1], return_index=True)
+                keep = keys.shape[0] - 1 - last
+                keys, values = keys[keep], values[keep]
+            base = base.upsert(keys, values)
+        assert base.count == self.count, (base.count, self.count)
+        return VersionView(base, [], self.version, self.count)
+
+    def retire(self) -> None:
+        """Lookups on this view answer ``VersionRetired`` from now on (those in progress finish)."""
+        KERNEL.view_retire(self.addr)
+
+    @property
+    def pinned(self) -> bool:
+        """Whether a lookup is in progress on this view."""
+        return KERNEL.view_pins(self.addr) > 0
+
+    def wait_unpinned(self, timeout_s: float = 10.0) -> bool:
+        """Waits until no lookup is in progress on this view (after ``retire``: none will
+        start); False after ``timeout_s`` s."""
+        deadline = time.monotonic() + timeout_s
+        while KERNEL.view_pins(self.addr) > 0:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.0002)
+        return True

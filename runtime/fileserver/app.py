@@ -17,15 +17,23 @@ HTTP interface (every path is relative to ``--root``):
 
   ``size`` in bytes (0 for a directory), ``mtime`` in Unix seconds (float); entries
   sorted by name; hidden upload temporaries (``.*``) are not listed.
-- ``PUT /<file>``: upload. Requires ``Authorization: Bearer <token>`` (401 without it or
-  with a wrong one; 403 when the server has no token configured, i.e. uploads are
-  disabled). The body is streamed to a temporary file in the target directory and
+- ``PUT /<file>``: upload. Requires ``Authorization: Bearer <credential>`` of
+  ``fileserver-write`` (``runtime.auth``: 401 without it or with a wrong one, counted in
+  ``elastic_ctr_auth_refusals_total``; 403 when the server has no write credential
+  configured, i.e. uploads are disabled). The body is streamed to a temporary file in the target directory and
   renamed into place (a reader sees the old file or the new one, never a partial one);
   parent directories are created. When the request carries ``Content-MD5`` (base64 of
   the MD5, RFC 1864), ``Digest: md5=<base64>`` (RFC 3230) or
   ``Content-Digest``/``Repr-Digest: md5=:<base64>:`` (RFC 9530; ``sha-256`` also
   accepted), the digest is verified and a mismatch is a 400 with nothing kept.
   201 for a new file, 200 for a replaced one; body ``{"path", "size", "md5"}``.
+- ``DELETE /<file or dir>``: removes it (a directory with all it holds; never the
+  root), with the same ``Authorization`` as ``PUT``; 404 when missing. Body
+  ``{"deleted"}``. Used by the transfer's retention of published versions.
+
+Read protection (``read``, ``--read-auth``): ``GET``/``HEAD`` of files and listings
+then need the ``fileserver-read`` credential (or the write one: a writer reads what it
+wrote); ``/metrics`` and the probes stay open.
 
 Path safety: a path can never name anything outside the root. ``..`` segments, NUL
 bytes, backslashes and absolute paths are refused with 403 (percent-encoded variants
@@ -42,16 +50,17 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import hmac
 import html
 import logging
 import os
 import re
+import shutil
 import tempfile
 from urllib.parse import quote
 
 from flask import Flask, Response, jsonify, request, send_file
 
+from runtime import auth
 from runtime.metrics import exposition
 from runtime.metrics.fileserver import FileServerMetrics
 from runtime.webserver import json_errors
@@ -191,10 +200,13 @@ def expected_digests(headers) -> dict[str, bytes]:
 
 
 def create_app(root: str | os.PathLike, token: str | None = None,
-               max_upload_bytes: int | None = None) -> Flask:
+               max_upload_bytes: int | None = None, write=None, read=None) -> Flask:
     """Builds the Flask app serving ``root``.
 
-    ``token``: the bearer token that authorizes uploads (None disables uploads: 403).
+    ``token``: a fixed bearer token that authorizes uploads; ``write``: the
+    ``fileserver-write`` credential (``runtime.auth.Credential``: current and previous,
+    re-read on change) used when ``token`` is None (neither: uploads disabled, 403).
+    ``read``: the ``fileserver-read`` credential; given, reads need it (module docstring).
     ``max_upload_bytes``: refuse larger uploads with 413 (None = unlimited).
     """
     root_real = os.path.realpath(root)
@@ -204,6 +216,18 @@ def create_app(root: str | os.PathLike, token: str | None = None,
     app.url_map.merge_slashes = False  # '//' is handled (ignored) by resolve(), not redirected
     app.url_map.strict_slashes = False
     metrics = FileServerMetrics()
+    if token:
+        write = auth.FixedCredential("fileserver-write", token)
+    readers = tuple(c for c in (read, write) if c is not None)
+
+    def needs(method: str, path: str):
+        if method in ("PUT", "DELETE"):
+            return (write,) if write is not None else ()
+        if read is not None and path != "/metrics":
+            return readers
+        return ()
+
+    auth.Guard("fileserver", needs, metrics.auth).install(app)
 
     @app.after_request
     def count(resp: Response) -> Response:
@@ -222,14 +246,16 @@ def create_app(root: str | os.PathLike, token: str | None = None,
             resp.headers.update(headers)
         return resp
 
-    @app.route("/", defaults={"rel": ""}, methods=["GET", "HEAD", "PUT"])
-    @app.route("/<path:rel>", methods=["GET", "HEAD", "PUT"])
+    @app.route("/", defaults={"rel": ""}, methods=["GET", "HEAD", "PUT", "DELETE"])
+    @app.route("/<path:rel>", methods=["GET", "HEAD", "PUT", "DELETE"])
     def handle(rel: str):
         # Flask's <path:> converter gives the decoded path; take the raw decoded
         # PATH_INFO instead so that a trailing slash and '//' are seen as sent.
         rel = request.path[1:] if request.path.startswith("/") else request.path
         if request.method == "PUT":
             return put(rel)
+        if request.method == "DELETE":
+            return delete(rel)
         try:
             real = resolve(root_real, rel)
         except PathRefused as exc:
@@ -244,14 +270,27 @@ def create_app(root: str | os.PathLike, token: str | None = None,
         except OSError as exc:
             return err(404, f"/{rel}: {exc.strerror or exc}")
 
+    def delete(rel: str) -> Response:
+        """``DELETE`` (with the write credential, checked by the guard): removes a file, or a
+        directory and all it holds (the transfer's retention of published versions); never the root."""
+        if write is None:
+            return err(403, "deletes are disabled: the file server has no write credential")
+        if not rel.strip("/"):
+            return err(400, "DELETE needs a path below the root")
+        try:
+            real = resolve(root_real, rel.rstrip("/"))
+        except PathRefused as exc:
+            return err(exc.status, f"/{rel}: {exc}")
+        if os.path.isdir(real):
+            shutil.rmtree(real)
+        else:
+            os.unlink(real)
+        log.info("deleted /%s", rel)
+        return jsonify({"deleted": "/" + rel})
+
     def put(rel: str) -> Response:
-        if not token:
+        if write is None:
             return err(403, "uploads are disabled: the file server has no upload token")
-        auth = request.headers.get("Authorization", "")
-        scheme, _, given = auth.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-            return err(401, "Authorization: a valid 'Bearer <token>' is required",
-                       {"WWW-Authenticate": 'Bearer realm="elastic-ctr"'})
         if not rel or rel.endswith("/"):
             return err(400, f"/{rel}: PUT needs a file path, not a directory")
         try:

@@ -25,7 +25,11 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--host", default="0.0.0.0", help="listen address")
     p.add_argument("--port", type=int, default=role_specs.PORTS["fileserver"]["http"], help="listen port")
     p.add_argument("--upload-token-file", default=None,
-                   help="file holding the upload bearer token (default: $ELASTIC_CTR_UPLOAD_TOKEN)")
+                   help="file holding a fixed upload bearer token (default: $ELASTIC_CTR_UPLOAD_TOKEN, else the "
+                        "fileserver-write credential of $ELASTIC_CTR_CREDENTIALS_DIR, re-read on change)")
+    p.add_argument("--read-auth", action="store_true",
+                   help="GET/HEAD of files and listings need the fileserver-read (or -write) credential "
+                        "(probes and /metrics stay open)")
     p.add_argument("--threads", type=int, default=8, help="worker threads")
     p.add_argument("--max-upload-bytes", type=int, default=None,
                    help="refuse uploads larger than this many bytes (default: unlimited)")
@@ -38,9 +42,16 @@ def _run(args) -> int:
     from runtime.fileserver.app import create_app
     from runtime.webserver import WebServer, serve_forever
 
+    from runtime import auth, role_specs
+
     token = storage.read_token(args.upload_token_file)
-    server = WebServer(create_app(args.root, token, args.max_upload_bytes), args.host, args.port,
-                       threads=args.threads, name="fileserver")
-    log.info("file server: root %s (uploads %s)", os.path.realpath(args.root),
-             "enabled" if token else "disabled: no token")
+    write = auth.Credential(role_specs.FILES_WRITE)
+    if token or write.current() is None:
+        write = None  # a fixed token (or none: uploads disabled)
+    read = auth.Credential(role_specs.FILES_READ).require("fileserver") if args.read_auth else None
+    server = WebServer(create_app(args.root, token, args.max_upload_bytes, write=write, read=read), args.host,
+                       args.port, threads=args.threads, name="fileserver")
+    log.info("file server: root %s (uploads %s; reads %s)", os.path.realpath(args.root),
+             "enabled: fixed token" if token else f"enabled: {write.dir}" if write else "disabled: no token",
+             "need a credential" if read else "open")
     return serve_forever(server, drain_s=args.drain_seconds)

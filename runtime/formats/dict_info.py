@@ -73,7 +73,9 @@ class DictInfo(_Body):
     of a shard, ``replicas``: per shard; ``dim``: floats per embedding; ``count``: keys
     of the base; ``model``: the dense model's location under the root; ``enabled_at``,
     ``last_poll``: unix s; ``status``: empty | serving | rolling_out; ``waiting_for``:
-    instances whose server runs with another ``--shard-num``."""
+    instances whose server runs with another ``--shard-num``; ``pinned``: the version
+    pinned to be served (a rollback or the stack's ``servedVersion``; None: following
+    training)."""
 
     dict_name: str
     version: Optional[int] = None
@@ -94,6 +96,8 @@ class DictInfo(_Body):
     last_rollout: Optional[LastRollout] = None
     last_poll: Optional[float] = None
     last_error: Optional[str] = None
+    held: list[int] = Field(default_factory=list)
+    pinned: Optional[int] = None
 
     def version_for(self, shard_num: int) -> Optional[int]:
         """The version a reader whose topology has ``shard_num`` shards may serve: ``version``

@@ -8,6 +8,7 @@ Layout under a root ``R`` (a directory or the file server's URL)::
     R/donefile/patch.txt       one line per patch version; its key is the base it applies to
     R/versions/<id>/dense/     the dense model and model_meta.json (runtime.formats.model_meta)
     R/versions/<id>/sparse/    the embeddings as SequenceFile parts (runtime.formats.seqfile)
+    R/versions/<id>/manifest.json  every file above: size, sha256, rows (runtime.formats.manifest)
 
 A line is a JSON object: ``id`` (the version), ``key`` (a base: its own id; a patch: its
 base's id) and ``input`` (the SequenceFiles, relative to ``R`` or absolute), the fields of
@@ -15,7 +16,11 @@ Paddle Serving's cube-transfer donefiles; this project adds ``model`` (the dense
 directory), ``dim``, ``count`` and, for a version trained on time partitions, its data
 time: ``data_end`` (unix s, the end of the last partition it was trained through: the
 served version's freshness is ``now - data_end``) and ``landed`` (unix s, when the trainer
-found that partition complete: the transfer measures landed-to-served from it). Ids are integers (numeric strings are accepted, as
+found that partition complete: the transfer measures landed-to-served from it) and
+``manifest`` (``versions/<id>/manifest.json``: every file of the version with its size,
+SHA-256 and rows, ``runtime.formats.manifest``; a reader of a line that names one
+verifies the version against it and refuses it on any difference; the trainer's lines
+always name one). Ids are integers (numeric strings are accepted, as
 Paddle Serving's own tools write them). Every file of a version is written before its
 line is appended, so a reader never sees a half-written version.
 
@@ -56,7 +61,8 @@ class DonefileRecord(BaseModel):
     """One donefile line. ``id``/``key``: version ids (int); ``input``/``model``: locations
     relative to the root (str); ``dim``: floats per embedding; ``count``: keys in the
     version's SequenceFiles; ``data_end`` / ``landed``: unix seconds (module docstring; None
-    for a version not trained on time partitions). ``line`` is the 1-based line number it
+    for a version not trained on time partitions); ``manifest``: the version's manifest,
+    relative to the root (None: published without one, not verified). ``line`` is the 1-based line number it
     was read from (0 when built in memory); it is not written."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -69,6 +75,7 @@ class DonefileRecord(BaseModel):
     count: Optional[NonNegInt] = None
     data_end: Optional[NonNegInt] = None
     landed: Optional[NonNegInt] = None
+    manifest: Optional[str] = Field(default=None, min_length=1)
     _line: int = PrivateAttr(default=0)
 
     @property
@@ -91,20 +98,22 @@ def dense_dir(version: int) -> str:
 
 
 def base_record(version: int, dim: int | None = None, count: int | None = None, data_end: int | None = None,
-                landed: int | None = None) -> DonefileRecord:
+                landed: int | None = None, manifest: str | None = None) -> DonefileRecord:
     """The base line of ``version`` in the standard layout (key = its own id); ``dim``
-    floats per embedding, ``count`` keys and the data time (``data_end``, ``landed``: unix
-    s), when known. Raises ``pydantic.ValidationError``."""
+    floats per embedding, ``count`` keys, the data time (``data_end``, ``landed``: unix
+    s) and the ``manifest`` location, when known. Raises ``pydantic.ValidationError``."""
     return DonefileRecord(id=version, key=version, input=sparse_dir(version), model=dense_dir(version),
-                          dim=dim, count=count, data_end=data_end, landed=landed)
+                          dim=dim, count=count, data_end=data_end, landed=landed, manifest=manifest)
 
 
 def patch_record(version: int, base: int, dim: int | None = None, count: int | None = None,
-                 data_end: int | None = None, landed: int | None = None) -> DonefileRecord:
+                 data_end: int | None = None, landed: int | None = None,
+                 manifest: str | None = None) -> DonefileRecord:
     """The patch line of ``version``, applying to base ``base``, in the standard layout;
-    ``dim``, ``count`` and the data time when known. Raises ``pydantic.ValidationError``."""
+    ``dim``, ``count``, the data time and the ``manifest`` location when known. Raises
+    ``pydantic.ValidationError``."""
     return DonefileRecord(id=version, key=base, input=sparse_dir(version), model=dense_dir(version),
-                          dim=dim, count=count, data_end=data_end, landed=landed)
+                          dim=dim, count=count, data_end=data_end, landed=landed, manifest=manifest)
 
 
 def fold(patches: list[DonefileRecord]) -> tuple[DonefileRecord, list[int], list[str]]:

@@ -185,12 +185,18 @@ class SequenceFileReader:
     ``dim`` (floats per value; 0 for an empty file). Use as a context manager or call
     ``close()``.
 
+    ``expect_rows``: the records the file must hold (its manifest's ``rows``,
+    ``runtime.formats.manifest``); a file that ends cleanly after another count (e.g. cut
+    exactly between two records) raises ``SequenceFileError`` at its end. None: not checked.
+
     Raises ``SequenceFileError`` naming the file and byte offset for any malformed byte,
     ``runtime.storage.LocationError`` if the location cannot be opened.
     """
 
     def __init__(self, location: str | os.PathLike | BinaryIO, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 name: str | None = None):
+                 name: str | None = None, expect_rows: int | None = None):
+        self.expect_rows = None if expect_rows is None else int(expect_rows)
+        self.rows = 0  # records yielded so far
         if hasattr(location, "read"):
             self._f: BinaryIO = location  # type: ignore[assignment]
             self.name = name or getattr(location, "name", "<stream>")
@@ -308,7 +314,18 @@ class SequenceFileReader:
 
     # -- records --------------------------------------------------------------------
     def iter_batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Yields ``(keys uint64[m], values float32[m, dim])`` per chunk read, in file order."""
+        """Yields ``(keys uint64[m], values float32[m, dim])`` per chunk read, in file order;
+        at the end, checks ``expect_rows`` (class docstring)."""
+        for keys, values in self._batches():
+            self.rows += len(keys)
+            if self.expect_rows is not None and self.rows > self.expect_rows:
+                raise self._err(0, f"more records than the {self.expect_rows} expected")
+            yield keys, values
+        if self.expect_rows is not None and self.rows != self.expect_rows:
+            raise SequenceFileError(self.name, self._base, f"ends after {self.rows} records, "
+                                    f"{self.expect_rows} expected (a file cut between two records?)")
+
+    def _batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         if self.dim == 0:
             return
         dt = _record_dtype(self.style, self.dim)
@@ -390,11 +407,12 @@ class SequenceFileReader:
         self.close()
 
 
-def iter_sequence_file(location: str | os.PathLike, chunk_bytes: int = DEFAULT_CHUNK_BYTES
-                       ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def iter_sequence_file(location: str | os.PathLike, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                       expect_rows: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Streams ``(keys uint64[m], values float32[m, dim])`` batches of one SequenceFile
-    (path or URL), about ``chunk_bytes`` of records each. Errors as ``SequenceFileReader``."""
-    with SequenceFileReader(location, chunk_bytes=chunk_bytes) as r:
+    (path or URL), about ``chunk_bytes`` of records each; ``expect_rows`` as
+    ``SequenceFileReader``. Errors as ``SequenceFileReader``."""
+    with SequenceFileReader(location, chunk_bytes=chunk_bytes, expect_rows=expect_rows) as r:
         yield from r.iter_batches()
 
 

@@ -41,7 +41,11 @@ class PartitionResult(BaseModel):
     """One partition of a continuous job: ``hour`` (``YYYYMMDD/HH``), ``rows`` this process
     trained (= examples: one pass), ``seconds`` the pass took (wall, s), ``auc_before``
     (trainer 0: the AUC of the model before training on it; ``None`` for the first),
-    ``train_auc`` (over the pass), ``version`` exported right after it, if any."""
+    ``train_auc`` (over the pass), ``version`` exported right after it, if any;
+    ``logloss_before`` (trainer 0: the log loss beside ``auc_before``), ``gate_seconds``
+    (trainer 0: the data gate's statistics and checks, s), ``quarantined`` (the data gate's
+    anomalies, one message each, when it refused the partition: ``rows`` is then 0, nothing
+    was trained; ``runtime.trainer.data_gate``)."""
 
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
@@ -51,6 +55,9 @@ class PartitionResult(BaseModel):
     auc_before: Optional[float] = None
     train_auc: Optional[float] = None
     version: Optional[int] = None
+    logloss_before: Optional[float] = None
+    gate_seconds: Optional[float] = None
+    quarantined: Optional[list[str]] = None
 
 
 class ExportResult(BaseModel):

@@ -32,13 +32,18 @@ def add_arguments(p) -> None:
 
 
 def launch(args, run_dir: Path, group) -> Optional[MlflowServer]:
-    """Starts the demo's server (not waiting for it) and sets ``$MLFLOW_TRACKING_URI`` for
-    the roles started next; None with ``--no-tracking``."""
+    """Starts the demo's server (not waiting for it) with MLflow's basic auth, its login the
+    run's ``tracking`` credential (``run_dir/credentials``, written here if not yet:
+    ``runtime.auth.write_credentials``; ``$ELASTIC_CTR_CREDENTIALS_DIR`` set for the roles
+    started next, which log in with it: ``runtime.tracking_login``), and sets
+    ``$MLFLOW_TRACKING_URI`` for them; None with ``--no-tracking``."""
     if getattr(args, "no_tracking", False):
         return None
-    from runtime import tracking
+    from runtime import auth, tracking
 
-    server = MlflowServer(run_dir / "mlflow", group).launch()
+    creds = auth.write_credentials(run_dir / "credentials")
+    os.environ.update(auth.env_for(creds))
+    server = MlflowServer(run_dir / "mlflow", group, credentials_dir=creds).launch()
     os.environ[tracking.URI_ENV] = server.url  # the roles started after this (transfer, trainers) log to it
     return server
 

@@ -2,6 +2,14 @@
 backend store ``sqlite:///<root>/mlflow.db``, artifacts served by the server from
 ``<root>/artifacts`` (``--serve-artifacts``), so clients need only HTTP (``mlflow-skinny``).
 
+With ``credentials_dir`` (a run's credentials, ``runtime.auth.write_credentials``) the
+server runs MLflow's own authentication (``--app-name basic-auth``, as
+``runtime.role_specs.tracking_server(basic_auth=True)``): its admin is the ``tracking``
+credential's user (``<dir>/tracking/username``, ``password``), its CSRF secret
+``<dir>/tracking/server-secret-key``, its user store ``<root>/basic_auth.db``
+(``<root>/basic_auth.ini``); every request but ``/health`` needs that login, which the
+pipeline's clients send (``runtime.tracking_login``).
+
 Needs the full ``mlflow`` distribution (the ``tracking-server`` extra). The server runs
 as a role of a ``runtime.proc.ProcessGroup`` (its own process group, stopped by PID with
 the group: SIGTERM, then SIGKILL after the group's grace period).
@@ -11,6 +19,7 @@ Page addresses of the MLflow UI (a JavaScript app): ``run_url`` (the run's overv
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -41,9 +50,11 @@ class MlflowServer:
         group: the ``runtime.proc.ProcessGroup`` that starts and stops it.
         port: TCP port on 127.0.0.1 (0: a free one).
         name: the role's name in the group (its log: ``<group.log_dir>/<name>.log``).
+        credentials_dir: the run's credentials: basic auth on (module docstring); None: off.
     """
 
-    def __init__(self, root: str | Path, group, port: int = 0, name: str = "mlflow-server"):
+    def __init__(self, root: str | Path, group, port: int = 0, name: str = "mlflow-server",
+                 credentials_dir: str | Path | None = None):
         from runtime import proc
 
         self.root = Path(root)
@@ -52,13 +63,38 @@ class MlflowServer:
         self.name = name
         self.url = f"http://127.0.0.1:{self.port}"
         self.role = None
+        self.credentials_dir = Path(credentials_dir) if credentials_dir else None
 
+    def login(self) -> tuple[str, str] | None:
+        """The ``(username, password)`` the server's clients log in with (None: no auth)."""
+        from runtime import tracking_login
+
+        return tracking_login.read(self.credentials_dir) if self.credentials_dir else None
+
+    def _auth_env(self) -> dict[str, str]:
+        """The basic-auth app's environment (its config file written first, mode 0600)."""
+        from runtime import role_specs
+
+        d = self.credentials_dir / role_specs.TRACKING
+        ini = self.root / "basic_auth.ini"
+        fd = os.open(ini, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("[mlflow]\ndefault_permission = READ\n"
+                    f"database_uri = sqlite:///{(self.root / 'basic_auth.db').resolve()}\n"
+                    "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+                    # a login checked once a minute per worker, not a password hash per request
+                    "auth_cache_ttl_seconds = 60\n")
+        env = {role_specs.TRACKING_AUTH_CONFIG_ENV: str(ini.resolve())}
+        for var, key in role_specs.TRACKING_SERVER_ENV:
+            env[var] = (d / key).read_text().strip()
+        return env
     def argv(self) -> list[str]:
         """The server's command line."""
         return [sys.executable, "-m", "mlflow", "server",
                 "--backend-store-uri", f"sqlite:///{self.root.resolve() / 'mlflow.db'}",
                 "--artifacts-destination", str((self.root / "artifacts").resolve()),
-                "--serve-artifacts", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+                "--serve-artifacts", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+                *(["--app-name", "basic-auth"] if self.credentials_dir else [])]
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> "MlflowServer":
         """Starts the server and waits until ``/health`` answers 200 (``launch`` +
@@ -74,7 +110,10 @@ class MlflowServer:
         self.root.mkdir(parents=True, exist_ok=True)
         # no background job runner (MLflow's GenAI jobs, unused here): its consumers would
         # outlive the server process
-        self.role = self.group.start(self.name, self.argv(), env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+        env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        if self.credentials_dir:
+            env.update(self._auth_env())
+        self.role = self.group.start(self.name, self.argv(), env=env)
         return self
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> "MlflowServer":

@@ -23,7 +23,10 @@
    (``runtime.local.prometheus``), a summary table per version (kind, sparse rows,
    rollout seconds, the trainer's and the served AUC on the next hour) and the line
    ``demo: versions=<n> auc=<served next-hour AUC of the last version> failed_requests=<n>
-   qps=<x> p99_ms=<y> patches=<n>``.
+   qps=<x> p99_ms=<y> patches=<n> quarantined=<n> held=<n>`` (``--break-hour``: a
+   partition corrupted as it lands, ``runtime.local.breaks``; a quarantined hour and a
+   version the transfer's model gate held are rows of their own, the served version
+   scoring the next hour).
 """
 from __future__ import annotations
 
@@ -34,10 +37,11 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.local import demo_tracking, plot
+from runtime.local import breaks, demo_tracking, plot
 from runtime.local import prometheus as local_prometheus
 from runtime.local.services import start_client, start_serving, start_services
-from runtime.formats import signal
+from runtime.formats import dict_info, signal
+from runtime.formats.partition_stats import marker_location
 from runtime.formats.dict_info import served_version as cube_version
 from runtime.local.status import Waiter, serving_version, summary_line
 
@@ -151,6 +155,8 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
     H = int(args.hours)
     if H < 2:
         raise ValueError(f"--hours must be >= 2 (a base and at least one patch; got {H})")
+    breaks.check(args, H)
+    brk = getattr(args, "break_hour", None)
     minutes = int(getattr(args, "partition_minutes", 60))
     first = start_hour(getattr(args, "start_hour", None), H, minutes)
     hs = [partitions.Partition.parse(first, minutes=minutes).next(i) for i in range(H + 1)]
@@ -177,6 +183,8 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
 
     def land(h) -> None:
         src = Path(h.location(str(upstream)))
+        if brk is not None and h == hs[brk]:  # a broken upstream job (runtime.local.breaks)
+            step(f"partition {h}: {breaks.corrupt(src, args.break_kind)} rows broken ({args.break_kind}) as it lands")
         if storage.is_store(hours_root):  # no rename on an object store: data first, _SUCCESS last
             for f in sorted(src.iterdir(), key=lambda p: p.name == partitions.DONE_MARKER):
                 storage.upload(f, storage.join(h.location(hours_root), f.name))
@@ -192,7 +200,9 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
                         "--start-hour", first, "--end-hour", str(hs[H - 1]), "--state-dir",
                         str(run_dir / "train-state"), "--output", svc.root_url, "--upload-token-file",
                         str(svc.token_file), "--poll-s", "0.2", "--partition-minutes", str(minutes),
-                        "--base-every-minutes", str(args.base_every_minutes), "--seed", str(args.seed), "--log-dir", str(logs / "train")]
+                        "--base-every-minutes", str(args.base_every_minutes), "--seed", str(args.seed),
+                        "--log-dir", str(logs / "train"),
+                        "--gate-eval-every", "20"]  # each version evaluated for the transfer's model gate
     if server is not None:
         server.wait_ready()
         train_argv += ["--tracking-uri", server.url]
@@ -223,10 +233,27 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
     stop_file = run_dir / "client-rollout.stop"
     last_id = 0
     for t in range(H):
-        kind, rec = until(lambda: new_line(last_id), f"the version exported after partition {hs[t]}", 300)
-        last_id = rec.id
-        t_line = time.monotonic()
-        until(lambda: cube_version(svc.transfer_url) == rec.id, f"cube rollout of {kind} {rec.id}", 180, 0.05)
+        marker = marker_location(hs[t].location(hours_root))
+        got = until(lambda: new_line(last_id) or (storage.exists(marker) and ("quarantined", None)),
+                    f"the version exported after partition {hs[t]} (or its quarantine)", 300)
+        kind, rec = got
+        if rec is not None:  # served, or held by the transfer's model gate
+            last_id, t_line = rec.id, time.monotonic()
+            until(lambda: cube_version(svc.transfer_url) == rec.id
+                  or rec.id in dict_info.fetch_dict_info(svc.transfer_url).held, f"rollout of {kind} {rec.id}",
+                  180, 0.05)
+            kind = kind if cube_version(svc.transfer_url) == rec.id else "held"
+        if rec is None or kind == "held":  # nothing new served: the served version scores the next hour
+            sv = cube_version(svc.transfer_url)
+            s = client(f"client-hour-{t + 1}", evals[t + 1], [], args.concurrency, args.score_batch_size)
+            served, n = _served_auc(run_dir / f"client-hour-{t + 1}.tsv", sv)
+            failed += s["failed_requests"]
+            versions.append({"version": sv, "kind": kind, "hour": str(hs[t]), "rows": 0, "rollout_s": 0.0,
+                             "served_auc_next": served, "scored_rows": n, "failed": s["failed_requests"]})
+            step(f"partition {hs[t]}: {kind}; version {sv} keeps serving, AUC on {hs[t + 1]} {served:.4f}")
+            if t + 1 < H:
+                land(hs[t + 1])
+            continue
         rollout_s = time.monotonic() - t_line
         if bg is None:
             start_serving(args, run_dir, group, svc, "criteo")
@@ -295,14 +322,17 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
     print(f"chart: {chart}")
     prom_chart = local_prometheus.report(prom, run_dir, t_run)
     patches = sum(v["kind"] == "patch" for v in versions)
+    quarantined, held = (sum(v["kind"] == k for v in versions) for k in ("quarantined", "held"))
     (run_dir / "summary.json").write_text(json.dumps({
         "mode": "online", "versions": versions, "base_alone_auc_last": base_alone, "base_alone_auc": base_alone_h,
         "chart": str(chart), "prometheus_chart": str(prom_chart) if prom_chart else None, "tracking": run_rec,
         "failed_requests": failed,
         "latency": lat, "rollout": rollout, "signal": sig.model_dump(mode="json"), "eval_files": [str(e) for e in evals],
         "trainer": trec}, indent=1))
-    print(f"demo: versions={len(versions)} auc={latest['served_auc_next']:.4f} failed_requests={failed} "
-          f"qps={lat['qps']} p99_ms={lat['p99_ms']} patches={patches}", flush=True)
+    served_n = sum(v["kind"] in ("base", "patch") for v in versions)
+    print(f"demo: versions={served_n} auc={latest['served_auc_next']:.4f} failed_requests={failed} "
+          f"qps={lat['qps']} p99_ms={lat['p99_ms']} patches={patches} quarantined={quarantined} held={held}",
+          flush=True)
     if observer is not None:
         observer.at_end(svc)
     demo_tracking.linger(args, group, server, run_rec, keep=[prom.role] if prom is not None else [])

@@ -86,8 +86,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="online: the first hourly partition (UTC; default: the demo's fixed first hour, for "
                         "reproducible runs); now: the partitions are the hours before the current one, so the "
                         "versions' data times, and the served data's age, are real")
-    from runtime.local import demo_tracking, prometheus
+    from runtime.local import breaks, demo_tracking, prometheus
 
+    breaks.add_arguments(p)
     demo_tracking.add_arguments(p)
     prometheus.add_arguments(p)
     p.add_argument("--data-root", default=None, metavar="ROOT",
@@ -136,7 +137,9 @@ def _split_user_data(files: list[str], out: Path, fmt: str) -> tuple[Path, Path,
 
 def _check_roots(args) -> None:
     """``--data-root`` / ``--model-root``: online mode only; ``--model-root`` must be an
-    object-store location. Raises ``ValueError`` naming the flag."""
+    object-store location; both reachable and writable (the demo writes the hours and
+    the versions there: ``runtime.roots.check_root``), before any process starts.
+    Raises ``ValueError`` or ``storage.LocationError`` naming the flag."""
     from runtime import storage
 
     roots = {"--data-root": getattr(args, "data_root", None), "--model-root": getattr(args, "model_root", None)}
@@ -147,6 +150,11 @@ def _check_roots(args) -> None:
     if mr and not storage.is_store(mr):
         raise ValueError(f"--model-root {mr}: expected an object-store location (s3://bucket/prefix); "
                          "leave it out to use the file server")
+    from runtime.roots import check_root
+
+    for flag, value in roots.items():
+        if value:
+            check_root(value, flag, write=True)
 
 
 def main(args) -> int:

@@ -6,7 +6,6 @@ group), serving, and the demo client (``elastic-ctr client``).
 from __future__ import annotations
 
 import json
-import secrets
 from pathlib import Path
 
 from runtime import role_specs
@@ -33,19 +32,26 @@ class Services:
 
 
 def start_services(args, run_dir: Path, group) -> Services:
-    """Starts the file server (root ``run_dir/fileserver``, a random upload token; none when
+    """Generates the run's credentials (``run_dir/credentials/<boundary>/current``, files
+    0600, ``runtime.auth.write_credentials``; the upload token is ``fileserver-write``'s) and
+    points this process's environment at them (``$ELASTIC_CTR_CREDENTIALS_DIR``), so every
+    role the run starts reads them; starts the file server (root ``run_dir/fileserver``; none when
     ``args.model_root`` is an object-store location: versions go there),
     ``args.shards`` x ``args.replicas`` cube servers with their agents, and the cube
     transfer (work dirs under ``run_dir/cube``), each a process of ``group`` on 127.0.0.1;
     waits until every port answers. Raises ``proc.RoleFailed`` / ``TimeoutError``."""
-    from runtime import proc
+    import os
+
+    from runtime import auth, proc
     from runtime.cube.local_cube import LocalCubeCluster
 
     fs_root = run_dir / "fileserver"
     model_root = getattr(args, "model_root", None)
+    creds = auth.write_credentials(run_dir / "credentials")
+    os.environ.update(auth.env_for(creds))  # the trainer, serving and clients this run starts inherit it
     cube = LocalCubeCluster(run_dir / "cube", model_root or fs_root, shards=args.shards, replicas=args.replicas,
-                            dict_name=role_specs.DICT_NAME, poll_interval_s=0.2, token=secrets.token_hex(16),
-                            start_timeout_s=120.0, group=group)
+                            dict_name=role_specs.DICT_NAME, poll_interval_s=0.2, start_timeout_s=120.0, group=group,
+                            credentials_dir=creds)
     cube.start()
     sv_port, grpc_port = proc.free_ports(2)
     return Services(cube, fs_root, sv_port, grpc_port)

@@ -95,8 +95,11 @@ class AgentMetrics:
     def __init__(self):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
+        from runtime.metrics.auth import AuthMetrics
+
         self.registry = r = CollectorRegistry()
         ProcessCollector(registry=r)
+        self.auth = AuthMetrics(r)  # the control port's credential refusals
         ns, sub = NAMESPACE, "cube_agent"
         self.seconds = Histogram("step_seconds", "seconds of each step (download, reload, enable)", ["step"],
                                  namespace=ns, subsystem=sub, buckets=_STEP_SECONDS, registry=r)

@@ -1,7 +1,8 @@
 """The file server's Prometheus metrics (``elastic_ctr_fileserver_*``): ``requests_total
 {method,code}`` (every answer, ``/metrics`` and the probes included), ``sent_bytes_total``
 (bodies of GET answers whose length is known), ``uploaded_bytes_total`` (files stored by
-PUT), plus the process's ``process_*``."""
+PUT), ``elastic_ctr_auth_refusals_total`` (``runtime.metrics.auth``), plus the process's
+``process_*``."""
 from __future__ import annotations
 
 from runtime.metrics import NAMESPACE
@@ -13,8 +14,11 @@ class FileServerMetrics:
     def __init__(self):
         from prometheus_client import CollectorRegistry, Counter, ProcessCollector
 
+        from runtime.metrics.auth import AuthMetrics
+
         self.registry = r = CollectorRegistry()
         ProcessCollector(registry=r)
+        self.auth = AuthMetrics(r)  # the credential refusals (uploads; reads with --read-auth)
         ns, sub = NAMESPACE, "fileserver"
         self.requests = Counter("requests", "requests answered by method and HTTP status", ["method", "code"],
                                 namespace=ns, subsystem=sub, registry=r)

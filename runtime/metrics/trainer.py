@@ -15,8 +15,8 @@ Families (``elastic_ctr_trainer_*``; "trainer 0" ones are set by the chief only)
 * ``partitions_trained_total``, ``partitions_waiting`` (trainer 0: complete partitions not
   trained yet, counted at scrape time, at most ``WAITING_CAP``),
   ``trained_data_end_timestamp_seconds`` (the end of the last partition trained, unix s),
-  ``partitions_quarantined_total`` (partitions the data gate refused: defined for the
-  quality-gate work, not fed yet);
+  ``partitions_quarantined_total`` (trainer 0: partitions the data gate refused, not
+  trained; ``runtime.trainer.data_gate``);
 * ``auc{stage}`` (``before_training``: trainer 0's AUC of the model on a partition before
   training on it, the next-hour AUC; ``training``: over the pass);
 * ``exports_total{kind}``, ``export_seconds{kind}`` (histogram), ``export_rows_total{kind}``,

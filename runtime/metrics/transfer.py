@@ -60,6 +60,8 @@ class TransferMetrics:
         self.held = Gauge("held_versions", "pending versions held back from their rollout", **kw)
         self.failed_versions = Counter("versions_failed", "versions given up after their last rollout attempt",
                                        **kw)
+        self.versions_held = Counter("versions_held", "versions the model gate held (not rolled out: worse than "
+                                     "the previous version on rows set aside)", **kw)
         self.malformed = Counter("donefile_malformed_lines", "malformed donefile lines skipped (each counted "
                                  "once)", **kw)
         self.polls = Counter("polls", "donefile polls", **kw)

@@ -21,7 +21,7 @@ import numpy as np
 
 from runtime import storage
 from runtime.formats.dict_info import fetch_dict_info
-from runtime.formats import donefile
+from runtime.formats import donefile, manifest
 from runtime.formats.model_meta import FILE as META_FILE
 from runtime.formats.model_meta import ModelMeta, ModelMetaError
 
@@ -98,6 +98,24 @@ def fetch_model(model_root: str, rel: str, version: int, work_dir: str | os.Path
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def check_dense(model_root: str, rec: donefile.DonefileRecord, local: str | os.PathLike) -> None:
+    """Checks the local copy ``local`` of ``rec``'s dense directory against the manifest
+    its donefile line names (``runtime.formats.manifest``): every ``dense/`` file present
+    with its size and SHA-256. Raises ``ModelLoadError`` naming the file and what differs
+    (or the manifest missing, malformed or unreachable)."""
+    try:
+        man = manifest.read(model_root, rec.manifest, rec.id)
+        entries = man.under(manifest.DENSE_DIR)
+        if not entries:
+            raise manifest.ManifestMismatch(f"{storage.join(model_root, rec.manifest)}: lists no dense file")
+        base = storage.join(model_root, rec.model or donefile.dense_dir(rec.id)).rstrip("/")
+        for e in entries:
+            rel = e.path[len(manifest.DENSE_DIR) + 1:]
+            manifest.verify_file(e, Path(local) / rel, f"{base}/{rel}")
+    except (manifest.ManifestError, storage.LocationError) as exc:
+        raise ModelLoadError(f"version {rec.id} refused: {exc}") from None
+
+
 class VersionWatcher:
     """Follows the version cube serves and keeps the matching ``DenseModel`` current.
 
@@ -159,11 +177,20 @@ class VersionWatcher:
 
     # -- loading -----------------------------------------------------------------------
     def load(self, version: int) -> DenseModel:
-        """Fetches, loads and warms up ``version``'s dense model (not yet current)."""
+        """Fetches, checks against the version's manifest (when its donefile line names
+        one: ``check_dense``), loads and warms up ``version``'s dense model (not yet
+        current). Raises ``ModelLoadError``."""
         t0 = time.monotonic()
         rec = self._record(version)
         rel = rec.model if rec is not None and rec.model else donefile.dense_dir(version)
         local = fetch_model(self.model_root, rel, version, self.work_dir)
+        if rec is not None and rec.manifest:
+            try:
+                check_dense(self.model_root, rec, local)
+            except ModelLoadError:
+                if Path(local).parent == self.work_dir:  # a downloaded copy: fetched again next time
+                    shutil.rmtree(local, ignore_errors=True)
+                raise
         model = DenseModel(version, local, self.pool_size)
         model.data_end = rec.data_end if rec is not None else None
         model.predict(np.zeros((1, model.meta.features.num_dense), np.float32),

@@ -136,6 +136,22 @@ def _summary_line(rec: dict) -> str:
     return TrainResult.of(rec).format(SUMMARY)
 
 
+def _ps_role_exit(code: int) -> int:
+    """Returns ``code``, except in a parameter-server role process whose Paddle PS runtime
+    has started (``TRAINING_ROLE`` set, ``paddle.distributed`` imported) and failed (e.g.
+    an export to a bucket that is gone): there the logs are flushed and the process ends
+    at once with ``code`` (``os._exit``), so the clear error is its last output. Paddle
+    3.0.0's PS client threads, still running, crash the interpreter's teardown with a
+    segmentation fault and a C++ trace otherwise (measured: a trainer whose export
+    upload failed)."""
+    if os.environ.get("TRAINING_ROLE") and "paddle.distributed" in sys.modules:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
 def _train(args) -> int:
     from runtime import proc, storage
     from runtime.trainer import config, readers, roles, set_paddle_flags, train
@@ -157,14 +173,14 @@ def _train(args) -> int:
             rec = train.run_single(cfg) if args.single else train.run_role(cfg)
     except (ValueError, storage.LocationError, readers.TooManyBadLines, roles.RoleError) as exc:
         print(f"elastic-ctr train: error: {exc}", file=sys.stderr)
-        return 2
+        return _ps_role_exit(2)
     except proc.RoleFailed as exc:
         print(f"elastic-ctr train: {exc}", file=sys.stderr)
         return 1
     except RuntimeError as exc:  # a failed pass or export: the message says which and why
         logging.getLogger("runtime.trainer").error("%s", exc)
         print(f"elastic-ctr train: failed: {exc}", file=sys.stderr)
-        return 1
+        return _ps_role_exit(1)
     if rec and (args.local_cluster or args.single):
         auc = rec.get("test_auc") or []
         if rec.get("mode_online"):

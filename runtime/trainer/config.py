@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from runtime.formats import features, partitions
 from runtime.trainer import readers
+from runtime.trainer.gate_config import GateFields, gate_argv
 
 MODES = ("batch", "continuous")
 #: the parameter-server flavours (runtime.trainer.program.strategy)
@@ -132,11 +133,12 @@ def _f(default, description: str, **kw):
     return Field(default, description=description, json_schema_extra=extra or None, **kw)
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(GateFields):
     """Everything ``train`` needs; field ``x_y`` is flag ``--x-y`` and ``--config`` key
     ``x_y`` (or ``x-y``). Frozen; built only through validation (``TrainConfig(**values)``
     raises ``TrainConfigError``). Durations in seconds (``*_s``); ``layers``: hidden widths.
-    Each field's ``description`` is its ``--help`` text."""
+    Each field's ``description`` is its ``--help`` text. The data gate's fields come from
+    ``runtime.trainer.gate_config.GateFields``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -351,7 +353,8 @@ def hour_ok(text: str) -> bool:
 
 def check_inputs(cfg: TrainConfig) -> tuple[list[str], list[str]]:
     """Resolves train and test locations of a (valid) ``cfg``; raises
-    ``storage.LocationError`` naming a missing file or unreachable URL, ``ValueError`` for
+    ``storage.LocationError`` naming a missing file, an unreachable URL or a root that
+    cannot be used (``check_roots``), ``ValueError`` for
     no training data or a directory that cannot be used. Call before starting anything.
 
     Training data is ``--data-train`` (files, globs, URLs), or ``--data-root`` with
@@ -374,6 +377,7 @@ def check_inputs(cfg: TrainConfig) -> tuple[list[str], list[str]]:
         storage.check_readable(cfg.slot_file)
     if cfg.table_dir:
         check_table_dir(cfg.table_dir)
+    check_roots(cfg)
     if cfg.work_dir:
         try:
             os.makedirs(cfg.work_dir, exist_ok=True)
@@ -381,6 +385,19 @@ def check_inputs(cfg: TrainConfig) -> tuple[list[str], list[str]]:
         except OSError as exc:
             raise ValueError(f"--work-dir {cfg.work_dir}: cannot create a directory in it ({exc})") from None
     return train, test
+
+
+def check_roots(cfg: TrainConfig) -> None:
+    """The data root (``--data-root``: reachable) and the version root (``--output``:
+    writable, with the upload token) checked before training, so a missing bucket or an
+    unwritable root fails now with a clear error rather than at the first export
+    (``runtime.roots.check_root``). Raises ``storage.LocationError`` naming the flag."""
+    from runtime import roots, storage
+
+    if cfg.data_root:
+        roots.check_root(cfg.data_root, "--data-root")
+    if cfg.output:
+        roots.check_root(cfg.output, "--output", write=True, token=storage.read_token(cfg.upload_token_file))
 
 
 def check_table_dir(base: str) -> None:
@@ -450,4 +467,4 @@ def train_argv(cfg: TrainConfig) -> list[str]:
         v = getattr(cfg, name)
         if v is not None:
             argv += [flag(name), str(v)]
-    return argv
+    return argv + gate_argv(cfg)

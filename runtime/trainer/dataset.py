@@ -54,7 +54,8 @@ class Staged:
     """A staged shard: ``files`` (MultiSlot parts, one per dataset thread), ``rows``
     (examples written), ``seconds`` (wall time of parsing + encoding), ``holdout`` (the
     parsed rows as a ``readers.Batch`` when asked to keep them, else None), ``ids_seen``
-    (the distinct feasigns, uint64[k] sorted, when asked to collect them, else None)."""
+    (the distinct feasigns, uint64[k] sorted, when asked to collect them, else None),
+    ``evaluation`` (the rows set aside, not staged, with ``holdout_every``, else None)."""
 
     files: list[str]
     rows: int
@@ -62,6 +63,7 @@ class Staged:
     directory: str
     holdout: readers.Batch | None = None
     ids_seen: np.ndarray | None = field(default=None, repr=False)
+    evaluation: readers.Batch | None = None
 
     def remove(self) -> None:
         """Deletes the staged files (after Paddle loaded them)."""
@@ -71,7 +73,8 @@ class Staged:
 def stage(files: Sequence[str], *, fmt: str, slots: Sequence[int], parts: int,
           shard: tuple[int, int] = (0, 1), budget: readers.BadLineBudget | None = None,
           id_map: Callable[[np.ndarray], np.ndarray] | None = None, work_dir: str | None = None,
-          keep_rows: bool = False, limit: int | None = None, collect_keys: bool = False) -> Staged:
+          keep_rows: bool = False, limit: int | None = None, collect_keys: bool = False,
+          holdout_every: int = 0) -> Staged:
     """Parses ``files`` (this trainer's ``shard`` of the lines) into ``parts`` MultiSlot files.
 
     Args:
@@ -86,6 +89,10 @@ def stage(files: Sequence[str], *, fmt: str, slots: Sequence[int], parts: int,
         keep_rows: also return the parsed rows (``holdout``), e.g. to evaluate on them.
         limit: stop after this many rows.
         collect_keys: also return the distinct feasigns staged (``ids_seen`` uint64[k], sorted).
+        holdout_every: > 0: every ``holdout_every``-th row of this shard (running index
+            ``i % holdout_every == holdout_every - 1``) is set aside, not staged (never
+            trained), and returned as ``evaluation``; ``rows`` counts the staged rows only.
+            ``holdout`` (``keep_rows``) holds every row, set aside or not.
 
     Raises ``readers.TooManyBadLines``, ``storage.LocationError``, ``ValueError`` (bad
     values); the staging directory is removed on error.
@@ -96,6 +103,8 @@ def stage(files: Sequence[str], *, fmt: str, slots: Sequence[int], parts: int,
     directory = os.path.abspath(tempfile.mkdtemp(prefix="elastic-ctr-stage-", dir=work_dir))
     paths = [os.path.join(directory, f"part-{i:03d}.txt") for i in range(parts)]
     kept: list[readers.Batch] = []
+    held: list[readers.Batch] = []
+    seen_rows = 0  # rows read, set aside or not (holdout_every)
     seen: list[np.ndarray] = []
     rows = 0
     try:
@@ -105,11 +114,16 @@ def stage(files: Sequence[str], *, fmt: str, slots: Sequence[int], parts: int,
                                                        budget=budget)):
                 if limit is not None and rows + len(b) > limit:
                     b = readers.Batch(b.labels[:limit - rows], b.dense[:limit - rows], b.feasigns[:limit - rows])
+                if keep_rows:
+                    kept.append(b)
+                if holdout_every > 0:
+                    aside = (np.arange(seen_rows, seen_rows + len(b)) % holdout_every) == holdout_every - 1
+                    seen_rows += len(b)
+                    held.append(readers.Batch(b.labels[aside], b.dense[aside], b.feasigns[aside]))
+                    b = readers.Batch(b.labels[~aside], b.dense[~aside], b.feasigns[~aside])
                 ids = id_map(b.feasigns) if id_map is not None else b.feasigns
                 outs[i % parts].write(datafeed.encode(b.dense, ids, b.labels))
                 rows += len(b)
-                if keep_rows:
-                    kept.append(b)
                 if collect_keys:
                     seen.append(distinct(b.feasigns))
                 if limit is not None and rows >= limit:
@@ -120,14 +134,16 @@ def stage(files: Sequence[str], *, fmt: str, slots: Sequence[int], parts: int,
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
-    holdout = None
-    if keep_rows:
-        holdout = readers.Batch(
-            np.concatenate([b.labels for b in kept]) if kept else np.zeros(0, np.int64),
-            np.concatenate([b.dense for b in kept]) if kept else np.zeros((0, features.NUM_DENSE), np.float32),
-            np.concatenate([b.feasigns for b in kept]) if kept else np.zeros((0, len(slots)), np.uint64))
+    def joined(batches: list[readers.Batch]) -> readers.Batch:
+        return readers.Batch(
+            np.concatenate([b.labels for b in batches]) if batches else np.zeros(0, np.int64),
+            np.concatenate([b.dense for b in batches]) if batches else np.zeros((0, features.NUM_DENSE), np.float32),
+            np.concatenate([b.feasigns for b in batches]) if batches else np.zeros((0, len(slots)), np.uint64))
+
+    holdout = joined(kept) if keep_rows else None
     ids_seen = distinct(np.concatenate(seen)) if seen else (np.zeros(0, np.uint64) if collect_keys else None)
-    return Staged(paths, rows, round(time.monotonic() - t0, 3), directory, holdout, ids_seen)
+    return Staged(paths, rows, round(time.monotonic() - t0, 3), directory, holdout, ids_seen,
+                  joined(held) if holdout_every > 0 else None)
 
 
 def load(staged: Staged, use_vars: list, batch_size: int, threads: int):

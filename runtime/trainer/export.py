@@ -2,8 +2,9 @@
 donefile line (layout and formats: ``runtime.formats``).
 
 Order: every file of ``versions/<id>/`` is written (to a local staging directory, then
-``runtime.storage.upload_tree`` to the root: a directory or the file server's URL), and
-only then is the line appended to ``<root>/donefile/base.txt``, so a reader never sees a
+``runtime.storage.upload_tree`` to the root: a directory or the file server's URL), then
+its manifest (``runtime.formats.manifest``: size, SHA-256 and rows of every file), and
+only then is the line (naming the manifest) appended to ``<root>/donefile/base.txt``, so a reader never sees a
 half-written version.
 
 Sparse table text (``fleet.save_one_table(0, dir, 0)``, Paddle 3.0.0, SparseAccessor with
@@ -29,7 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from runtime import storage
-from runtime.formats import donefile, features, model_meta
+from runtime.formats import donefile, features, manifest, model_meta
 from runtime.formats.donefile import DonefileRecord
 from runtime.formats.model_meta import ModelMeta
 
@@ -244,11 +245,16 @@ def export_version(root: str, *, slots: Sequence[int], fmt: str, dim: int, layer
             training=training, metrics=metrics, export_check_max_abs_diff=0.0)
         meta = meta.model_copy(update={"export_check_max_abs_diff": check_dense(stage / "dense", meta)})
         meta.write(stage / "dense")
-        storage.upload_tree(stage, storage.join(root, "versions", str(vid)), token)
+        man = manifest.build(stage, vid, rows={f"sparse/{p['file']}": p["count"] for p in parts})
+        vdir = storage.join(root, "versions", str(vid))
+        storage.upload_tree(stage, vdir, token)
+        (stage / manifest.FILE).write_text(man.to_json())
+        storage.upload(stage / manifest.FILE, storage.join(vdir, manifest.FILE), token)
+    mloc = manifest.location(vid)
     if base_id is None:
-        rec = donefile.base_record(vid, dim, int(len(keys)), data_end, landed)
+        rec = donefile.base_record(vid, dim, int(len(keys)), data_end, landed, manifest=mloc)
     else:
-        rec = donefile.patch_record(vid, int(base_id), dim, int(len(keys)), data_end, landed)
+        rec = donefile.patch_record(vid, int(base_id), dim, int(len(keys)), data_end, landed, manifest=mloc)
     donefile.append(root, "base" if base_id is None else "patch", rec, token)
     log.info("exported %s version %d to %s: %d keys, dim %d, in %.1f s",
              "base" if base_id is None else f"patch (base {base_id})", vid, root, len(keys), dim,
@@ -271,12 +277,13 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table", required=True, help=".npz with keys and values")
     ap.add_argument("--seed", type=int, default=0, help="seed of the head's initialization")
     ap.add_argument("--layers", default="128,64,32", help="hidden layer widths")
+    ap.add_argument("--base", type=int, default=None, help="publish a patch of this base version (its rows: the table)")
     args = ap.parse_args(argv)
     set_paddle_flags()
     table = np.load(args.table)
     export_version(args.root, slots=features.DEFAULT_SLOTS, fmt="criteo", dim=int(table["values"].shape[1]),
                    layers=[int(x) for x in args.layers.split(",")], keys=table["keys"], values=table["values"],
-                   metrics={}, training={}, version_id=args.version, seed=args.seed)
+                   metrics={}, training={}, version_id=args.version, seed=args.seed, base_id=args.base)
     return 0
 
 

@@ -5,8 +5,9 @@ The job follows the partitions (``runtime.formats.partitions``, hourly or of
 and never ends by itself unless ``--end-hour`` is given. For each
 complete partition every worker stages and loads its shard (``runtime.trainer.worker``);
 trainer 0 first scores the model of that moment on its rows (the AUC on the next hour's
-data, before training on it), then the partition is trained as one pass. After every
-partition, or at most once per ``--patch-every-seconds`` (``runtime.trainer.cadence``),
+data), the data gate judges it (``runtime.trainer.data_gate``: a quarantined partition is
+not trained), then it is trained as one pass. After every partition, or at most once per
+``--patch-every-seconds`` (``runtime.trainer.cadence``),
 the job exports a version of ``--output``:
 
 * a **base** (the whole sparse table, ``donefile/base.txt``) for the first export and
@@ -75,8 +76,8 @@ from runtime.metrics.trainer import metrics as trainer_metrics, waiting_counter
 from runtime.formats.train_result import ExportResult as ExportRecord
 from runtime.formats.statefile import read_record
 from runtime.formats.train_result import PartitionResult
-from runtime.trainer import cadence, fedrows, publish
-from runtime.trainer.tablediff import apply_patch, table_diff  # noqa: F401 - part of this module's API
+from runtime.trainer import cadence, data_gate, fedrows, model_eval, publish
+from runtime.trainer.fedrows import apply_patch, table_diff  # noqa: F401  (the patch arithmetic, tests)
 from runtime.trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -259,6 +260,8 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
     m = trainer_metrics()
     t_export = -float("inf")  # the first boundary of this run exports (runtime.trainer.cadence)
     untrained = [hour]  # the first partition not trained yet (partitions_waiting counts from it)
+    gate = data_gate.DataGate(cfg, worker.slots) if worker.chief and data_gate.active(cfg) else None
+    ev = model_eval.Collector(EVAL_ROWS) if worker.chief else None  # each version's evaluation
     if worker.chief:
         m.count_waiting(waiting_counter(cfg.data_root, lambda: untrained[0]))
     while (end is None or hour <= end) and not stop.requested:
@@ -268,33 +271,36 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
         untrained[0] = hour.next()
         files = partitions.files(cfg.data_root, hour)
         t_load = time.monotonic()
-        ds, staged = worker.load(files, keep_rows=worker.chief)
+        rec = PartitionResult(hour=str(hour), rows=0)
+        scored = worker.chief and bool(state.exports or ckpt is not None or any(not r.quarantined for r in records))
+        # every worker loads its shard; trainer 0 scores the model (EVAL_ROWS) and gates it
+        verdict = data_gate.admit(worker, gate, cfg, str(hour), hour.location(cfg.data_root), files, lambda staged: (
+            data_gate.score(worker, staged, rec, EVAL_ROWS) if scored else (None, None)))
         load_s += time.monotonic() - t_load
-        rec = PartitionResult(hour=str(hour), rows=staged.rows)
-        if worker.chief and staged.holdout is not None and (state.exports or ckpt is not None or records):
-            hold = staged.holdout
-            n = min(len(hold), EVAL_ROWS)
-            from runtime.trainer import readers
-
-            sample = readers.Batch(hold.labels[:n], hold.dense[:n], hold.feasigns[:n])
-            rec.auc_before = round(worker.evaluate(sample)[0], 6)
-            log.info("%s: partition %s: auc %.4f before training on it (%d rows)", worker.who, hour,
-                     rec.auc_before, n)
-        # nobody trains the partition before trainer 0 has scored the model on it: the
-        # others' pushes would otherwise leak this hour into the "before" AUC
-        worker.barrier()
-        st = worker.train_pass(ds, f"partition {hour}", staged.rows)
-        ds.release_memory()
-        rec.train_auc, rec.seconds = round(st.train_auc, 6), st.seconds
-        worker.sync()
-        records.append(rec)
         step = tracking.partition_step(cfg.start_hour, rec.hour, cfg.partition_minutes)
-        tr.partition(step, rec, st.loss, fedrows.total(worker, rec.rows), hour.location(cfg.data_root))
-        m.partition_done(hour.next().start.timestamp(), rec.auc_before)
-        since_export += 1
+        rec.gate_seconds = round(verdict.seconds, 4) if worker.chief and data_gate.active(cfg) else None
+        if verdict.loaded is not None:
+            ds, staged = verdict.loaded
+            rec.rows = staged.rows
+            if ev is not None:  # the rows set aside, scored by the model before this partition
+                ev.before(worker, staged, rec.hour, scored)
+            # nobody trains the partition before trainer 0 has scored the model on it: the
+            # others' pushes would otherwise leak this hour into the "before" AUC
+            worker.barrier()
+            st = worker.train_pass(ds, f"partition {hour}", staged.rows)
+            ds.release_memory()
+            rec.train_auc, rec.seconds = round(st.train_auc, 6), st.seconds
+            worker.sync()
+            tr.partition(step, rec, st.loss, fedrows.total(worker, rec.rows), hour.location(cfg.data_root))
+            m.partition_done(hour.next().start.timestamp(), rec.auc_before)
+            since_export += 1
+        elif worker.chief:
+            rec.quarantined = verdict.anomalies
+            tr.quarantine(step, rec.hour, verdict.anomalies or [])
+        records.append(rec)
         hour = hour.next()
         fresh = hour > published  # not in a version already out
-        if fresh:
+        if fresh and verdict.loaded is not None:
             state.since_base += 1
             state.since_checkpoint += 1
         last = end is not None and hour > end
@@ -303,19 +309,19 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
         if cfg.patch_every_seconds > 0:
             due = bool(fedrows.agree(worker, int(due)))
         # a stop exports only in one process: in a PS job the others may not have stopped
-        if due or last or (stop.requested and worker.shard[1] == 1):
+        if since_export and (due or last or (stop.requested and worker.shard[1] == 1)):
             since_export, t_export = 0, time.monotonic()
             if not fresh:
                 log.info("%s: partitions before %s are in published versions: trained again after the restore, "
                          "their rows go into the next export", worker.who, hour)
                 continue
-            ver = _export_point(worker, cfg, state, hour, ckroot, last=last, landed=landed)
+            ver = _export_point(worker, cfg, state, hour, ckroot, last=last, landed=landed, ev=ev)
             if ver is not None:
                 rec.version = ver.id
                 tr.version(step, ver.model_dump(), tracking.published_model_meta(cfg.output, rec.version))
     worker.budget.finish()
     # every partition is one pass over its rows (train_pass checks the count)
-    examples = sum(r.rows for r in records)
+    examples = sum(r.rows for r in records)  # a quarantined partition's rows are 0
     train_s = sum(r.seconds or 0.0 for r in records)
     out = {**job, "mode_online": "continuous", "next_hour": str(hour),
            "partitions": [r.model_dump() for r in records], "examples": examples, "rows": examples,
@@ -328,18 +334,19 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
         out["exports"] = [e.model_dump() for e in final.exports]
         if final.exports:
             out["version"] = final.exports[-1].id
-        out["test_auc"] = [r.auc_before for r in records if r.auc_before is not None]
+        out["test_auc"] = [r.auc_before for r in records if r.auc_before is not None and r.quarantined is None]
         log.info("%s: continuous training stopped before %s: %d partition(s) trained, %d version(s) exported",
                  worker.who, hour, len(records), len(final.exports))
     return out
 
 
 def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: partitions.Partition, ckroot: str,
-                  last: bool = False, landed: Optional[int] = None):
+                  last: bool = False, landed: Optional[int] = None, ev: Optional[model_eval.Collector] = None):
     """Rows, pending state, publish, state, then a checkpoint when one is due (module
     docstring). Every process calls it; returns the ``ExportRecord`` on trainer 0, ``None``
     elsewhere. ``last``: the job's end hour was trained (a checkpoint is taken);
-    ``landed``: when the last partition was found complete (unix s).
+    ``landed``: when the last partition was found complete (unix s); ``ev``: trainer 0's
+    evaluation rows (the version's ``metrics.evaluation``, ``runtime.formats.version_eval``).
 
     The rows: a base is the whole table (a save, then its values pulled), a patch the
     rows of the feasigns fed since the last export point (``Worker.fed_rows``); trainer 0
@@ -378,7 +385,7 @@ def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: parti
         state.save(cfg.state_dir)
         t2 = time.monotonic()
         if cfg.output:
-            _publish(worker, cfg, rec, keys, values)
+            _publish(worker, cfg, rec, keys, values, ev.finish(worker) if ev is not None else None)
         rec.publish_seconds = round(time.monotonic() - t2, 3)
         rec.seconds = round(time.monotonic() - t0, 3)
         _commit(state, rec, cfg)
@@ -421,10 +428,13 @@ def export_dir(state_dir: str, version_id: int) -> str:
     return os.path.join(state_dir, EXPORTS, str(version_id))
 
 
-def _publish(worker, cfg: TrainConfig, rec: ExportRecord, keys: np.ndarray, values: np.ndarray) -> None:
+def _publish(worker, cfg: TrainConfig, rec: ExportRecord, keys: np.ndarray, values: np.ndarray,
+             evaluation: Optional[dict] = None) -> None:
     """Publishes ``rec``'s version with its data time (``data_end``: the end of its last
-    partition, ``rec.hour``; ``landed``: ``rec.landed``) on its donefile line."""
-    meta_rec = {"mode": "continuous", "test_auc": [], "trainers": None, "pservers": None, "epochs": 1}
+    partition, ``rec.hour``; ``landed``: ``rec.landed``) on its donefile line and its
+    ``evaluation`` (``runtime.formats.version_eval``) in ``model_meta.json``."""
+    meta_rec = {"mode": "continuous", "test_auc": [], "trainers": None, "pservers": None, "epochs": 1,
+                "evaluation": evaluation}
     data_end = int(cfg.partition(rec.hour).end.timestamp())
     publish.publish(cfg, worker.slots, keys, values, meta_rec, version_id=rec.id,
                     base_id=None if rec.kind == "base" else rec.base, data_end=data_end, landed=rec.landed)

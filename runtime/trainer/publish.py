@@ -44,11 +44,14 @@ def table_save_dir(base: str | None) -> Iterator[str]:
 def export_metadata(cfg: TrainConfig, rec: dict) -> tuple[dict, dict]:
     """``(metrics, training)`` records of ``model_meta.json`` (``runtime.formats.model_meta``)
     for a result record ``rec`` (``test_auc`` per pass, ``mode``, ``trainers``,
-    ``pservers``, ``epochs``, ``examples_per_s`` examples/s; missing keys give ``None``)."""
+    ``pservers``, ``epochs``, ``examples_per_s`` examples/s; missing keys give ``None``;
+    ``evaluation``: the version's evaluation record, kept when set)."""
     metrics = {"test_auc": rec["test_auc"][-1] if rec.get("test_auc") else None,
                "test_auc_per_pass": rec.get("test_auc", []), "mode": rec.get("mode"),
                "trainers": rec.get("trainers"), "pservers": rec.get("pservers"),
                "epochs": rec.get("epochs"), "examples_per_s": rec.get("examples_per_s")}
+    if rec.get("evaluation") is not None:  # runtime.formats.version_eval (continuous jobs)
+        metrics["evaluation"] = rec["evaluation"]
     training = {"epochs": cfg.epochs, "batch_size": cfg.batch_size, "lr": cfg.lr, "threads": cfg.threads,
                 "sparse_shards": cfg.sparse_shards, "data_train": list(cfg.data_train)}
     return metrics, training

@@ -84,12 +84,12 @@ class Worker:
     collect_keys = False  # keep the distinct feasigns staged (``keys_seen``)
     keys_seen = None  # uint64[k] sorted: the feasigns staged since ``reset_fed`` (with collect_keys)
 
-    def load(self, files: list[str], keep_rows: bool = False, limit: int | None = None):
-        """Stages this worker's shard of ``files`` and loads it: returns ``(dataset, staged)``."""
+    def load(self, files: list[str], keep_rows: bool = False, limit: int | None = None, holdout_every: int = 0):
+        """Stages this worker's shard of ``files`` (``dataset.stage``) and loads it: ``(dataset, staged)``."""
         staged = dataset.stage(files, fmt=self.cfg.format, slots=self.slots, parts=self.cfg.threads,
                                shard=self.shard, budget=self.budget, id_map=self.id_map(),
                                work_dir=self.cfg.work_dir, keep_rows=keep_rows, limit=limit,
-                               collect_keys=self.collect_keys)
+                               collect_keys=self.collect_keys, holdout_every=holdout_every)
         if staged.ids_seen is not None:
             prev = self.keys_seen if self.keys_seen is not None else np.zeros(0, np.uint64)
             self.keys_seen = dataset.distinct(np.concatenate([prev, staged.ids_seen]))

@@ -119,14 +119,17 @@ def test_append_line_is_conditional_and_idempotent(s3_bucket, monkeypatch):
     assert storage.read_bytes(loc) == b"a\nb\nother\nc\n"
 
 
-def test_local_root_flags_are_checked():
-    """``elastic-ctr local --data-root/--model-root``: online mode only, and the model root
-    must be an object-store location (the file server is the default otherwise)."""
+def test_local_root_flags_are_checked(s3_bucket):
+    """``elastic-ctr local --data-root/--model-root``: online mode only, the model root
+    must be an object-store location (the file server is the default otherwise), and
+    both must be there and writable before anything starts."""
     from argparse import Namespace
 
     from runtime.local.pipeline import _check_roots
 
-    _check_roots(Namespace(mode="online", data=None, data_root="s3://b/hours", model_root="s3://b/model"))
+    _check_roots(Namespace(mode="online", data=None, data_root=f"{s3_bucket}/hours", model_root=f"{s3_bucket}/model"))
+    with pytest.raises(storage.LocationNotFound, match="--model-root s3://no-such-bucket-x/model: no such bucket"):
+        _check_roots(Namespace(mode="online", data=None, data_root=None, model_root="s3://no-such-bucket-x/model"))
     with pytest.raises(ValueError, match="--model-root /tmp/m: expected an object-store location"):
         _check_roots(Namespace(mode="online", data=None, data_root=None, model_root="/tmp/m"))
     with pytest.raises(ValueError, match="--data-root s3://b/h: only with --mode online"):

@@ -75,23 +75,24 @@ def test_json_errors_for_http_errors():
 
 
 def _control_apps(tmp_path):
-    """Every Flask control app served by ``WebServer``: (name, app, a route without DELETE)."""
+    """Every Flask control app served by ``WebServer``: (name, app, a route and a method it
+    does not allow)."""
     from runtime.cube.agent import Agent, create_app as agent_app
     from runtime.cube.transfer.app import create_app as transfer_app
     from runtime.fileserver.app import create_app as fileserver_app
 
-    yield "agent", agent_app(Agent("http://127.0.0.1:9", tmp_path / "agent")), "/status"
-    yield "transfer", transfer_app(object()), "/dict/info"
-    yield "fileserver", fileserver_app(tmp_path), "/x"
+    yield "agent", agent_app(Agent("http://127.0.0.1:9", tmp_path / "agent")), "/status", "DELETE"
+    yield "transfer", transfer_app(object()), "/dict/info", "DELETE"
+    yield "fileserver", fileserver_app(tmp_path), "/x", "PATCH"  # DELETE removes a file (retention)
 
 
 def test_control_apps_answer_404_and_405_in_json(tmp_path):
-    for name, app, get_only in _control_apps(tmp_path):
+    for name, app, path, method in _control_apps(tmp_path):
         c = app.test_client()
         r = c.get("/no/such/route/")
         assert r.status_code == 404 and r.is_json and "error" in r.json, name
-        r = c.delete(get_only)
-        assert r.status_code == 405 and r.json == {"error": f"DELETE {get_only}: method not allowed"}, name
+        r = c.open(path, method=method)
+        assert r.status_code == 405 and r.json == {"error": f"{method} {path}: method not allowed"}, name
 
 
 def test_cube_server_control_answers_404_and_405_in_json():

@@ -171,7 +171,7 @@ def _s3_pod_manifests(rendering, image: str):
     dep["spec"]["template"]["metadata"] = {"labels": labels}
     pod = dep["spec"]["template"]["spec"]
     c = pod["containers"][0]
-    for k in ("lifecycle", "livenessProbe", "volumeMounts", "env"):
+    for k in ("lifecycle", "livenessProbe", "startupProbe", "volumeMounts", "env"):
         c.pop(k, None)
     c.update(name="s3", image=image, args=["-H", "0.0.0.0", "-p", str(S3_PORT)],
              ports=[{"containerPort": S3_PORT, "name": "http"}],
@@ -208,7 +208,7 @@ def s3_pod_stack(engine, images, tmp_path_factory):
         ("object-store-credentials", "AWS_ACCESS_KEY_ID"): KEY_ID,
         ("object-store-credentials", "AWS_SECRET_ACCESS_KEY"): SECRET})
     try:
-        cluster.start()
+        cluster.start(only=["s3"])  # the object store and its bucket exist before the stack
         s3 = cluster.live_pods("s3")[0]
         cluster.wait_ready([s3.name], timeout_s=120)
         import boto3
@@ -216,6 +216,7 @@ def s3_pod_stack(engine, images, tmp_path_factory):
         endpoint = f"http://{s3.ip}:{S3_PORT}"
         boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET,
                      region_name="us-east-1").create_bucket(Bucket=bucket)
+        cluster.start()
         yield {"cluster": cluster, "work": work, "bucket": bucket, "endpoint": endpoint}
     finally:
         cluster.teardown()

@@ -97,3 +97,26 @@ def test_server_load_skips_the_index_but_checks_its_size(tmp_path):
     (path / "index.i32").write_bytes(b"\xff" * (d.meta.capacity * 4))
     with pytest.raises(dictfile.DictFormatError, match="values.f32.*crc32"):
         dictfile.load_shard_dict(path, index=False)
+
+
+def test_chunked_load_gives_the_rows_in_order_and_checks_crc_at_the_end(tmp_path):
+    path, keys, values = _write(tmp_path, n=1000)
+    meta, k, chunks = dictfile.load_shard_dict_chunked(path, chunk_rows=300)
+    got = list(chunks)
+    assert meta.count == 1000 and [s for s, _ in got] == [0, 300, 600, 900] and got[-1][1].shape == (100, 4)
+    np.testing.assert_array_equal(k, keys)
+    np.testing.assert_array_equal(np.concatenate([v for _, v in got]), values)
+    raw = bytearray((path / "values.f32").read_bytes())
+    raw[-1] ^= 0xFF  # in the last chunk: found once it has been read
+    (path / "values.f32").write_bytes(bytes(raw))
+    meta, k, chunks = dictfile.load_shard_dict_chunked(path, chunk_rows=300)
+    with pytest.raises(dictfile.DictFormatError, match="values.f32: crc32"):
+        list(chunks)
+    raw = bytearray((path / "keys.u64").read_bytes())
+    raw[0] ^= 0xFF
+    (path / "keys.u64").write_bytes(bytes(raw))
+    with pytest.raises(dictfile.DictFormatError, match="keys.u64: crc32"):
+        dictfile.load_shard_dict_chunked(path)
+    (path / "values.f32").write_bytes(bytes(raw[:100]))
+    with pytest.raises(dictfile.DictFormatError, match="truncated"):
+        dictfile.load_shard_dict_chunked(path)

@@ -1,10 +1,11 @@
-"""Cube server: background load, atomic enable, copy-on-write patches, previous version,
+"""Cube server: background load, atomic enable, patches in place, previous version,
 HTTP control errors, malformed/oversized frames, restart from --data-dir, the CLI process."""
 from __future__ import annotations
 
 import socket
 import struct
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -117,7 +118,7 @@ def test_frame_sizes_follow_the_protocol(server, data):
     c.close()
 
 
-def test_switch_keeps_previous_version_and_patch_cow(server, data):
+def test_switch_keeps_previous_version_and_patch(server, data):
     tmp, keys, values, base = data
     load_and_enable(server, shard_dir(base, 0), 100)
     c = Conn(server)
@@ -133,7 +134,7 @@ def test_switch_keeps_previous_version_and_patch_cow(server, data):
     assert enable(server, 101).status_code == 200
     _, version, other, found, vals = c.seek(dkeys)
     assert version == 101 and other == 100 and found.all() and (vals == 3.5).all()
-    # the previous version is still answered when asked for, unchanged (copy on write)
+    # the previous version is still answered when asked for, unchanged (versioned views)
     _, version, other, found, vals = c.seek(dkeys, version=100)
     assert version == 100 and other == 101
     np.testing.assert_array_equal(vals[:10], values[:10])
@@ -221,6 +222,24 @@ def test_bad_frames_get_error_and_close(data, frame, status, io_mode):
         server.stop()
 
 
+def test_corrupt_patch_values_fail_the_load_and_keep_serving(server, data):
+    """A patch whose values file is corrupt (found by its crc32 after the overlay was built
+    from it) fails in the background; the served version keeps its answers."""
+    tmp, keys, values, base = data
+    load_and_enable(server, shard_dir(base, 0), 100)
+    delta = build_version(tmp, keys[:50], values[:50] + 9, version=101, mode="delta", base_version=100)
+    vf = Path(shard_dir(delta, 0)) / "values.f32"
+    raw = bytearray(vf.read_bytes())
+    raw[-1] ^= 0xFF
+    vf.write_bytes(bytes(raw))
+    st = load(server, shard_dir(delta, 0), 101, base_version=100)
+    assert st["bg_state"] == "failed" and "crc32" in st["bg_error"] and st["version"] == 100
+    _, version, _, found, vals = Conn(server).seek(keys[:60])
+    assert version == 100 and found.all()
+    np.testing.assert_array_equal(vals, values[:60])
+    assert enable(server, 101).status_code == 409
+
+
 def test_restart_restores_enabled_chain(tmp_path, data):
     tmp, keys, values, base = data
     state = tmp_path / "state"
@@ -269,23 +288,29 @@ def test_cli_server_process(tmp_path, data):
     """The server as a process: a version loaded over HTTP is answered through the data
     plane; SIGTERM ends it with exit code 0."""
     tmp, keys, values, base = data
+    from runtime import auth, role_specs
+
     port, hport = free_ports(2)
+    creds = auth.write_credentials(tmp_path / "credentials")
+    headers = auth.Credential(role_specs.CUBE_CONTROL, creds).headers()
     with ProcessGroup(tmp_path / "logs", grace_s=5) as pg:
         role = pg.start("cube-server", [sys.executable, "-m", "runtime.cli", "cube", "server", "--shard", "0",
                                         "--shard-num", "1", "--dict-name", DICT, "--host", "127.0.0.1",
-                                        "--port", str(port), "--http-port", str(hport)])
+                                        "--port", str(port), "--http-port", str(hport)], env=auth.env_for(creds))
         wait_for_port("127.0.0.1", hport, 60, role.proc, "cube-server", role.log_path)
         wait_for_port("127.0.0.1", port, 10, role.proc, "cube-server", role.log_path)
         url = f"http://127.0.0.1:{hport}"
         assert requests.get(url + "/healthz").status_code == 200
         assert requests.get(url + "/status").json()["kernel"] == "c"
-        assert requests.post(url + "/bg_load_base", json={"dir": shard_dir(base, 0), "version": 100}).status_code == 202
+        assert requests.post(url + "/bg_load_base", json={"dir": shard_dir(base, 0), "version": 100}).status_code == 401
+        assert requests.post(url + "/bg_load_base", json={"dir": shard_dir(base, 0), "version": 100},
+                             headers=headers).status_code == 202
         for _ in range(200):
             if requests.get(url + "/status").json()["bg_state"] == "loaded":
                 break
             import time
             time.sleep(0.05)
-        assert requests.post(url + "/enable", json={"version": 100}).status_code == 200
+        assert requests.post(url + "/enable", json={"version": 100}, headers=headers).status_code == 200
         s = socket.create_connection(("127.0.0.1", port), timeout=5)
         s.sendall(protocol.encode_request(keys[:100]))
         buf = b""

@@ -28,10 +28,11 @@ def _run_local(run_dir: Path, *extra: str, timeout: float = 420) -> tuple[subpro
     p = subprocess.run([sys.executable, "-m", "runtime.cli", "local", "--run-dir", str(run_dir), *extra],
                        cwd=REPO, capture_output=True, text=True, timeout=timeout)
     m = re.search(r"^demo: versions=(\d+) auc=([0-9.na]+) failed_requests=(\d+) qps=([0-9.]+) p99_ms=([0-9.]+) "
-                  r"patches=(\d+)$", p.stdout, re.M)
+                  r"patches=(\d+)(?: quarantined=(\d+) held=(\d+))?$", p.stdout, re.M)
     assert m, f"no demo: line\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}"
     demo = {"versions": int(m.group(1)), "auc": float(m.group(2)), "failed": int(m.group(3)),
-            "qps": float(m.group(4)), "p99_ms": float(m.group(5)), "patches": int(m.group(6))}
+            "qps": float(m.group(4)), "p99_ms": float(m.group(5)), "patches": int(m.group(6)),
+            "quarantined": m.group(7) and int(m.group(7)), "held": m.group(8) and int(m.group(8))}
     return p, demo
 
 
@@ -147,6 +148,7 @@ def test_local_online_loop_base_then_patches(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     kinds = [v["kind"] for v in summary["versions"]]
     assert kinds == ["base", "patch", "patch"] and demo["patches"] == 2 and demo["versions"] == 3
+    assert demo["quarantined"] == 0 and demo["held"] == 0  # the gates let a normal run through
     assert demo["failed"] == 0 and summary["rollout"]["failed_requests"] == 0
     ids = [v["version"] for v in summary["versions"]]
     assert ids == sorted(ids)

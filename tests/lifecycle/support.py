@@ -43,10 +43,19 @@ def criteo_lines(n: int, seed: int = 0) -> list[str]:
             for i in range(n)]
 
 
-def start(group: proc.ProcessGroup, name: str, args: list[str]) -> proc.Role:
+def credentials(directory) -> tuple[dict[str, str], dict[str, str]]:
+    """Writes a run's credentials under ``directory`` (``runtime.auth.write_credentials``);
+    returns ``(env for the roles, the cube-control Authorization header)``."""
+    from runtime import auth, role_specs
+
+    d = auth.write_credentials(directory)
+    return auth.env_for(d), auth.Credential(role_specs.CUBE_CONTROL, d).headers()
+
+
+def start(group: proc.ProcessGroup, name: str, args: list[str], env: dict[str, str] | None = None) -> proc.Role:
     """Starts ``elastic-ctr ARGS`` as role ``name`` of ``group`` (its output in the
-    group's log directory)."""
-    return group.start(name, proc.self_command() + args, env={"GLOG_minloglevel": "2"})
+    group's log directory), ``env`` added to its environment."""
+    return group.start(name, proc.self_command() + args, env={"GLOG_minloglevel": "2", **(env or {})})
 
 
 def wait_ready(role: proc.Role, url: str, timeout_s: float = 120.0) -> None:

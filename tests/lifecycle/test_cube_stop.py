@@ -72,19 +72,20 @@ def _lookups(keys: np.ndarray, values: np.ndarray, seed: int) -> tuple[np.ndarra
 def test_cube_server_answers_lookups_in_flight_on_sigterm(tmp_path, version, io_mode):
     d, keys, values = version
     port, hport = proc.free_ports(2)
+    env, auth = support.credentials(tmp_path / "credentials")
     with proc.ProcessGroup(tmp_path / "logs", grace_s=10) as group:
         role = support.start(group, "cube-server", [
             "cube", "server", "--shard", "0", "--shard-num", "1", "--dict-name", DICT, "--host", "127.0.0.1",
-            "--port", str(port), "--http-port", str(hport), "--io-mode", io_mode])
+            "--port", str(port), "--http-port", str(hport), "--io-mode", io_mode], env)
         url = f"http://127.0.0.1:{hport}"
         support.wait_ready(role, url + "/readyz", timeout_s=60)
-        r = requests.post(url + "/bg_load_base", json={"dir": d, "version": VERSION}, timeout=5)
+        r = requests.post(url + "/bg_load_base", json={"dir": d, "version": VERSION}, timeout=5, headers=auth)
         assert r.status_code == 202, r.text
         deadline = time.monotonic() + 60
         while requests.get(url + "/status", timeout=5).json()["bg_state"] != "loaded":
             assert time.monotonic() < deadline, requests.get(url + "/status", timeout=5).json()
             time.sleep(0.05)
-        assert requests.post(url + "/enable", json={"version": VERSION}, timeout=5).status_code == 200
+        assert requests.post(url + "/enable", json={"version": VERSION}, timeout=5, headers=auth).status_code == 200
 
         expected = [_lookups(keys, values, seed) for seed in range(SPLIT + PIPELINED)]
         frames = [protocol.encode_request(k, version=VERSION, request_id=i) for i, (k, _, _) in enumerate(expected)]
@@ -140,10 +141,12 @@ def test_cube_server_answers_lookups_in_flight_on_sigterm(tmp_path, version, io_
           f"exit after {stop.seconds:.2f} s; probes {[p[1] for p in stop.probes]}")
 
 
-def _drain_stop(group: proc.ProcessGroup, name: str, args: list[str], port: int, busy_path: str) -> support.Stop:
+def _drain_stop(group: proc.ProcessGroup, name: str, args: list[str], port: int, busy_path: str,
+                env: dict[str, str] | None = None) -> support.Stop:
     """Starts a WebServer role with ``--drain-seconds 1.5``, SIGTERM, and checks that during
     the drain it is not ready but still answers ``busy_path`` with 200, then exits 0."""
-    role = support.start(group, name, args + ["--host", "127.0.0.1", "--port", str(port), "--drain-seconds", "1.5"])
+    role = support.start(group, name, args + ["--host", "127.0.0.1", "--port", str(port), "--drain-seconds", "1.5"],
+                         env)
     url = f"http://127.0.0.1:{port}"
     support.wait_ready(role, url + "/readyz", timeout_s=60)
     assert requests.get(url + busy_path, timeout=5).status_code == 200
@@ -168,7 +171,8 @@ def test_cube_agent_turns_unready_then_exits_0_on_sigterm(tmp_path):
     port, server_http = proc.free_ports(2)
     with proc.ProcessGroup(tmp_path / "logs", grace_s=10) as group:
         _drain_stop(group, "cube-agent", ["cube", "agent", "--server-http", f"http://127.0.0.1:{server_http}",
-                                          "--work-dir", str(tmp_path / "agent")], port, "/status")
+                                          "--work-dir", str(tmp_path / "agent")], port, "/status",
+                    support.credentials(tmp_path / "credentials")[0])
 
 
 def test_cube_transfer_turns_unready_then_exits_0_on_sigterm(tmp_path):
@@ -180,4 +184,4 @@ def test_cube_transfer_turns_unready_then_exits_0_on_sigterm(tmp_path):
         _drain_stop(group, "cube-transfer", ["cube", "transfer", "--topology", str(topo), "--root",
                                              str(tmp_path / "root"), "--work-dir", str(tmp_path / "transfer"),
                                              "--poll-interval", "0.2", "--reconcile-interval", "0"],
-                    ports[3], "/dict/info")
+                    ports[3], "/dict/info", support.credentials(tmp_path / "credentials")[0])

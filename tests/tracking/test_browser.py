@@ -1,7 +1,8 @@
 """The MLflow UI in a real browser: headless Chromium (Debian's ``chromium`` and
 ``chromium-driver``, installed by ``make install`` through scripts/install-browser.sh)
-driven by Selenium opens a run's metric charts on the test's ``mlflow server``; the AUC
-chart is on the page. The screenshot is saved under the test's output directory
+driven by Selenium logs in (MLflow's basic auth: the session's tracking credential, sent
+as an ``Authorization`` header on every request of the page) and opens a run's metric
+charts on the test's ``mlflow server``; the AUC chart is on the page. The screenshot is saved under the test's output directory
 (``<tmp_path>/mlflow-run.png``; also copied to ``runs/browser/`` when that directory is
 writable, for a person to look at)."""
 from __future__ import annotations
@@ -43,8 +44,14 @@ def test_the_run_page_shows_the_auc_chart(mlflow_server, tmp_path):
     url = mlflow_server.metrics_url(rec["experiment_id"], rec["run_id"])
     from selenium.webdriver.common.by import By
 
+    import base64
+
+    user, password = mlflow_server.login()  # the server runs MLflow's basic auth: the browser logs in
     drv = _driver()
     try:
+        login = base64.b64encode(f"{user}:{password}".encode()).decode()
+        drv.execute_cdp_cmd("Network.enable", {})
+        drv.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {login}"}})
         drv.get(url)
         deadline = time.monotonic() + 60
         text = ""

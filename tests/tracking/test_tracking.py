@@ -264,3 +264,20 @@ def test_a_child_whose_parent_never_comes_is_made_alone_at_close(mlflow_server):
     assert time.monotonic() - t0 < 10 and child.run_id
     run = _client(mlflow_server).get_run(child.run_id)
     assert "mlflow.parentRunId" not in run.data.tags and run.data.metrics["train_auc"] == pytest.approx(0.7)
+
+
+def test_the_server_refuses_anonymous_and_wrong_logins(mlflow_server):
+    """MLflow's basic auth: a write without a login or with a wrong password is 401 and
+    creates nothing; the pipeline's login (the tracking credential) writes; /health is open."""
+    import requests
+
+    user, password = mlflow_server.login()
+    api = mlflow_server.url + "/api/2.0/mlflow/experiments"
+    name = "anonymous-write"
+    assert requests.post(api + "/create", json={"name": name}, timeout=30).status_code == 401
+    assert requests.post(api + "/create", json={"name": name}, auth=(user, password + "x"),
+                         timeout=30).status_code == 401
+    assert requests.get(api + "/get-by-name", params={"experiment_name": name}, auth=(user, password),
+                        timeout=30).status_code == 404  # nothing was created
+    assert requests.post(api + "/create", json={"name": name}, auth=(user, password), timeout=30).status_code == 200
+    assert requests.get(mlflow_server.url + "/health", timeout=30).status_code == 200

@@ -54,6 +54,16 @@ def _check_version(root, data_dir, preds_path):
         vals.append(v)
     keys, vals = np.concatenate(keys), np.concatenate(vals)
     assert len(keys) == rec.count and vals.shape[1] == dim
+    # the manifest lists every file of the version, each matching (size, sha256, rows)
+    from runtime.formats import manifest
+
+    man = manifest.read(str(root), rec.manifest, rec.id)
+    vdir = root / "versions" / str(rec.id)
+    on_disk = sorted(p.relative_to(vdir).as_posix() for p in vdir.rglob("*") if p.is_file())
+    assert [f.path for f in man.files] == [p for p in on_disk if p != manifest.FILE]
+    assert sum(f.rows for f in man.under("sparse")) == rec.count
+    for f in man.files:
+        manifest.verify_file(f, vdir / f.path, f.path)
     table = dict(zip(keys.tolist(), range(len(keys))))
     test = readers.read_all([str(data_dir / "test.txt")])
     rows = np.array([table.get(int(k), -1) for k in test.feasigns.T.ravel()])  # slot-major

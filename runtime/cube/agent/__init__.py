@@ -3,8 +3,13 @@
 Commands (HTTP JSON; see docs/contracts.md, "Cube internals"), modelled on Paddle Serving's
 cube-agent (download / reload / enable / status):
 
+Every ``POST`` needs the ``cube-control`` credential (``runtime.auth``: 401 otherwise)
+unless the agent runs with ``--insecure-no-auth``; the agent presents it to its server.
+
 - ``POST /download {"url", "md5", "version", "mode": "base"|"delta", "base_version",
-  "dict_name"?, "wait"?}``: downloads the shard tar (a URL or a local path) through
+  "dict_name"?, "wait"?}``: the URL must lie under a version root and the md5 be the one
+  published beside the tar (``sources``: 400 before any connection otherwise; an agent
+  built in-process without ``version_roots`` also takes local paths); downloads the shard tar through
   ``runtime.storage.download``, which verifies the md5 before the file is kept, then
   unpacks it safely into ``<work_dir>/<dict>/<version>/`` (a member escaping that
   directory, a link, a device file or a truncated tar is an error; nothing partial is
@@ -39,6 +44,7 @@ HTTP: a Flask app served by ``runtime.webserver`` (one process, threads): the ag
 state lives in memory and control traffic is a few requests per rollout.
 
 Modules: ``steps`` (the step machine, ``AgentError``), ``tarsafe`` (checked unpacking),
+``sources`` (the version roots and the published md5),
 ``commands`` (``Agent``: the commands and the state file), ``app`` (``create_app``, ``main``).
 """
 from runtime.cube.agent.app import create_app, main

@@ -7,13 +7,17 @@ from runtime.cube.agent.commands import Agent
 from runtime.webserver import json_errors
 
 
-def create_app(agent: Agent):
-    """The agent's Flask app (routes in the module docstring)."""
+def create_app(agent: Agent, guard=None):
+    """The agent's Flask app (routes in the module docstring). ``guard``: a
+    ``runtime.auth.Guard`` checking every ``POST`` (None: none checked)."""
     from flask import Flask, Response, jsonify, request
 
     from runtime.metrics import exposition
 
     app = json_errors(Flask("cube-agent"))
+    if guard is not None:
+        guard.metrics = agent.metrics.auth
+        guard.install(app)
 
     def body() -> dict:
         data = request.get_json(silent=True)
@@ -60,12 +64,23 @@ def create_app(agent: Agent):
 
 
 def main(args) -> int:
-    """``elastic-ctr cube agent``: serves the agent until SIGTERM, then readiness false,
+    """``elastic-ctr cube agent``: serves the agent until SIGTERM (every ``POST`` checked for
+    the ``cube-control`` credential, which it presents to its server too, unless
+    ``--insecure-no-auth``; ``runtime.auth.CredentialError`` when it is not configured), then readiness false,
     ``--drain-seconds`` still answering, requests in flight finish, exit code 0; a step in
     progress is abandoned (the transfer drives it again, on this agent after its restart or
     on the rollout's retry)."""
+    from runtime import auth
     from runtime.webserver import WebServer, serve_forever
 
-    agent = Agent(args.server_http, args.work_dir, load_timeout_s=args.load_timeout)
-    server = WebServer(create_app(agent), args.host, args.port, threads=8, name="cube-agent")
+    guard = auth.control_guard("cube-agent", args.insecure_no_auth)
+    control = auth.control_client("cube-agent", args.insecure_no_auth)
+    import logging
+
+    if not args.version_root:
+        logging.getLogger(__name__).warning(
+            "cube agent: no --version-root: any http(s) or object-store URL with its published md5 is downloaded")
+    agent = Agent(args.server_http, args.work_dir, load_timeout_s=args.load_timeout, control=control,
+                  version_roots=tuple(args.version_root or ()))
+    server = WebServer(create_app(agent, guard), args.host, args.port, threads=8, name="cube-agent")
     return serve_forever(server, on_stop=agent.shutdown, drain_s=args.drain_seconds)

@@ -18,6 +18,7 @@ from runtime import storage
 from runtime.cube.agent.state import FILE as STATE_FILE
 from runtime.cube.agent.state import AgentState, Unpacked
 from runtime.cube.agent.steps import STEPS, AgentError, StepMachine, StepState
+from runtime.cube.agent.sources import SourceRefused, roots_or_none
 from runtime.cube.agent.tarsafe import dict_dir_of, safe_extract
 from runtime.cube.buildinfo import parse_shard_tar_name
 from runtime.formats.statefile import StateError
@@ -34,16 +35,25 @@ class Agent(StepMachine):
         load_timeout_s: how long ``reload`` waits for the server's background load (s).
         poll_s: interval of the server ``/status`` polls during reload (s).
         keep: unpacked versions kept after an enable (served + previous = 2).
+        control: the ``cube-control`` credential presented to the server's control port
+            (``runtime.auth.Credential``; None: none presented).
+        version_roots: where downloads may come from (``runtime.cube.agent.sources``: a
+            URL outside them is refused 400 before any connection; the md5 must be the one
+            published beside the tar; no redirect followed). ``()``: any http(s) or store
+            URL, never a local path, md5 published. None: no check (a library use: tests).
     """
 
     def __init__(self, server_http: str, work_dir: str | os.PathLike, load_timeout_s: float = 300.0,
-                 poll_s: float = 0.05, keep: int = 2, http_timeout_s: float = 10.0):
+                 poll_s: float = 0.05, keep: int = 2, http_timeout_s: float = 10.0,
+                 control=None, version_roots=None):
         super().__init__()
         self.server_http = server_http.rstrip("/")
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.load_timeout_s, self.poll_s, self.keep = load_timeout_s, poll_s, keep
         self.http_timeout_s = http_timeout_s
+        self.control = control
+        self.sources = roots_or_none(version_roots)
         # per downloaded version: what was unpacked where (``Unpacked``)
         self.versions: dict[int, Unpacked] = {}
         self.enabled: list[int] = []  # versions enabled, oldest first
@@ -110,6 +120,12 @@ class Agent(StepMachine):
         if not md5:
             return 400, {"step": "download", "error": "bad request: md5 is required (nothing is "
                                                       "loaded unverified)"}
+        if self.sources is not None:
+            try:
+                url = self.sources.check(url)
+            except SourceRefused as exc:
+                log.warning("download of version %s refused: %s", version, exc)
+                return 400, {"step": "download", "error": f"refused: {exc}"}
         mode = str(req.get("mode", "base"))
         if mode not in ("base", "delta"):
             return 400, {"step": "download", "error": f"bad request: mode {mode!r} is not base|delta"}
@@ -136,9 +152,15 @@ class Agent(StepMachine):
             vdir.mkdir(parents=True, exist_ok=True)
             tar_path = vdir / (name if name.endswith(".tar") else "shard.tar")
             t0 = time.monotonic()
+            checked = self.sources is not None
             try:
-                storage.download(url, tar_path, md5=str(md5).lower())
-            except storage.LocationError as exc:
+                if checked:  # the md5 published beside the tar, which the request's must equal
+                    published = self.sources.published_md5(url)
+                    if published != str(md5).lower():
+                        raise AgentError("download", f"{url}: the request's md5 {md5} is not the published "
+                                                     f"{published}: nothing downloaded")
+                storage.download(url, tar_path, md5=str(md5).lower(), follow_redirects=not checked)
+            except (storage.LocationError, SourceRefused) as exc:
                 raise AgentError("download", str(exc)) from exc
             t1 = time.monotonic()
             nbytes = tar_path.stat().st_size
@@ -270,7 +292,8 @@ class Agent(StepMachine):
     def _server_post(self, step: str, path: str, body: dict) -> dict:
         url = f"{self.server_http}{path}"
         try:
-            r = self._http.post(url, json=body, timeout=self.http_timeout_s)
+            r = self._http.post(url, json=body, timeout=self.http_timeout_s,
+                                headers=self.control.headers() if self.control is not None else None)
         except requests.RequestException as exc:
             raise AgentError(step, f"cube server {url} unreachable: {exc}") from exc
         if r.status_code >= 300:

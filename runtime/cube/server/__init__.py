@@ -3,18 +3,20 @@
 Modules:
 - ``lookups.py``: ``LookupServer``, the data plane (``--port``, default 8900), the protocol of
   ``runtime/cube/protocol.py``: per request one C call (``kernel.c``
-  ``cube_table_lookup``, GIL released) into the served version's inline table
-  (``runtime/cube/table.py``) writing straight into a preallocated reply buffer, one
-  send. I/O mode (``--io-mode``): ``epoll`` (default) multiplexes every connection on
-  one thread; ``threads`` runs a blocking loop per connection and pays for GIL
-  hand-offs between them (the README's benchmarks give both).
+  ``cube_view_lookup``, GIL released) into the served version's view
+  (``runtime/cube/table.py``: a base inline table + the overlays of recent patches)
+  writing straight into a preallocated reply buffer, one send. I/O mode
+  (``--io-mode``): ``epoll`` (default) multiplexes every connection on one thread;
+  ``threads`` runs a blocking loop per connection and pays for GIL hand-offs between
+  them (the README's benchmarks give both).
 - ``sockets.py``: its socket helpers (non-blocking send, unread / unacknowledged bytes).
 - ``versions.py``: ``current`` (served), ``prev`` (still answered when a request names
   it, so a client can finish a batch on one version across shards while a switch
   propagates; dropped when the next load begins) and the background slot; ``enable``
-  swaps one reference; a patch is merged copy-on-write. ``--data-dir``: the enabled
-  chain of dict directories (base + patches) is recorded in ``<data-dir>/state.json``;
-  a restarted server reloads and serves it, unless a dict of the chain is not this
+  swaps one reference; a patch is loaded as an overlay on the served base and merged
+  into it in place when the next patch load begins (never a copy of the table).
+  ``--data-dir``: the enabled chain of dict directories (base + patches) is recorded
+  in ``<data-dir>/state.json``; a restarted server reloads and serves it, unless a dict of the chain is not this
   server's dict name, shard and ``--shard-num`` (a resize: it then starts empty, logged,
   and the transfer lays the version out for the new shard count). Loads check the same
   against the dict's meta, so a server never serves another layout.

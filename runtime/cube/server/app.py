@@ -6,6 +6,10 @@ Routes (docs/contracts.md): ``GET /status``, ``POST /bg_load_base {"dir", "versi
 slot holds it, loaded; 200 when it is already served), ``POST /bg_unload``, ``GET
 /metrics`` (Prometheus text format: ``runtime.metrics.cube``). ``/healthz`` and
 ``/readyz`` come from ``runtime/webserver.py``. Errors are JSON ``{"error"}``: 400 for a bad body, 404, 405, 409.
+
+Every ``POST`` needs the ``cube-control`` credential when the app has a ``guard``
+(``runtime.auth``: 401 otherwise, counted in ``elastic_ctr_auth_refusals_total``); the
+``GET`` routes stay open.
 """
 from __future__ import annotations
 
@@ -13,17 +17,24 @@ from runtime.cube.server.versions import Conflict
 from runtime.webserver import json_errors
 
 
-def create_control_app(server):
+def create_control_app(server, guard=None):
     """The control app of ``server`` (a ``CubeServer``, ``core.py``: its ``status()`` and
-    ``versions``) -> a Flask app (routes in the module docstring)."""
+    ``versions``) -> a Flask app (routes in the module docstring). ``guard``: a
+    ``runtime.auth.Guard`` checking the state-changing requests (None: none checked)."""
     from flask import Flask, Response, jsonify, request
 
     from runtime.metrics import exposition
     from runtime.metrics.cube import server_registry
 
     versions = server.versions
+    from runtime.metrics.auth import AuthMetrics
+
     registry = server_registry(server)
+    auth_metrics = AuthMetrics(registry)
     app = json_errors(Flask("cube-server"))
+    if guard is not None:
+        guard.metrics = auth_metrics
+        guard.install(app)
 
     def body() -> dict:
         data = request.get_json(silent=True) if request.content_length else {}

@@ -22,21 +22,25 @@ class CubeServer:
     ``port``: the data plane's TCP port, ``http_port``: the control app's (0 = any free;
     after ``start()`` both hold the bound ports). ``data_dir``: where the enabled chain is
     recorded (``versions.py``; None: not recorded). ``max_keys``: largest batch accepted.
-    ``verify``: check dicts' crc32 on load. ``io_mode``: "epoll" or "threads". Raises
+    ``verify``: check dicts' crc32 on load. ``io_mode``: "epoll" or "threads". ``guard``: the
+    control app's credential check (``runtime.auth.Guard``; None: none). ``load_roots``:
+    the directories loads may come from (``Versions``; None: any). Raises
     ``ValueError`` for a shard out of range or another ``io_mode``. ``start()`` binds both
     ports and starts the threads; ``stop()`` closes them."""
 
     def __init__(self, shard: int, shard_num: int, dict_name: str, host: str = "0.0.0.0",
                  port: int = 8900, http_port: int = 8901, data_dir: str | None = None,
-                 max_keys: int = protocol.DEFAULT_MAX_KEYS, verify: bool = True, io_mode: str = "epoll"):
+                 max_keys: int = protocol.DEFAULT_MAX_KEYS, verify: bool = True, io_mode: str = "epoll",
+                 guard=None, load_roots=None):
         if not 0 <= shard < shard_num:
             raise ValueError(f"shard {shard} out of range for shard_num {shard_num}")
         self.shard, self.shard_num, self.dict_name = shard, shard_num, dict_name
         self.host, self.http_port = host, http_port
         self.data_dir = Path(data_dir) if data_dir else None
         self.max_keys, self.verify, self.io_mode = max_keys, verify, io_mode
-        self.versions = Versions(dict_name, shard, shard_num, self.data_dir, verify)
+        self.versions = Versions(dict_name, shard, shard_num, self.data_dir, verify, load_roots)
         self.lookups = LookupServer(self.versions, host, port, max_keys, io_mode)
+        self.guard = guard
         self._http = None  # runtime.webserver.WebServer of the control app
         self.started = time.time()
 
@@ -51,7 +55,7 @@ class CubeServer:
         from runtime.webserver import WebServer
 
         self.lookups.listen()
-        self._http = WebServer(create_control_app(self), self.host, self.http_port, threads=4, name="cube-server")
+        self._http = WebServer(create_control_app(self, self.guard), self.host, self.http_port, threads=4, name="cube-server")
         self.http_port = self._http.port
         self.lookups.serve()
         self._http.start()

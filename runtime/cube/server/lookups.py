@@ -2,10 +2,11 @@
 its one owner: frame sizes, layout, flags) over TCP.
 
 Per request: ``recv_into`` a per-connection preallocated buffer, one C call
-(``kernel.c`` ``cube_table_lookup``, GIL released) that probes the served version's
-inline table (``runtime/cube/table.py``) and writes the found mask and the values straight
-into a preallocated reply buffer, one send. No per-key Python, no per-request allocation
-(buffers grow only for bigger batches).
+(``kernel.c`` ``cube_view_lookup``, GIL released) that probes the served version's
+view (``runtime/cube/table.py``: its overlay tables newest first, then its base) and
+writes the found mask and the values straight into a preallocated reply buffer, one
+send. No per-key Python, no per-request allocation (buffers grow only for bigger
+batches).
 
 I/O mode: ``epoll`` (default) multiplexes every connection on one thread; ``threads``
 runs a blocking loop per connection and pays for GIL hand-offs between them.
@@ -29,7 +30,7 @@ from runtime.cube import protocol
 from runtime.cube.kernel import KERNEL
 from runtime.cube.server.sockets import has_unread, send_nonblocking, unacked
 from runtime.cube.server.versions import Versions
-from runtime.cube.table import InlineTable
+from runtime.cube.table import VersionView
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +82,8 @@ def idle(sock: socket.socket, c: Conn) -> bool:
 
 def warm_kernel() -> None:
     """Runs the kernel once so the first request pays no load/compile cost."""
-    InlineTable.build(np.arange(4, dtype=np.uint64), np.zeros((4, 1), np.float32)).upsert(
-        np.arange(2, 6, dtype=np.uint64), np.ones((4, 1), np.float32)).lookup(np.arange(8, dtype=np.uint64))
+    VersionView.of_base(np.arange(4, dtype=np.uint64), np.zeros((4, 1), np.float32), 1).patched(
+        np.arange(2, 6, dtype=np.uint64), np.ones((4, 1), np.float32), 2).folded().lookup(np.arange(8, dtype=np.uint64))
 
 
 class LookupServer:
@@ -331,9 +332,9 @@ def _answerer(plane: LookupServer):
     unpack_len, unpack_req, pack_rep = P.LEN.unpack_from, P.REQ_HEADER.unpack_from, P.REP_FRAME.pack_into
     request_size, reply_layout = P.request_size, P.reply_layout
     MAGIC, OP_SEEK, FLAG_VERSION, OK = P.MAGIC, P.OP_SEEK, P.FLAG_VERSION, P.OK
-    NOT_READY, VERSION_UNAVAILABLE = P.NOT_READY, P.VERSION_UNAVAILABLE
+    NOT_READY, VERSION_UNAVAILABLE, SERVER_ERROR = P.NOT_READY, P.VERSION_UNAVAILABLE, P.SERVER_ERROR
     REQ_PREFIX, REP_PREFIX, hdr = P.REQ_PREFIX, P.REP_PREFIX, P.REQ_HEADER.size
-    lookup_raw = KERNEL.table_lookup_raw
+    lookup_raw = KERNEL.view_lookup_raw
     versions, error = plane.versions, plane._error
     max_frame, max_keys = plane.max_frame, plane.max_keys
 
@@ -362,27 +363,33 @@ def _answerer(plane: LookupServer):
                 error(c, P.BAD_REQUEST, rid,
                       f"bad request (magic {magic:#x}, op {op}, length {length}, count {count})")
                 return False
-            cur, prev = versions.served
-            slot = cur
-            if cur is None:
-                slot = None
-                status = NOT_READY
-            elif flags & FLAG_VERSION and want != cur.version:
-                slot = prev if prev is not None and prev.version == want else None
-                status = VERSION_UNAVAILABLE
-            if slot is None:
-                error(c, status, rid,
-                      "no version loaded" if status == NOT_READY else
-                      f"version {want} not held (serving {cur.version}, previous "
-                      f"{prev.version if prev else None})", close=False)
-            else:
+            hits = -1
+            while hits == -1:  # the view was retired since `served` was read: read it again
+                cur, prev = versions.served
+                slot = cur
+                if cur is None:
+                    slot = None
+                    status = NOT_READY
+                elif flags & FLAG_VERSION and want != cur.version:
+                    slot = prev if prev is not None and prev.version == want else None
+                    status = VERSION_UNAVAILABLE
+                if slot is None:
+                    error(c, status, rid,
+                          "no version loaded" if status == NOT_READY else
+                          f"version {want} not held (serving {cur.version}, previous "
+                          f"{prev.version if prev else None})", close=False)
+                    break
                 dim = slot.dim
                 values_at, size = reply_layout(count, dim)
                 rout = c.rout
                 if size > len(rout.b):
                     rout = c.rout = Buf(size)
                 addr = rout.addr
-                hits = lookup_raw(*slot.args, rin.addr + REQ_PREFIX, count, addr + values_at, addr + REP_PREFIX, None)
+                hits = lookup_raw(slot.addr, rin.addr + REQ_PREFIX, count, addr + values_at, addr + REP_PREFIX)
+            if hits < -1:  # the kernel refused the view (more tables than it reads): never built so
+                error(c, SERVER_ERROR, rid, f"version {slot.version}: view refused by the kernel ({hits})",
+                      close=False)
+            elif hits >= 0:
                 pack_rep(rout.b, 0, size - 4, MAGIC, OK, 0, 0, rid, count, dim, slot.version,
                          (prev.version if slot is cur else cur.version) if prev is not None else 0)
                 c.send(rout.mv[:size])

@@ -14,11 +14,16 @@ log = logging.getLogger(__name__)
 def main(args) -> int:
     """Serves with ``args`` (the ``cube server`` options) until a stop signal; returns the
     exit code (0)."""
+    from runtime import auth
     from runtime.webserver import StopSignal
 
+    guard = auth.control_guard("cube-server", args.insecure_no_auth)
     srv = CubeServer(args.shard, args.shard_num, args.dict_name, host=args.host, port=args.port,
                      http_port=args.http_port, data_dir=args.data_dir, max_keys=args.max_keys,
-                     verify=not args.no_verify, io_mode=args.io_mode)
+                     verify=not args.no_verify, io_mode=args.io_mode, guard=guard,
+                     load_roots=args.load_root)
+    if args.load_root is None:
+        log.warning("cube server: no --load-root: a load may name any directory this process can read")
     stop = StopSignal()
     srv.start()
     name = stop.wait()

@@ -62,16 +62,22 @@ class Shipment:
 
 class AgentClient:
     """Talks to the agents. ``retries``: attempts per replica and step;
-    ``http_timeout_s``: for status calls and the abort."""
+    ``http_timeout_s``: for status calls and the abort; ``control``: the ``cube-control``
+    credential presented on every command (``runtime.auth.Credential``, read at each
+    command so a rotation needs no restart; None: none presented)."""
 
-    def __init__(self, dict_name: str, retries: int = 3, http_timeout_s: float = 10.0):
+    def __init__(self, dict_name: str, retries: int = 3, http_timeout_s: float = 10.0, control=None):
         self.dict_name = dict_name
+        self.control = control
         self.retries = max(1, retries)
         self.http_timeout_s = http_timeout_s
         self.http = requests.Session()
         adapter = requests.adapters.HTTPAdapter(pool_connections=64, pool_maxsize=64)
         self.http.mount("http://", adapter)
         self.http.mount("https://", adapter)
+
+    def _headers(self) -> dict[str, str] | None:
+        return self.control.headers() if self.control is not None else None
 
     def drive(self, rep: Replica, step: str, plan: Plan, ship: Shipment, deadline: float) -> None:
         """One replica through ``step`` (download | reload | enable) of ``plan``, within
@@ -90,7 +96,7 @@ class AgentClient:
             if step != "enable":
                 body["wait"] = max(0.0, min(left, MAX_WAIT_S))
             try:
-                r = self.http.post(f"{rep.agent}/{step}", json=body, timeout=left + 5)
+                r = self.http.post(f"{rep.agent}/{step}", json=body, timeout=left + 5, headers=self._headers())
             except requests.RequestException as exc:
                 raise _Retry(f"agent unreachable: {exc}") from exc
             if r.status_code == 200:
@@ -158,7 +164,8 @@ class AgentClient:
         """Tells every agent ``bg_unload`` (best effort, concurrently)."""
         def unload(rep: Replica) -> None:
             try:
-                r = self.http.post(f"{rep.agent}/bg_unload", json={"version": version}, timeout=self.http_timeout_s)
+                r = self.http.post(f"{rep.agent}/bg_unload", json={"version": version}, timeout=self.http_timeout_s,
+                                   headers=self._headers())
                 if r.status_code != 200:
                     log.warning("%s bg_unload: HTTP %d %s", rep.name, r.status_code, r.text[:200])
             except requests.RequestException as exc:

@@ -25,6 +25,8 @@ from runtime.cube.buildinfo import BuildRecord, BuildRecordError, md5_name
 from runtime.cube.transfer.agents import RolloutError, Shipment
 from runtime.cube.transfer.planner import relayout_name
 from runtime.cube.transfer.state import Phase, Plan
+from runtime.cube.transfer import verify
+from runtime.formats.donefile import DonefileRecord
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +90,16 @@ class Build:
 class Builder:
     """Building and Deploying for one transfer: ``root`` (version root), ``work_dir``,
     ``dict_name``, ``shard_num`` (the topology's), ``publish_url`` (where agents download
-    ``cube/...``), ``token`` (upload token), ``build_fn`` (the builder)."""
+    ``cube/...``), ``token`` (upload token), ``build_fn`` (the builder). ``records``: the
+    donefiles' lines by version id (the transfer's, filled as it reads them): a version
+    whose line names a manifest is verified against it before it is built (``verify``)."""
 
     def __init__(self, root: str, work_dir: Path, dict_name: str, shard_num: int, publish_url: str,
                  token: str | None, build_fn: BuildFn = default_build):
         self.root, self.work_dir, self.dict_name = root, work_dir, dict_name
         self.shard_num, self.publish_url, self.token = shard_num, publish_url, token
         self.build_fn = build_fn
+        self.records: dict[int, DonefileRecord] = {}
 
     def build_root(self, plan: Plan) -> Path:
         """The builder's ``output_dir`` for ``plan``."""
@@ -106,8 +111,9 @@ class Builder:
         return self.build_root(plan) / self.dict_name / str(plan.version)
 
     def build(self, plan: Plan) -> Build:
-        """Builds ``plan``'s version (a finished build of an interrupted rollout is reused).
-        Raises ``RolloutError(Building)`` naming the input."""
+        """Builds ``plan``'s version (a finished build of an interrupted rollout is reused),
+        after checking its files against its manifest. Raises ``RolloutError(Building)``
+        naming the input, ``verify.VersionRefused`` for a version that is not whole."""
         v = plan.version
         vdir = self.version_dir(plan)
         meta = vdir / BUILD_FILE
@@ -118,18 +124,33 @@ class Builder:
                 return done
             except (OSError, BuildRecordError, RolloutError):
                 shutil.rmtree(vdir, ignore_errors=True)
-        # a coalesced rollout reads the folded patches' parts first: the newest row wins
+        rec = self.records.get(v)
+        man = verify.load_manifest(self.root, rec)
         location = storage.join(self.root, plan.input)
-        inputs = []
-        for loc in [storage.join(self.root, i) for i in plan.coalesced_inputs] + [location]:
-            try:
-                inputs += list_inputs(loc)
-            except storage.LocationError as exc:
-                raise RolloutError(Phase.BUILDING, f"input of version {v}: {exc}") from exc
+        # held patches' rows (model gate: Plan.carry) and the patches a coalesced rollout folds
+        # (Plan.coalesced_inputs) first, oldest first: the builder keeps a key's last row
+        try:
+            own = list_inputs(location)
+            inputs = [f for c in [*plan.carry, *plan.coalesced_inputs]
+                      for f in list_inputs(storage.join(self.root, c))] + own
+        except storage.LocationError as exc:
+            raise RolloutError(Phase.BUILDING, f"input of version {v}: {exc}") from exc
         fetched = None
+        listed = inputs
         if any(storage.is_remote(i) for i in inputs):
             fetched = self.work_dir / "inputs" / str(v)
             inputs = self._fetch(inputs, fetched, v)
+        if man is not None:  # this version's own files against its manifest
+            t = time.monotonic()
+            try:
+                verify.check_sparse(man, location, listed[-len(own):], inputs[-len(own):], rec.count)
+                verify.check_dense(man, self.root, rec, self.work_dir / "verify")
+            except Exception:
+                if fetched is not None:
+                    shutil.rmtree(fetched, ignore_errors=True)
+                raise
+            log.info("Building version=%d: %d files match its manifest (%.2f s)", v, len(man.files),
+                     time.monotonic() - t)
         log.info("Building version=%d mode=%s from %d part files at %s%s", v, plan.mode, len(inputs), location,
                  f" and the coalesced patches {plan.coalesced}" if plan.coalesced else "")
         try:
@@ -176,12 +197,12 @@ class Builder:
                 raise FileNotFoundError(f"{tar}: missing")
         return Build(dir=vdir, dim=rec.dim, count=rec.count, tars=tars, md5s=[s.md5 for s in rec.shards])
 
-    def publish(self, build: Build, plan: Plan) -> Shipment:
+    def publish(self, build: Build, plan: Plan, name: str | None = None) -> Shipment:
         """Publishes each shard tar (and its ``.md5``), then ``build.json``, under
-        ``ROOT/cube/<dict>/<name>/``; returns the agents' download URLs. Raises
-        ``RolloutError(Deploying)``."""
+        ``ROOT/cube/<dict>/<name>/`` (``name``: default the version id, or a re-layout's
+        name); returns the agents' download URLs. Raises ``RolloutError(Deploying)``."""
         v = plan.version
-        name = relayout_name(v, plan.relayout.to) if plan.relayout else str(v)
+        name = name or (relayout_name(v, plan.relayout.to) if plan.relayout else str(v))
         rel = f"cube/{self.dict_name}/{name}"
         files = [f for tar in build.tars for f in (tar, tar.with_name(md5_name(tar.name))) if f.exists()]
         urls = [storage.join(self.publish_url, f"{rel}/{tar.name}") for tar in build.tars]

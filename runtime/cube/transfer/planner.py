@@ -9,7 +9,10 @@ Donefile rules (the protocol of Paddle Serving's cube-transfer; lines:
   served version, in file order, one rollout each. A patch naming another base (neither
   the served one nor a newer base about to go out) is refused once (history
   ``refused``). A given-up patch holds back the later patches of its base: they would be
-  applied without its changes.
+  applied without its changes. A version the model gate holds (``held``:
+  ``runtime.cube.transfer.model_gate``) is not rolled out: a held base is passed over
+  (its patches wait for a newer base), a held patch's rows go out with the next patch of
+  its base that passes (``Plan.carry``).
 - A pending re-layout (the served chain laid out for another shard count than the
   topology's: a new cube layout beside the serving one) comes first: the served
   base, then each of its patches up to the served version, rebuilt for the new count,
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from runtime.cube.transfer.state import (ChainLink, HistoryEntry, Phase, Plan, Relayout, RelayoutLink,
                                          RelayoutRef, Served, TransferState)
@@ -72,9 +75,11 @@ def _plan(rec: DonefileRecord, mode: str, base_version: Optional[int], now: floa
 
 
 def next_rollout(state: TransferState, bases: list[DonefileRecord], patches: list[DonefileRecord],
-                 shard_num: int, max_rollout_attempts: int, now: float) -> Decision:
+                 shard_num: int, max_rollout_attempts: int, now: float,
+                 held: Optional[Callable[[DonefileRecord], bool]] = None) -> Decision:
     """The rollout to do (or resume) now, for a topology of ``shard_num`` shards (module
-    docstring). ``now``: unix s."""
+    docstring). ``now``: unix s; ``held(rec)``: the model gate's verdict (None: none held)."""
+    held = held or (lambda rec: False)
     d = Decision(state=state.model_copy(deep=True))
     st = d.state
     cur = st.current
@@ -100,7 +105,7 @@ def next_rollout(state: TransferState, bases: list[DonefileRecord], patches: lis
     given_up = set(st.given_up)
     if bases:
         newest = bases[-1]
-        if (served is None or newest.id > served.base_id) and newest.id not in given_up:
+        if (served is None or newest.id > served.base_id) and newest.id not in given_up and not held(newest):
             d.plan = _ready(st, _plan(newest, "base", None, now), now)
             return d
         if newest.id in given_up:
@@ -109,6 +114,7 @@ def next_rollout(state: TransferState, bases: list[DonefileRecord], patches: lis
     if served is None or blocking:
         return d  # patches wait until the served chain is laid out for this topology
     base_ids = {b.id for b in bases}
+    carry: list[DonefileRecord] = []  # held patches of the served base, in order
     for p in patches:
         if p.id <= served.version:
             continue
@@ -122,7 +128,12 @@ def next_rollout(state: TransferState, bases: list[DonefileRecord], patches: lis
                                   f"{served.base_id} are held back (they would be applied without its "
                                   "changes) until a new base", key=("gaveup", p.id)))
             return d
-        d.plan = _ready(st, _plan(p, "delta", served.version, now), now)
+        if held(p):
+            carry.append(p)
+            continue
+        plan = _plan(p, "delta", served.version, now)
+        plan.carry, plan.carry_versions = [c.input for c in carry], [c.id for c in carry]
+        d.plan = _ready(st, plan, now)
         return d
     return d
 
@@ -323,10 +334,11 @@ def finished(st: TransferState, plan: Plan, *, shard_num: int, dim: Optional[int
 
 def failed(st: TransferState, plan: Plan, *, error: str, shard_num: int, phases: dict[str, float],
            resumed: bool, max_rollout_attempts: int, backoff_s: float,
-           now: float) -> tuple[TransferState, HistoryEntry]:
+           now: float, status: str = "failed") -> tuple[TransferState, HistoryEntry]:
     """The rollout aborted before any replica switched: it waits for its backoff (doubled
     per attempt, at most ``MAX_BACKOFF_S``), and after ``max_rollout_attempts`` it is
-    given up (never a re-layout link: without it the cube serves nothing)."""
+    given up (never a re-layout link: without it the cube serves nothing). ``status``:
+    the history entry's (``refused``: the version is not whole)."""
     st = st.model_copy(deep=True)
     gave_up = plan.attempt >= max_rollout_attempts and not plan.reason
     if gave_up and plan.version not in st.given_up:
@@ -334,7 +346,7 @@ def failed(st: TransferState, plan: Plan, *, error: str, shard_num: int, phases:
     st.retry_after[plan.akey] = now + min(MAX_BACKOFF_S, backoff_s * 2 ** (plan.attempt - 1))
     st.current = None
     entry = _entry(plan, shard_num, resumed)
-    entry.status, entry.finished, entry.error, entry.phases, entry.given_up = "failed", now, error, phases, gave_up
+    entry.status, entry.finished, entry.error, entry.phases, entry.given_up = status, now, error, phases, gave_up
     st.add_history(entry)
     return st, entry
 

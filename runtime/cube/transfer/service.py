@@ -34,12 +34,14 @@ from typing import Callable, Optional
 import requests
 
 from runtime import storage
-from runtime.cube.transfer import coalesce, planner
+from runtime.cube.transfer import coalesce, planner, retention, rollback
 from runtime.cube.transfer.agents import AgentClient, PartialEnable, RolloutError, Shipment
 from runtime.cube.transfer.build import Builder, BuildFn, default_build
+from runtime.cube.transfer.model_gate import ModelGate, Thresholds as ModelGateThresholds
+from runtime.cube.transfer.verify import VersionRefused
 from runtime.formats.dict_info import DictInfo, LastRollout, RelayoutInfo, RolloutInfo
 from runtime.cube.transfer.planner import Event
-from runtime.cube.transfer.state import STATE_FILE, Phase, Plan, TransferState
+from runtime.cube.transfer.state import STATE_FILE, HistoryEntry, Phase, Plan, TransferState
 from runtime.formats import donefile
 from runtime.formats.topology import Replica, Topology
 from runtime.metrics.transfer import TransferMetrics
@@ -61,6 +63,12 @@ class Transfer:
             (backoff doubled per attempt, at most 300; reconcile 0 = never).
         retries: attempts per replica and phase; max_rollout_attempts: rollouts per version.
         dict_name: default the topology's. build_fn: the builder (``build.default_build``).
+        control: the ``cube-control`` credential presented to the agents
+            (``runtime.auth.Credential``; None: none).
+        model_gate: the model gate's thresholds (``model_gate.Thresholds``; default on).
+        pin_version: the version to serve instead of following the donefiles (``rollback``;
+            None: follow them, lifting a pin this flag set before).
+        keep_versions: published versions kept under the root (``retention``; 0 = all).
         coalesce: fold the patches queued behind a patch rollout into it
             (``runtime.cube.transfer.coalesce``); False: one rollout per patch.
 
@@ -71,7 +79,9 @@ class Transfer:
                  token: Optional[str] = None, poll_interval_s: float = 2.0, phase_timeout_s: float = 300.0,
                  retries: int = 3, max_rollout_attempts: int = 3, rollout_backoff_s: float = 10.0,
                  reconcile_interval_s: float = 30.0, dict_name: Optional[str] = None,
-                 build_fn: Optional[BuildFn] = None, http_timeout_s: float = 10.0, coalesce: bool = True):
+                 build_fn: Optional[BuildFn] = None, http_timeout_s: float = 10.0, control=None,
+                 model_gate: Optional[ModelGateThresholds] = None, pin_version: Optional[int] = None,
+                 keep_versions: int = 0, coalesce: bool = True):
         self.topology = Topology.load(topology)
         self.dict_name = dict_name or self.topology.dict_name
         self.replicas = list(self.topology.all_replicas())
@@ -87,7 +97,7 @@ class Transfer:
         self.reconcile_interval_s = reconcile_interval_s
         self.builder = Builder(self.root, self.work_dir, self.dict_name, self.shard_num, publish_url or self.root,
                                token, build_fn or default_build)
-        self.agents = AgentClient(self.dict_name, retries, http_timeout_s)
+        self.agents = AgentClient(self.dict_name, retries, http_timeout_s, control)
         self.state_path = self.work_dir / STATE_FILE
         self.lock = threading.RLock()
         self.state = TransferState.load(self.state_path)
@@ -99,12 +109,20 @@ class Transfer:
         self.after_phase: Optional[Callable[[Phase, Plan], None]] = None  # test hook
         self.metrics = TransferMetrics()
         self.records: dict[int, donefile.DonefileRecord] = {}  # the donefiles' lines by version id
+        self.builder.records = self.records  # a version whose line names a manifest is verified
         self._reported: Optional[int] = None  # the served version whose data time the metrics have
         from runtime import tracking  # MLflow only when $MLFLOW_TRACKING_URI is set
 
         self.tracker = tracking.start_transfer(str(self.work_dir), self.dict_name)
+        self.gate = ModelGate(self.root, model_gate or ModelGateThresholds(), on_held=self._held)
+        self._newly_held: list[tuple[donefile.DonefileRecord, list[str]]] = []
         if self.state.served is not None:
             self.metrics.version.set(self.state.served.version)
+        self.keep_versions = max(0, int(keep_versions))
+        self.deleted: set[int] = set()  # versions removed by retention
+        self.catch_up = False  # a pin was lifted: a backlog goes out as one base (rollback.catch_up)
+        self.laying_out: Optional[Plan] = None  # a rollback in progress (rollback.lay_out), for /dict/info
+        rollback.apply_flag(self, pin_version)
 
     # ---------------------------------------------------------------- plumbing
 
@@ -163,20 +181,40 @@ class Transfer:
             state = self.state
         bases, patches = self._donefile("base"), self._donefile("patch")
         now = time.time()
-        d = planner.next_rollout(state, bases, patches, self.shard_num, self.max_rollout_attempts, now)
+        d = planner.next_rollout(state, bases, patches, self.shard_num, self.max_rollout_attempts, now,
+                                 held=self.gate.held)
         if d.changed:
             self._commit(d.state)
         self._emit(d.events)
+        if self._newly_held:
+            self._record_held()
         plan = d.plan
         if self.coalesce and plan is not None:
-            st, served = d.state, d.state.served
-            plan = coalesce.widen(plan, patches, served.version if served else None,
-                                  served.base_id if served else None, set(st.given_up), st.retry_after, now)
-            if plan is not None and plan.coalesced:
-                self._log_once(("coalesce", plan.version, tuple(plan.coalesced)), logging.INFO,
-                               "Coalescing patches %s into the rollout of patch %d (queued behind the served "
-                               "version %d)", plan.coalesced, plan.version, served.version)
+            plan = coalesce.widen_planned(plan, d.state, patches, now, self.gate.held, self._log_once)
         return plan
+
+    def _held(self, rec: donefile.DonefileRecord, reasons: list[str]) -> None:
+        """The model gate held ``rec`` (recorded after planning: ``_record_held``)."""
+        self._newly_held.append((rec, reasons))
+
+    def _record_held(self) -> None:
+        """Records the versions the model gate held (``model_gate`` module docstring): the
+        state's ``held`` and history, the metric, the MLflow tag."""
+        now = time.time()
+        with self.lock:
+            st = self.state.model_copy(deep=True)
+            for rec, why in self._newly_held:
+                if rec.id in st.held:
+                    continue  # judged again after a restart
+                st.held.append(rec.id)
+                del st.held[:-1000]
+                st.add_history(HistoryEntry(version=rec.id, mode="delta" if rec.key != rec.id else "base",
+                                            key=rec.key, status="held", error="; ".join(why), started=now,
+                                            finished=now))
+                self.metrics.versions_held.inc()
+                self.tracker.set_tags({f"version.{rec.id}.held": "; ".join(why)[:4000]})
+            self._newly_held = []
+            self._commit(st)
 
     def poll_once(self) -> Optional[dict]:
         """One donefile check and at most one rollout. Returns the history entry of the
@@ -184,6 +222,13 @@ class Transfer:
         self.metrics.polls.inc()
         self.last_poll = time.time()
         self.metrics.last_poll.set(self.last_poll)
+        if self.state.pin is not None:  # a pinned version is served; nothing else goes out
+            return rollback.hold(self)
+        if self.catch_up:
+            self.catch_up = False
+            entry = rollback.catch_up(self)
+            if entry is not None:
+                return entry
         plan = self.next_plan()
         if plan is None:
             self.waiting_for = []
@@ -310,7 +355,16 @@ class Transfer:
         tracking.log_rollout(self.tracker, v, plan.mode, total, phases,
                              now - rec.landed if rec is not None and rec.landed is not None else None)
         self.builder.cleanup(keep_relayout=self.state.relayout is not None)
+        self.prune()
         return entry.to_json()
+
+    def prune(self) -> list[int]:
+        """Retention (``retention.prune``) after a rollout; never fails the caller."""
+        try:
+            return retention.prune(self)
+        except Exception:  # noqa: BLE001 - retried after the next rollout
+            log.exception("retention failed")
+            return []
 
     def _partial(self, plan: Plan, part: PartialEnable, phases: dict, resumed: bool) -> dict:
         with self.lock:
@@ -324,16 +378,22 @@ class Transfer:
         return entry.to_json()
 
     def _failed(self, plan: Plan, exc: Exception, phases: dict, resumed: bool) -> dict:
+        """A rollout aborted: the previous version keeps serving; retried after its backoff,
+        except a version refused for not matching its manifest (``VersionRefused``: given
+        up at once, history ``refused``)."""
         err = str(exc) if isinstance(exc, RolloutError) else f"{plan.phase.value}: {type(exc).__name__}: {exc}"
+        refused = isinstance(exc, VersionRefused)
         self.agents.abort(self.replicas, plan.version)
         self.builder.discard(plan)  # a retry rebuilds from the inputs
         with self.lock:
             state, entry = planner.failed(self.state, plan, error=err, shard_num=self.shard_num, phases=phases,
-                                          resumed=resumed, max_rollout_attempts=self.max_rollout_attempts,
-                                          backoff_s=self.rollout_backoff_s, now=time.time())
+                                          resumed=resumed,
+                                          max_rollout_attempts=1 if refused else self.max_rollout_attempts,
+                                          backoff_s=self.rollout_backoff_s, now=time.time(),
+                                          status="refused" if refused else "failed")
             self._commit(state)
             served = state.served.version if state.served else None
-        self.metrics.rollout_done("failed", None, phases, given_up=bool(entry.given_up))
+        self.metrics.rollout_done("refused" if refused else "failed", None, phases, given_up=bool(entry.given_up))
         log.error("Aborted version=%d%s attempt=%d/%d: %s; version %s keeps serving%s", plan.version,
                   f" ({plan.reason})" if plan.reason else "", plan.attempt, self.max_rollout_attempts, err, served,
                   " (given up)" if entry.given_up else "")
@@ -409,7 +469,7 @@ class Transfer:
             served_shard_num = st.served_shard_num()
             if st.relayout is not None and st.relayout.before is not None:
                 served, served_shard_num = st.relayout.before, st.relayout.before.shard_num
-            cur = st.current
+            cur = st.current or self.laying_out  # a rollback's plan is not persisted as current
             last = st.history[-1] if st.history else None
             rl = st.relayout
             return DictInfo(
@@ -431,7 +491,8 @@ class Transfer:
                 last_rollout=None if last is None else LastRollout(
                     version=last.version, status=last.status, error=last.error, reason=last.reason,
                     coalesced=list(last.coalesced or [])),
-                last_poll=self.last_poll, last_error=self.last_error)
+                last_poll=self.last_poll, last_error=self.last_error, held=list(st.held[-20:]),
+                pinned=st.pin.version if st.pin else None)
 
     def replica_status(self) -> dict:
         """``GET /instance/status`` (Paddle Serving cube-transfer's path): every replica's agent status (queried now, 2 s timeout)."""

@@ -8,8 +8,11 @@ a restart neither loses nor repeats a rollout.
 - ``current``: the rollout in progress (``Plan``), with its phase.
 - ``attempts`` / ``retry_after``: failed rollouts per attempt key (a version id, or
   ``relayout-<N>:<id>`` for a re-layout link) and when each may be tried again (unix s).
-- ``given_up`` / ``refused``: version ids not rolled out, and why is in ``history``.
+- ``given_up`` / ``refused`` / ``held``: version ids not rolled out (``held``: by the model
+  gate, ``runtime.cube.transfer.model_gate``), and why is in ``history``.
 - ``relayout``: a pending re-layout of the served chain for a new shard count.
+- ``pin``: the version pinned to be served (a rollback, or the stack's
+  ``servedVersion``); None: follow training.
 - ``history``: the last ``HISTORY_MAX`` rollouts and refusals (``HistoryEntry``).
 """
 from __future__ import annotations
@@ -127,10 +130,11 @@ class Plan(_Record):
     """A rollout: the version, its donefile ``key``/``input``/``model``, the build ``mode``
     and ``base_version`` (the served version a patch applies to), the ``phase`` reached,
     when its line was seen and the rollout started (unix s), the attempt number, and for
-    a re-layout link its ``reason``, ``relayout`` and ``attempt_key``. ``coalesced``: the
-    ids of older patch lines folded into this one (``runtime.cube.transfer.coalesce``),
-    ``coalesced_inputs`` their inputs, oldest first: the build reads them before
-    ``input``, a later row winning."""
+    a re-layout link its ``reason``, ``relayout`` and ``attempt_key``; ``carry``: the inputs
+    of held patches (``carry_versions``) built with it, before its own (model gate).
+    ``coalesced``: the ids of older patch lines folded into this one
+    (``runtime.cube.transfer.coalesce``), ``coalesced_inputs`` their inputs, oldest first:
+    the build reads them (after ``carry``) before ``input``, a later row winning."""
 
     version: int
     key: int
@@ -147,6 +151,8 @@ class Plan(_Record):
     relayout: Optional[RelayoutRef] = None
     coalesced: list[int] = Field(default_factory=list)
     coalesced_inputs: list[str] = Field(default_factory=list)
+    carry: list[str] = Field(default_factory=list)
+    carry_versions: list[int] = Field(default_factory=list)
 
     @property
     def akey(self) -> str:
@@ -155,13 +161,13 @@ class Plan(_Record):
 
 
 class HistoryEntry(_Record):
-    """One rollout (``status`` finished | failed | partial) or refused patch, as
+    """One rollout (``status`` finished | failed | partial), refused patch or held version, as
     ``/dict/deploy/history`` shows it. Times are unix s, durations s; fields not set are
     left out of the JSON."""
 
     version: int
     mode: Mode
-    status: Optional[Literal["finished", "failed", "partial", "refused"]] = None
+    status: Optional[Literal["finished", "failed", "partial", "refused", "held"]] = None
     key: Optional[int] = None
     base_version: Optional[int] = None
     attempt: Optional[int] = None
@@ -185,6 +191,16 @@ class HistoryEntry(_Record):
         return self.model_dump(mode="json", exclude_unset=True, by_alias=True)
 
 
+class Pin(_Record):
+    """The version pinned to be served (``runtime.cube.transfer.rollback``): ``version``,
+    set ``by`` the ``--pin-version`` flag (the stack's ``servedVersion``) or the
+    ``POST /rollback`` API, ``at`` (unix s)."""
+
+    version: int
+    by: Literal["flag", "api"]
+    at: float
+
+
 class TransferState(StateFile):
     """The whole state (module docstring)."""
 
@@ -195,8 +211,10 @@ class TransferState(StateFile):
     retry_after: dict[str, float] = Field(default_factory=dict)
     given_up: list[int] = Field(default_factory=list)
     refused: list[int] = Field(default_factory=list)
+    held: list[int] = Field(default_factory=list)
     history: list[HistoryEntry] = Field(default_factory=list)
     relayout: Optional[Relayout] = None
+    pin: Optional[Pin] = None
 
     def served_shard_num(self) -> Optional[int]:
         """The shard count the served version was rolled out for: the served record's, else

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from tests.containers.kube import dns, volumes
 from tests.containers.kube import manifests as kmanifests
@@ -86,25 +86,31 @@ class Cluster:
         self.applier = Applier(self)
         #: set by ``start``
         self.started = False
+        self._started_workloads: set[str] = set()
         for w in self.store.workloads.values():
             self.controllers.plan(w)
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> "Cluster":
+    def start(self, only: Optional[Sequence[str]] = None) -> "Cluster":
         """Checks every image is in the engine and no pod address is in use, then starts
         every workload (all at once, as the API server would accept them; Volcano gangs at
-        one barrier)."""
+        one barrier). ``only``: start just the workloads of these names now (what a cluster
+        has before the stack is deployed, e.g. an object store), the rest at a later call."""
+        if not self.started:
+            for w in self.store.workloads.values():
+                for c in (p for pod in w.pods for p in pod.spec.get("initContainers", []) + pod.spec["containers"]):
+                    image = self.image_map.get(c["image"], c["image"])
+                    if self.docker("image", "inspect", "--format", "{{.Id}}", image, check=False).returncode != 0:
+                        raise HarnessError(f"{w.kind}/{w.name}: image {image} is not in the engine (no registry "
+                                           "to pull from: build it first)")
+            self._check_addresses_free()
+            self.kubelet.hosts = dns.hosts(self.store)
+            self.docker.watch_exits(self.kubelet.on_exit)
         for w in self.store.workloads.values():
-            for c in (p for pod in w.pods for p in pod.spec.get("initContainers", []) + pod.spec["containers"]):
-                image = self.image_map.get(c["image"], c["image"])
-                if self.docker("image", "inspect", "--format", "{{.Id}}", image, check=False).returncode != 0:
-                    raise HarnessError(f"{w.kind}/{w.name}: image {image} is not in the engine (no registry "
-                                       "to pull from: build it first)")
-        self._check_addresses_free()
-        self.kubelet.hosts = dns.hosts(self.store)
-        self.docker.watch_exits(self.kubelet.on_exit)
-        for w in self.store.workloads.values():
+            if w.name in self._started_workloads or (only is not None and w.name not in only):
+                continue
             self.controllers.start(w)
+            self._started_workloads.add(w.name)
         self.started = True
         return self
 

@@ -1,0 +1,200 @@
+"""The data gate's records (``runtime.trainer.data_gate``): a partition's statistics, the
+anomalies found in it, the gate's history file and the quarantine marker.
+
+* ``PartitionStats``: what the gate measures on a landed partition (trainer 0's shard of
+  its lines): ``rows``; ``click_rate`` (mean label); ``missing_rate`` per slot (float[S],
+  the fraction of rows whose slot holds the slot's missing feasign,
+  ``runtime.formats.features.missing_feasign``); ``dense_hist`` per dense feature
+  (float[13][DENSE_BINS], the fractions of the normalized values in ``DENSE_BINS`` equal
+  bins of [0, 1], the last bin closed); ``dense_saturated`` per dense feature (the
+  fraction at the normalization's clip bound, value 1.0); ``new_feasign_rate`` (the
+  fraction of non-missing feasign occurrences not seen in the recent partitions; None
+  while that window is not full); ``auc``/``logloss`` of the served model on the
+  partition's rows before training on them (None before any model); ``bad_lines``.
+* ``Anomaly``: one broken bound: ``check`` (a ``CHECKS`` name), ``feature`` (e.g. ``C3``,
+  ``I5``, or empty), ``value``, ``bound`` (what was allowed, in words) and ``message``.
+* ``GateHistory``: ``--state-dir/data-gate.json``: the statistics of the last accepted
+  partitions (``accepted``, at most the gate's window) and every quarantined partition
+  (``quarantined``: hour, anomalies, unix time). Written atomically by trainer 0.
+* The quarantine marker ``_QUARANTINED``: a JSON object ``{"hour", "anomalies": [...],
+  "stats": {...}, "at": unix s}`` written beside the partition's ``_SUCCESS``. A partition
+  with the marker is never trained (an operator may also write one by hand: any JSON
+  object, or an empty file); deleting it lets the gate judge the partition again.
+
+The distances follow TensorFlow Data Validation's drift comparators: the Jensen-Shannon
+distance (square root of the base-2 JS divergence, in [0, 1]) for numeric histograms.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from typing import Any, Optional
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from runtime import storage
+
+log = logging.getLogger(__name__)
+
+HISTORY_FILE = "data-gate.json"
+QUARANTINE_MARKER = "_QUARANTINED"
+DENSE_BINS = 10
+#: the checks an ``Anomaly`` may name
+CHECKS = ("malformed_lines", "schema_click_rate", "schema_missing", "schema_dense_mean", "schema_saturated", "rows",
+          "click_rate",
+          "missing_rate", "dense_drift", "new_feasigns", "auc", "logloss")
+
+
+class PartitionStats(BaseModel):
+    """A partition's statistics (module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hour: str
+    rows: int
+    click_rate: float
+    missing_rate: list[float]
+    dense_hist: list[list[float]]
+    dense_saturated: list[float]
+    new_feasign_rate: Optional[float] = None
+    auc: Optional[float] = None
+    logloss: Optional[float] = None
+    bad_lines: int = 0
+
+
+class Anomaly(BaseModel):
+    """One bound a partition broke (module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    check: str
+    feature: str = ""
+    value: Optional[float] = None
+    bound: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class QuarantineEntry(BaseModel):
+    """A quarantined partition in the history: its hour, anomalies and when (unix s)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hour: str
+    anomalies: list[Anomaly]
+    at: int
+
+
+class GateHistory(BaseModel):
+    """``--state-dir/data-gate.json`` (module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = 1
+    accepted: list[PartitionStats] = Field(default_factory=list)
+    quarantined: list[QuarantineEntry] = Field(default_factory=list)
+
+    @classmethod
+    def load(cls, state_dir: str) -> "GateHistory":
+        """The history in ``state_dir`` (an empty one when there is none). Raises
+        ``ValueError`` naming the file when it is not a valid history."""
+        path = os.path.join(state_dir, HISTORY_FILE)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return cls()
+        try:
+            return cls.model_validate_json(raw)
+        except ValueError as exc:
+            raise ValueError(f"{path}: not a valid data-gate history ({exc})") from None
+
+    def save(self, state_dir: str) -> None:
+        """Writes the history atomically (temporary file, fsync, rename)."""
+        os.makedirs(state_dir, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".data-gate-", dir=state_dir)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(self.model_dump_json())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, os.path.join(state_dir, HISTORY_FILE))
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def accept(self, stats: PartitionStats, window: int) -> None:
+        """Appends an accepted partition's statistics, keeping the last ``window``."""
+        kept = [s for s in self.accepted if s.hour != stats.hour] + [stats]
+        self.accepted = kept[-max(window, 1):]
+
+    def quarantine(self, hour: str, anomalies: list[Anomaly]) -> None:
+        """Records a quarantined partition (replacing an earlier entry of the same hour)."""
+        self.quarantined = [q for q in self.quarantined if q.hour != hour]
+        self.quarantined.append(QuarantineEntry(hour=hour, anomalies=anomalies, at=int(time.time())))
+
+
+def js_distance(p: np.ndarray, q: np.ndarray) -> float:
+    """Jensen-Shannon distance (base 2, in [0, 1]) of two histograms ``float[k]`` (each
+    normalized to sum 1 here; an empty one counts as uniform)."""
+    p = np.asarray(p, np.float64)
+    q = np.asarray(q, np.float64)
+    p = p / p.sum() if p.sum() > 0 else np.full(len(p), 1.0 / len(p))
+    q = q / q.sum() if q.sum() > 0 else np.full(len(q), 1.0 / len(q))
+    m = 0.5 * (p + q)
+
+    def kl(a: np.ndarray) -> float:
+        nz = a > 0
+        return float(np.sum(a[nz] * np.log2(a[nz] / m[nz])))
+
+    return float(np.sqrt(max(0.0, 0.5 * kl(p) + 0.5 * kl(q))))
+
+
+def marker_location(partition: str) -> str:
+    """``<partition>/_QUARANTINED`` (path or URL)."""
+    return storage.join(partition, QUARANTINE_MARKER)
+
+
+def is_quarantined(partition: str) -> bool:
+    """True when the partition at ``partition`` carries the quarantine marker."""
+    return storage.exists(marker_location(partition))
+
+
+def read_marker(partition: str) -> dict[str, Any]:
+    """The marker's JSON object (``{}`` for an empty marker written by hand). Raises
+    ``storage.LocationError`` when there is none, ``ValueError`` naming it when it holds
+    something else than a JSON object."""
+    loc = marker_location(partition)
+    raw = storage.read_bytes(loc)
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"{loc}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{loc}: expected a JSON object")
+    return data
+
+
+def write_marker(partition: str, hour: str, anomalies: list[Anomaly], stats: Optional[PartitionStats],
+                 token: Optional[str] = None) -> None:
+    """Writes the quarantine marker beside the partition's ``_SUCCESS`` (a local path:
+    temporary file then rename; a URL or store: ``storage.upload``). Raises
+    ``storage.LocationError`` when it cannot be written."""
+    body = {"hour": hour, "anomalies": [a.model_dump() for a in anomalies],
+            "stats": stats.model_dump() if stats is not None else None, "at": int(time.time())}
+    fd, tmp = tempfile.mkstemp(prefix=".quarantined-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(body, f, indent=1)
+        storage.upload(tmp, marker_location(partition), token=token)
+    finally:
+        os.unlink(tmp)

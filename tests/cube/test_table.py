@@ -1,0 +1,244 @@
+"""The server's versioned views (runtime/cube/table.py: VersionView over InlineTable):
+every version answers as the offline model (a dict with each version's rows applied in
+order), misses, overwrites across patches, merges in place under concurrent readers,
+retired views and the copy fallbacks (a full base, the sentinel as a patch key, a view
+still pinned)."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from runtime.cube.server.versions import Slot, Versions
+from runtime.cube.table import MAX_LOAD, VersionRetired, VersionView
+
+DIM = 3
+
+
+class Offline:
+    """The reference: key -> value row, one dict per version."""
+
+    def __init__(self, keys, values):
+        self.versions = {0: dict(zip(keys.tolist(), values))}
+
+    def apply(self, version: int, keys, values) -> None:
+        d = dict(self.versions[max(self.versions)])
+        d.update(zip(keys.tolist(), values))
+        self.versions[version] = d
+
+    def answer(self, version: int, query):
+        d = self.versions[version]
+        found = np.array([int(k) in d for k in query], bool)
+        vals = np.stack([d.get(int(k), np.zeros(DIM, np.float32)) for k in query]).astype(np.float32)
+        return vals, found
+
+
+def rows(rng, n, pool=None, fresh=0):
+    """``n`` rows: keys drawn from ``pool`` (overwrites) plus ``fresh`` new random keys."""
+    keys = rng.choice(pool, n, replace=False) if n else np.empty(0, np.uint64)
+    new = rng.integers(1, 1 << 62, fresh, dtype=np.uint64)
+    keys = np.unique(np.concatenate([keys, new]).astype(np.uint64))
+    rng.shuffle(keys)
+    return keys, rng.standard_normal((keys.shape[0], DIM)).astype(np.float32)
+
+
+def check(view: VersionView, ref: Offline, version: int, query) -> None:
+    vals, found = view.lookup(query)
+    want_vals, want_found = ref.answer(version, query)
+    np.testing.assert_array_equal(found, want_found)
+    np.testing.assert_array_equal(vals, want_vals)
+    assert len(view) == len(ref.versions[version])
+
+
+def test_every_version_answers_as_offline_with_misses_and_overwrites():
+    rng = np.random.default_rng(1)
+    keys, values = rows(rng, 0, fresh=5000)
+    ref = Offline(keys, values)
+    views = {0: VersionView.of_base(keys, values, 0)}
+    added = [keys]
+    for v in range(1, 6):
+        pool = np.concatenate(added)
+        pk, pv = rows(rng, 400, pool, fresh=100)  # overwrites (also of earlier patches' keys) + new keys
+        views[v] = views[v - 1].patched(pk, pv, v)
+        ref.apply(v, pk, pv)
+        added.append(pk)
+    misses = rng.integers(1 << 62, 1 << 63, 200, dtype=np.uint64)
+    query = np.concatenate([np.concatenate(added)[::7], misses, np.array([views[0].base.sentinel], np.uint64)])
+    for v, view in views.items():  # no merge: every view keeps its own answers
+        check(view, ref, v, query)
+        assert len(view.overlays) == v
+    vals, found = views[5].lookup(misses)
+    assert not found.any() and (vals == 0).all()
+    assert not views[5].contains(misses).any() and views[5].contains(added[-1]).all()
+    folded = views[5].folded()  # five overlays, a key in several: the newest row wins in the base
+    assert folded.base is views[0].base and not folded.overlays
+    check(folded, ref, 5, query)
+
+
+def test_server_lifecycle_merges_in_place_and_keeps_current_and_previous():
+    """As ``Versions`` does it: at each patch, the previous view is retired, the current
+    one folded (in place), the patch added as an overlay; current and previous answer as
+    offline at every step and the base is never copied."""
+    rng = np.random.default_rng(2)
+    keys, values = rows(rng, 0, fresh=20_000)
+    ref = Offline(keys, values)
+    cur, prev = VersionView.of_base(keys, values, 0), None
+    base = cur.base
+    query = np.concatenate([keys[::5], rng.integers(1 << 62, 1 << 63, 100, dtype=np.uint64)])
+    for v in range(1, 8):
+        if prev is not None:
+            prev.retire()
+            assert prev.wait_unpinned(1.0)
+            with pytest.raises(VersionRetired):
+                prev.lookup(query[:3])
+        cur = cur.folded()
+        assert cur.base is base and not cur.overlays
+        check(cur, ref, v - 1, query)
+        pk, pv = rows(rng, 300, keys, fresh=200)
+        query = np.concatenate([query, pk[:50]])
+        new = cur.patched(pk, pv, v)
+        ref.apply(v, pk, pv)
+        cur, prev = new, cur
+        check(cur, ref, v, query)
+        check(prev, ref, v - 1, query)
+    assert base.count == len(ref.versions[6])  # the base holds everything up to the folded version
+
+
+def test_merge_under_readers_never_shows_a_newer_row():
+    """Readers of the current version and of the version loaded on it look up keys of
+    the overlay being merged (and others) while the merge writes the base in place."""
+    rng = np.random.default_rng(3)
+    keys, values = rows(rng, 0, fresh=200_000)
+    ref = Offline(keys, values)
+    v0 = VersionView.of_base(keys, values, 0)
+    p1k, p1v = rows(rng, 60_000, keys, fresh=20_000)
+    v1 = v0.patched(p1k, p1v, 1)
+    ref.apply(1, p1k, p1v)
+    p2k, p2v = rows(rng, 30_000, p1k, fresh=5_000)
+    v2 = v1.patched(p2k, p2v, 2)
+    ref.apply(2, p2k, p2v)
+    v0.retire()  # as the server: the view lacking v1's overlay is no longer read
+    query = np.concatenate([p1k[:4000], p2k[:2000], keys[:2000]])
+    want = {1: ref.answer(1, query), 2: ref.answer(2, query)}
+    stop, bad, reads = threading.Event(), [], [0]
+
+    def reader(view, version):
+        while not stop.is_set():
+            vals, found = view.lookup(query)
+            if not (np.array_equal(found, want[version][1]) and np.array_equal(vals, want[version][0])):
+                bad.append(version)
+            reads[0] += 1
+
+    threads = [threading.Thread(target=reader, args=a) for a in ((v1, 1), (v2, 2))]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(3):  # merging the same rows again is idempotent: more time under readers
+            folded = v1.folded()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not bad and reads[0] > 0
+    assert folded.base is v1.base and folded.base.count == len(ref.versions[1])
+    check(folded, ref, 1, query)
+    check(v2, ref, 2, query)
+
+
+def test_retired_view_refuses_lookups_and_pins_block_wait():
+    keys, values = rows(np.random.default_rng(4), 0, fresh=100)
+    v = VersionView.of_base(keys, values, 7)
+    assert not v.pinned and not v.retired
+    v.buf[0] += 1  # a lookup in progress
+    v.retire()
+    assert v.retired and v.pinned and not v.wait_unpinned(0.01)
+    with pytest.raises(VersionRetired):
+        v.lookup(keys)
+    with pytest.raises(VersionRetired):
+        v.contains(keys)
+    assert int(v.buf[0]) == 1  # a refused lookup leaves the pins as they were
+    v.buf[0] -= 1
+    assert v.wait_unpinned(0.01)
+
+
+def test_fold_copies_when_the_base_is_full_or_holds_the_sentinel_or_not_in_place():
+    rng = np.random.default_rng(5)
+    keys, values = rows(rng, 0, fresh=1000)
+    ref = Offline(keys, values)
+    v0 = VersionView.of_base(keys, values, 0)
+    room = int(MAX_LOAD * v0.base.capacity) - v0.base.count
+    pk, pv = rows(rng, 10, keys, fresh=room + 10)  # past MAX_LOAD: a new, larger base
+    v1 = v0.patched(pk, pv, 1)
+    ref.apply(1, pk, pv)
+    f1 = v1.folded()
+    assert f1.base is not v0.base and f1.base.capacity > v0.base.capacity
+    query = np.concatenate([keys, pk])
+    check(f1, ref, 1, query)
+    check(v0, ref, 0, query)  # the old base was not written
+    sk = np.array([f1.base.sentinel], np.uint64)  # a patch key that is the base's sentinel
+    sv = np.full((1, DIM), 4.0, np.float32)
+    v2 = f1.patched(sk, sv, 2)
+    ref.apply(2, sk, sv)
+    f2 = v2.folded()
+    assert f2.base is not f1.base and f2.base.sentinel != sk[0]
+    check(f2, ref, 2, np.concatenate([query, sk]))
+    pk3, pv3 = rows(rng, 5, keys, fresh=5)
+    v3 = f2.patched(pk3, pv3, 3)
+    ref.apply(3, pk3, pv3)
+    f3 = v3.folded(in_place=False)
+    assert f3.base is not f2.base
+    check(f3, ref, 3, np.concatenate([query, pk3]))
+    check(f2, ref, 2, np.concatenate([query, pk3]))
+
+
+def test_bad_patches_raise():
+    keys, values = rows(np.random.default_rng(6), 0, fresh=50)
+    v = VersionView.of_base(keys, values, 1)
+    with pytest.raises(ValueError, match="duplicate"):
+        v.patched(np.array([3, 3], np.uint64), np.zeros((2, DIM), np.float32), 2)
+    with pytest.raises(ValueError, match="values must be"):
+        v.patched(np.array([3], np.uint64), np.zeros((1, DIM + 1), np.float32), 2)
+    many = v
+    with pytest.raises(ValueError, match="at most 16 tables"):
+        for i in range(16):
+            many = many.patched(np.array([1000 + i], np.uint64), np.ones((1, DIM), np.float32), 2 + i)
+    assert len(many.overlays) == 15
+    vals, found = many.folded().lookup(np.array([1000, 1014], np.uint64))
+    assert found.all() and (vals == 1).all()
+    with pytest.raises(ValueError, match="do not fit"):
+        v.base.merge(np.arange(1, 1000, dtype=np.uint64), np.zeros((999, DIM), np.float32))
+
+
+def test_versions_fold_waits_for_retired_views_else_copies():
+    """``Versions._fold``: in place once retired views are unpinned; a view pinned past
+    ``unpin_timeout_s`` makes it copy, so that view's answers never change."""
+    rng = np.random.default_rng(7)
+    keys, values = rows(rng, 0, fresh=2000)
+    ref = Offline(keys, values)
+    vs = Versions("d", 0, 1)
+    v0 = VersionView.of_base(keys, values, 0)
+    pk, pv = rows(rng, 100, keys, fresh=50)
+    ref.apply(1, pk, pv)
+    cur, prev = Slot(v0.patched(pk, pv, 1), 1, [0, 1], []), Slot(v0, 0, [0], [])
+    vs.served = (cur, prev)
+    assert vs._fold() is cur  # a previous version is served: nothing merged
+    vs.served = (cur, None)
+    prev.t.buf[0] += 1  # a lookup of version 0 still in progress
+    vs._retire(prev)
+    vs.unpin_timeout_s = 0.01
+    folded = vs._fold()
+    assert vs.served[0] is folded and folded.t.base is not v0.base and vs.merges == {"in_place": 0, "copied": 1}
+    prev.t.buf[0] -= 1
+    query = np.concatenate([keys, pk])
+    check(folded.t, ref, 1, query)
+    prev.t.buf[1] = 0  # un-retire only to read it: version 0 was left untouched
+    check(prev.t, ref, 0, query)
+    pk2, pv2 = rows(rng, 100, keys, fresh=50)
+    ref.apply(2, pk2, pv2)
+    nxt = Slot(folded.t.patched(pk2, pv2, 2), 2, [0, 1, 2], [])
+    vs.served = (nxt, None)
+    vs._retire(folded)
+    f2 = vs._fold()
+    assert f2.t.base is folded.t.base and vs.merges["in_place"] == 1
+    check(f2.t, ref, 2, np.concatenate([query, pk2]))
