@@ -8,6 +8,11 @@ STAMP := $(VENV)/.installed
 TRITON_VENV ?= .venv-tritonclient
 # KServe, the peer of make bench-serving-peers, in its own venv (it needs protobuf >= 6)
 KSERVE_VENV ?= .venv-kserve
+# network-config-analyzer, for the NetworkPolicies' connectivity test, in its own venv (it pins old releases)
+NCA_VENV ?= .venv-nca
+NCA_PYTHON ?= python3.11
+# checkov, run by the test suite on the dev and prod renderings, in its own venv (its own pins)
+CHECKOV_VENV ?= .venv-checkov
 PYTEST_ARGS ?=
 
 .PHONY: install browser prometheus constraints demo test test-fast docs bench-train bench-cube bench-rollout bench-serving bench-serving-peers bench-storage bench-tracking bench-metrics bench-online bench-fresh bench render golden pulumi-yaml clean
@@ -27,6 +32,18 @@ $(TRITON_VENV)/.installed: requirements/tritonclient.txt
 	$(TRITON_VENV)/bin/pip install -q -r requirements/tritonclient.txt
 	touch $@
 
+$(NCA_VENV)/.installed: requirements/nca.txt
+	$(NCA_PYTHON) -m venv $(NCA_VENV)
+	$(NCA_VENV)/bin/pip install -q --upgrade pip
+	$(NCA_VENV)/bin/pip install -q -r requirements/nca.txt
+	touch $@
+
+$(CHECKOV_VENV)/.installed: requirements/checkov.txt
+	$(NCA_PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q --upgrade pip
+	$(CHECKOV_VENV)/bin/pip install -q -r requirements/checkov.txt
+	touch $@
+
 ## Headless Chromium + chromedriver (Debian packages) for the browser test of the MLflow UI.
 browser:
 	bash scripts/install-browser.sh
@@ -36,7 +53,7 @@ browser:
 prometheus:
 	bash scripts/install-prometheus.sh
 
-install: $(STAMP) $(TRITON_VENV)/.installed browser prometheus
+install: $(STAMP) $(TRITON_VENV)/.installed $(NCA_VENV)/.installed $(CHECKOV_VENV)/.installed browser prometheus
 
 ## Re-pins requirements/constraints.txt to what .venv holds (after changing a range).
 constraints: $(BIN)/python
@@ -120,7 +137,7 @@ pulumi-yaml: install
 	$(BIN)/python -m infra.config > Pulumi.yaml.new && mv Pulumi.yaml.new Pulumi.yaml
 
 clean:
-	rm -rf $(VENV) $(TRITON_VENV) $(KSERVE_VENV) runs rendered .pytest_cache site
+	rm -rf $(VENV) $(TRITON_VENV) $(KSERVE_VENV) $(NCA_VENV) $(CHECKOV_VENV) runs rendered .pytest_cache site
 
 ## Container images elastic-ctr-{trainer,cube,serving}:$(IMAGE_TAG) from the Dockerfile's targets, with
 ## a local engine (scripts/engine.sh start: the running daemon, else a private one under .cache/;

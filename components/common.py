@@ -7,19 +7,28 @@ reads as a direct description of its Kubernetes objects.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from runtime.formats import topology
-from runtime.role_specs import Probe, RoleSpec
+from runtime.role_specs import CREDENTIALS_DIR, CREDENTIALS_DIR_ENV, TRACKING, Probe, RoleSpec
 
 PART_OF = "elastic-ctr"
 #: UID/GID of the non-root ``app`` user the Dockerfiles create.
 APP_UID = 10001
 #: Mount point of the writable scratch volume every container gets (root FS is read-only).
 TMP_DIR = "/tmp"
+#: how a role reaches the object store: reading only (cube agents, serving, pservers) or
+#: reading and writing (trainer, transfer); picks its keys and its identity's annotations
+READ, WRITE = "read", "write"
+#: file mode of every credential file a pod mounts (owner read only; the pod's fsGroup reads it too)
+CREDENTIAL_MODE = 0o400
+#: the files of the ``TRACKING`` Secret a pod mounts: the pipeline's MLflow login only (the Secret's
+#: ``server-secret-key``, the MLflow server's own, reaches nothing through a volume;
+#: ``components.credentials`` has the Secret's layout)
+TRACKING_FILES = ("username", "password")
 
 
 @dataclass(frozen=True)
@@ -32,9 +41,14 @@ class DeployContext:
         instance: value of ``app.kubernetes.io/instance`` (``<project>-<stack>``).
         image_pull_secrets: names of ``kubernetes.io/dockerconfigjson`` Secrets for pods.
         image_pull_policy: ``IfNotPresent`` | ``Always`` | ``Never``.
-        store_env: environment of the containers that reach an object store (endpoint,
-            region, access keys through secretKeyRef; ``ObjectStoreAccess.env``).
-        service_account: the ServiceAccount of those pods (workload identity), or None.
+        store_env: environment of the containers that write to an object store (endpoint,
+            region, the read-write keys through secretKeyRef; ``ObjectStoreAccess.env``).
+        store_read_env: the same for the containers that only read (the read-only keys).
+        identity: ``READ`` / ``WRITE`` -> annotations of the ServiceAccounts of the pods that
+            reach the store that way (workload identity); empty = none.
+        credentials: trust boundary (``runtime.role_specs.CREDENTIAL_BOUNDARIES``) -> name of
+            the Secret holding its credential (``components.credentials``); a container mounts
+            those its spec lists.
         scrape_annotations: put ``prometheus.io/*`` scrape annotations on the pod templates
             (stack key ``monitoring: annotations``; ``scrape_annotations``).
     """
@@ -44,7 +58,9 @@ class DeployContext:
     image_pull_secrets: Sequence[pulumi.Input[str]] = field(default_factory=tuple)
     image_pull_policy: pulumi.Input[str] = "IfNotPresent"
     store_env: Sequence[k8s.core.v1.EnvVarArgs] = field(default_factory=tuple)
-    service_account: Optional[pulumi.Input[str]] = None
+    store_read_env: Sequence[k8s.core.v1.EnvVarArgs] = field(default_factory=tuple)
+    identity: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    credentials: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
     scrape_annotations: bool = False
 
     def svc_host(self, service: pulumi.Input[str]) -> pulumi.Output[str]:
@@ -184,14 +200,21 @@ def container(spec: RoleSpec, dep: DeployContext, image: pulumi.Input[str], *, r
     first, then ``env``. A role with a liveness probe also gets a startup probe on the same
     endpoint (every ``STARTUP_PERIOD_S`` s, up to ``startup_s`` s): liveness counts only once
     the process answered, so a slow start (Paddle's import, a model's load on a busy node)
-    is not restarted. ``extra``: more ``ContainerArgs`` fields (e.g. ``lifecycle``)."""
+    is not restarted. Each trust boundary of ``spec.credentials`` is mounted read-only at
+    ``CREDENTIALS_DIR/<boundary>`` (``credential_volumes`` declares the pod's volumes) and
+    ``ELASTIC_CTR_CREDENTIALS_DIR`` names that directory. ``extra``: more ``ContainerArgs``
+    fields (e.g. ``lifecycle``). Raises ``ValueError`` naming the role and the boundary when
+    ``dep`` has no Secret for one of ``spec.credentials``."""
+    creds = [k8s.core.v1.VolumeMountArgs(name=_credential_volume(b), mount_path=f"{CREDENTIALS_DIR}/{b}",
+                                         read_only=True) for b in _credentials(spec, dep)]
+    cred_env = [k8s.core.v1.EnvVarArgs(name=CREDENTIALS_DIR_ENV, value=CREDENTIALS_DIR)] if creds else []
     return k8s.core.v1.ContainerArgs(
         name=spec.name,
         image=image,
         image_pull_policy=dep.image_pull_policy,
         args=list(spec.args),
         ports=[k8s.core.v1.ContainerPortArgs(name=n, container_port=p) for n, p in spec.ports] or None,
-        env=[*(k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in spec.env), *env],
+        env=[*(k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in spec.env), *cred_env, *env],
         resources=resources_,
         readiness_probe=probe(spec.readiness, period_s=readiness_period_s),
         liveness_probe=probe(spec.liveness, period_s=liveness_period_s, failures=liveness_failures,
@@ -199,9 +222,48 @@ def container(spec: RoleSpec, dep: DeployContext, image: pulumi.Input[str], *, r
         startup_probe=probe(spec.liveness, period_s=STARTUP_PERIOD_S,
                             failures=max(1, -(-startup_s // STARTUP_PERIOD_S))) if spec.liveness else None,
         security_context=container_security(read_only_root),
-        volume_mounts=list(volume_mounts),
+        volume_mounts=[*volume_mounts, *creds],
         **extra,
     )
+
+
+def _credentials(spec: RoleSpec, dep: DeployContext) -> tuple[str, ...]:
+    """``spec.credentials``, each checked to have a Secret in ``dep``."""
+    missing = [b for b in spec.credentials if b not in dep.credentials]
+    if missing:
+        raise ValueError(f"{spec.name}: no Secret for the credentials {missing} it needs "
+                         f"(the stack has {sorted(dep.credentials)})")
+    return tuple(spec.credentials)
+
+
+def _credential_volume(boundary: str) -> str:
+    return f"credentials-{boundary}"
+
+
+def credential_volumes(dep: DeployContext, *specs: RoleSpec) -> list[k8s.core.v1.VolumeArgs]:
+    """The pod's Secret volumes of every trust boundary one of ``specs`` lists (each once, in
+    first-listed order), files mode ``CREDENTIAL_MODE`` (of ``TRACKING``'s, ``TRACKING_FILES``
+    only). Raises ``ValueError`` as ``container``."""
+    seen: list[str] = []
+    for spec in specs:
+        seen += [b for b in _credentials(spec, dep) if b not in seen]
+    return [k8s.core.v1.VolumeArgs(name=_credential_volume(b), secret=k8s.core.v1.SecretVolumeSourceArgs(
+        secret_name=dep.credentials[b], default_mode=CREDENTIAL_MODE,
+        items=[k8s.core.v1.KeyToPathArgs(key=k, path=k) for k in TRACKING_FILES] if b == TRACKING else None))
+        for b in seen]
+
+
+def service_account(dep: DeployContext, name: str, parent: pulumi.Resource,
+                    access: Optional[str] = None) -> pulumi.Output[str]:
+    """A ServiceAccount ``name`` of its own for one workload, with no API token mounted
+    (``automountServiceAccountToken: false``: nothing here talks to the API server) and,
+    for ``access`` ``READ`` / ``WRITE``, the workload identity's annotations of that access
+    (``dep.identity``). Returns its name."""
+    annotations = dict(dep.identity.get(access, {})) if access else {}
+    sa = k8s.core.v1.ServiceAccount(
+        name, metadata=metadata(dep, name, labels(dep, name, "identity"), annotations or None),
+        automount_service_account_token=False, opts=child(parent))
+    return sa.metadata.apply(lambda m: m.name)
 
 
 def home_env() -> k8s.core.v1.EnvVarArgs:
@@ -209,13 +271,16 @@ def home_env() -> k8s.core.v1.EnvVarArgs:
     return k8s.core.v1.EnvVarArgs(name="HOME", value=TMP_DIR)
 
 
-def base_env(log_level: str = "INFO", dep: Optional[DeployContext] = None) -> list[k8s.core.v1.EnvVarArgs]:
+def base_env(log_level: str = "INFO", dep: Optional[DeployContext] = None,
+             access: str = READ) -> list[k8s.core.v1.EnvVarArgs]:
     """Environment every container gets: log level, HOME on the writable /tmp; with ``dep``
-    (containers that read or write locations), its object-store variables too."""
+    (containers that read or write locations), its object-store variables too: the
+    read-only keys for ``access`` ``READ``, the read-write ones for ``WRITE``."""
+    store = () if dep is None else (dep.store_env if access == WRITE else dep.store_read_env)
     return [
         k8s.core.v1.EnvVarArgs(name="ELASTIC_CTR_LOG_LEVEL", value=log_level),
         home_env(),
-        *(dep.store_env if dep is not None else ()),
+        *store,
     ]
 
 
@@ -270,12 +335,13 @@ def volume_claim(parent: pulumi.Resource, dep: DeployContext, name: str, lbls: d
 
 def singleton_deployment(dep: DeployContext, name: str, lbls: dict[str, str],
                          container: k8s.core.v1.ContainerArgs, volumes: list[k8s.core.v1.VolumeArgs],
-                         parent: pulumi.Resource, service_account: Optional[pulumi.Input[str]] = None,
+                         parent: pulumi.Resource, service_account: pulumi.Input[str],
                          pod_annotations: Optional[dict[str, pulumi.Input[str]]] = None,
                          depends_on: Sequence[pulumi.Resource] = ()) -> k8s.apps.v1.Deployment:
     """A Deployment of one pod replaced by ``Recreate`` (the old pod is gone before the new
     one starts: its ReadWriteOnce claim or its single-writer state allows one at a time),
-    selected by ``selector(lbls)``, pod security and pull secrets as every role's; the file
+    selected by ``selector(lbls)``, running as ``service_account`` (no API token mounted),
+    pod security and pull secrets as every role's; the file
     server, the cube transfer and the tracking server run this way. ``depends_on``: resources
     pulumi must have created/updated (and awaited) before this Deployment changes."""
     return k8s.apps.v1.Deployment(
@@ -291,6 +357,7 @@ def singleton_deployment(dep: DeployContext, name: str, lbls: dict[str, str],
                     security_context=pod_security(),
                     image_pull_secrets=dep.pull_secrets() or None,
                     service_account_name=service_account,
+                    automount_service_account_token=False,
                     containers=[container],
                     volumes=volumes,
                 ),

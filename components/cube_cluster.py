@@ -18,6 +18,7 @@ to it; see README "Resize"). A new ``cubeReplicas`` updates the layout in place
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -66,6 +67,9 @@ class CubeClusterArgs:
         server_cpu / server_memory: cube-server requests = limits (Kubernetes quantities).
         agent_cpu / agent_memory: cube-agent requests = limits.
         data_size: size limit of the shared emptyDir holding downloaded and loaded dicts.
+        version_root: ROOT of the versions (the file server's URL or the store location): the
+            agents download only under ``ROOT/cube/``, where the transfer publishes; None =
+            no ``--version-root`` (the agent's own default).
     """
 
     deployment: DeployContext
@@ -77,6 +81,7 @@ class CubeClusterArgs:
     agent_cpu: pulumi.Input[str]
     agent_memory: pulumi.Input[str]
     data_size: pulumi.Input[str]
+    version_root: Optional[pulumi.Input[str]] = None
 
 
 class CubeCluster(pulumi.ComponentResource):
@@ -109,9 +114,14 @@ class CubeCluster(pulumi.ComponentResource):
             opts=common.child(self),
         )
         self.topology_configmap = self.configmap.metadata.apply(lambda m: m.name)
+        # one identity for the cube pods of every layout (a resize leaves it alone): the agents
+        # read the versions; no API token
+        self.service_account = common.service_account(dep, name, self, common.READ)
         self.statefulsets = [self._shard(i, shard_name, args) for i, shard_name in enumerate(self.shard_names)]
         # every shard's headless Service (every layout's, during a resize), one monitor per role
         every_shard = common.selector(common.labels(dep, "cube-server", "cube"))
+        #: the labels of every cube pod of the stack, every layout's (``components.network_policies``)
+        self.every_shard = every_shard
         #: what Prometheus scrapes (``components.monitoring``): the servers' and the agents' endpoints
         self.scrape_targets = [scrape_target(role_specs.cube_server(0, args.shards), every_shard),
                                scrape_target(role_specs.cube_agent(f"{DATA_DIR}/agent"), every_shard)]
@@ -123,8 +133,12 @@ class CubeCluster(pulumi.ComponentResource):
         # the shard label names the StatefulSet: selectors stay unique with two clusters in a stack
         lbls = common.labels(dep, "cube-server", "cube", **{"elastic-ctr.io/shard": name})
         sel = common.selector(lbls)
-        server = role_specs.cube_server(shard, args.shards, data_dir=f"{DATA_DIR}/server")
-        agent = role_specs.cube_agent(f"{DATA_DIR}/agent")
+        # the server loads only what its agent unpacked; the agent downloads only what was published
+        server = role_specs.cube_server(shard, args.shards, data_dir=f"{DATA_DIR}/server",
+                                        load_roots=[f"{DATA_DIR}/agent"])
+        roots = [] if args.version_root is None else [pulumi.Output.from_input(args.version_root).apply(
+            lambda r: r.rstrip("/") + "/cube/")]
+        agent = role_specs.cube_agent(f"{DATA_DIR}/agent", version_roots=roots)
 
         k8s.core.v1.Service(
             name,
@@ -162,7 +176,8 @@ class CubeCluster(pulumi.ComponentResource):
                     spec=k8s.core.v1.PodSpecArgs(
                         security_context=common.pod_security(),
                         image_pull_secrets=dep.pull_secrets() or None,
-                        service_account_name=dep.service_account,
+                        service_account_name=self.service_account,
+                        automount_service_account_token=False,
                         # replicas of one shard on different nodes where possible
                         affinity=k8s.core.v1.AffinityArgs(
                             pod_anti_affinity=k8s.core.v1.PodAntiAffinityArgs(
@@ -183,6 +198,7 @@ class CubeCluster(pulumi.ComponentResource):
                                 name="cube-data",
                                 empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(size_limit=args.data_size)),
                             tmp_vol,
+                            *common.credential_volumes(dep, server, agent),
                         ],
                     ),
                 ),

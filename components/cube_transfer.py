@@ -96,7 +96,7 @@ class CubeTransfer(pulumi.ComponentResource):
                                         keep_versions=args.keep_versions, extra=tuple(args.gate_args))
         container = common.container(
             spec, dep, args.image,
-            env=[*common.base_env(dep=dep),
+            env=[*common.base_env(dep=dep, access=common.WRITE),
                  *([common.token_env(args.upload_token_secret, args.upload_token_key)]
                    if args.upload_token_secret is not None else []),
                  *tracking_env(args.tracking_uri, args.tracking_experiment, args.tracking_job)],
@@ -109,13 +109,15 @@ class CubeTransfer(pulumi.ComponentResource):
                 name="state",
                 persistent_volume_claim=k8s.core.v1.PersistentVolumeClaimVolumeSourceArgs(
                     claim_name=pvc.metadata.apply(lambda m: m.name))),
-             topo_vol, tmp_vol],
-            parent=self, service_account=dep.service_account,
+             topo_vol, tmp_vol, *common.credential_volumes(dep, spec)],
+            parent=self, service_account=common.service_account(dep, name, self, common.WRITE),
             pod_annotations={"elastic-ctr.io/topology-sha256": args.topology_checksum,
                              **common.scrape_annotations(dep, spec)},
             depends_on=args.wait_for)
         #: what Prometheus scrapes (``components.monitoring``)
         self.scrape_targets = [scrape_target(spec, sel)]
+        #: the pod's labels (``components.network_policies``)
+        self.selector = sel
         service = k8s.core.v1.Service(
             name,
             metadata=common.metadata(dep, name, lbls),

@@ -9,7 +9,7 @@ bearer token (``<name>-upload-token``), which reaches pods only as
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -36,6 +36,8 @@ class FileServerArgs:
         storage_class: StorageClass name; ``None`` = the cluster default.
         expose: ``True`` = Service type LoadBalancer, else ClusterIP (a plain bool: it
             decides whether ``external_url`` waits for an ingress).
+        source_ranges: with ``expose``, the CIDRs the LoadBalancer admits
+            (``loadBalancerSourceRanges``); required then (``ValueError`` otherwise).
     """
 
     deployment: DeployContext
@@ -46,6 +48,7 @@ class FileServerArgs:
     storage_size: pulumi.Input[str]
     storage_class: Optional[pulumi.Input[str]] = None
     expose: bool = False
+    source_ranges: Sequence[str] = ()
 
 
 class FileServer(pulumi.ComponentResource):
@@ -61,6 +64,8 @@ class FileServer(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("elastic-ctr:index:FileServer", name, None, opts)
         dep = args.deployment
+        if args.expose and not args.source_ranges:
+            raise ValueError(f"{name}: exposed without source ranges (a LoadBalancer open to every address)")
         lbls = common.labels(dep, name, "storage")
         sel = common.selector(lbls)
         secret_name = f"{name}-upload-token"
@@ -77,7 +82,8 @@ class FileServer(pulumi.ComponentResource):
 
         pvc = common.volume_claim(self, dep, name, lbls, args.storage_size, args.storage_class)
         tmp_vol, tmp_mount = common.tmp_volume()
-        spec = role_specs.file_server(ROOT)
+        # exposed: reads need the fileserver-read credential too (every reader presents it)
+        spec = role_specs.file_server(ROOT, read_auth=args.expose)
         port = spec.port("http")
         container = common.container(
             spec, dep, args.image, env=[*common.base_env(), common.token_env(self.token_secret, TOKEN_KEY)],
@@ -89,15 +95,19 @@ class FileServer(pulumi.ComponentResource):
                 name="files",
                 persistent_volume_claim=k8s.core.v1.PersistentVolumeClaimVolumeSourceArgs(
                     claim_name=pvc.metadata.apply(lambda m: m.name))),
-             tmp_vol],
-            parent=self, pod_annotations=common.scrape_annotations(dep, spec) or None)
+             tmp_vol, *common.credential_volumes(dep, spec)],
+            parent=self, service_account=common.service_account(dep, name, self),
+            pod_annotations=common.scrape_annotations(dep, spec) or None)
         #: what Prometheus scrapes (``components.monitoring``)
         self.scrape_targets = [scrape_target(spec, sel)]
+        #: the pods' selector and port (``components.network_policies``)
+        self.selector, self.port = sel, port
         self.service = k8s.core.v1.Service(
             name,
             metadata=common.metadata(dep, name, lbls),
             spec=k8s.core.v1.ServiceSpecArgs(
                 type="LoadBalancer" if args.expose else "ClusterIP",
+                load_balancer_source_ranges=list(args.source_ranges) if args.expose else None,
                 selector=sel,
                 ports=[k8s.core.v1.ServicePortArgs(name="http", port=port, target_port="http")],
             ),

@@ -1,13 +1,15 @@
 """ObjectStoreAccess: how the pods reach an object store holding the data and the versions
-(``modelRoot: s3://...``, issue 18).
+(``modelRoot: s3://...``, issue 18), with readers and writers kept apart (issue 36).
 
-Named after the component (``<name>``): with access keys (stack secrets), a Secret
-``<name>-credentials`` holding ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (its
-payload is redacted by the render) that pods read through secretKeyRef; with a workload
-identity (IRSA, GKE Workload Identity), a ServiceAccount ``<name>`` carrying the cloud's
-annotations and no keys. The endpoint of an S3-compatible store and the region are plain
-variables (``AWS_ENDPOINT_URL_S3``, ``AWS_DEFAULT_REGION``), the ones botocore (and so
-s3fs, ``runtime/objectstore.py``) reads.
+Named after the component (``<name>``): with access keys (stack secrets), two Secrets,
+``<name>-credentials`` (the read-write pair: the trainer and the transfer) and
+``<name>-read-credentials`` (the read-only pair: cube agents, serving, pservers), each
+holding ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (payloads redacted by the
+render) that pods read through secretKeyRef. With a workload identity (IRSA, GKE Workload
+Identity) there are no keys: each workload's own ServiceAccount (``common.service_account``)
+carries the writers' or the readers' annotations. The endpoint of an S3-compatible store and
+the region are plain variables (``AWS_ENDPOINT_URL_S3``, ``AWS_DEFAULT_REGION``), the ones
+botocore (and so s3fs, ``runtime/objectstore.py``) reads.
 """
 from __future__ import annotations
 
@@ -28,43 +30,40 @@ class ObjectStoreAccessArgs:
     Attributes:
         deployment: namespace, instance.
         env: plain variables for every pod that reaches the store (name -> value).
-        secret_env: variable name -> secret Output (the access keys), or None.
-        service_account_annotations: annotations of the workload-identity ServiceAccount;
-            empty = no ServiceAccount (pods keep the namespace's default).
+        secret_env: variable name -> secret Output of the read-write pair, or None.
+        read_secret_env: the same for the read-only pair, or None.
     """
 
     deployment: DeployContext
     env: Mapping[str, str] = field(default_factory=dict)
     secret_env: Optional[Mapping[str, pulumi.Input[str]]] = None
-    service_account_annotations: Mapping[str, str] = field(default_factory=dict)
+    read_secret_env: Optional[Mapping[str, pulumi.Input[str]]] = None
 
 
 class ObjectStoreAccess(pulumi.ComponentResource):
-    """Outputs: ``env`` (``EnvVarArgs`` for the containers: plain values and secretKeyRefs),
-    ``service_account`` (the ServiceAccount's name, or None)."""
+    """Outputs: ``env`` (the writers' ``EnvVarArgs``: plain values and secretKeyRefs to the
+    read-write Secret), ``read_env`` (the readers': to the read-only Secret)."""
 
     env: list[Any]
-    service_account: Optional[pulumi.Output[str]]
+    read_env: list[Any]
 
     def __init__(self, name: str, args: ObjectStoreAccessArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("elastic-ctr:index:ObjectStoreAccess", name, None, opts)
-        dep = args.deployment
-        env = [k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in sorted(args.env.items())]
-        if args.secret_env:
-            sec_name = f"{name}-credentials"
-            sec = k8s.core.v1.Secret(
-                sec_name, metadata=common.metadata(dep, sec_name, common.labels(dep, name, "storage")),
-                type="Opaque", string_data=dict(args.secret_env), opts=common.child(self))
-            secret = sec.metadata.apply(lambda m: m.name)
-            env += [k8s.core.v1.EnvVarArgs(name=k, value_from=k8s.core.v1.EnvVarSourceArgs(
-                secret_key_ref=k8s.core.v1.SecretKeySelectorArgs(name=secret, key=k))) for k in sorted(args.secret_env)]
-        self.env = env
-        self.service_account = None
-        if args.service_account_annotations:
-            sa = k8s.core.v1.ServiceAccount(
-                name, metadata=common.metadata(dep, name, common.labels(dep, name, "storage"),
-                                               dict(args.service_account_annotations)),
-                opts=common.child(self))
-            self.service_account = sa.metadata.apply(lambda m: m.name)
-        self.register_outputs({"service_account": self.service_account})
+        plain = [k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in sorted(args.env.items())]
+        self.env = plain + self._secret(args.deployment, f"{name}-credentials", name, args.secret_env)
+        self.read_env = plain + self._secret(args.deployment, f"{name}-read-credentials", name, args.read_secret_env)
+        self.register_outputs({})
+
+    def _secret(self, dep: DeployContext, sec_name: str, name: str,
+                values: Optional[Mapping[str, pulumi.Input[str]]]) -> list[k8s.core.v1.EnvVarArgs]:
+        """A Secret ``sec_name`` of ``values`` and the secretKeyRefs to it ([] for None)."""
+        if not values:
+            return []
+        sec = k8s.core.v1.Secret(
+            sec_name, metadata=common.metadata(dep, sec_name, common.labels(dep, name, "storage")),
+            type="Opaque", string_data={k: pulumi.Output.secret(v) for k, v in values.items()},
+            opts=common.child(self))
+        secret = sec.metadata.apply(lambda m: m.name)
+        return [k8s.core.v1.EnvVarArgs(name=k, value_from=k8s.core.v1.EnvVarSourceArgs(
+            secret_key_ref=k8s.core.v1.SecretKeySelectorArgs(name=secret, key=k))) for k in sorted(values)]

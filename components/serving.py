@@ -126,9 +126,10 @@ class Serving(pulumi.ComponentResource):
                     spec=k8s.core.v1.PodSpecArgs(
                         security_context=common.pod_security(),
                         image_pull_secrets=dep.pull_secrets() or None,
-                        service_account_name=dep.service_account,
+                        service_account_name=common.service_account(dep, name, self, common.READ),
+                        automount_service_account_token=False,
                         containers=[container],
-                        volumes=[topo_vol, tmp_vol],
+                        volumes=[topo_vol, tmp_vol, *common.credential_volumes(dep, spec)],
                     ),
                 ),
             ),
@@ -168,6 +169,8 @@ class Serving(pulumi.ComponentResource):
         self.autoscaled = pulumi.Output.from_input(autoscaled)
         #: what Prometheus scrapes (``components.monitoring``)
         self.scrape_targets = [scrape_target(spec, sel)]
+        #: the pods' labels (``components.network_policies``)
+        self.selector = sel
         self.register_outputs({"url": self.url, "grpc_target": self.grpc_target,
                                "autoscaled": self.autoscaled})
 

@@ -32,6 +32,8 @@ from components.common import DeployContext
 from runtime import role_specs
 
 STORE = "/mlflow"
+#: where the basic-auth app's config file (``AUTH_INI``, from the ``<name>-auth`` ConfigMap) is mounted
+AUTH_DIR, AUTH_INI = "/etc/mlflow-auth", "basic_auth.ini"
 URI_KEY = "uri"
 
 
@@ -92,7 +94,25 @@ class TrackingServer(pulumi.ComponentResource):
                 name="store", persistent_volume_claim=k8s.core.v1.PersistentVolumeClaimVolumeSourceArgs(
                     claim_name=pvc.metadata.apply(lambda m: m.name))))
             mounts.append(k8s.core.v1.VolumeMountArgs(name="store", mount_path=STORE))
-        spec = role_specs.tracking_server()
+        # MLflow's own authentication when the stack has the tracking credential: its admin (the
+        # pipeline's login) and CSRF secret from the Secret, its user store on the volume (else /tmp)
+        auth = role_specs.TRACKING in dep.credentials
+        spec = role_specs.tracking_server(basic_auth=auth)
+        if auth:
+            env += [k8s.core.v1.EnvVarArgs(name=var, value_from=k8s.core.v1.EnvVarSourceArgs(
+                secret_key_ref=k8s.core.v1.SecretKeySelectorArgs(name=dep.credentials[role_specs.TRACKING], key=key)))
+                for var, key in role_specs.TRACKING_SERVER_ENV]
+            users = f"{STORE}/basic_auth.db" if mounts else f"{common.TMP_DIR}/basic_auth.db"
+            cm_name = f"{name}-auth"
+            cm = k8s.core.v1.ConfigMap(cm_name, metadata=common.metadata(dep, cm_name, lbls), data={AUTH_INI: (
+                "[mlflow]\ndefault_permission = READ\n"
+                f"database_uri = sqlite:///{users}\n"
+                "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+                "auth_cache_ttl_seconds = 60\n")}, opts=common.child(self))
+            volumes.append(k8s.core.v1.VolumeArgs(name="auth", config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(
+                name=cm.metadata.apply(lambda m: m.name))))
+            mounts.append(k8s.core.v1.VolumeMountArgs(name="auth", mount_path=AUTH_DIR, read_only=True))
+            env.append(k8s.core.v1.EnvVarArgs(name=role_specs.TRACKING_AUTH_CONFIG_ENV, value=f"{AUTH_DIR}/{AUTH_INI}"))
         port = spec.port("http")
         host = dep.svc_host(name)
         env.append(k8s.core.v1.EnvVarArgs(name="MLFLOW_SERVER_ALLOWED_HOSTS", value=pulumi.Output.concat(
@@ -101,7 +121,8 @@ class TrackingServer(pulumi.ComponentResource):
         # a cold start (database migrations) takes ~20 s on 2 cores: liveness waits 60 s
         container = common.container(spec, dep, args.image, env=env, resources_=common.resources(args.cpu, args.memory),
                                      volume_mounts=[*mounts, tmp_mount], liveness_delay_s=60)
-        common.singleton_deployment(dep, name, lbls, container, [*volumes, tmp_vol], parent=self)
+        common.singleton_deployment(dep, name, lbls, container, [*volumes, tmp_vol, *common.credential_volumes(dep, spec)],
+                                    parent=self, service_account=common.service_account(dep, name, self))
         self.service = k8s.core.v1.Service(
             name,
             metadata=common.metadata(dep, name, lbls),
@@ -111,6 +132,8 @@ class TrackingServer(pulumi.ComponentResource):
             opts=common.child(self),
         )
         self.url = dep.svc_url(self.service.metadata.apply(lambda m: m.name), port)
+        #: the pod's labels (``components.network_policies``)
+        self.selector = sel
         self.register_outputs({"url": self.url})
 
 

@@ -143,6 +143,9 @@ class TrainingJob(pulumi.ComponentResource):
         self.shared_pvc = common.volume_claim(self, dep, claim, common.labels(dep, claim, "training"), args.shared_size,
                                               args.shared_storage_class, access_mode="ReadWriteMany")
         self.shared_claim = self.shared_pvc.metadata.apply(lambda m: m.name)
+        # one identity per task: the trainers write versions, the pservers only read data
+        accounts = {task: common.service_account(dep, f"{name}-{task}", self, access)
+                    for task, access in (("pserver", common.READ), ("trainer", common.WRITE))}
         spec = {
             "schedulerName": "volcano",
             "queue": args.queue,
@@ -158,13 +161,13 @@ class TrainingJob(pulumi.ComponentResource):
                 {
                     "name": "pserver",
                     "replicas": args.pservers,
-                    "template": self._template(args, "pserver", lbls, self.shared_claim),
+                    "template": self._template(args, "pserver", lbls, self.shared_claim, accounts["pserver"]),
                 },
                 {
                     "name": "trainer",
                     "replicas": args.trainers,
                     "policies": [{"event": "TaskCompleted", "action": "CompleteJob"}],
-                    "template": self._template(args, "trainer", lbls, self.shared_claim),
+                    "template": self._template(args, "trainer", lbls, self.shared_claim, accounts["trainer"]),
                 },
             ],
         }
@@ -179,6 +182,8 @@ class TrainingJob(pulumi.ComponentResource):
         )
         self.job_name = self.job.metadata.apply(lambda m: m["name"] if isinstance(m, dict) else m.name)
         self.min_available = pulumi.Output.from_input(args.pservers + args.trainers)
+        #: the labels of the job's pods, both tasks (``TASK_LABEL`` tells them apart; ``components.network_policies``)
+        self.selector = common.selector(lbls)
         #: what Prometheus scrapes (``components.monitoring``): each task's pods (Volcano's, no Service of ours)
         self.scrape_targets = [scrape_target(role_specs.ps_role(task), {**common.selector(lbls), TASK_LABEL: task},
                                              kind="pod") for task in ("pserver", "trainer")]
@@ -187,9 +192,9 @@ class TrainingJob(pulumi.ComponentResource):
 
     @staticmethod
     def _template(args: TrainingJobArgs, task: str, lbls: dict[str, str],
-                  claim: pulumi.Input[str]) -> k8s.core.v1.PodTemplateSpecArgs:
+                  claim: pulumi.Input[str], account: pulumi.Input[str]) -> k8s.core.v1.PodTemplateSpecArgs:
         """Pod template of ``task`` (``pserver`` | ``trainer``), labelled ``lbls`` plus
-        ``elastic-ctr.io/task: <task>``."""
+        ``elastic-ctr.io/task: <task>``, running as ServiceAccount ``account``."""
         dep = args.deployment
         is_trainer = task == "trainer"
         generated = list(args.data_train) == [GENERATED]
@@ -205,7 +210,7 @@ class TrainingJob(pulumi.ComponentResource):
             env.append(k8s.core.v1.EnvVarArgs(
                 name="POD_IP", value_from=k8s.core.v1.EnvVarSourceArgs(
                     field_ref=k8s.core.v1.ObjectFieldSelectorArgs(field_path="status.podIP"))))
-        env += common.base_env(dep=dep)
+        env += common.base_env(dep=dep, access=common.WRITE if is_trainer else common.READ)
         if is_trainer:  # the trainers log to MLflow (runtime.tracking); pservers never do
             env += tracking_env(args.tracking_uri, args.tracking_experiment, args.tracking_job)
         if is_trainer and args.upload_token_secret is not None:  # only trainer 0 uploads; pservers never see it
@@ -244,7 +249,8 @@ class TrainingJob(pulumi.ComponentResource):
                 restart_policy="Never",  # failures are handled by the job's policies
                 security_context=common.pod_security(),
                 image_pull_secrets=dep.pull_secrets() or None,
-                service_account_name=dep.service_account,
+                service_account_name=account,
+                automount_service_account_token=False,
                 init_containers=init_containers,
                 containers=[container],
                 volumes=[
@@ -256,6 +262,7 @@ class TrainingJob(pulumi.ComponentResource):
                         name="shared",
                         persistent_volume_claim=k8s.core.v1.PersistentVolumeClaimVolumeSourceArgs(
                             claim_name=claim)),
+                    *common.credential_volumes(dep, spec),
                 ],
             ),
         )

@@ -24,7 +24,7 @@ import pulumi
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from infra import config_gates, config_monitoring, config_storage, config_tracking, config_versions
+from infra import config_gates, config_monitoring, config_security, config_storage, config_tracking, config_versions
 from infra.config_types import check as _check, pulumi_bool as _pulumi_bool
 from runtime.trainer import config as train
 from runtime.trainer.config import TrainConfig, TrainConfigError
@@ -119,7 +119,7 @@ def _t(key: str):
 
 
 class StackConfig(config_storage.StorageKeys, config_tracking.TrackingKeys, config_monitoring.MonitoringKeys,
-                  config_gates.GateKeys, config_versions.VersionKeys):
+                  config_gates.GateKeys, config_versions.VersionKeys, config_security.SecurityKeys):
     """Every key of the stack (camelCase in Pulumi, snake_case here). Quantities are
     Kubernetes quantity strings (``500m`` CPU, ``512Mi`` memory, ``20Gi`` storage); data
     locations are comma-separated (``data_train()``/``data_test()`` split them). Each
@@ -158,7 +158,8 @@ class StackConfig(config_storage.StorageKeys, config_tracking.TrackingKeys, conf
     training_shared_size: Storage = Field(
         "5Gi", description="Size of the training job's shared volume (holds one sparse-table save, gzip text, at a time).")
     expose_file_server: Flag = Field(
-        False, description="Expose the file server outside the cluster with a LoadBalancer Service (else ClusterIP only).")
+        False, description="Expose the file server outside the cluster with a LoadBalancer Service limited to "
+                         "fileServerSourceRanges (required then); else ClusterIP only.")
     # --- training
     pservers: _int(1, 32) = Field(1, description="Parameter-server pods in the training job (1-32).",
                                   json_schema_extra={"group": "training"})
@@ -333,14 +334,15 @@ SECRETS: dict[str, tuple[str, int]] = {
                     "only via the file server's upload-token Secret.", 16),
     "registryPassword": ("Registry password or token (pulumi config set --secret registryPassword ...); it reaches "
                          "pods only as an imagePullSecret.", 0), **config_storage.SECRETS, **config_tracking.SECRETS,
+    **config_security.SECRETS,
 }
 #: secrets required unless ``modelRoot`` is set (the file server is then not deployed)
 REQUIRED_SECRETS = ("uploadToken",)
-#: alias -> (field name, field), in Pulumi.yaml's order: the monitoring keys, then the data gate's
-#: (each a group of its own) last
+#: alias -> (field name, field), in Pulumi.yaml's order: the security, monitoring, then data gate groups last
 FIELDS = dict(sorted(((f.alias, (name, f)) for name, f in StackConfig.model_fields.items()),
                      key=lambda kv: (kv[1][0] in config_gates.GateKeys.model_fields,
-                                     kv[1][0] in config_monitoring.MonitoringKeys.model_fields)))
+                                     kv[1][0] in config_monitoring.MonitoringKeys.model_fields,
+                                     kv[1][0] in config_security.SecurityKeys.model_fields)))
 KEYS = list(FIELDS) + list(SECRETS)
 
 
@@ -367,7 +369,8 @@ def parse(raw: Mapping[str, Any], secret_keys: frozenset[str] | set[str] = froze
 
     Raises ``ConfigError`` listing every invalid, missing or unknown key, each with its
     value (secrets hidden) and what is allowed."""
-    errors = unknown_keys(raw) + config_storage.problems(raw) + config_monitoring.problems(raw)
+    errors = [*unknown_keys(raw), *config_storage.problems(raw), *config_monitoring.problems(raw),
+              *config_security.problems(raw)]
     for key, (_, min_len) in SECRETS.items():
         value = raw.get(key)
         if not value:
@@ -431,6 +434,7 @@ class Secrets:
         self.registry_password = config.get_secret("registryPassword") or None
         self.storage = config_storage.StorageSecrets(config)
         self.tracking = config_tracking.TrackingSecrets(config)
+        self.credentials = config_security.CredentialSecrets(config)
 
 
 def load() -> tuple[StackConfig, Secrets]:

@@ -66,10 +66,15 @@ class StorageKeys(BaseModel):
     storage_region: Region = Field("", description="Region of the store (AWS_DEFAULT_REGION in the pods); empty = "
                                                    "the SDK's default.")
     storage_service_account_annotations: Annotations = Field(
-        "", description="Workload identity instead of keys: annotations of the ServiceAccount the pods run as, "
+        "", description="Workload identity instead of keys: annotations of the writers' ServiceAccounts (trainer, transfer), "
                         "comma-separated key=value (IRSA: eks.amazonaws.com/role-arn=arn:aws:iam::ACCOUNT:role/NAME; "
                         "GKE: iam.gke.io/gcp-service-account=NAME@PROJECT.iam.gserviceaccount.com). Not with "
-                        "storageAccessKeyId.")
+                        "storageAccessKeyId. These are the writers' (trainer, transfer); the readers' are "
+                        "storageReadServiceAccountAnnotations.")
+    storage_read_service_account_annotations: Annotations = Field(
+        "", description="Workload identity of the readers (cube agents, serving, pservers): annotations of their "
+                        "ServiceAccounts, bound to a read-only role (docs/security.md#s3-policies); required with "
+                        "storageServiceAccountAnnotations.")
 
     def uses_store(self) -> bool:
         """True when the versions live on an object store (no file server)."""
@@ -91,20 +96,42 @@ SECRETS: dict[str, tuple[str, int]] = {
                            "reaches pods only as AWS_ACCESS_KEY_ID from the object-store-credentials Secret.", 0),
     "storageSecretAccessKey": ("Object-store secret key (pulumi config set --secret storageSecretAccessKey ...); "
                                "reaches pods only as AWS_SECRET_ACCESS_KEY from that Secret.", 0),
+    "storageReadAccessKeyId": ("Read-only object-store access key id of the readers (cube agents, serving, "
+                               "pservers), from the object-store-read-credentials Secret; required with "
+                               "storageAccessKeyId (the read-write pair goes only to the trainer and the transfer).", 0),
+    "storageReadSecretAccessKey": ("Read-only object-store secret key of the readers, set with "
+                                   "storageReadAccessKeyId.", 0),
 }
 #: Secret key name in the Kubernetes Secret -> stack secret key
 SECRET_ENV = {"AWS_ACCESS_KEY_ID": "storageAccessKeyId", "AWS_SECRET_ACCESS_KEY": "storageSecretAccessKey"}
+#: the read-only pair's stack keys, in SECRET_ENV's order
+READ_SECRET_ENV = {"AWS_ACCESS_KEY_ID": "storageReadAccessKeyId", "AWS_SECRET_ACCESS_KEY": "storageReadSecretAccessKey"}
 
 
 def problems(raw: Mapping[str, Any]) -> list[str]:
     """The rules across the storage secrets and keys, one message per problem (values of
     secrets hidden)."""
     out = []
-    keys = [k for k in SECRETS if raw.get(k)]
-    if len(keys) == 1:
-        missing = next(k for k in SECRETS if k not in keys)
-        out.append(f"{PROJECT}:{keys[0]}: [secret] is set without {missing}; allowed: both or neither")
-    if keys and raw.get("storageServiceAccountAnnotations"):
+    for pair in (SECRET_ENV, READ_SECRET_ENV):
+        keys = [k for k in pair.values() if raw.get(k)]
+        if len(keys) == 1:
+            missing = next(k for k in pair.values() if k not in keys)
+            out.append(f"{PROJECT}:{keys[0]}: [secret] is set without {missing}; allowed: both or neither")
+    keys = [k for k in SECRET_ENV.values() if raw.get(k)]
+    read_keys = [k for k in READ_SECRET_ENV.values() if raw.get(k)]
+    if bool(keys) != bool(read_keys):
+        missing = "storageReadAccessKeyId/storageReadSecretAccessKey" if keys else "storageAccessKeyId/storageSecretAccessKey"
+        out.append(f"{PROJECT}:{missing.split('/')[0]}: [secret] is not set; allowed: set with {missing.split('/')[1]} "
+                   f"whenever {'the read-write' if keys else 'the read-only'} pair is (readers and writers get "
+                   "separate keys)")
+    identity, read_identity = (bool(raw.get("storageServiceAccountAnnotations")),
+                               bool(raw.get("storageReadServiceAccountAnnotations")))
+    if identity != read_identity:
+        key = "storageReadServiceAccountAnnotations" if identity else "storageServiceAccountAnnotations"
+        out.append(f"{PROJECT}:{key}: '' is invalid; allowed: annotations, set whenever "
+                   f"{'storageServiceAccountAnnotations' if identity else 'storageReadServiceAccountAnnotations'} "
+                   "is (readers and writers get separate identities)")
+    if (keys or read_keys) and (identity or read_identity):
         out.append(f"{PROJECT}:storageServiceAccountAnnotations: {raw['storageServiceAccountAnnotations']!r} is "
                    "invalid; allowed: empty when storageAccessKeyId/storageSecretAccessKey are set (keys or a "
                    "workload identity, not both)")
@@ -113,14 +140,23 @@ def problems(raw: Mapping[str, Any]) -> list[str]:
 
 class StorageSecrets:
     """The storage secrets as secret Outputs (``None`` when not set): ``access_key_id``,
-    ``secret_access_key``."""
+    ``secret_access_key`` (read-write), ``read_access_key_id``, ``read_secret_access_key``."""
 
     def __init__(self, config) -> None:
         self.access_key_id = config.get_secret("storageAccessKeyId") or None
         self.secret_access_key = config.get_secret("storageSecretAccessKey") or None
 
+        self.read_access_key_id = config.get_secret("storageReadAccessKeyId") or None
+        self.read_secret_access_key = config.get_secret("storageReadSecretAccessKey") or None
+
     def env_secrets(self) -> Optional[dict[str, Any]]:
-        """``{"AWS_ACCESS_KEY_ID": Output, "AWS_SECRET_ACCESS_KEY": Output}``, or None."""
+        """The read-write pair: ``{"AWS_ACCESS_KEY_ID": Output, "AWS_SECRET_ACCESS_KEY": Output}``, or None."""
         if self.access_key_id is None or self.secret_access_key is None:
             return None
         return {"AWS_ACCESS_KEY_ID": self.access_key_id, "AWS_SECRET_ACCESS_KEY": self.secret_access_key}
+
+    def read_env_secrets(self) -> Optional[dict[str, Any]]:
+        """The read-only pair, as :meth:`env_secrets`, or None."""
+        if self.read_access_key_id is None or self.read_secret_access_key is None:
+            return None
+        return {"AWS_ACCESS_KEY_ID": self.read_access_key_id, "AWS_SECRET_ACCESS_KEY": self.read_secret_access_key}

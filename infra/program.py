@@ -21,13 +21,19 @@ import pulumi_kubernetes as k8s
 from components import (CubeCluster, CubeClusterArgs, CubeTransfer, CubeTransferArgs, DeployContext, FileServer,
                         FileServerArgs, Images, ImagesArgs, Monitoring, MonitoringArgs, Serving, ServingArgs,
                         TrackingServer, TrackingServerArgs, TrainingJob, TrainingJobArgs, common)
+from components.credentials import Credentials, CredentialsArgs
+from components.network_policies import NetworkPolicies, NetworkPoliciesArgs, Peers
+from components.training_job import TASK_LABEL
 from components.object_store import ObjectStoreAccess, ObjectStoreAccessArgs
-from infra import config_gates, config_monitoring, config_tracking
+from infra import config_gates, config_monitoring, config_security, config_tracking
 from infra.config import PROJECT, REPO_ROOT, Secrets, StackConfig, load
 from infra.config_storage import annotations
+from runtime.role_specs import CREDENTIAL_BOUNDARIES
 
 REGISTRY_SECRET = "registry-credentials"
 TRAINING_JOB = "ctr-train"
+#: the namespace's Pod Security Standards labels: every pod must pass ``restricted``
+POD_SECURITY = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "audit", "warn")}
 
 
 def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any]:
@@ -49,7 +55,8 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         cfg.namespace,
         metadata=k8s.meta.v1.ObjectMetaArgs(
             name=cfg.namespace,
-            labels=common.labels(DeployContext(namespace=cfg.namespace, instance=instance), PROJECT, "namespace")))
+            labels={**common.labels(DeployContext(namespace=cfg.namespace, instance=instance), PROJECT, "namespace"),
+                    **POD_SECURITY}))
     namespace = ns.metadata.apply(lambda m: m.name)
     pull_secrets: tuple[pulumi.Input[str], ...] = ()
     if secrets.registry_password is not None:
@@ -65,20 +72,30 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
     dep = DeployContext(namespace=namespace, instance=instance, image_pull_secrets=pull_secrets,
                         image_pull_policy=cfg.image_pull_policy, scrape_annotations=scrape)
     storage_class = cfg.storage_class or None
+    store_env: tuple = ()
+    store_read_env: tuple = ()
     store_secrets = secrets.storage.env_secrets()
-    if cfg.env() or store_secrets or cfg.storage_service_account_annotations:
+    if cfg.env() or store_secrets:
         store = ObjectStoreAccess("object-store", ObjectStoreAccessArgs(
             deployment=dep, env=cfg.env(), secret_env=store_secrets,
-            service_account_annotations=annotations(cfg.storage_service_account_annotations)))
-        dep = DeployContext(namespace=namespace, instance=instance, image_pull_secrets=pull_secrets,
-                            image_pull_policy=cfg.image_pull_policy, store_env=tuple(store.env),
-                            service_account=store.service_account, scrape_annotations=scrape)
+            read_secret_env=secrets.storage.read_env_secrets()))
+        store_env, store_read_env = tuple(store.env), tuple(store.read_env)
+    # a Secret per trust boundary, whatever the stack deploys: a role's spec lists the boundaries it
+    # may use (e.g. the trainer FILES_WRITE with the versions on an object store too)
+    creds = Credentials("credentials", CredentialsArgs(
+        deployment=dep, boundaries=CREDENTIAL_BOUNDARIES, current=secrets.credentials.current,
+        previous=secrets.credentials.previous, tracking_username=cfg.tracking_username))
+    dep = DeployContext(namespace=namespace, instance=instance, image_pull_secrets=pull_secrets,
+                        image_pull_policy=cfg.image_pull_policy, store_env=store_env, store_read_env=store_read_env,
+                        identity={common.WRITE: annotations(cfg.storage_service_account_annotations),
+                                  common.READ: annotations(cfg.storage_read_service_account_annotations)},
+                        credentials=creds.secrets, scrape_annotations=scrape)
 
     files = None if cfg.uses_store() else FileServer("fileserver", FileServerArgs(
         deployment=dep, image=images.cube, upload_token=secrets.upload_token,
         cpu=cfg.file_server_cpu, memory=cfg.file_server_memory,
         storage_size=cfg.file_server_storage_size, storage_class=storage_class,
-        expose=cfg.expose_file_server))
+        expose=cfg.expose_file_server, source_ranges=cfg.source_ranges()))
     # the version root: the file server, or the object store (then nothing uploads with a token)
     root = files.url if files else cfg.model_root
     token_secret, token_key = (files.token_secret, files.token_key) if files else (None, "")
@@ -113,7 +130,7 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         deployment=dep, image=images.cube, shards=cfg.cube_shards, replicas=cfg.cube_replicas,
         server_cpu=cfg.cube_server_cpu, server_memory=cfg.cube_server_memory,
         agent_cpu=cfg.cube_agent_cpu, agent_memory=cfg.cube_agent_memory,
-        data_size=cfg.cube_data_size))
+        data_size=cfg.cube_data_size, version_root=root))
 
     transfer = CubeTransfer("cube-transfer", CubeTransferArgs(
         deployment=dep, image=images.cube, topology_configmap=cube.topology_configmap,
@@ -134,6 +151,21 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         workers=cfg.serving_workers, data_format=cfg.data_format,
         slot_file=cfg.slot_file or None, cpu=cfg.serving_cpu, memory=cfg.serving_memory,
         wait_for=[*cube.statefulsets, transfer.deployment]))
+
+    if cfg.network_policies:
+        NetworkPolicies("network", NetworkPoliciesArgs(
+            deployment=dep, task_label=TASK_LABEL, cube_selector=cube.every_shard, transfer_selector=transfer.selector,
+            serving_selector=serving.selector, job_selector=training.selector,
+            files_selector=files.selector if files else None, tracking_selector=tracker.selector if tracker else None,
+            file_server_sources=cfg.source_ranges() if cfg.expose_file_server else [],
+            serving_clients=Peers(
+                namespaces=config_security.namespaces(cfg.serving_client_namespaces),
+                pod_labels=config_security.labels(cfg.serving_client_pod_labels), cidrs=cfg.client_cidrs()),
+            tracking_ui=Peers(
+                namespaces=config_security.namespaces(cfg.tracking_ui_namespaces),
+                pod_labels=config_security.labels(cfg.tracking_ui_pod_labels)) if cfg.tracking_ui_pod_labels else None,
+            monitoring_namespace=cfg.monitoring_namespace or None,
+            egress=cfg.network_policy_egress, egress_cidrs=cfg.egress_ranges()))
 
     monitoring = Monitoring("monitoring", MonitoringArgs(
         deployment=dep, mode=cfg.monitoring,

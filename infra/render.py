@@ -30,7 +30,7 @@ SECRET_PLACEHOLDER = "render-placeholder-not-a-secret"
 
 #: apply order of kinds; unknown kinds sort last (99)
 KIND_ORDER = {
-    "Namespace": 0, "Secret": 1, "ServiceAccount": 1, "ConfigMap": 2, "PersistentVolumeClaim": 3, "Service": 4,
+    "Namespace": 0, "Secret": 1, "ServiceAccount": 1, "NetworkPolicy": 1, "ConfigMap": 2, "PersistentVolumeClaim": 3, "Service": 4,
     "StatefulSet": 5, "Deployment": 6, "PodDisruptionBudget": 7,
     "HorizontalPodAutoscaler": 8, "Job": 9, "ServiceMonitor": 10, "PodMonitor": 10, "PrometheusRule": 10,
 }
@@ -155,6 +155,8 @@ class _EchoMocks:
 
             name = state.get("imageName", "")
             state["repoDigest"] = f"{name.rsplit(':', 1)[0]}@sha256:{hashlib.sha256(name.encode()).hexdigest()}"
+        if args.typ == "random:index/randomPassword:RandomPassword":  # a generated credential: a placeholder
+            state["result"] = SECRET_PLACEHOLDER
         return f"{args.name}-id", state
 
     def call(self, args):

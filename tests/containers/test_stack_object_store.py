@@ -39,6 +39,13 @@ pytestmark = [pytest.mark.containers, pytest.mark.slow]
 
 JOB = "ctr-train"
 KEY_ID, SECRET = "AKIASTACKTEST0000001", "stack-test-secret-key-1"
+#: the read-write pair (writers) and the read-only pair (readers): the test store does not model
+#: permissions, so both are the one key it knows
+STORE_KEYS = (f"storageAccessKeyId={KEY_ID}", f"storageSecretAccessKey={SECRET}",
+              f"storageReadAccessKeyId={KEY_ID}", f"storageReadSecretAccessKey={SECRET}")
+#: the redacted Secret values the run fills in
+SECRET_VALUES = {(secret, key): value for secret in ("object-store-credentials", "object-store-read-credentials")
+                 for key, value in (("AWS_ACCESS_KEY_ID", KEY_ID), ("AWS_SECRET_ACCESS_KEY", SECRET))}
 
 
 def _rendering(endpoint: str, bucket: str, tag: str):
@@ -49,9 +56,9 @@ def _rendering(endpoint: str, bucket: str, tag: str):
                  f"storageEndpointUrl={endpoint}",
                  "storageRegion=us-east-1", f"dataSource=s3://{bucket}/data/train.txt",
                  f"dataTestSource=s3://{bucket}/data/test.txt",
-                 f"storageAccessKeyId={KEY_ID}", f"storageSecretAccessKey={SECRET}"]
+                 *STORE_KEYS]
     config, secrets = stack_config("dev", overrides)
-    secrets |= {"elastic-ctr:storageAccessKeyId", "elastic-ctr:storageSecretAccessKey"}
+    secrets |= {f"elastic-ctr:{k.split('=')[0]}" for k in STORE_KEYS}
     resources, outputs = run_program(config, secrets, "dev")
     manifests = sorted((m for m in (to_manifest(r) for r in resources) if m), key=lambda m: m.filename)
     return Rendering(stack="dev", config=config, manifests=manifests, outputs=outputs, resources=resources)
@@ -85,9 +92,7 @@ def s3_stack(engine, images, tmp_path_factory):
                 storage.upload(data / name, f"s3://{bucket}/data/{name}")
             rendering = _rendering(s3.endpoint, bucket, images.tag)
             assert not [m for m in rendering.manifests if "fileserver" in m.name]
-            cluster = Cluster(rendering, work, engine.env, secret_values={
-                ("object-store-credentials", "AWS_ACCESS_KEY_ID"): KEY_ID,
-                ("object-store-credentials", "AWS_SECRET_ACCESS_KEY"): SECRET})
+            cluster = Cluster(rendering, work, engine.env, secret_values=SECRET_VALUES)
             state = {"cluster": cluster, "work": work, "bucket": bucket, "test_rows": data / "test.txt"}
             try:
                 cluster.start()
@@ -198,15 +203,13 @@ def s3_pod_stack(engine, images, tmp_path_factory):
     config, secrets = stack_config("dev", [*OVERRIDES, f"imageTag={images.tag}", "trackingServer=false",
                                            f"modelRoot=s3://{bucket}/model",
                                            f"storageEndpointUrl=http://s3.elastic-ctr-dev.svc.cluster.local:{S3_PORT}",
-                                           f"storageAccessKeyId={KEY_ID}", f"storageSecretAccessKey={SECRET}"])
-    secrets |= {"elastic-ctr:storageAccessKeyId", "elastic-ctr:storageSecretAccessKey"}
+                                           *STORE_KEYS])
+    secrets |= {f"elastic-ctr:{k.split('=')[0]}" for k in STORE_KEYS}
     resources, outputs = run_program(config, secrets, "dev")
     manifests = [m for m in (to_manifest(r) for r in resources) if m]
     rendering = Rendering(stack="dev", config=config, manifests=manifests, outputs=outputs, resources=resources)
     rendering.manifests = sorted(manifests + _s3_pod_manifests(rendering, image), key=lambda m: m.filename)
-    cluster = Cluster(rendering, work, engine.env, secret_values={
-        ("object-store-credentials", "AWS_ACCESS_KEY_ID"): KEY_ID,
-        ("object-store-credentials", "AWS_SECRET_ACCESS_KEY"): SECRET})
+    cluster = Cluster(rendering, work, engine.env, secret_values=SECRET_VALUES)
     try:
         cluster.start(only=["s3"])  # the object store and its bucket exist before the stack
         s3 = cluster.live_pods("s3")[0]

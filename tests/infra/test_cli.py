@@ -17,11 +17,13 @@ def test_render_writes_manifests_and_outputs(tmp_path, capsys):
     assert "05-statefulset-cube-3s-shard-9.yaml" not in names and "README.txt" in names
     # 21 + the training-shared PVC + the tracking server's Deployment, Service and PVC + monitoring:
     # 5 ServiceMonitors, 2 PodMonitors, a PrometheusRule and 4 dashboards' ConfigMaps
-    assert len([n for n in names if n.endswith(".yaml")]) == 37
+    # + security: 8 NetworkPolicies, 7 ServiceAccounts (one per workload, the cube layout's one), 4 credentials Secrets,
+    # the tracking server's basic-auth ConfigMap
+    assert len([n for n in names if n.endswith(".yaml")]) == 57
     outputs = json.loads((out / "outputs.json").read_text())
     assert outputs["servingUrl"] == "http://serving.elastic-ctr-dev.svc.cluster.local:8000"
     assert outputs["servingGrpcTarget"] == "serving.elastic-ctr-dev.svc.cluster.local:8001"
-    assert "37 manifests for stack dev" in capsys.readouterr().out
+    assert "57 manifests for stack dev" in capsys.readouterr().out
 
 
 def test_render_reports_config_errors(tmp_path, capsys):

@@ -24,14 +24,17 @@ def kinds(r) -> Counter:
 
 def test_dev_stack_resource_counts(rendered):
     r = rendered("dev")
-    assert kinds(r) == {"Namespace": 1, "Secret": 1, "ConfigMap": 1 + 4, "PersistentVolumeClaim": 4,
+    assert kinds(r) == {"Namespace": 1, "Secret": 1 + 4, "ConfigMap": 1 + 4 + 1, "PersistentVolumeClaim": 4,
                         "Service": 6, "StatefulSet": 2, "Deployment": 4,
                         "PodDisruptionBudget": 2, "Job": 1,
-                        "ServiceMonitor": 5, "PodMonitor": 2, "PrometheusRule": 1}  # 4 dashboards, monitoring
+                        "ServiceMonitor": 5, "PodMonitor": 2, "PrometheusRule": 1,  # 4 dashboards, monitoring
+                        # a credentials Secret per trust boundary, a ServiceAccount per workload (the cube
+                        # layout's, each task's), the default-deny NetworkPolicy and one per pod group
+                        "ServiceAccount": 7, "NetworkPolicy": 8}
     types = Counter(x["type"] for x in r.resources)
     assert types["docker:index/image:Image"] == 4
     for name in ("Images", "TrainingJob", "CubeCluster", "CubeTransfer", "FileServer", "Serving", "TrackingServer",
-                 "Monitoring"):
+                 "Monitoring", "Credentials", "NetworkPolicies"):
         assert types[f"elastic-ctr:index:{name}"] == 1
 
 
@@ -181,7 +184,7 @@ def test_every_child_is_parented_to_its_component(rendered):
     for x in r.resources:
         if x["type"] == "kubernetes:core/v1:Namespace":
             assert x["parent_type"] == "pulumi:pulumi:Stack"
-        elif x["type"].startswith(("kubernetes:", "docker:")):
+        elif x["type"].startswith(("kubernetes:", "docker:", "random:")):
             assert x["parent_type"].startswith("elastic-ctr:index:"), x["urn"]
         else:
             assert x["parent_type"] == "pulumi:pulumi:Stack", x["urn"]
@@ -245,7 +248,7 @@ def test_upload_token_reaches_pods_only_through_the_secret(rendered):
         assert tok == [{"name": "ELASTIC_CTR_UPLOAD_TOKEN", "valueFrom": {
             "secretKeyRef": {"key": "token", "name": "fileserver-upload-token"}}}]
     # the token stays a secret Output end to end: every input holding it is marked secret
-    (sec,) = [x for x in r.resources if x["type"] == "kubernetes:core/v1:Secret"]
+    (sec,) = [x for x in r.resources if x["type"] == "kubernetes:core/v1:Secret" and x["name"] == "fileserver-upload-token"]
     assert sec["inputs"]["stringData"]["4dabf18193072939515e22adb298388d"] == "1b47061264138c4ac30d75fd1eb44270"
 
 
@@ -253,11 +256,13 @@ def test_optional_parts(rendered):
     dev = rendered("dev")
     assert dev.by_kind("HorizontalPodAutoscaler") == []
     assert dev.get("Service", "fileserver")["spec"]["type"] == "ClusterIP"
-    big = rendered("dev", "servingReplicas=3", "servingMaxReplicas=10", "exposeFileServer=true")
+    big = rendered("dev", "servingReplicas=3", "servingMaxReplicas=10", "exposeFileServer=true",
+                   "fileServerSourceRanges=203.0.113.0/24")
     hpa = big.get("HorizontalPodAutoscaler", "serving")["spec"]
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (3, 10)
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "serving"}
     assert big.get("Service", "fileserver")["spec"]["type"] == "LoadBalancer"
+    assert big.get("Service", "fileserver")["spec"]["loadBalancerSourceRanges"] == ["203.0.113.0/24"]
 
 
 def test_images_pushed_only_with_a_registry(rendered):

@@ -52,7 +52,8 @@ def test_defaults_parse_to_a_typed_frozen_config_without_secrets():
 
 
 def test_string_values_from_pulumi_are_coerced():
-    cfg = parse({**OK, "trainers": "5", "exposeFileServer": "true", "learningRate": "0.01",
+    cfg = parse({**OK, "trainers": "5", "exposeFileServer": "true", "fileServerSourceRanges": "10.0.0.0/8",
+                 "learningRate": "0.01",
                  "dataSource": "a.txt, b/*", "dataTestSource": "t.txt"}, SECRET)
     assert cfg.trainers == 5 and cfg.expose_file_server is True and cfg.learning_rate == 0.01
     assert cfg.data_train() == ("a.txt", "b/*") and cfg.data_test() == ("t.txt",)

@@ -44,14 +44,14 @@ def test_every_rendered_role_runs_its_spec(rendered, stack):
     topo = outputs["cubeTopology"]
     shard_num = len(topo["shards"])
     checked = set()
+    root = outputs["fileServerClusterUrl"]
     for sts in r.by_kind("StatefulSet"):
         name = sts.body["metadata"]["name"]
         shard = int(name.rsplit("-", 1)[1])
         server, agent = _containers(sts.body)
-        _check(server, role_specs.cube_server(shard, shard_num, data_dir="/data/server"))
-        _check(agent, role_specs.cube_agent("/data/agent"))
+        _check(server, role_specs.cube_server(shard, shard_num, data_dir="/data/server", load_roots=["/data/agent"]))
+        _check(agent, role_specs.cube_agent("/data/agent", version_roots=[root.rstrip("/") + "/cube/"]))
         checked |= {"cube-server", "cube-agent"}
-    root = outputs["fileServerClusterUrl"]
     for dep in r.by_kind("Deployment"):
         (c,) = _containers(dep.body)
         if c["name"] == "cube-transfer":
@@ -65,7 +65,7 @@ def test_every_rendered_role_runs_its_spec(rendered, stack):
                                          f"{common.TMP_DIR}/models", workers=a[a.index("--workers") + 1],
                                          data_format=a[a.index("--format") + 1]))
         elif c["name"] == "mlflow":
-            _check(c, role_specs.tracking_server())
+            _check(c, role_specs.tracking_server(basic_auth=True))
         else:
             pytest.fail(f"a Deployment container with no role spec: {c['name']}")
         checked.add(c["name"])

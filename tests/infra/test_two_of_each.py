@@ -15,7 +15,11 @@ from infra.render import run_program, to_manifest
 def _two_of_each() -> dict:
     import pulumi
 
-    dep = DeployContext(namespace="ns", instance="elastic-ctr-test")
+    from runtime.role_specs import CREDENTIAL_BOUNDARIES
+
+    # the credentials' Secrets are the stack's (components.credentials): shared by both of each
+    dep = DeployContext(namespace="ns", instance="elastic-ctr-test",
+                        credentials={b: f"credentials-{b}" for b in CREDENTIAL_BOUNDARIES})
     out = {}
     for tag in ("a", "b"):
         images = Images(f"images-{tag}", ImagesArgs(repo_root=REPO_ROOT, registry="", tag=tag))

@@ -25,13 +25,14 @@ MONITORING_CRDS = {"ServiceMonitor": "monitoring.coreos.com_servicemonitors.yaml
 STACKS = [
     ("dev",),
     ("prod",),
-    ("dev", "servingReplicas=3", "servingMaxReplicas=10", "exposeFileServer=true",
+    ("dev", "servingReplicas=3", "servingMaxReplicas=10", "exposeFileServer=true", "fileServerSourceRanges=203.0.113.0/24",
      "storageClass=fast-ssd", "trainingSharedStorageClass=nfs-client", "trainingSharedSize=50Gi",
      "dataFormat=slot", "slotFile=/data/slots.txt",
      "dataSource=/data/train/*", "dataTestSource=/data/test/*"),
     # data and versions on an object store, a workload identity: no file server
     ("dev", "modelRoot=s3://ctr-bucket/model", "storageEndpointUrl=http://minio.storage:9000",
      "storageServiceAccountAnnotations=eks.amazonaws.com/role-arn=arn:aws:iam::123456789012:role/ctr",
+     "storageReadServiceAccountAnnotations=eks.amazonaws.com/role-arn=arn:aws:iam::123456789012:role/ctr-read",
      "dataSource=s3://ctr-bucket/hours", "trainingMode=continuous", "dataStartHour=20261120/00"),
     # scrape annotations instead of the operator's objects; the autoscaler on in-flight requests
     ("dev", "monitoring=annotations", "servingMaxReplicas=6", "servingAutoscaleMetric=inflight"),

@@ -170,7 +170,7 @@ class Applier:
             else:
                 kmanifests.put(self.store, ch.new, secret_values)
             if ch.kind in ("PodDisruptionBudget", "HorizontalPodAutoscaler", "Namespace", "ServiceMonitor",
-                           "PodMonitor", "PrometheusRule"):
+                           "PodMonitor", "PrometheusRule", "ServiceAccount", "NetworkPolicy"):
                 return "not played (schema.IGNORED)" if ch.kind != "Namespace" else ""
             return "stored; pods see it when they start"
         if ch.action == "delete":

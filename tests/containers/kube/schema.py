@@ -27,6 +27,17 @@ IGNORED: dict[str, str] = {
     "Pod.spec.tolerations": "one node without taints",
     "Pod.spec.imagePullSecrets": "no registry: images must be present in the engine (checked)",
     "Pod.spec.priorityClassName": "no preemption on one node with every pod fitting",
+    "Pod.spec.serviceAccountName":
+        "no API server and no cloud identity: the pod's identity grants nothing here (each workload's own "
+        "ServiceAccount is checked offline: tests/infra/test_security.py)",
+    "Pod.spec.automountServiceAccountToken":
+        "no API server, so no token is ever mounted (the rendered false is checked offline: "
+        "tests/infra/test_security.py, the policy pack)",
+    "ServiceAccount": "no API server: a ServiceAccount grants nothing here (checked offline: tests/infra/test_security.py)",
+    "NetworkPolicy":
+        "the containers share one engine network with no policy enforcement; what the policies admit is "
+        "checked offline by network-config-analyzer (tests/infra/test_connectivity.py)",
+    "Service.spec.loadBalancerSourceRanges": "a LoadBalancer's outside address is not played (Service.spec.type)",
     "Pod.spec.securityContext.fsGroupChangePolicy": "host directories are created with the right owner",
     "Container.imagePullPolicy": "no registry: the local image built from this tree is used (checked present)",
     "Container.resources.requests": "scheduling input only; one node, nothing is scheduled away",
@@ -114,6 +125,8 @@ def _schema():
         "affinity": ig("Pod.spec.affinity"), "nodeSelector": ig("Pod.spec.nodeSelector"),
         "tolerations": ig("Pod.spec.tolerations"), "imagePullSecrets": ig("Pod.spec.imagePullSecrets"),
         "priorityClassName": ig("Pod.spec.priorityClassName"),
+        "serviceAccountName": ig("Pod.spec.serviceAccountName"),
+        "automountServiceAccountToken": ig("Pod.spec.automountServiceAccountToken"),
     }
     meta = {"name": PLAY, "namespace": PLAY, "labels": PLAY, "annotations": ig("metadata.annotations")}
     template = {"metadata": {"labels": PLAY, "annotations": ig("metadata.annotations")}, "spec": pod_spec}
@@ -130,6 +143,7 @@ def _schema():
         "Service": {**head, "spec": {
             "selector": PLAY, "clusterIP": PLAY, "publishNotReadyAddresses": PLAY,
             "type": ig("Service.spec.type"),
+            "loadBalancerSourceRanges": ig("Service.spec.loadBalancerSourceRanges"),
             "ports": [{"name": PLAY, "port": PLAY, "targetPort": PLAY,
                        "protocol": ig("Service.spec.ports.protocol"),
                        "appProtocol": ig("Service.spec.ports.appProtocol")}]}},
@@ -146,7 +160,8 @@ def _schema():
             "persistentVolumeClaimRetentionPolicy": ig("StatefulSet.spec.persistentVolumeClaimRetentionPolicy")}},
         "PodDisruptionBudget": ig("PodDisruptionBudget"),
         "HorizontalPodAutoscaler": ig("HorizontalPodAutoscaler"),
-        **{kind: ig(kind) for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule")},
+        **{kind: ig(kind) for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule", "ServiceAccount",
+                                       "NetworkPolicy")},
         "Job": {**head, "spec": {
             "schedulerName": ig("Job.spec.schedulerName"), "queue": ig("Job.spec.queue"),
             "minAvailable": PLAY, "maxRetry": ig("Job.spec.maxRetry"), "policies": ig("Job.spec.policies"),

@@ -68,7 +68,9 @@ def pod_volumes(store: Store, pod: Pod) -> dict[str, tuple[Path, bool]]:
                 f = d / it["path"]
                 f.parent.mkdir(parents=True, exist_ok=True)
                 f.write_text(data[it["key"]])
-                os.chmod(f, it.get("mode", mode))
+                # as the kubelet's volume ownership does for these read-only volumes: with an fsGroup,
+                # the group owns the file and may read it (a 0400 Secret file reads as 0440)
+                os.chmod(f, it.get("mode", mode) | (0o440 if fsgroup is not None else 0))
                 if fsgroup is not None:
                     os.chown(f, 0, fsgroup)
             os.chmod(d, 0o755)
