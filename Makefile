@@ -15,7 +15,7 @@ NCA_PYTHON ?= python3.11
 CHECKOV_VENV ?= .venv-checkov
 PYTEST_ARGS ?=
 
-.PHONY: install browser prometheus constraints demo test test-fast docs bench-train bench-cube bench-rollout bench-serving bench-serving-peers bench-storage bench-tracking bench-metrics bench-online bench render golden pulumi-yaml clean
+.PHONY: install browser prometheus constraints demo test test-fast docs bench-train bench-cube bench-rollout bench-serving bench-serving-peers bench-storage bench-tracking bench-metrics bench-online bench-fresh bench render golden pulumi-yaml clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -115,6 +115,11 @@ bench-metrics: install
 ## smaller table; "--hours 2 --rows-per-hour 200000": a quick try; "--rollout-check": patches on a 10M-key base.
 bench-online: install
 	$(BIN)/python bench/bench_online.py $(BENCH_ONLINE_ARGS)
+
+## Freshness at 1-minute partitions (bench/bench_fresh.py): 1M rows/hour on a table of millions of rows, landed-to-
+## served per partition, the cube's RSS while patching. BENCH_FRESH_ARGS="--partitions 5 --warmup-rows 20000": a quick try.
+bench-fresh: install
+	$(BIN)/python bench/bench_fresh.py $(BENCH_FRESH_ARGS)
 
 bench-storage: install
 	$(BIN)/python bench/bench_storage.py

@@ -133,8 +133,8 @@ def run_online(args) -> int:
             "train", "--local-cluster", "--pservers", "1", "--trainers", "2", "--mode", "continuous",
             "--data-root", str(hours_root), "--start-hour", START, "--end-hour", str(hs[-1]), "--state-dir",
             str(work / "train-state"), "--table-dir", str(work / "table"), "--output", svc.root_url,
-            "--upload-token-file", str(svc.token_file), "--poll-s", "0.2", "--patch-every", "1", "--base-every",
-            str(args.base_every), "--checkpoint-every", str(args.checkpoint_every),
+            "--upload-token-file", str(svc.token_file), "--poll-s", "0.2", "--base-every-minutes",
+            str(60 * args.base_every), "--checkpoint-every-minutes", str(60 * args.checkpoint_every),
             "--log-dir", str(work / "logs" / "train")]
         trainer = group.start("train", argv, expect_exit=True)
 
@@ -317,9 +317,10 @@ def main() -> int:
     ap.add_argument("--rows-per-hour", type=int, default=1_000_000, help="rows per partition")
     ap.add_argument("--table-scale", type=float, default=1.0, help="the generator's big vocabularies x this")
     ap.add_argument("--land-every-s", type=float, default=240.0, help="seconds between two partitions landing")
-    ap.add_argument("--base-every", type=int, default=24, help="the job's --base-every")
+    ap.add_argument("--base-every", type=int, default=24, help="hours between two bases (the job's --base-every-minutes / 60)")
     ap.add_argument("--checkpoint-every", type=int, default=24,
-                    help="the job's --checkpoint-every (it also checkpoints after the last hour)")
+                    help="hours between two checkpoints (the job's --checkpoint-every-minutes / 60; it also "
+                         "checkpoints after the last hour)")
     ap.add_argument("--client-rate", type=float, default=20.0, help="client requests/s (batch 1)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=7200.0, help="give up after this many seconds")

@@ -61,9 +61,11 @@ class TrainingJobArgs:
             geo_k_steps, threads: training flags (``train --ps-mode``, ``--threads``, ...).
         mode: ``batch`` | ``continuous``; start_hour / end_hour (``YYYYMMDD/HH`` or None):
             with a start hour ``data_train[0]`` is a partition root (``--data-root``);
-            patch_every / base_every / checkpoint_every: the continuous job's export and
-            checkpoint cadence (partitions); gate_args: the data gate's flags
-            (``infra.config_gates``; ``--data-schema``, ``--gate-*``). A continuous job
+            partition_minutes: the partitions' period (``train --partition-minutes``);
+            patch_every_seconds / base_every_minutes / checkpoint_every_minutes: the
+            continuous job's export, base and checkpoint cadences (``runtime.trainer.cadence``);
+            gate_args: the data gate's flags (``infra.config_gates``; ``--data-schema``,
+            ``--gate-*``). A continuous job
             does not complete before its end hour; a failed or evicted pod restarts the
             whole job, which resumes from ``/shared/state`` (``train --state-dir``).
         data_train / data_test: data locations (paths, globs, URLs), or ``("generated",)``
@@ -109,9 +111,10 @@ class TrainingJobArgs:
     mode: str = "batch"
     start_hour: Optional[str] = None
     end_hour: Optional[str] = None
-    patch_every: int = 1
-    base_every: int = 24
-    checkpoint_every: int = 24
+    partition_minutes: int = 60
+    patch_every_seconds: int = 0
+    base_every_minutes: int = 1440
+    checkpoint_every_minutes: int = 1440
     shared_storage_class: Optional[pulumi.Input[str]] = None
     shared_size: pulumi.Input[str] = "5Gi"
     scratch_size: pulumi.Input[str] = "10Gi"
@@ -270,15 +273,16 @@ def _train_args(args: TrainingJobArgs, generated: bool) -> list[pulumi.Input[str
     data_train = [f"{DATA_DIR}/train.txt"] if generated else list(args.data_train)
     data_test = [f"{DATA_DIR}/test.txt"] if generated else list(args.data_test)
     if args.start_hour:
-        cmd = ["train", "--mode", args.mode, "--data-root", data_train[0], "--start-hour", args.start_hour]
+        cmd = ["train", "--mode", args.mode, "--data-root", data_train[0], "--start-hour", args.start_hour,
+               "--partition-minutes", str(args.partition_minutes)]
         if args.end_hour:
             cmd += ["--end-hour", args.end_hour]
         if data_test and not generated:
             cmd += ["--data-test", *data_test]
         if args.mode == "continuous":
-            cmd += ["--state-dir", STATE_DIR, "--patch-every", str(args.patch_every),
-                    "--base-every", str(args.base_every), "--checkpoint-every", str(args.checkpoint_every),
-                    *args.gate_args]
+            cmd += ["--state-dir", STATE_DIR, "--patch-every-seconds", str(args.patch_every_seconds),
+                    "--base-every-minutes", str(args.base_every_minutes),
+                    "--checkpoint-every-minutes", str(args.checkpoint_every_minutes), *args.gate_args]
         cmd += ["--format", args.data_format]
     else:
         cmd = ["train", "--data-train", *data_train, "--data-test", *data_test,

@@ -95,8 +95,9 @@ HourText = Annotated[str, _check(lambda v: v == "" or train.hour_ok(v), "empty o
 TRAIN_KEYS = {"epochs": "epochs", "batch_size": "batch_size", "learning_rate": "lr",
               "embedding_dim": "embedding_dim", "sparse_shards": "sparse_shards", "ps_mode": "ps_mode",
               "geo_k_steps": "geo_k_steps", "training_mode": "mode", "data_start_hour": "start_hour",
-              "data_end_hour": "end_hour", "patch_every": "patch_every", "base_every": "base_every",
-              "checkpoint_every": "checkpoint_every",
+              "data_end_hour": "end_hour", "partition_minutes": "partition_minutes",
+              "patch_every_seconds": "patch_every_seconds", "base_every_minutes": "base_every_minutes",
+              "checkpoint_every_minutes": "checkpoint_every_minutes",
               "trainer_threads": "threads", "data_format": "format", "slot_file": "slot_file",
               "data_source": "data_train", "data_test_source": "data_test", **config_gates.TRAIN_KEYS}
 #: ``TrainConfig`` field -> the stack key that sets it (``state_dir``: the component's volume)
@@ -179,23 +180,29 @@ class StackConfig(config_storage.StorageKeys, config_tracking.TrackingKeys, conf
     geo_k_steps: _t("geo_k_steps") = _train("geo_k_steps", "psMode geo: batches between exchanges ({range}).")
     training_mode: _t("training_mode") = _train(
         "training_mode", "batch: train dataSource once and export a base (the job completes); continuous: follow "
-                         "hourly partitions dataSource/YYYYMMDD/HH/ from dataStartHour, export a patch every "
-                         "patchEvery partitions and a base every baseEvery (the job runs until dataEndHour, or "
-                         "for ever; restarted pods resume from /shared/state). See docs/training.md.")
+                         "the partitions of dataSource (every partitionMinutes) from dataStartHour, export a patch "
+                         "after every partition (at most one per patchEverySeconds) and a base every "
+                         "baseEveryMinutes (the job runs until dataEndHour, or for ever; restarted pods resume "
+                         "from /shared/state). See docs/training.md and docs/freshness.md.")
     data_start_hour: HourText = Field(
-        "", description="First hourly partition, YYYYMMDD/HH (UTC): dataSource is then a partition root "
-                        "ROOT/YYYYMMDD/HH/ (a partition is read once its _SUCCESS exists). Required when trainingMode "
-                        "is continuous.")
+        "", description="First partition, YYYYMMDD/HH (UTC; YYYYMMDD/HHMM when partitionMinutes is under 60): "
+                        "dataSource is then a partition root ROOT/YYYYMMDD/HH/ (ROOT/YYYYMMDD/HHMM/ under an hour; a "
+                        "partition is read once its _SUCCESS exists). Required when trainingMode is continuous.")
     data_end_hour: HourText = Field(
-        "", description="Last hourly partition, YYYYMMDD/HH; empty = follow the data (continuous). Required in batch "
-                        "mode with dataStartHour.")
-    patch_every: _t("patch_every") = _train("patch_every", "Continuous: partitions per exported version ({range}).")
-    base_every: _t("base_every") = _train(
-        "base_every", "Continuous: partitions between two base versions ({range}); the versions between are patches.")
-    checkpoint_every: _t("checkpoint_every") = _train(
-        "checkpoint_every", "Continuous: partitions between two checkpoints of the parameter-server tables "
-                            "({range}), taken after that hour's version is published (and at dataEndHour); a "
-                            "restarted job trains the partitions since the last checkpoint again.")
+        "", description="Last partition, YYYYMMDD/HH (YYYYMMDD/HHMM under an hour); empty = follow the data "
+                        "(continuous). Required in batch mode with dataStartHour.")
+    partition_minutes: _t("partition_minutes") = _train(
+        "partition_minutes", "Period of the data partitions in minutes ({range}): 60 = hourly ROOT/YYYYMMDD/HH/ "
+        "(ElasticCTR's; or a multiple of 60 dividing a day), a divisor of 60 = ROOT/YYYYMMDD/HHMM/. docs/freshness.md.")
+    patch_every_seconds: _t("patch_every_seconds") = _train(
+        "patch_every_seconds", "Continuous: a version after every partition or every patchEverySeconds, whichever is "
+        "later ({range}; 0: every partition).")
+    base_every_minutes: _t("base_every_minutes") = _train(
+        "base_every_minutes", "Continuous: minutes of data between two base versions ({range}); patches between.")
+    checkpoint_every_minutes: _t("checkpoint_every_minutes") = _train(
+        "checkpoint_every_minutes", "Continuous: minutes of data between two checkpoints of the parameter-server "
+        "tables ({range}), taken after that partition's version is published (and at dataEndHour); a restarted job "
+        "trains the partitions since the last checkpoint again.")
     trainer_threads: _t("trainer_threads") = _train(
         "trainer_threads", "Dataset threads per trainer pod ({range}; train --threads); at most the trainer's CPUs.")
     data_source: Locations = Field(

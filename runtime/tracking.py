@@ -204,11 +204,13 @@ def start_training(cfg, job: Mapping[str, Any], uri: Optional[str] = None) -> Jo
     return JobTracking(parent, trainer)
 
 
-def partition_step(start_hour: str, hour: str) -> int:
-    """A continuous job's step: hours from ``start_hour`` to ``hour`` (``YYYYMMDD/HH``)."""
-    from runtime.formats.partitions import Hour
+def partition_step(start_hour: str, hour: str, minutes: int = 60) -> int:
+    """A continuous job's step: partitions of ``minutes`` from ``start_hour`` to ``hour``
+    (partition names, ``runtime.formats.partitions``)."""
+    from runtime.formats.partitions import Partition
 
-    return int((Hour.parse(hour).start - Hour.parse(start_hour).start).total_seconds() // 3600)
+    a, b = Partition.parse(start_hour, minutes=minutes), Partition.parse(hour, minutes=minutes)
+    return int((b.start - a.start).total_seconds() // (60 * minutes))
 
 
 def finite(v: Optional[float]) -> Optional[float]:

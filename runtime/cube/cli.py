@@ -147,6 +147,9 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
                    help="seconds allowed for each of download, reload and enable")
     p.add_argument("--retries", type=int, default=3,
                    help="attempts per replica and phase before the rollout aborts")
+    p.add_argument("--no-coalesce", action="store_true",
+                   help="roll every patch out on its own, even when several are queued (default: the queued "
+                        "patches go out as one rollout, the newest row winning; runtime/cube/transfer/coalesce.py)")
     p.add_argument("--max-rollout-attempts", type=int, default=3,
                    help="rollouts of one version before it is given up")
     p.add_argument("--rollout-backoff", type=float, default=10.0,

@@ -27,7 +27,8 @@ class _Body(BaseModel):
 class RolloutInfo(_Body):
     """The rollout in progress: ``version``, build ``mode`` (base | delta), ``phase``
     (``Phase`` value: Trigging ... Enabling), ``attempt`` (1-based), ``started`` (unix s),
-    ``reason`` (a re-layout link's, else None)."""
+    ``reason`` (a re-layout link's, else None), ``coalesced`` (the older patch ids folded
+    into this rollout, ``runtime.formats.donefile.fold``; empty when none)."""
 
     version: int
     mode: str
@@ -35,6 +36,7 @@ class RolloutInfo(_Body):
     attempt: int
     started: Optional[float] = None
     reason: Optional[str] = None
+    coalesced: list[int] = Field(default_factory=list)
 
 
 class RelayoutInfo(_Body):
@@ -53,12 +55,14 @@ class RelayoutInfo(_Body):
 
 class LastRollout(_Body):
     """The newest ``/dict/deploy/history`` entry: ``version``, ``status`` (finished |
-    failed | partial | refused), ``error``, ``reason``."""
+    failed | partial | refused), ``error``, ``reason``, ``coalesced`` (the older patch ids
+    folded into it; empty when none)."""
 
     version: int
     status: Optional[str] = None
     error: Optional[str] = None
     reason: Optional[str] = None
+    coalesced: list[int] = Field(default_factory=list)
 
 
 class DictInfo(_Body):

@@ -24,6 +24,13 @@ always name one). Ids are integers (numeric strings are accepted, as
 Paddle Serving's own tools write them). Every file of a version is written before its
 line is appended, so a reader never sees a half-written version.
 
+Patch lines of one base apply in id order, each replacing (or adding) the rows it holds.
+So consecutive patch lines can be applied as one (``fold``): their inputs read oldest
+first, a later line's row winning for a key, carry the table that applying them one by
+one carries. The cube transfer folds the patches queued behind a rollout this way
+(``runtime.cube.transfer.coalesce``) and names the folded ids in its history and
+``/dict/info``.
+
 On an object store (``R = s3://bucket/prefix``) the donefile is one object rewritten whole
 by a conditional write (``If-Match`` on the ETag read, ``If-None-Match: *`` for the first
 line; ``runtime.objectstore.append_line``) rather than one object per line: readers keep
@@ -107,6 +114,22 @@ def patch_record(version: int, base: int, dim: int | None = None, count: int | N
     ``pydantic.ValidationError``."""
     return DonefileRecord(id=version, key=base, input=sparse_dir(version), model=dense_dir(version),
                           dim=dim, count=count, data_end=data_end, landed=landed, manifest=manifest)
+
+
+def fold(patches: list[DonefileRecord]) -> tuple[DonefileRecord, list[int], list[str]]:
+    """Consecutive patch lines of one base (module docstring), in the order they apply,
+    as one: ``(the newest line: its id, model and data time, the ids folded into it (the
+    older lines), every line's input oldest first)``. Raises ``ValueError`` for no line,
+    lines naming different bases, or ids not increasing."""
+    if not patches:
+        raise ValueError("no patch line to fold")
+    keys = {p.key for p in patches}
+    if len(keys) != 1:
+        raise ValueError(f"patch lines {[p.id for p in patches]} name different bases {sorted(keys)}")
+    ids = [p.id for p in patches]
+    if any(b <= a for a, b in zip(ids, ids[1:])):
+        raise ValueError(f"patch lines {ids}: ids not increasing")
+    return patches[-1], ids[:-1], [p.input for p in patches]
 
 
 def location(root: str, kind: Kind) -> str:

@@ -69,7 +69,7 @@ class SplitSignal(_Doc):
 
 
 class HourSignal(_Doc):
-    """One partition: ``hour`` (``YYYYMMDD/HH``), ``rows``, click rate ``ctr`` (0..1),
+    """One partition: ``hour`` (its name, ``YYYYMMDD/HH`` or ``YYYYMMDD/HHMM``), ``rows``, click rate ``ctr`` (0..1),
     ``true_logit_auc``."""
 
     hour: str
@@ -89,11 +89,14 @@ class Drift(_Doc):
 
 class HourlySignal(_Doc):
     """``data generate --hours H``: ``start`` partition, ``hours`` (one ``HourSignal`` per
-    partition, in order), ``rows_per_hour``, the data ``shape`` (small | long-tail),
-    ``vocab_sizes`` per slot, ``table_scale`` (the long tail's scale), ``drift``, ``seed``."""
+    partition, in order), ``rows_per_hour`` (rows per partition), ``partition_minutes`` (the
+    partitions' period, ``runtime.formats.partitions``), the data ``shape`` (small |
+    long-tail), ``vocab_sizes`` per slot, ``table_scale`` (the long tail's scale), ``drift``,
+    ``seed``."""
 
     seed: int
     start: str
+    partition_minutes: PosInt = 60
     hours: list[HourSignal]
     rows_per_hour: PosInt
     shape: str

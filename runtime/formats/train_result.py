@@ -65,7 +65,7 @@ class ExportResult(BaseModel):
     ``id``, ``kind``, its ``base``, the last ``hour`` in it, sparse ``rows``, ``seconds``
     (export wall time until published, s: cutting the rows and the publication, each also
     given: ``rows_seconds``, ``publish_seconds``), ``checkpoint_seconds`` (the checkpoint
-    taken after it was published, s; ``None`` when none was due: ``--checkpoint-every``),
+    taken after it was published, s; ``None`` when none was due: ``--checkpoint-every-minutes``),
     ``landed`` (unix s: when trainer 0 found its last partition complete; the donefile
     line's ``landed``)."""
 

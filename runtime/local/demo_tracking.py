@@ -49,10 +49,12 @@ def launch(args, run_dir: Path, group) -> Optional[MlflowServer]:
 
 
 def log_demo(server: MlflowServer, state_dir: Path, start_hour: str, versions: list[dict],
-             scored_hours: list[str], base_alone: list[float], true_logit: list[float]) -> Optional[dict]:
+             scored_hours: list[str], base_alone: list[float], true_logit: list[float],
+             minutes: int = 60) -> Optional[dict]:
     """Adds the demo's figures (module docstring) to the job's run (its id from the
     trainer's run id file under ``state_dir``); returns the run id file's record, or None
-    when the job's run is unknown (the server was down: warned by the trainer)."""
+    when the job's run is unknown (the server was down: warned by the trainer). ``minutes``:
+    the partitions' period (the steps count partitions, as the job's)."""
     from runtime import tracking
 
     rfile = tracking.RunIdFile(str(state_dir), "job")
@@ -62,7 +64,7 @@ def log_demo(server: MlflowServer, state_dir: Path, start_hour: str, versions: l
     tr = tracking.Tracker(server.url, "demo", run_id_file=rfile)
     for v, h, b, t in zip(versions, scored_hours, base_alone, true_logit):
         tr.log_metrics({"served_auc_next": v["served_auc_next"], "base_alone_auc": b, "true_logit_auc": t},
-                       step=tracking.partition_step(start_hour, h))
+                       step=tracking.partition_step(start_hour, h, minutes))
     tr.close(timeout_s=30)
     return rec
 

@@ -48,21 +48,24 @@ from runtime.local.status import Waiter, serving_version, summary_line
 START = "20261120/00"
 
 
-def start_hour(value, hours: int) -> str:
-    """The first partition of a run of ``hours`` trained partitions: ``value``
-    (``YYYYMMDD/HH``), ``START`` when None, or with ``now`` the hour ``hours`` before the
-    current one (the last trained partition then ends when the current hour began).
-    Raises ``ValueError`` naming ``--start-hour``."""
+def start_hour(value, hours: int, minutes: int = 60) -> str:
+    """The first partition of a run of ``hours`` trained partitions of ``minutes``:
+    ``value`` (``YYYYMMDD/HH``, or ``YYYYMMDD/HHMM`` under an hour), ``START`` when None,
+    or with ``now`` the partition ``hours`` periods before the current one (the last
+    trained partition then ends when the current one began). Raises ``ValueError``
+    naming ``--start-hour``."""
     from runtime.formats import partitions
 
     if value is None:
-        return START
+        return str(partitions.Partition.parse(START, minutes=minutes))
     if value == "now":
         import datetime as dt
 
-        now = dt.datetime.now(dt.timezone.utc).replace(minute=0, second=0, microsecond=0)
-        return (now - dt.timedelta(hours=hours)).strftime("%Y%m%d/%H")
-    return str(partitions.Hour.parse(value, "--start-hour"))
+        now = dt.datetime.now(dt.timezone.utc)
+        since = (now.hour * 60 + now.minute) // minutes * minutes
+        current = now.replace(hour=since // 60, minute=since % 60, second=0, microsecond=0)
+        return str(partitions.Partition(current, minutes).next(-hours))
+    return str(partitions.Partition.parse(value, "--start-hour", minutes=minutes))
 
 
 def _eval_file(src: Path, dst: Path, rows: int) -> Path:
@@ -154,15 +157,17 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
         raise ValueError(f"--hours must be >= 2 (a base and at least one patch; got {H})")
     breaks.check(args, H)
     brk = getattr(args, "break_hour", None)
-    first = start_hour(getattr(args, "start_hour", None), H)
-    hs = [partitions.Hour.parse(first).next(i) for i in range(H + 1)]
+    minutes = int(getattr(args, "partition_minutes", 60))
+    first = start_hour(getattr(args, "start_hour", None), H, minutes)
+    hs = [partitions.Partition.parse(first, minutes=minutes).next(i) for i in range(H + 1)]
     t_run = time.time()
 
-    gen = group.start("datagen", cli + ["data", "generate", "--hours", str(H + 1), "--start", first, "--rows",
+    gen = group.start("datagen", cli + ["data", "generate", "--hours", str(H + 1), "--start", first,
+                                        "--partition-minutes", str(minutes), "--rows",
                                         str(args.rows_per_hour), "--seed", str(args.seed), "--out", str(upstream)],
                       expect_exit=True)
-    step(f"data: generating {H + 1} hourly partitions of {args.rows_per_hour} rows from {first} (drifting hour "
-         "to hour); they land one by one while the job trains")
+    step(f"data: generating {H + 1} partitions of {minutes} minutes, {args.rows_per_hour} rows each, from {first} "
+         "(drifting hour to hour); they land one by one while the job trains")
     from runtime import tracking
 
     os.environ[tracking.JOB_ENV] = tracking.job_name(start_hour=first)  # the transfer's run: the job's child
@@ -173,7 +178,7 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
          f"transfer {svc.transfer_url}")
     waiter.wait([gen], "data generation")
     sig = signal.read_hourly(upstream)
-    evals = [_eval_file(Path(h.location(str(upstream))) / "part-00000", data_dir / "eval" / f"{h.start:%Y%m%d-%H}.txt",
+    evals = [_eval_file(Path(h.location(str(upstream))) / "part-00000", data_dir / "eval" / f"{h.start:%Y%m%d-%H%M}.txt",
                         args.eval_rows) for h in hs]
 
     def land(h) -> None:
@@ -194,8 +199,9 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
                         str(args.trainers), "--mode", "continuous", "--data-root", hours_root,
                         "--start-hour", first, "--end-hour", str(hs[H - 1]), "--state-dir",
                         str(run_dir / "train-state"), "--output", svc.root_url, "--upload-token-file",
-                        str(svc.token_file), "--poll-s", "0.2", "--patch-every", "1", "--base-every",
-                        str(args.base_every), "--seed", str(args.seed), "--log-dir", str(logs / "train"),
+                        str(svc.token_file), "--poll-s", "0.2", "--partition-minutes", str(minutes),
+                        "--base-every-minutes", str(args.base_every_minutes), "--seed", str(args.seed),
+                        "--log-dir", str(logs / "train"),
                         "--gate-eval-every", "20"]  # each version evaluated for the transfer's model gate
     if server is not None:
         server.wait_ready()
@@ -206,8 +212,8 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
     if args.batch_size_train:
         train_argv += ["--batch-size", str(args.batch_size_train)]
     trainer = group.start("train", train_argv, expect_exit=True)
-    step(f"continuous training started ({args.pservers} pserver, {args.trainers} trainers): a version per hour, "
-         f"a base every {args.base_every} hours, patches between")
+    step(f"continuous training started ({args.pservers} pserver, {args.trainers} trainers): a version per "
+         f"{minutes}-minute partition, a base every {args.base_every_minutes} minutes of data, patches between")
     sv_url = svc.serving_url
 
     def new_line(after: int):
@@ -292,7 +298,7 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
                              [v["version"] for v in versions], [v["kind"] for v in versions],
                              [v["rollout_s"] for v in versions])
     run_rec = (demo_tracking.log_demo(server, run_dir / "train-state", first, versions, scored, base_alone_h,
-                                      true_logit) if server is not None else None)
+                                      true_logit, minutes) if server is not None else None)
     # -- summary -------------------------------------------------------------------------------
     print("\n== elastic-ctr local (online): summary ==")
     print(f"{'version':>12} {'kind':>6} {'after hour':>12} {'sparse rows':>12} {'rollout s':>10} "

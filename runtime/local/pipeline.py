@@ -75,7 +75,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows-per-hour", type=int, default=50_000, help="online: rows per hourly partition")
     p.add_argument("--eval-rows", type=int, default=10_000,
                    help="online: rows of the next hour each version is scored on")
-    p.add_argument("--base-every", type=int, default=24, help="online: partitions between two bases")
+    p.add_argument("--base-every-minutes", type=int, default=1440,
+                   help="online: minutes of data between two bases (the job's --base-every-minutes)")
+    p.add_argument("--partition-minutes", type=int, default=60,
+                   help="online: the partitions' period in minutes (60: hourly; 1..30 dividing 60: minute "
+                        "partitions ROOT/YYYYMMDD/HHMM/, docs/freshness.md); --hours and --rows-per-hour then "
+                        "count partitions and rows per partition")
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
     p.add_argument("--start-hour", default=None, metavar="YYYYMMDD/HH|now",
                    help="online: the first hourly partition (UTC; default: the demo's fixed first hour, for "

@@ -52,12 +52,16 @@ def register(sub: "argparse._SubParsersAction") -> None:
     gen.add_argument("--test-rows", type=int, default=GENERATE_TEST_ROWS, help="test rows")
     gen.add_argument("--out", required=True, help="output directory")
     gen.add_argument("--seed", type=int, default=1, help="random seed")
-    gen.add_argument("--hours", type=int, default=0,
-                     help="write hourly partitions OUT/YYYYMMDD/HH/ (ROWS rows each, drifting hour to hour, "
-                          "_SUCCESS last) instead of train/test files")
-    gen.add_argument("--start", default="20261120/00", help="first hour of --hours, YYYYMMDD/HH")
+    gen.add_argument("--hours", "--partitions", dest="hours", type=int, default=0,
+                     help="write this many partitions OUT/YYYYMMDD/HH/ (OUT/YYYYMMDD/HHMM/ with --partition-minutes "
+                          "under 60; ROWS rows each, drifting hour to hour, _SUCCESS last) instead of train/test files")
+    gen.add_argument("--partition-minutes", type=int, default=60,
+                     help="with --hours: the partitions' period in minutes (60: hourly; 1..30 dividing 60: the "
+                          "minute layout)")
+    gen.add_argument("--start", default="20261120/00",
+                     help="first partition of --hours, YYYYMMDD/HH (or YYYYMMDD/HHMM under an hour)")
     gen.add_argument("--every-s", type=float, default=0.0,
-                     help="with --hours: seconds between two hours (data landing while a job runs)")
+                     help="with --hours: seconds between two partitions (data landing while a job runs)")
     gen.add_argument("--shape", choices=("small", "long-tail"), default="small",
                      help="with --hours: vocabularies of ~22k feasigns in all (small, make demo's) or the production "
                           "shape: power-law slots, some with millions of values (long-tail; generator docstring)")
@@ -110,12 +114,12 @@ def _generate(args) -> int:
         _setup_logging(getattr(args, "log_level", "INFO"))
         try:
             rec = generator.generate_hours(args.out, args.hours, args.start, args.rows, args.seed, args.every_s,
-                                           shape=args.shape, scale=args.table_scale)
+                                           shape=args.shape, scale=args.table_scale, minutes=args.partition_minutes)
         except ValueError as exc:
             print(f"elastic-ctr data generate: {exc}", file=sys.stderr)
             return 2
-        print(f"wrote {len(rec.hours)} hourly partitions from {rec.start} under {args.out} "
-              f"({args.rows} rows each); true-logit AUC per hour: "
+        print(f"wrote {len(rec.hours)} partitions of {rec.partition_minutes} minutes from {rec.start} under "
+              f"{args.out} ({args.rows} rows each); true-logit AUC per partition: "
               + " ".join(f"{h.true_logit_auc:.4f}" for h in rec.hours))
         return 0
     rec = generator.generate(args.out, args.rows, args.test_rows, args.seed, extra_days=args.extra_days)

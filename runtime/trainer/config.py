@@ -1,13 +1,13 @@
 """The training settings and their rules: ``TrainConfig``, one pydantic model that owns every
-training rule (types, ranges, choices, the cross-field rules such as ``patch_every <=
-base_every`` in continuous mode, GEO vs continuous, the end hour not before the start hour).
+training rule (types, ranges, choices, the cross-field rules such as the partition names
+fitting ``partition_minutes``, GEO vs continuous, the end partition not before the start).
 
 Both inputs build it: ``elastic-ctr train`` (its flags, their ``--help`` text and defaults
 come from the fields here; ``--config`` YAML keys are the flags with ``_`` for ``-``) and
 the stack config (``infra/config.py`` maps its camelCase keys onto these fields). An invalid
 value raises ``TrainConfigError``: a list of ``Problem`` s, each naming the field, the value
-and what is allowed; ``render`` names each field as its input does (``--patch-every`` for the
-CLI, ``patchEvery`` for the stack). Imports no Paddle and nothing of Pulumi, so ``--help``,
+and what is allowed; ``render`` names each field as its input does (``--base-every-minutes``
+for the CLI, ``baseEveryMinutes`` for the stack). Imports no Paddle and nothing of Pulumi, so ``--help``,
 the local pipeline and the Pulumi program can read the defaults."""
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from runtime.trainer.gate_config import GateFields, gate_argv
 MODES = ("batch", "continuous")
 #: the parameter-server flavours (runtime.trainer.program.strategy)
 PS_MODES = ("async", "async-merged", "geo")
-HOUR = "an hour YYYYMMDD/HH"
-REAL_HOUR = HOUR + " (a real UTC date and hour, e.g. 20261120/00)"
+HOUR = "an hour YYYYMMDD/HH, or a partition YYYYMMDD/HHMM when {partition_minutes} is under 60"
+REAL_HOUR = HOUR + " (a real UTC date and time, e.g. 20261120/00)"
 TABLE_DIR_PREFIX = "elastic-ctr-table-"
 
 
@@ -62,7 +62,7 @@ class _Names(dict):
 
 
 def flag(field: str) -> str:
-    """The ``train`` flag of a field: ``patch_every`` -> ``--patch-every``."""
+    """The ``train`` flag of a field: ``base_every_minutes`` -> ``--base-every-minutes``."""
     return "--" + field.replace("_", "-")
 
 
@@ -93,8 +93,8 @@ class TrainConfigError(ValueError):
 
 def _hour(text: str | None) -> str | None:
     if text is not None:
-        try:
-            partitions.Hour.parse(text)
+        try:  # the name's syntax here; its fit with partition_minutes in TrainConfig._rules
+            partitions.Partition.parse(text, minutes=1)
         except ValueError:
             raise ValueError(REAL_HOUR) from None
     return text
@@ -181,20 +181,30 @@ class TrainConfig(GateFields):
     work_dir: LocalDir = _f(None, "where the trainer stages its shard as MultiSlot files before Paddle loads them "
                                   "(removed once loaded; default: the system temp dir)", metavar="DIR")
     mode: Literal[MODES] = _f(
-        "batch", "batch: --epochs passes over the training data, one base version; continuous: hourly partitions "
-                 "of --data-root in order, each once, a patch version every --patch-every and a base every "
-                 "--base-every")
-    data_root: Optional[str] = _f(None, "hourly partitions ROOT/YYYYMMDD/HH/ (a directory or the file server's "
-                                        "URL); a partition is read once its _SUCCESS marker exists", metavar="ROOT")
-    start_hour: Hour = _f(None, "first partition of --data-root", metavar="YYYYMMDD/HH", allowed=REAL_HOUR)
+        "batch", "batch: --epochs passes over the training data, one base version; continuous: the partitions "
+                 "of --data-root in order, each once, a patch version after every partition (at most one per "
+                 "--patch-every-seconds) and a base every --base-every-minutes")
+    data_root: Optional[str] = _f(None, "partitions ROOT/YYYYMMDD/HH/ (ROOT/YYYYMMDD/HHMM/ when "
+                                        "--partition-minutes is under 60; a directory, the file server's URL or "
+                                        "an object-store prefix); a partition is read once its _SUCCESS marker "
+                                        "exists", metavar="ROOT")
+    partition_minutes: int = _f(60, "the partitions' period in minutes: 60 (hourly, ElasticCTR's layout) or a "
+                                    "multiple of 60 dividing a day, or a divisor of 60 down to 1 (the minute "
+                                    "layout ROOT/YYYYMMDD/HHMM/)", ge=1, le=1440)
+    start_hour: Hour = _f(None, "first partition of --data-root", metavar="YYYYMMDD/HH[MM]", allowed=REAL_HOUR)
     end_hour: Hour = _f(None, "last partition (included); continuous mode without it follows the data",
-                        metavar="YYYYMMDD/HH", allowed=REAL_HOUR)
+                        metavar="YYYYMMDD/HH[MM]", allowed=REAL_HOUR)
     poll_s: float = _f(30.0, "continuous: seconds between looks for the next partition", gt=0)
-    patch_every: int = _f(1, "continuous: partitions per exported version", ge=1, le=1000)
-    base_every: int = _f(24, "continuous: partitions per base version (the others are patches)", ge=1, le=10000)
-    checkpoint_every: int = _f(24, "continuous: partitions between two checkpoints of the tables (taken after "
-                                   "the export is published, and at --end-hour); a restarted job trains the "
-                                   "partitions since the last one again", ge=1, le=10000)
+    patch_every_seconds: int = _f(
+        0, "continuous: least seconds between two exported versions: a version is exported after the first "
+             "partition trained at least this long after the previous export (0: after every partition)",
+        ge=0, le=7 * 86400)
+    base_every_minutes: int = _f(1440, "continuous: minutes of data (partitions x their period) between two base "
+                                       "versions; the versions between are patches", ge=1, le=525600)
+    checkpoint_every_minutes: int = _f(
+        1440, "continuous: minutes of data between two checkpoints of the tables (taken after the export is "
+              "published, and at --end-hour); a restarted job trains the partitions since the last one again",
+        ge=1, le=525600)
     state_dir: LocalDir = _f(None, "continuous: the state file and checkpoints a restarted job resumes from (in "
                                    "Kubernetes a volume shared by every pod of the job)", metavar="DIR")
 
@@ -224,8 +234,6 @@ class TrainConfig(GateFields):
                 out.append(Problem("state_dir", None, "a local directory (required when {mode} is continuous: the "
                                                       "state file and checkpoints that a restarted job resumes "
                                                       "from; in Kubernetes a volume shared by every pod)"))
-            if self.patch_every > self.base_every:
-                out.append(Problem("patch_every", self.patch_every, f"at most {{base_every}} ({self.base_every})"))
         elif self.data_root and self.start_hour and not self.end_hour:
             out.append(Problem("end_hour", None, HOUR + " (batch mode over partitions needs an end)"))
         if self.end_hour and not self.start_hour:
@@ -235,15 +243,36 @@ class TrainConfig(GateFields):
         if (self.start_hour or self.end_hour) and not self.data_root:
             out.append(Problem("data_root", None, "a partition root ROOT/YYYYMMDD/HH/ ({start_hour}/{end_hour} "
                                                   "need {data_root})"))
+        try:
+            partitions.check_period(self.partition_minutes)
+        except ValueError as exc:
+            out.append(Problem("partition_minutes", self.partition_minutes, str(exc).split(": ", 1)[1]))
+            raise ValueError(out) from None
+        for name in ("start_hour", "end_hour"):
+            text = getattr(self, name)
+            try:
+                if text:
+                    partitions.Partition.parse(text, minutes=self.partition_minutes)
+            except ValueError as exc:
+                out.append(Problem(name, text, f"a partition of {{partition_minutes}} ({self.partition_minutes}): "
+                                               f"{str(exc).split(': ', 1)[1]}"))
+        if out:
+            raise ValueError(out)
         if self.start_hour and self.end_hour and self.hours()[1] < self.hours()[0]:
             out.append(Problem("end_hour", self.end_hour, f"an hour not before {{start_hour}} ({self.start_hour})"))
         if out:
             raise ValueError(out)
         return self
 
-    def hours(self) -> tuple[partitions.Hour | None, partitions.Hour | None]:
-        """(first, last) partition hour, each None when not set."""
-        return tuple(partitions.Hour.parse(h) if h else None for h in (self.start_hour, self.end_hour))
+    def hours(self) -> tuple[partitions.Partition | None, partitions.Partition | None]:
+        """(first, last) partition of ``partition_minutes``, each None when not set."""
+        return tuple(partitions.Partition.parse(h, minutes=self.partition_minutes) if h else None
+                     for h in (self.start_hour, self.end_hour))
+
+    def partition(self, name: str, what: str = "partition") -> partitions.Partition:
+        """The partition named ``name`` (``YYYYMMDD/HH[MM]``) of ``partition_minutes``;
+        raises ``PartitionError`` naming ``what``."""
+        return partitions.Partition.parse(name, what, minutes=self.partition_minutes)
 
     def slots(self) -> tuple[int, ...]:
         """The slot list (from ``slot_file`` for the slot format, else 1..26)."""
@@ -313,7 +342,8 @@ def field_type(name: str):
 
 
 def hour_ok(text: str) -> bool:
-    """True when ``text`` is a real hour ``YYYYMMDD/HH``."""
+    """True when ``text`` is a real partition name ``YYYYMMDD/HH`` or ``YYYYMMDD/HHMM``
+    (its fit with a period is ``TrainConfig``'s rule)."""
     try:
         _hour(text)
         return True
@@ -424,8 +454,10 @@ def train_argv(cfg: TrainConfig) -> list[str]:
     if cfg.ps_mode == "geo":
         argv += ["--geo-k-steps", str(cfg.geo_k_steps), "--geo-table-rows", str(cfg.geo_table_rows)]
     if cfg.mode == "continuous" or cfg.data_root:
-        argv += ["--poll-s", str(cfg.poll_s), "--patch-every", str(cfg.patch_every),
-                 "--base-every", str(cfg.base_every), "--checkpoint-every", str(cfg.checkpoint_every)]
+        argv += ["--poll-s", str(cfg.poll_s), "--partition-minutes", str(cfg.partition_minutes),
+                 "--patch-every-seconds", str(cfg.patch_every_seconds),
+                 "--base-every-minutes", str(cfg.base_every_minutes),
+                 "--checkpoint-every-minutes", str(cfg.checkpoint_every_minutes)]
     if cfg.max_bad_lines is not None:
         argv += ["--max-bad-lines", str(cfg.max_bad_lines)]
     if cfg.max_bad_fraction is not None:

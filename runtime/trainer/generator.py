@@ -32,7 +32,9 @@ ones. Everything else (weights, dense features, interactions, drift) is the same
 
 Hourly partitions (``generate_hours``, ``data generate --hours H --start YYYYMMDD/HH``)
 draw hour ``t`` from the model above after ``t`` steps of drift, so that a model trained
-on fresher hours scores better on the next one:
+on fresher hours scores better on the next one (partitions of ``--partition-minutes``
+under 60 take one drift step at each hour's first partition, so the data drifts hour to
+hour whatever the period):
 
 * new feasigns: every hour, in each slot with at least 150 values, ``NEW_FRACTION`` of
   the values (uniformly chosen ranks) are replaced by fresh random values with fresh
@@ -40,7 +42,8 @@ on fresher hours scores better on the next one:
 * moving click rates: the weights of the ``DRIFT_SLOTS`` slots take a random-walk step
   ``N(0, DRIFT_SIGMA**2)`` per value per hour.
 
-The layout is ``runtime.formats.partitions``'s: ``ROOT/YYYYMMDD/HH/part-00000`` written
+The layout is ``runtime.formats.partitions``'s: ``ROOT/YYYYMMDD/HH/part-00000`` (or
+``ROOT/YYYYMMDD/HHMM/part-00000`` for partitions under an hour) written
 through a temporary name, then ``_SUCCESS``; ``ROOT/signal.json`` records each hour's
 true-logit AUC.
 """
@@ -207,30 +210,32 @@ def _write_rows(model: _Model, rng: np.random.Generator, path: Path, n: int) -> 
 
 
 def generate_hours(root: str | os.PathLike, hours: int, start: str, rows_per_hour: int, seed: int = 1,
-                   every_s: float = 0.0, shape: str = "small", scale: float = 1.0) -> signal.HourlySignal:
-    """Writes hourly partitions ``root/YYYYMMDD/HH/`` (module docstring) for ``hours`` hours
-    from ``start`` (``YYYYMMDD/HH``), ``rows_per_hour`` Criteo rows each, then
-    ``_SUCCESS``; sleeps ``every_s`` seconds between hours (data that lands while a job
-    runs). ``shape``: ``small`` | ``long-tail`` (module docstring), ``scale``: the
+                   every_s: float = 0.0, shape: str = "small", scale: float = 1.0,
+                   minutes: int = 60) -> signal.HourlySignal:
+    """Writes ``hours`` partitions of ``minutes`` (module docstring; hourly
+    ``root/YYYYMMDD/HH/`` by default, ``root/YYYYMMDD/HHMM/`` under an hour) from ``start``
+    (``YYYYMMDD/HH``, or ``YYYYMMDD/HHMM`` under an hour), ``rows_per_hour`` Criteo rows
+    each (rows per partition), then ``_SUCCESS``; sleeps ``every_s`` seconds between
+    partitions (data that lands while a job runs). ``shape``: ``small`` | ``long-tail`` (module docstring), ``scale``: the
     long-tail shape's big vocabularies x ``scale``. Returns the ``signal.HourlySignal``
     written to ``root/signal.json`` (``runtime.formats.signal``).
 
     Raises ``ValueError`` for non-positive sizes or scale, an unknown shape,
-    ``PartitionError`` for a bad ``start``.
+    ``PartitionError`` for a bad ``start`` or ``minutes``.
     """
     from runtime.formats import partitions
 
     if hours <= 0 or rows_per_hour <= 0:
         raise ValueError(f"--hours and --rows must be > 0 (got {hours}, {rows_per_hour})")
-    h0 = partitions.Hour.parse(start, "--start")
+    h0 = partitions.Partition.parse(start, "--start", minutes=minutes)
     out = Path(root)
     out.mkdir(parents=True, exist_ok=True)
     model, rng = _calibrated_model(seed, shape, scale)
     recs = []
     for t in range(hours):
-        if t:
-            model.drift(rng)
         hour = h0.next(t)
+        if t and hour.start.minute == 0:
+            model.drift(rng)
         d = Path(hour.location(str(out)))
         if t and every_s > 0:
             time.sleep(every_s)
@@ -241,7 +246,7 @@ def generate_hours(root: str | os.PathLike, hours: int, start: str, rows_per_hou
                                       true_logit_auc=round(auc(labels, logits), 6)))
         log.info("partition %s: %d rows, true-logit AUC %.4f", hour, rows_per_hour, recs[-1].true_logit_auc)
     rec = signal.HourlySignal(
-        seed=seed, start=str(h0), hours=recs, rows_per_hour=rows_per_hour, shape=shape, vocab_sizes=model.vocab,
+        seed=seed, start=str(h0), partition_minutes=minutes, hours=recs, rows_per_hour=rows_per_hour, shape=shape, vocab_sizes=model.vocab,
         table_scale=scale, drift=signal.Drift(new_fraction=NEW_FRACTION, drift_slots=list(DRIFT_SLOTS),
                                               drift_sigma=DRIFT_SIGMA),
         generator=GENERATOR)

@@ -1,15 +1,17 @@
 """Continuous (online) training: ``elastic-ctr train --mode continuous``.
 
-The job follows hourly partitions (``runtime.formats.partitions``) from ``--start-hour``,
-in order, each once, and never ends by itself unless ``--end-hour`` is given. For each
+The job follows the partitions (``runtime.formats.partitions``, hourly or of
+``--partition-minutes`` down to one minute) from ``--start-hour``, in order, each once,
+and never ends by itself unless ``--end-hour`` is given. For each
 complete partition every worker stages and loads its shard (``runtime.trainer.worker``);
 trainer 0 first scores the model of that moment on its rows (the AUC on the next hour's
 data), the data gate judges it (``runtime.trainer.data_gate``: a quarantined partition is
-not trained), then it is trained as one pass. Every ``--patch-every`` partitions trained
+not trained), then it is trained as one pass. After every partition, or at most once per
+``--patch-every-seconds`` (``runtime.trainer.cadence``),
 the job exports a version of ``--output``:
 
 * a **base** (the whole sparse table, ``donefile/base.txt``) for the first export and
-  whenever ``--base-every`` partitions have been trained since the last base;
+  whenever ``--base-every-minutes`` of data have been trained since the last base;
 * otherwise a **patch**: the whole dense model and the sparse rows of every feasign the
   trainers fed since the previous export (new keys included), ``donefile/patch.txt`` with
   the base's id as its key. Only those rows can have changed, so applying the base and its
@@ -28,15 +30,15 @@ here, so the trainer does not rely on it; see docs/training.md.
 Resume: at every export point, in this order, (1) trainer 0 keeps the export's rows
 (``--state-dir/exports/<id>/``, ``ROWS``) and writes the state file with the export as
 ``pending`` (its version id fixed), (2) publishes the version (files, then the donefile
-line), (3) writes the state with the export done; then (4), when ``--checkpoint-every``
-partitions have been trained since the last checkpoint or the job reached ``--end-hour``,
-every worker takes a checkpoint (``Worker.checkpoint``: the pservers save all tables with
+line), (3) writes the state with the export done; then (4), when ``--checkpoint-every-minutes``
+of data have been trained since the last checkpoint or the job reached
+``--end-hour``, every worker takes a checkpoint (``Worker.checkpoint``: the pservers save all tables with
 optimizer state, or the single process its program) into
-``--state-dir/checkpoints/<hour>`` and trainer 0 records it in the state. The checkpoint
+``--state-dir/checkpoints/<partition>`` and trainer 0 records it in the state. The checkpoint
 comes after the publish so that it is never on the path from a partition landing to its
 version being served; a parameter-server checkpoint writes every row with its optimizer
 state and costs what the table costs (docs/training.md), so it is taken every
-``--checkpoint-every`` partitions, not at every export (Paddle's own online-training
+``--checkpoint-every-minutes`` of data, not at every export (Paddle's own online-training
 recipe saves the model daily and the deltas hourly).
 
 A restarted job (any pod killed, the Volcano Job restarted) reads the state, restores the
@@ -74,7 +76,7 @@ from runtime.metrics.trainer import metrics as trainer_metrics, waiting_counter
 from runtime.formats.train_result import ExportResult as ExportRecord
 from runtime.formats.statefile import read_record
 from runtime.formats.train_result import PartitionResult
-from runtime.trainer import data_gate, fedrows, model_eval, publish
+from runtime.trainer import cadence, data_gate, fedrows, model_eval, publish
 from runtime.trainer.fedrows import apply_patch, table_diff  # noqa: F401  (the patch arithmetic, tests)
 from runtime.trainer.config import TrainConfig
 
@@ -92,6 +94,7 @@ class OnlineState(BaseModel):
     """The continuous job's progress (module docstring): written atomically by trainer 0,
     read by every worker at start.
 
+    ``partition_minutes``: the partitions' period (a job keeps it for its life);
     ``next_hour``: the first partition not in the last export; ``since_base``: partitions
     trained since the last base export; ``checkpoint_hour``: the first partition not in the
     last checkpoint (``None``: none taken yet), ``since_checkpoint``: partitions trained
@@ -108,6 +111,7 @@ class OnlineState(BaseModel):
     schema_version: int = 1
     data_root: str
     start_hour: str
+    partition_minutes: int = partitions.HOURLY
     next_hour: str
     base_id: Optional[int] = None
     since_base: int = 0
@@ -134,7 +138,11 @@ class OnlineState(BaseModel):
     @property
     def checkpoint(self) -> Optional[str]:
         """The last checkpoint's directory name under ``checkpoints/`` (None before any)."""
-        return checkpoint_name(partitions.Hour.parse(self.checkpoint_hour)) if self.checkpoint_hour else None
+        return checkpoint_name(self.partition(self.checkpoint_hour)) if self.checkpoint_hour else None
+
+    def partition(self, name: str, what: str = "state partition") -> partitions.Partition:
+        """The partition ``name`` of this job's period."""
+        return partitions.Partition.parse(name, what, minutes=self.partition_minutes)
 
     @classmethod
     def load(cls, state_dir: str) -> Optional["OnlineState"]:
@@ -157,11 +165,11 @@ class OnlineState(BaseModel):
                 os.unlink(tmp)
             raise
 
-    def published_hour(self) -> partitions.Hour:
+    def published_hour(self) -> partitions.Partition:
         """The first partition in no published (or pending) version."""
         if self.pending is not None:
-            return partitions.Hour.parse(self.pending.hour).next()
-        return partitions.Hour.parse(self.next_hour, "state next_hour")
+            return self.partition(self.pending.hour).next()
+        return self.partition(self.next_hour, "state next_hour")
 
     def resume_point(self) -> tuple[str, Optional[str]]:
         """``(first partition to train, checkpoint to restore or None)``: the last
@@ -169,7 +177,7 @@ class OnlineState(BaseModel):
         return (self.checkpoint_hour or self.start_hour), self.checkpoint
 
 
-def _wait_for(cfg: TrainConfig, hour: partitions.Hour, stop) -> bool:
+def _wait_for(cfg: TrainConfig, hour: partitions.Partition, stop) -> bool:
     """Waits until ``hour`` is complete; False if a stop was requested meanwhile. Logs the
     wait at once, then once a minute (an hourly job would otherwise log every few seconds)."""
     waited = 0
@@ -185,8 +193,8 @@ def _wait_for(cfg: TrainConfig, hour: partitions.Hour, stop) -> bool:
     return True
 
 
-def checkpoint_name(hour: partitions.Hour) -> str:
-    """``checkpoints/<name>``: the checkpoint taken before ``hour`` (``YYYYMMDD-HH``)."""
+def checkpoint_name(hour: partitions.Partition) -> str:
+    """``checkpoints/<name>``: the checkpoint taken before ``hour`` (``YYYYMMDD-HH[MM]``)."""
     return str(hour).replace("/", "-")
 
 
@@ -197,13 +205,16 @@ def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
 
     stop = StopSignal.current()
     state = OnlineState.load(cfg.state_dir)
-    start = partitions.Hour.parse(cfg.start_hour, "--start-hour")
-    end = partitions.Hour.parse(cfg.end_hour, "--end-hour") if cfg.end_hour else None
-    if state is not None and (state.data_root != cfg.data_root or state.start_hour != str(start)):
+    start = cfg.partition(cfg.start_hour, "--start-hour")
+    end = cfg.partition(cfg.end_hour, "--end-hour") if cfg.end_hour else None
+    if state is not None and (state.data_root != cfg.data_root or state.start_hour != str(start)
+                              or state.partition_minutes != cfg.partition_minutes):
         raise RuntimeError(f"--state-dir {cfg.state_dir} holds the state of another job (data root "
-                           f"{state.data_root}, start {state.start_hour}); use a new --state-dir")
+                           f"{state.data_root}, start {state.start_hour}, {state.partition_minutes}-minute "
+                           "partitions); use a new --state-dir")
     if state is None:
-        state = OnlineState(data_root=cfg.data_root, start_hour=str(start), next_hour=str(start))
+        state = OnlineState(data_root=cfg.data_root, start_hour=str(start), next_hour=str(start),
+                            partition_minutes=cfg.partition_minutes)
     next_hour, ckpt = state.resume_point()
     ckroot = os.path.join(cfg.state_dir, CHECKPOINTS)
     if ckpt is not None:
@@ -226,7 +237,7 @@ def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
     published = state.published_hour()  # read before trainer 0 finishes a pending export
     if worker.chief and state.pending is not None:
         _finish_pending(worker, cfg, state, ckroot)
-    hour = partitions.Hour.parse(next_hour, "state next_hour")
+    hour = state.partition(next_hour, "state next_hour")
     tr = tracking.start_training(cfg, job)
     try:
         out = _follow(worker, cfg, test_files, job, state, hour, end, ckpt, ckroot, tr, stop, published)
@@ -237,8 +248,8 @@ def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
     return out
 
 
-def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState, hour: partitions.Hour, end,
-            ckpt, ckroot: str, tr, stop, published: partitions.Hour) -> dict:
+def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState, hour: partitions.Partition, end,
+            ckpt, ckroot: str, tr, stop, published: partitions.Partition) -> dict:
     """``run``'s loop over the partitions from ``hour`` (logging to the tracker ``tr``);
     partitions before ``published`` are in versions already out (trained again after a
     restore: their export points are passed over, module docstring)."""
@@ -247,6 +258,7 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
     load_s = 0.0
     t_job = time.monotonic()
     m = trainer_metrics()
+    t_export = -float("inf")  # the first boundary of this run exports (runtime.trainer.cadence)
     untrained = [hour]  # the first partition not trained yet (partitions_waiting counts from it)
     gate = data_gate.DataGate(cfg, worker.slots) if worker.chief and data_gate.active(cfg) else None
     ev = model_eval.Collector(EVAL_ROWS) if worker.chief else None  # each version's evaluation
@@ -265,7 +277,7 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
         verdict = data_gate.admit(worker, gate, cfg, str(hour), hour.location(cfg.data_root), files, lambda staged: (
             data_gate.score(worker, staged, rec, EVAL_ROWS) if scored else (None, None)))
         load_s += time.monotonic() - t_load
-        step = tracking.partition_step(cfg.start_hour, rec.hour)
+        step = tracking.partition_step(cfg.start_hour, rec.hour, cfg.partition_minutes)
         rec.gate_seconds = round(verdict.seconds, 4) if worker.chief and data_gate.active(cfg) else None
         if verdict.loaded is not None:
             ds, staged = verdict.loaded
@@ -292,9 +304,13 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
             state.since_base += 1
             state.since_checkpoint += 1
         last = end is not None and hour > end
+        # trainer 0's clock decides (every trainer calls agree, in the same order)
+        due = cadence.export_due(since_export, time.monotonic() - t_export, cfg.patch_every_seconds)
+        if cfg.patch_every_seconds > 0:
+            due = bool(fedrows.agree(worker, int(due)))
         # a stop exports only in one process: in a PS job the others may not have stopped
-        if since_export and (since_export >= cfg.patch_every or last or (stop.requested and worker.shard[1] == 1)):
-            since_export = 0
+        if since_export and (due or last or (stop.requested and worker.shard[1] == 1)):
+            since_export, t_export = 0, time.monotonic()
             if not fresh:
                 log.info("%s: partitions before %s are in published versions: trained again after the restore, "
                          "their rows go into the next export", worker.who, hour)
@@ -324,7 +340,7 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
     return out
 
 
-def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: partitions.Hour, ckroot: str,
+def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: partitions.Partition, ckroot: str,
                   last: bool = False, landed: Optional[int] = None, ev: Optional[model_eval.Collector] = None):
     """Rows, pending state, publish, state, then a checkpoint when one is due (module
     docstring). Every process calls it; returns the ``ExportRecord`` on trainer 0, ``None``
@@ -337,8 +353,9 @@ def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: parti
     decides which and every trainer follows (``fedrows.agree``). Trainer 0 keeps them in
     ``--state-dir/exports/<id>/`` (``ROWS``) until the export is committed, so that a
     restart publishes a pending export with the same rows."""
-    is_base = bool(fedrows.agree(worker, int(state.base_id is None or state.since_base >= cfg.base_every
-                                                 or state.base_due is not None)))
+    is_base = bool(fedrows.agree(worker, int(cadence.base_due(state.base_id is not None, state.since_base,
+                                                              cfg.partition_minutes, cfg.base_every_minutes,
+                                                              forced=state.base_due is not None))))
     t0 = time.monotonic()
     if is_base:
         with publish.table_save_dir(cfg.table_dir) as save_dir:
@@ -376,12 +393,13 @@ def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: parti
         log.info("%s: exported %s %d after partition %s: %d sparse rows in %.1f s (rows %.1f s, publish %.1f s)",
                  worker.who, rec.kind, rec.id, last_hour, rec.rows, rec.seconds, rows_s, rec.publish_seconds)
     # the version is out: a checkpoint now costs the next partition, never this one's freshness
-    if fedrows.agree(worker, int(state.since_checkpoint >= cfg.checkpoint_every or last)):
+    if fedrows.agree(worker, int(cadence.checkpoint_due(state.since_checkpoint, cfg.partition_minutes,
+                                                        cfg.checkpoint_every_minutes, last))):
         _checkpoint(worker, cfg, state, next_hour, ckroot, rec)
     return rec
 
 
-def _checkpoint(worker, cfg: TrainConfig, state: OnlineState, next_hour: partitions.Hour, ckroot: str,
+def _checkpoint(worker, cfg: TrainConfig, state: OnlineState, next_hour: partitions.Partition, ckroot: str,
                 rec: Optional[ExportRecord]) -> None:
     """Every process: ``Worker.checkpoint`` into ``checkpoints/<next_hour>``; trainer 0 then
     records it in the state (with its seconds on the export ``rec``) and drops older ones."""
@@ -417,7 +435,7 @@ def _publish(worker, cfg: TrainConfig, rec: ExportRecord, keys: np.ndarray, valu
     ``evaluation`` (``runtime.formats.version_eval``) in ``model_meta.json``."""
     meta_rec = {"mode": "continuous", "test_auc": [], "trainers": None, "pservers": None, "epochs": 1,
                 "evaluation": evaluation}
-    data_end = int(partitions.Hour.parse(rec.hour).next().start.timestamp())
+    data_end = int(cfg.partition(rec.hour).end.timestamp())
     publish.publish(cfg, worker.slots, keys, values, meta_rec, version_id=rec.id,
                     base_id=None if rec.kind == "base" else rec.base, data_end=data_end, landed=rec.landed)
 
@@ -426,7 +444,7 @@ def _commit(state: OnlineState, rec: ExportRecord, cfg: TrainConfig) -> None:
     """Marks the pending export done and moves the published hour; drops its kept rows and
     older exports' directories."""
     state.exports.append(rec)
-    state.next_hour = str(partitions.Hour.parse(rec.hour).next())
+    state.next_hour = str(state.partition(rec.hour).next())
     if rec.kind == "base":
         state.base_id, state.since_base, state.base_due = rec.id, 0, None
     state.pending = None
@@ -452,14 +470,14 @@ def _finish_pending(worker, cfg: TrainConfig, state: OnlineState, ckroot: str) -
         log.info("%s: pending %s %d was published before the restart", worker.who, rec.kind, rec.id)
     else:
         rows_file = os.path.join(export_dir(cfg.state_dir, rec.id), ROWS)
-        legacy = os.path.join(ckroot, checkpoint_name(partitions.Hour.parse(rec.hour).next()))
+        legacy = os.path.join(ckroot, checkpoint_name(state.partition(rec.hour).next()))
         if not os.path.exists(rows_file):
             rows_file = os.path.join(legacy, ROWS)
         with np.load(rows_file if os.path.exists(rows_file) else os.path.join(legacy, SNAPSHOT)) as z:
             keys, values = z["keys"], z["values"]
         idx = np.arange(len(keys))
         if rec.kind == "patch" and not os.path.exists(rows_file):
-            prev = os.path.join(ckroot, checkpoint_name(partitions.Hour.parse(state.next_hour)), SNAPSHOT)
+            prev = os.path.join(ckroot, checkpoint_name(state.partition(state.next_hour)), SNAPSHOT)
             if not state.exports or not os.path.exists(prev):
                 raise RuntimeError(f"pending patch {rec.id}: the previous export's table ({prev}) is missing")
             with np.load(prev) as z:

@@ -118,6 +118,7 @@ def make_transfer(cluster, root, work, **kw) -> Transfer:
     kw.setdefault("phase_timeout_s", 20)
     kw.setdefault("retries", 2)
     kw.setdefault("rollout_backoff_s", 0.0)
+    kw.setdefault("coalesce", False)  # the transfer tests follow patches one by one: tests/cube/test_coalesce.py folds them
     return Transfer(cluster.topology, str(root), work, poll_interval_s=0.05, **kw)
 
 

@@ -42,6 +42,18 @@ def test_partition_counts_only_once_its_success_object_exists(s3_bucket, tmp_pat
         partitions.files(root, h1)
 
 
+def test_minute_partition_on_the_object_store(s3_bucket, tmp_path):
+    root = f"{s3_bucket}/minutes"
+    p = partitions.Partition.parse("20261120/2359", minutes=1)
+    _put(f"{root}/20261120/2359/part-00000", b"0\t1\n", tmp_path)
+    _put(f"{root}/20261121/0000/part-00000", b"1\t2\n", tmp_path)
+    _put(f"{root}/20261120/2359/_SUCCESS", b"", tmp_path)
+    assert partitions.is_complete(root, p) and not partitions.is_complete(root, p.next())
+    assert partitions.files(root, p) == [f"{root}/20261120/2359/part-00000"]
+    _put(f"{root}/20261121/0000/_SUCCESS", b"", tmp_path)
+    assert partitions.files(root, p.next()) == [f"{root}/20261121/0000/part-00000"]
+
+
 def test_continuous_wait_polls_until_success_lands(s3_bucket, tmp_path):
     """online._wait_for (the continuous job's wait) returns only after _SUCCESS lands."""
     from runtime.trainer import online

@@ -131,7 +131,8 @@ def test_continuous_training_job(rendered):
     """trainingMode continuous: the trainers follow dataSource's hourly partitions, keep
     their state on the shared volume, and the job tolerates many restarts."""
     r = rendered("dev", "trainingMode=continuous", "dataSource=http://files:8080/hours",
-                 "dataStartHour=20261120/00", "patchEvery=2", "baseEvery=12")
+                 "dataStartHour=20261120/0010", "partitionMinutes=5", "patchEverySeconds=30",
+                 "baseEveryMinutes=720")
     job = r.get("Job", "ctr-train")["spec"]
     assert job["maxRetry"] == 1000
     assert {(p["event"], p["action"]) for p in job["policies"]} == {
@@ -140,9 +141,10 @@ def test_continuous_training_job(rendered):
         (c,) = t["template"]["spec"]["containers"]
         a = c["args"]
         assert flag(a, "--mode") == "continuous" and flag(a, "--data-root") == "http://files:8080/hours"
-        assert flag(a, "--start-hour") == "20261120/00" and "--end-hour" not in a
+        assert flag(a, "--start-hour") == "20261120/0010" and "--end-hour" not in a
         assert flag(a, "--state-dir") == "/shared/state"
-        assert flag(a, "--patch-every") == "2" and flag(a, "--base-every") == "12"
+        assert flag(a, "--partition-minutes") == "5" and flag(a, "--patch-every-seconds") == "30"
+        assert flag(a, "--base-every-minutes") == "720" and flag(a, "--checkpoint-every-minutes") == "1440"
         assert "--data-train" not in a
     batch = rendered("dev").get("Job", "ctr-train")["spec"]
     assert batch["maxRetry"] == 3 and "--mode" not in batch["tasks"][1]["template"]["spec"]["containers"][0]["args"]

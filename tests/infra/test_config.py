@@ -82,7 +82,8 @@ def test_string_values_from_pulumi_are_coerced():
     ("dataFormat", "csv", "elastic-ctr:dataFormat: 'csv' is invalid; allowed: criteo | slot"),
     ("trainingMode", "online", "elastic-ctr:trainingMode: 'online' is invalid; allowed: batch | continuous"),
     ("dataStartHour", "2026-11-20", "elastic-ctr:dataStartHour: '2026-11-20' is invalid; allowed: empty or an hour"),
-    ("baseEvery", "0", "elastic-ctr:baseEvery: 0 is invalid; allowed: an integer in [1, 10000]"),
+    ("baseEveryMinutes", "0", "elastic-ctr:baseEveryMinutes: 0 is invalid; allowed: an integer in [1, 525600]"),
+    ("partitionMinutes", "0", "elastic-ctr:partitionMinutes: 0 is invalid; allowed: an integer in [1, 1440]"),
     ("psMode", "sync", "elastic-ctr:psMode: 'sync' is invalid; allowed: async | async-merged | geo"),
     ("trainerThreads", "0", "elastic-ctr:trainerThreads: 0 is invalid; allowed: an integer in [1, 64]"),
     ("imagePullPolicy", "Sometimes", "elastic-ctr:imagePullPolicy: 'Sometimes' is invalid"),
@@ -119,15 +120,17 @@ def test_each_bad_value_names_key_value_and_range(key, value, needle):
     ({"registryPassword": "pw"}, "elastic-ctr:registryPassword: [secret] is set without imageRegistry"),
     ({"trainer": "3"}, "elastic-ctr:trainer: unknown key (did you mean elastic-ctr:trainers?)"),
     ({"trainingMode": "continuous", "dataSource": "/d"},
-     "elastic-ctr:dataStartHour: '' is invalid; allowed: an hour YYYYMMDD/HH (required when trainingMode is continuous)"),
+     "elastic-ctr:dataStartHour: '' is invalid; allowed: an hour YYYYMMDD/HH, or a partition YYYYMMDD/HHMM when "
+     "partitionMinutes is under 60 (required when trainingMode is continuous)"),
     ({"trainingMode": "continuous", "dataStartHour": "20261120/00"},
      "elastic-ctr:dataSource: 'generated' is invalid; allowed: a partition root"),
     ({"trainingMode": "continuous", "dataSource": "/d", "dataStartHour": "20261120/00", "psMode": "geo"},
      "elastic-ctr:psMode: 'geo' is invalid; allowed: async or async-merged when trainingMode is continuous"),
-    ({"trainingMode": "continuous", "dataSource": "/d", "dataStartHour": "20261120/00", "patchEvery": "5",
-      "baseEvery": "4"}, "elastic-ctr:patchEvery: 5 is invalid; allowed: at most baseEvery (4)"),
+    ({"trainingMode": "continuous", "dataSource": "/d", "dataStartHour": "20261120/00", "partitionMinutes": "45"},
+     "elastic-ctr:partitionMinutes: 45 is invalid; allowed: minutes that divide an hour"),
     ({"dataSource": "/d", "dataStartHour": "20261120/00"},
-     "elastic-ctr:dataEndHour: '' is invalid; allowed: an hour YYYYMMDD/HH (batch mode over partitions needs an end)"),
+     "elastic-ctr:dataEndHour: '' is invalid; allowed: an hour YYYYMMDD/HH, or a partition YYYYMMDD/HHMM when "
+     "partitionMinutes is under 60 (batch mode over partitions needs an end)"),
     ({"dataSource": "/d", "dataStartHour": "20261120/05", "dataEndHour": "20261120/01"},
      "elastic-ctr:dataEndHour: '20261120/01' is invalid; allowed: an hour not before dataStartHour"),
     ({"trainerThreads": "3", "trainerCpu": "2"},
@@ -188,9 +191,10 @@ _STACK_CONT = {"trainingMode": "continuous", "dataSource": "/d", "dataStartHour"
 
 
 @pytest.mark.parametrize("argv,raw,flag_message,key_message", [
-    ([*_CONT, "--patch-every", "5", "--base-every", "4"], {**_STACK_CONT, "patchEvery": "5", "baseEvery": "4"},
-     "--patch-every 5 is invalid; allowed: at most --base-every (4)",
-     "elastic-ctr:patchEvery: 5 is invalid; allowed: at most baseEvery (4)"),
+    ([*_CONT[:-4], "--start-hour", "20261120/0003", "--state-dir", "/s", "--partition-minutes", "5"],
+     {**_STACK_CONT, "dataStartHour": "20261120/0003", "partitionMinutes": "5"},
+     "--start-hour '20261120/0003' is invalid; allowed: a partition of --partition-minutes (5)",
+     "elastic-ctr:dataStartHour: '20261120/0003' is invalid; allowed: a partition of partitionMinutes (5)"),
     ([*_CONT, "--ps-mode", "geo"], {**_STACK_CONT, "psMode": "geo"},
      "--ps-mode 'geo' is invalid; allowed: async or async-merged when --mode is continuous",
      "elastic-ctr:psMode: 'geo' is invalid; allowed: async or async-merged when trainingMode is continuous"),
@@ -199,8 +203,10 @@ _STACK_CONT = {"trainingMode": "continuous", "dataSource": "/d", "dataStartHour"
      "--end-hour '20261120/01' is invalid; allowed: an hour not before --start-hour (20261120/05)",
      "elastic-ctr:dataEndHour: '20261120/01' is invalid; allowed: an hour not before dataStartHour (20261120/05)"),
     (["--data-root", "/d", "--start-hour", "20261120/05"], {"dataSource": "/d", "dataStartHour": "20261120/05"},
-     "--end-hour is not set; allowed: an hour YYYYMMDD/HH (batch mode over partitions needs an end)",
-     "elastic-ctr:dataEndHour: '' is invalid; allowed: an hour YYYYMMDD/HH (batch mode over partitions needs an end)"),
+     "--end-hour is not set; allowed: an hour YYYYMMDD/HH, or a partition YYYYMMDD/HHMM when --partition-minutes is "
+     "under 60 (batch mode over partitions needs an end)",
+     "elastic-ctr:dataEndHour: '' is invalid; allowed: an hour YYYYMMDD/HH, or a partition YYYYMMDD/HHMM when "
+     "partitionMinutes is under 60 (batch mode over partitions needs an end)"),
     (["--data-train", "x", "--epochs", "0"], {"epochs": "0"},
      "--epochs 0 is invalid; allowed: an integer in [1, 1000]",
      "elastic-ctr:epochs: 0 is invalid; allowed: an integer in [1, 1000]"),
@@ -236,7 +242,8 @@ def test_stack_training_keys_are_the_trainers_fields():
         f = StackConfig.model_fields[key]
         assert (f.annotation, f.metadata, f.default) == (TRAIN[name].annotation, TRAIN[name].metadata,
                                                          TRAIN[name].default), key
-    cfg = parse({**OK, **_STACK_CONT, "patchEvery": "2", "baseEvery": "6"}, SECRET).train_config()
-    assert (cfg.mode, cfg.data_root, cfg.start_hour, cfg.patch_every, cfg.base_every, cfg.data_train) == (
-        "continuous", "/d", "20261120/00", 2, 6, [])
+    cfg = parse({**OK, **_STACK_CONT, "partitionMinutes": "1", "patchEverySeconds": "30",
+                 "baseEveryMinutes": "360"}, SECRET).train_config()
+    assert (cfg.mode, cfg.data_root, cfg.start_hour, cfg.partition_minutes, cfg.patch_every_seconds,
+            cfg.base_every_minutes, cfg.data_train) == ("continuous", "/d", "20261120/00", 1, 30.0, 360, [])
     assert parse(OK, SECRET).train_config() == TrainConfig(data_train=["generated"], state_dir=None)

@@ -84,7 +84,7 @@ def test_batch_to_continuous_changes_only_the_job(rendered):
     job keeps its state) survives."""
     before = rendered("dev", "dataSource=http://files/hours", "dataTestSource=http://files/test.txt")
     after = rendered("dev", "dataSource=http://files/hours", "dataTestSource=http://files/test.txt",
-                     "trainingMode=continuous", "dataStartHour=20261120/00", "baseEvery=12")
+                     "trainingMode=continuous", "dataStartHour=20261120/00", "baseEveryMinutes=720")
     added, removed, changed = diff(before, after)
     assert (added, removed, changed) == (set(), set(), {"09-job-ctr-train.yaml"})
     name = "09-job-ctr-train.yaml"
@@ -93,7 +93,7 @@ def test_batch_to_continuous_changes_only_the_job(rendered):
     assert all(p == "spec.maxRetry" or p.startswith("spec.tasks[") and ".args" in p for p in changed_paths), \
         changed_paths
     args = files(after)[name]["spec"]["tasks"][1]["template"]["spec"]["containers"][0]["args"]
-    assert flag(args, "--base-every") == "12" and flag(args, "--state-dir") == "/shared/state"
+    assert flag(args, "--base-every-minutes") == "720" and flag(args, "--state-dir") == "/shared/state"
 
 
 def test_apply_order_new_layout_then_transfer_then_serving(rendered):

@@ -58,14 +58,18 @@ def test_config_yaml_values_are_checked_by_the_same_rules_naming_the_flag(tmp_pa
 
 def test_cross_field_rules_report_every_problem_with_flag_names():
     with pytest.raises(TrainConfigError) as exc:
-        TrainConfig(mode="continuous", ps_mode="geo", patch_every=5, base_every=2)
+        TrainConfig(mode="continuous", ps_mode="geo", data_root="/d", partition_minutes=5, start_hour="20261120/0003",
+                    end_hour="20261120/00")
     fields = [p.field for p in exc.value.problems]
-    assert fields == ["ps_mode", "data_root", "start_hour", "state_dir", "patch_every"]
+    assert fields == ["ps_mode", "state_dir", "start_hour"]
     text = str(exc.value)
     assert "--state-dir is not set; allowed: a local directory (required when --mode is continuous" in text
-    assert "--patch-every 5 is invalid; allowed: at most --base-every (2)" in text
+    assert "--start-hour '20261120/0003' is invalid; allowed: a partition of --partition-minutes (5)" in text
     # the same problem named as another input names it
-    assert exc.value.problems[-1].render(lambda n: n.upper()) == "PATCH_EVERY 5 is invalid; allowed: at most BASE_EVERY (2)"
+    assert exc.value.problems[-1].render(lambda n: n.upper()).startswith(
+        "START_HOUR '20261120/0003' is invalid; allowed: a partition of PARTITION_MINUTES (5)")
+    with pytest.raises(TrainConfigError, match="--partition-minutes 7 is invalid; allowed: minutes that divide an hour"):
+        TrainConfig(mode="continuous", data_root="/d", start_hour="20261120/00", state_dir="/s", partition_minutes=7)
     with pytest.raises(TrainConfigError, match="--state-dir 'http://fs/state' is invalid; allowed: a local directory, not a URL"):
         TrainConfig(mode="continuous", data_root="/d", start_hour="20261120/00", state_dir="http://fs/state")
     with pytest.raises(TrainConfigError, match="--start-hour '20261132/00' is invalid; allowed: an hour YYYYMMDD/HH"):
@@ -74,5 +78,10 @@ def test_cross_field_rules_report_every_problem_with_flag_names():
 
 def test_child_flags_rebuild_the_same_config(tmp_path):
     cfg = TrainConfig(mode="continuous", data_root="/d", start_hour="20261120/00", state_dir=str(tmp_path),
-                      patch_every=2, base_every=6, layers=(32, 16), lr=0.01, ps_mode="async-merged")
+                      patch_every_seconds=5, base_every_minutes=360, checkpoint_every_minutes=120,
+                      layers=(32, 16), lr=0.01, ps_mode="async-merged")
+    assert _train(config.train_argv(cfg)) == cfg
+    cfg = TrainConfig(mode="continuous", data_root="/d", start_hour="20261120/0005", end_hour="20261120/0130",
+                      partition_minutes=5, state_dir=str(tmp_path))
+    assert [str(p) for p in cfg.hours()] == ["20261120/0005", "20261120/0130"]
     assert _train(config.train_argv(cfg)) == cfg

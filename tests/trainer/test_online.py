@@ -120,7 +120,7 @@ def test_single_continuous_base_patches_equal_the_trainers_table(hours, tmp_path
     root, _ = hours
     out, state = tmp_path / "out", tmp_path / "state"
     r = _run(["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START,
-              "--end-hour", "20261120/02", "--state-dir", str(state), "--output", str(out), "--base-every", "3",
+              "--end-hour", "20261120/02", "--state-dir", str(state), "--output", str(out), "--base-every-minutes", "180",
               "--poll-s", "0.2"], tmp_path)
     s = _summary(r)
     assert [e["kind"] for e in s["exports"]] == ["base", "patch", "patch"]
@@ -150,7 +150,7 @@ def test_single_continuous_base_patches_equal_the_trainers_table(hours, tmp_path
     assert not (Path(online.export_dir(str(state), st.exports[-1].id)) / online.ROWS).exists()
     # resumes with the next hour only, exports a patch on the same base
     r2 = _run(["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START,
-               "--end-hour", "20261120/03", "--state-dir", str(state), "--output", str(out), "--base-every", "4",
+               "--end-hour", "20261120/03", "--state-dir", str(state), "--output", str(out), "--base-every-minutes", "240",
                "--poll-s", "0.2"], tmp_path)
     s2 = _summary(r2)
     assert [p["hour"] for p in s2["partitions"]] == ["20261120/03"]
@@ -183,7 +183,8 @@ def _fed(root, *hours_) -> np.ndarray:
 
 
 def test_single_resume_from_an_older_checkpoint_trains_again_and_exports_every_row_fed_since(hours, tmp_path):
-    """--checkpoint-every 2: the checkpoint follows 01's export, 02 is exported without one;
+    """--checkpoint-every-minutes 120 (two hourly partitions): the checkpoint follows 01's export, 02 is exported
+    without one;
     stopped there, the job resumes from the checkpoint, trains 02 again without exporting
     it a second time, and 03's patch carries every row fed in 02 and 03, so the chain still
     equals the trainer's table bit for bit."""
@@ -194,7 +195,7 @@ def test_single_resume_from_an_older_checkpoint_trains_again_and_exports_every_r
     for h in ("20261120/00", "20261120/01", "20261120/02"):
         shutil.copytree(partitions.Hour.parse(h).location(str(src)), partitions.Hour.parse(h).location(str(root)))
     args = ["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START, "--state-dir",
-            str(state), "--output", str(out), "--base-every", "4", "--checkpoint-every", "2", "--poll-s", "0.2"]
+            str(state), "--output", str(out), "--base-every-minutes", "240", "--checkpoint-every-minutes", "120", "--poll-s", "0.2"]
     p = CliProcess(["train", *args], tmp_path)
     p.wait_for("waiting for partition 20261120/03")
     p.proc.send_signal(signal.SIGTERM)
@@ -239,7 +240,7 @@ def test_continuous_waits_for_the_done_marker(tmp_path):
 
 @pytest.mark.slow
 def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
-    """--checkpoint-every 2: the checkpoint follows 01's export and 02 is exported without
+    """--checkpoint-every-minutes 120 (two hourly partitions): the checkpoint follows 01's export and 02 is exported without
     one; trainer 0 is killed in the middle of partition 03: the launcher fails the job; the
     same command again restores the checkpoint, trains 02 again without exporting it twice,
     then 03 (a base: the restored tables are text): every hour once in the served lineage,
@@ -251,7 +252,7 @@ def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
     root, _ = hours
     out, state = tmp_path / "out", tmp_path / "state"
     cfg = TrainConfig(mode="continuous", data_root=str(root), start_hour=START, end_hour="20261120/03",
-                      state_dir=str(state), output=str(out), base_every=3, checkpoint_every=2, poll_s=0.2)
+                      state_dir=str(state), output=str(out), base_every_minutes=180, checkpoint_every_minutes=120, poll_s=0.2)
     logs = tmp_path / "logs1"
     killed = {}
 
@@ -315,3 +316,29 @@ def test_sigterm_while_waiting_exits_0_with_the_exports_done(tmp_path):
     assert "Traceback" not in p.text() and "FatalError" not in p.text()
     st = online.OnlineState.load(str(state))
     assert st.next_hour == "20261120/01" and st.pending is None and len(st.exports) == 1
+
+
+def test_single_continuous_job_on_minute_partitions(tmp_path):
+    """One-minute partitions (ROOT/YYYYMMDD/HHMM/) across midnight: a version per partition,
+    bases by minutes of data, each donefile line's data end at its partition's end."""
+    import datetime as dt
+
+    root, out, state = tmp_path / "minutes", tmp_path / "out", tmp_path / "state"
+    generator.generate_hours(root, 3, "20261120/2359", 1500, seed=6, minutes=1)
+    r = _run(["--single", "--mode", "continuous", "--data-root", str(root), "--partition-minutes", "1",
+              "--start-hour", "20261120/2359", "--end-hour", "20261121/0001", "--state-dir", str(state),
+              "--output", str(out), "--base-every-minutes", "2", "--checkpoint-every-minutes", "60",
+              "--poll-s", "0.1"], tmp_path)
+    s = _summary(r)
+    assert [p["hour"] for p in s["partitions"]] == ["20261120/2359", "20261121/0000", "20261121/0001"]
+    assert [(e["kind"], e["hour"]) for e in s["exports"]] == [
+        ("base", "20261120/2359"), ("patch", "20261121/0000"), ("base", "20261121/0001")]
+    lines = sorted(donefile.read(str(out), "base") + donefile.read(str(out), "patch"), key=lambda x: x.id)
+    ends = [dt.datetime.fromtimestamp(x.data_end, dt.timezone.utc).strftime("%H%M") for x in lines]
+    assert ends == ["0000", "0001", "0002"]
+    st = online.OnlineState.load(str(state))
+    assert (st.partition_minutes, st.next_hour, st.checkpoint_hour) == (1, "20261121/0002", "20261121/0002")
+    # the same state directory refuses another period
+    r = _run(["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", "20261120/23",
+              "--state-dir", str(state), "--output", str(out), "--poll-s", "0.1"], tmp_path)
+    assert r.returncode != 0 and "holds the state of another job" in (r.stdout + r.stderr)

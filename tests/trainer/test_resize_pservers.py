@@ -143,7 +143,7 @@ def _cfg(root, state, out, end, **kw):
     from runtime.trainer.config import TrainConfig
 
     return TrainConfig(mode="continuous", data_root=str(root), start_hour=START, end_hour=end,
-                       state_dir=str(state), output=str(out), base_every=24, poll_s=0.2, **kw)
+                       state_dir=str(state), output=str(out), base_every_minutes=1440, poll_s=0.2, **kw)
 
 
 def _assert_owners(loaded: Path, shards: int, pservers: int) -> None:
@@ -184,7 +184,7 @@ def test_continuous_job_resized_1_to_2_to_1_pservers_loses_no_row(tmp_path):
     ref = run_local_ps(_cfg(root, tmp_path / "ref-state", tmp_path / "ref-out", "20261120/02"), 1, 2,
                             log_dir=str(tmp_path / "logs-ref"), timeout_s=300)
     auc_ref = ref["partitions"][0]["auc_before"]
-    # base_every 24, but a restored PS job holds the checkpoint's text values, not the
+    # a base every 1440 minutes, but a restored PS job holds the checkpoint's text values, not the
     # exported floats: its first export is a base even without a resize (the base after a
     # resize itself, recorded across a restart, is test_a_restart_before_the_base_keeps_it_due)
     assert ref["exports"][-1]["kind"] == "base"

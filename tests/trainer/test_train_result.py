@@ -143,7 +143,7 @@ def test_continuous_job_reports_its_examples_and_rate(tmp_path):
         (d / "part-0.txt").write_text("")
         partitions.mark_complete(d)
     cfg = TrainConfig(mode="continuous", data_root=str(tmp_path / "data"), start_hour="20261120/00",
-                      end_hour="20261120/02", state_dir=str(tmp_path / "state"), patch_every=3,
+                      end_hour="20261120/02", state_dir=str(tmp_path / "state"), patch_every_seconds=3600,
                       table_dir=str(tmp_path / "table"))
     job = {"mode": "ps", "trainers": 1, "pservers": 1, "trainer_id": 0}
     rec = TrainResult.of(online.run(_FakeWorker(rows=500, seconds=0.25), cfg, [], job))

@@ -70,8 +70,8 @@ def _cfg(tmp_path, **kw):
     (dict(data_root="/d", start_hour="20261120/05", end_hour="20261120/01"), "before --start-hour"),
     (dict(start_hour="20261120/05"), "need --data-root"),
     (dict(data_root="/d", start_hour="2026-11-20"), "YYYYMMDD/HH"),
-    (dict(mode="continuous", data_root="/d", start_hour="20261120/00", state_dir="/s", patch_every=5,
-          base_every=2), "--patch-every 5"),
+    (dict(mode="continuous", data_root="/d", start_hour="20261120/0001", state_dir="/s", partition_minutes=60),
+      "--start-hour '20261120/0001' is invalid; allowed: a partition of --partition-minutes"),
     (dict(mode="continuous", ps_mode="geo", data_root="/d", start_hour="20261120/00", state_dir="/s"), "geo"),
 ])
 def test_config_errors_name_the_flag(tmp_path, kw, needle):

@@ -93,7 +93,7 @@ def main(args) -> int:
                   retries=args.retries, max_rollout_attempts=args.max_rollout_attempts,
                   rollout_backoff_s=args.rollout_backoff, reconcile_interval_s=args.reconcile_interval,
                   dict_name=args.dict_name, control=control, model_gate=model_gate_of(args),
-                  pin_version=args.pin_version, keep_versions=args.keep_versions)
+                  pin_version=args.pin_version, keep_versions=args.keep_versions, coalesce=not args.no_coalesce)
     if args.once:
         while tr.poll_once() is not None:
             pass

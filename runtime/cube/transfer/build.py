@@ -127,8 +127,12 @@ class Builder:
         rec = self.records.get(v)
         man = verify.load_manifest(self.root, rec)
         location = storage.join(self.root, plan.input)
-        try:  # held patches' rows first (model gate: Plan.carry), the builder keeps a key's last row
-            inputs = [f for c in plan.carry for f in list_inputs(storage.join(self.root, c))] + list_inputs(location)
+        # held patches' rows (model gate: Plan.carry) and the patches a coalesced rollout folds
+        # (Plan.coalesced_inputs) first, oldest first: the builder keeps a key's last row
+        try:
+            own = list_inputs(location)
+            inputs = [f for c in [*plan.carry, *plan.coalesced_inputs]
+                      for f in list_inputs(storage.join(self.root, c))] + own
         except storage.LocationError as exc:
             raise RolloutError(Phase.BUILDING, f"input of version {v}: {exc}") from exc
         fetched = None
@@ -136,10 +140,10 @@ class Builder:
         if any(storage.is_remote(i) for i in inputs):
             fetched = self.work_dir / "inputs" / str(v)
             inputs = self._fetch(inputs, fetched, v)
-        if man is not None:
+        if man is not None:  # this version's own files against its manifest
             t = time.monotonic()
             try:
-                verify.check_sparse(man, location, listed, inputs, rec.count)
+                verify.check_sparse(man, location, listed[-len(own):], inputs[-len(own):], rec.count)
                 verify.check_dense(man, self.root, rec, self.work_dir / "verify")
             except Exception:
                 if fetched is not None:
@@ -147,7 +151,8 @@ class Builder:
                 raise
             log.info("Building version=%d: %d files match its manifest (%.2f s)", v, len(man.files),
                      time.monotonic() - t)
-        log.info("Building version=%d mode=%s from %d part files at %s", v, plan.mode, len(inputs), location)
+        log.info("Building version=%d mode=%s from %d part files at %s%s", v, plan.mode, len(inputs), location,
+                 f" and the coalesced patches {plan.coalesced}" if plan.coalesced else "")
         try:
             self.build_fn(inputs, str(self.build_root(plan)), self.dict_name, self.shard_num, v, plan.mode,
                           plan.base_version)
@@ -165,6 +170,7 @@ class Builder:
     def _fetch(self, urls: list[str], dest: Path, v: int) -> list[str]:
         """Downloads the part files (in parallel: I/O bound) into ``dest``."""
         shutil.rmtree(dest, ignore_errors=True)
+        # numbered: a coalesced rollout's patches each have a part-00000; the order is kept
         local = [str(dest / f"{i:05d}-{u.rstrip('/').rsplit('/', 1)[-1]}") for i, u in enumerate(urls)]
         t = time.monotonic()
         try:

@@ -189,7 +189,8 @@ def relayout_links(st: TransferState, bases: list[DonefileRecord],
                              f"{'base' if c.mode == 'base' else 'patch'}.txt")
         key = c.version if c.mode == "base" else (c.key or (rec.key if rec else None) or base_id)
         links.append(RelayoutLink(version=c.version, mode=c.mode, key=key, base_version=c.base_version,
-                                  input=inp, model=c.model or (rec.model if rec else None)))
+                                  input=inp, model=c.model or (rec.model if rec else None),
+                                  coalesced=list(c.coalesced), coalesced_inputs=list(c.coalesced_inputs)))
     return links
 
 
@@ -252,6 +253,7 @@ def _relayout_next(d: Decision, bases: list[DonefileRecord], patches: list[Donef
         return True
     d.plan = Plan(version=link.version, key=link.key, mode=link.mode, base_version=link.base_version,
                   input=link.input, model=link.model, seen=now, attempt_key=key,
+                  coalesced=list(link.coalesced), coalesced_inputs=list(link.coalesced_inputs),
                   reason=f"relayout {rl.from_}->{n} shards",
                   relayout=RelayoutRef(from_=rl.from_, to=n, target=rl.target, link=rl.next + 1,
                                        links=len(rl.links)))
@@ -284,6 +286,8 @@ def at_phase(st: TransferState, plan: Plan, phase: Phase) -> TransferState:
 def _entry(plan: Plan, shard_num: int, resumed: bool) -> HistoryEntry:
     e = HistoryEntry(version=plan.version, mode=plan.mode, key=plan.key, base_version=plan.base_version,
                      attempt=plan.attempt, started=plan.started, resumed=resumed, shard_num=shard_num)
+    if plan.coalesced:
+        e.coalesced = list(plan.coalesced)
     if plan.reason:
         e.reason = plan.reason
         e.relayout = plan.relayout.model_dump(by_alias=True) if plan.relayout else None
@@ -303,7 +307,8 @@ def finished(st: TransferState, plan: Plan, *, shard_num: int, dim: Optional[int
                        count=count if plan.mode == "base" else (before.count if before else None),
                        model=plan.model, enabled_at=now, shard_num=shard_num)
     link = ChainLink(version=plan.version, mode=plan.mode, base_version=plan.base_version, urls=urls, md5s=md5s,
-                     key=plan.key, input=plan.input, model=plan.model, shard_num=shard_num)
+                     key=plan.key, input=plan.input, model=plan.model, shard_num=shard_num,
+                     coalesced=list(plan.coalesced), coalesced_inputs=list(plan.coalesced_inputs))
     st.served_chain = ([] if plan.mode == "base" else st.served_chain) + [link]
     st.current = None
     rl = st.relayout

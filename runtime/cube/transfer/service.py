@@ -34,7 +34,7 @@ from typing import Callable, Optional
 import requests
 
 from runtime import storage
-from runtime.cube.transfer import planner, retention, rollback
+from runtime.cube.transfer import coalesce, planner, retention, rollback
 from runtime.cube.transfer.agents import AgentClient, PartialEnable, RolloutError
 from runtime.cube.transfer.build import Builder, BuildFn, default_build
 from runtime.cube.transfer.model_gate import ModelGate, Thresholds as ModelGateThresholds
@@ -69,6 +69,8 @@ class Transfer:
         pin_version: the version to serve instead of following the donefiles (``rollback``;
             None: follow them, lifting a pin this flag set before).
         keep_versions: published versions kept under the root (``retention``; 0 = all).
+        coalesce: fold the patches queued behind a patch rollout into it
+            (``runtime.cube.transfer.coalesce``); False: one rollout per patch.
 
     Raises ``state.StateError`` for an unreadable state file, ``TopologyError``.
     """
@@ -79,7 +81,7 @@ class Transfer:
                  reconcile_interval_s: float = 30.0, dict_name: Optional[str] = None,
                  build_fn: Optional[BuildFn] = None, http_timeout_s: float = 10.0, control=None,
                  model_gate: Optional[ModelGateThresholds] = None, pin_version: Optional[int] = None,
-                 keep_versions: int = 0):
+                 keep_versions: int = 0, coalesce: bool = True):
         self.topology = Topology.load(topology)
         self.dict_name = dict_name or self.topology.dict_name
         self.replicas = list(self.topology.all_replicas())
@@ -88,6 +90,7 @@ class Transfer:
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.poll_interval_s = poll_interval_s
+        self.coalesce = coalesce
         self.phase_timeout_s = phase_timeout_s
         self.max_rollout_attempts = max(1, max_rollout_attempts)
         self.rollout_backoff_s = max(0.0, rollout_backoff_s)
@@ -177,14 +180,18 @@ class Transfer:
         with self.lock:
             state = self.state
         bases, patches = self._donefile("base"), self._donefile("patch")
-        d = planner.next_rollout(state, bases, patches, self.shard_num, self.max_rollout_attempts, time.time(),
+        now = time.time()
+        d = planner.next_rollout(state, bases, patches, self.shard_num, self.max_rollout_attempts, now,
                                  held=self.gate.held)
         if d.changed:
             self._commit(d.state)
         self._emit(d.events)
         if self._newly_held:
             self._record_held()
-        return d.plan
+        plan = d.plan
+        if self.coalesce and plan is not None:
+            plan = coalesce.widen_planned(plan, d.state, patches, now, self.gate.held, self._log_once)
+        return plan
 
     def _held(self, rec: donefile.DonefileRecord, reasons: list[str]) -> None:
         """The model gate held ``rec`` (recorded after planning: ``_record_held``)."""
@@ -431,14 +438,15 @@ class Transfer:
                 status="rolling_out" if cur else ("serving" if served else "empty"),
                 rollout=None if cur is None else RolloutInfo(
                     version=cur.version, mode=cur.mode, phase=cur.phase.value, attempt=cur.attempt,
-                    started=cur.started, reason=cur.reason),
+                    started=cur.started, reason=cur.reason, coalesced=list(cur.coalesced)),
                 served_shard_num=served_shard_num,
                 relayout=None if rl is None else RelayoutInfo(
                     from_=rl.from_, to=rl.to, target=rl.target, done=rl.next, links=len(rl.links),
                     given_up=rl.given_up, error=rl.error),
                 waiting_for=list(self.waiting_for),
                 last_rollout=None if last is None else LastRollout(
-                    version=last.version, status=last.status, error=last.error, reason=last.reason),
+                    version=last.version, status=last.status, error=last.error, reason=last.reason,
+                    coalesced=list(last.coalesced or [])),
                 last_poll=self.last_poll, last_error=self.last_error, held=list(st.held[-20:]),
                 pinned=st.pin.version if st.pin else None)
 

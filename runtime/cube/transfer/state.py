@@ -80,6 +80,8 @@ class ChainLink(_Record):
     input: Optional[str] = None
     model: Optional[str] = None
     shard_num: Optional[int] = None
+    coalesced: list[int] = Field(default_factory=list)  # the Plan's: patches folded into this link
+    coalesced_inputs: list[str] = Field(default_factory=list)
 
 
 class RelayoutLink(_Record):
@@ -91,6 +93,8 @@ class RelayoutLink(_Record):
     base_version: Optional[int] = None
     input: str
     model: Optional[str] = None
+    coalesced: list[int] = Field(default_factory=list)  # the Plan's: patches folded into this link
+    coalesced_inputs: list[str] = Field(default_factory=list)
 
 
 class Relayout(_Record):
@@ -127,7 +131,10 @@ class Plan(_Record):
     and ``base_version`` (the served version a patch applies to), the ``phase`` reached,
     when its line was seen and the rollout started (unix s), the attempt number, and for
     a re-layout link its ``reason``, ``relayout`` and ``attempt_key``; ``carry``: the inputs
-    of held patches (``carry_versions``) built with it, before its own (model gate)."""
+    of held patches (``carry_versions``) built with it, before its own (model gate).
+    ``coalesced``: the ids of older patch lines folded into this one
+    (``runtime.cube.transfer.coalesce``), ``coalesced_inputs`` their inputs, oldest first:
+    the build reads them (after ``carry``) before ``input``, a later row winning."""
 
     version: int
     key: int
@@ -142,6 +149,8 @@ class Plan(_Record):
     attempt_key: Optional[str] = None
     reason: Optional[str] = None
     relayout: Optional[RelayoutRef] = None
+    coalesced: list[int] = Field(default_factory=list)
+    coalesced_inputs: list[str] = Field(default_factory=list)
     carry: list[str] = Field(default_factory=list)
     carry_versions: list[int] = Field(default_factory=list)
 
@@ -176,6 +185,7 @@ class HistoryEntry(_Record):
     seconds: Optional[float] = None
     since_seen: Optional[float] = None
     count: Optional[int] = None
+    coalesced: Optional[list[int]] = None  # older patch ids folded into this rollout
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_unset=True, by_alias=True)
