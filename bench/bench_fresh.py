@@ -52,7 +52,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_online import _stop_client, rss_mib  # noqa: E402
+from bench.bench_online import _stop_client, add_run_args  # noqa: E402
+from bench.bench_rollout import rss_mib  # noqa: E402
 from runtime import proc  # noqa: E402
 from runtime.formats import donefile, partitions  # noqa: E402
 
@@ -304,11 +305,7 @@ def main() -> int:
     ap.add_argument("--table-scale", type=float, default=1.0, help="the generator's big vocabularies x this")
     ap.add_argument("--land-every-s", type=float, default=10.0,
                     help="seconds between two partitions landing (at most 60: never slower than real time)")
-    ap.add_argument("--client-rate", type=float, default=20.0, help="client requests/s (batch 1)")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--timeout", type=float, default=1800.0, help="give up after this many seconds")
-    ap.add_argument("--workdir", help="scratch directory (default: a temp dir, removed unless --keep)")
-    ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    add_run_args(ap, timeout_s=1800.0)
     args = ap.parse_args()
     if args.partitions < 1 or args.rows_per_hour < 60 or args.warmup_rows < 1:
         ap.error("--partitions >= 1, --rows-per-hour >= 60 and --warmup-rows >= 1")

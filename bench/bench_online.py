@@ -48,21 +48,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.bench_rollout import rss_mib  # noqa: E402
 from runtime import proc  # noqa: E402
 from runtime.formats import donefile, partitions  # noqa: E402
 
 START = "20261120/00"
-
-
-def rss_mib(pid: int, field: str = "VmHWM") -> float:
-    """``field`` (VmHWM: peak RSS, VmRSS: now) of process ``pid`` in MiB; 0 when gone."""
-    try:
-        for ln in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if ln.startswith(field + ":"):
-                return int(ln.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 def descendants(pid: int) -> list[int]:
@@ -158,9 +148,9 @@ def run_online(args) -> int:
                 return
             sampled[0] = time.monotonic()
             for p in pserver_pids(trainer.proc.pid):
-                ps_hwm[p] = max(ps_hwm.get(p, 0.0), rss_mib(p))
+                ps_hwm[p] = max(ps_hwm.get(p, 0.0), rss_mib(p, "VmHWM"))
             for key, role in svc.cube.servers.items():
-                cube_hwm[key] = max(cube_hwm.get(key, 0.0), rss_mib(role.proc.pid))
+                cube_hwm[key] = max(cube_hwm.get(key, 0.0), rss_mib(role.proc.pid, "VmHWM"))
 
         def version_seen(after: int):
             sample_rss()
@@ -300,7 +290,7 @@ def run_rollout_check(args) -> int:
                                      rng.integers(1, 1 << 63, n - n // 2, dtype=np.uint64)])
                 write(vid + 1 + i, np.unique(pk))
                 roll(vid + 1 + i, vid, len(np.unique(pk)), True)
-            hwm = max(rss_mib(r.proc.pid) for r in c.servers.values())
+            hwm = max(rss_mib(r.proc.pid, "VmHWM") for r in c.servers.values())
         print("rollout_check base_keys={} base_s={:.2f} ".format(out[0][0], out[0][1])
               + " ".join(f"patch_{n}_s={s:.2f}" for n, s, _ in out[1:])
               + f" server_rss_mib={out[-1][2]} server_hwm_mib={int(hwm)}", flush=True)
@@ -308,6 +298,16 @@ def run_rollout_check(args) -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def add_run_args(ap: argparse.ArgumentParser, timeout_s: float) -> None:
+    """The options every online bench shares: the client's rate, the seed, the time limit
+    (``timeout_s`` by default), the scratch directory and whether to keep it."""
+    ap.add_argument("--client-rate", type=float, default=20.0, help="client requests/s (batch 1)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=timeout_s, help="give up after this many seconds")
+    ap.add_argument("--workdir", help="scratch directory (default: a temp dir, removed unless --keep)")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
 
 
 def main() -> int:
@@ -321,11 +321,7 @@ def main() -> int:
     ap.add_argument("--checkpoint-every", type=int, default=24,
                     help="hours between two checkpoints (the job's --checkpoint-every-minutes / 60; it also "
                          "checkpoints after the last hour)")
-    ap.add_argument("--client-rate", type=float, default=20.0, help="client requests/s (batch 1)")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--timeout", type=float, default=7200.0, help="give up after this many seconds")
-    ap.add_argument("--workdir", help="scratch directory (default: a temp dir, removed unless --keep)")
-    ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    add_run_args(ap, timeout_s=7200.0)
     ap.add_argument("--rollout-check", action="store_true", help="the 10M-key base patch rollout check instead")
     ap.add_argument("--keys", type=int, default=10_000_000, help="--rollout-check: keys in the base")
     args = ap.parse_args()
