@@ -319,6 +319,31 @@ def serving_args(cube, work_dir: Path, port: int, grpc_port: int, workers: int, 
                                    threads=threads, extra=extra).args)
 
 
+def start_serving(cube, work_dir: Path, ready=None, workers: int = 1, threads: int = 2,
+                  timeout_s: float = 120.0) -> str:
+    """Starts ``elastic-ctr serve`` (from its role spec) over ``cube`` (a
+    ``LocalCubeCluster``) in the cube's process group, on free ports, and waits until
+    ``ready(url)`` is true (default: ``/v2/health/ready`` answers 200). Returns its base
+    URL. Raises ``proc.RoleFailed`` when a role exits, ``AssertionError`` after ``timeout_s`` s."""
+    from runtime import proc
+
+    port, grpc_port = proc.free_ports(2)
+    cube.group.start("serving", proc.self_command() + serving_args(cube, work_dir, port, grpc_port, workers=workers,
+                                                                    threads=threads))
+    url = f"http://127.0.0.1:{port}"
+    ready = ready or (lambda u: requests.get(u + "/v2/health/ready", timeout=2).status_code == 200)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        cube.group.check()
+        try:
+            if ready(url):
+                return url
+        except (requests.ConnectionError, requests.Timeout):
+            pass
+        assert time.monotonic() < deadline, "serving not ready"
+        time.sleep(0.2)
+
+
 class FakeCube:
     """In-memory stand-in for ``runtime.cube.client.CubeClient``: tables per version.
 

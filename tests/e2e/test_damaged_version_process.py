@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import requests
 
-from runtime import proc, storage
+from runtime import storage
 from runtime.formats import donefile, features, manifest
 from runtime.formats.seqfile import read_sequence_file, write_sequence_file
-from tests.helpers import export_version, make_table, serving_args
+from tests.helpers import export_version, make_table, start_serving
 
 pytestmark = pytest.mark.slow
 
@@ -96,21 +96,15 @@ def test_damaged_versions_are_refused_and_serving_keeps_answering(tmp_path, requ
         tok = cube.token
         _publish(cube.root_url, V1, make_table(b.feasigns, 1), 1, tok)
         cube.wait_version(V1, timeout_s=180)
-        port, grpc_port = proc.free_ports(2)
-        cube.group.start("serving", proc.self_command() + serving_args(
-            cube, tmp_path / "sv", port, grpc_port, workers=1, threads=2))
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            cube.group.check()
-            try:
-                r = requests.post(url + "/predict", json={"lines": lines[:8]}, timeout=5)
-                if r.status_code == 200 and r.json()["model_version"] == V1:
-                    break
-            except (requests.ConnectionError, requests.Timeout):
-                pass
-            assert time.monotonic() < deadline, "serving not ready"
-            time.sleep(0.2)
+        first: list = []
+
+        def answers_v1(u: str) -> bool:
+            r = requests.post(u + "/predict", json={"lines": lines[:8]}, timeout=5)
+            first[:] = [r]
+            return r.status_code == 200 and r.json()["model_version"] == V1
+
+        url = start_serving(cube, tmp_path / "sv", ready=answers_v1)
+        r = first[0]
         want = r.json()["probabilities"]
         seen: dict[int, int] = {}
         errors: list[str] = []

@@ -8,6 +8,7 @@ offline answer of the version it names, each target served in turn."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 import threading
@@ -17,9 +18,8 @@ import numpy as np
 import pytest
 import requests
 
-from runtime import proc
 from runtime.formats import features
-from tests.helpers import export_version, make_table, offline_predict, serving_args
+from tests.helpers import export_version, make_table, offline_predict, start_serving
 
 pytestmark = pytest.mark.slow
 
@@ -78,20 +78,7 @@ def test_rollback_and_pin_under_load(tmp_path):
 
     with LocalCubeCluster(tmp_path / "cube", root, shards=2, replicas=2, poll_interval_s=0.1) as cube:
         cube.wait_version(V3, timeout_s=180)
-        port, grpc_port = proc.free_ports(2)
-        cube.group.start("serving", proc.self_command() + serving_args(
-            cube, tmp_path / "sv", port, grpc_port, workers=1, threads=2))
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            cube.group.check()
-            try:
-                if requests.get(url + "/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            except (requests.ConnectionError, requests.Timeout):
-                pass
-            assert time.monotonic() < deadline, "serving not ready"
-            time.sleep(0.2)
+        url = start_serving(cube, tmp_path / "sv")
         _wait_served(url, lines[:n], V3, cube.group)
 
         answers: list[tuple[int, list[float]]] = []
@@ -117,8 +104,10 @@ def test_rollback_and_pin_under_load(tmp_path):
             t.start()
         try:
             # 1. elastic-ctr rollback --to V2 (an older patch): its chain laid out, serving follows
+            # the operator's shell holds the run's cube-control credential (the transfer asks for it)
             r = subprocess.run([sys.executable, "-m", "runtime.cli", "rollback", "--to", str(V2), "--transfer-url",
-                                cube.transfer_url, "--wait", "120"], capture_output=True, text=True, timeout=180)
+                                cube.transfer_url, "--wait", "120"], capture_output=True, text=True, timeout=180,
+                               env={**os.environ, **cube.env})
             assert r.returncode == 0, r.stdout + r.stderr
             assert cube.info().pinned == V2
             _wait_served(url, lines[:n], V2, cube.group)
