@@ -45,8 +45,8 @@ def test_every_rendered_field_is_played_or_allow_listed(cluster):
 
 
 @pytest.mark.parametrize("mutate,field", [
-    (lambda b: b["spec"]["template"]["spec"]["volumes"].append({"name": "h", "hostPath": {"path": "/"}}),
-     "volumes[2].hostPath"),
+    (lambda b: b["spec"]["template"]["spec"]["volumes"].insert(0, {"name": "h", "hostPath": {"path": "/"}}),
+     "volumes[0].hostPath"),
     (lambda b: b["spec"]["template"]["spec"]["containers"][0].__setitem__(
         "readinessProbe", {"udpPing": {"port": 1}}), "containers[0].readinessProbe.udpPing"),
     (lambda b: b["spec"]["template"]["spec"]["containers"][0].__setitem__(
@@ -94,7 +94,8 @@ def test_docker_command_line_of_a_cube_pod(cluster, monkeypatch):
     args, client_env = docker_run_args(cluster.store, cluster.docker, pod, agent, vols, dns.hosts(cluster.store))
     image_at = args.index("elastic-ctr-cube:dev")
     assert args[image_at + 1:] == ["cube", "agent", "--host", pod.ip, "--port", "8902", "--server-http",
-                                   f"http://{pod.ip}:8901", "--work-dir", "/data/agent"]
+                                   f"http://{pod.ip}:8901", "--work-dir", "/data/agent", "--version-root",
+                                   "http://fileserver.elastic-ctr-dev.svc.cluster.local:8080/cube/"]
     assert ["--network", "host"] == args[args.index("--network"):args.index("--network") + 2]
     assert "--read-only" in args and ["--user", "10001:10001"] == args[args.index("--user"):args.index("--user") + 2]
     assert "--group-add" in args and "no-new-privileges" in args and "ALL" in args
