@@ -319,6 +319,16 @@ def serving_args(cube, work_dir: Path, port: int, grpc_port: int, workers: int, 
                                    threads=threads, extra=extra).args)
 
 
+def restore_environ(saved: dict) -> None:
+    """Puts back the environment variables ``saved`` recorded (name -> value, None: was
+    unset), after a session fixture changed them for the processes it starts."""
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def start_serving(cube, work_dir: Path, ready=None, workers: int = 1, threads: int = 2,
                   timeout_s: float = 120.0) -> str:
     """Starts ``elastic-ctr serve`` (from its role spec) over ``cube`` (a

@@ -37,6 +37,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime import storage
+from runtime.formats.statefile import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -117,18 +118,7 @@ class GateHistory(BaseModel):
 
     def save(self, state_dir: str) -> None:
         """Writes the history atomically (temporary file, fsync, rename)."""
-        os.makedirs(state_dir, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".data-gate-", dir=state_dir)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(self.model_dump_json())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, os.path.join(state_dir, HISTORY_FILE))
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        write_atomically(os.path.join(state_dir, HISTORY_FILE), self.model_dump_json())
 
     def accept(self, stats: PartitionStats, window: int) -> None:
         """Appends an accepted partition's statistics, keeping the last ``window``."""

@@ -41,6 +41,25 @@ def read_record(path: Union[str, os.PathLike], cls: type[_B], error: type[Except
         raise error(f"{path}: not a valid {what} ({exc})") from None
 
 
+def write_atomically(path: Union[str, os.PathLike], text: str) -> None:
+    """Writes ``text`` to ``path`` (its directory created) through a fsynced temporary file
+    renamed into place: a crash leaves the previous content or the new one, never half of
+    it. Raises ``OSError``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 class StateFile(BaseModel):
     """Base of a persisted state record (``extra="forbid"``: a reader accepts exactly what
     its writer writes)."""
@@ -69,18 +88,5 @@ class StateFile(BaseModel):
             raise StateError(f"{path}: {why}") from None
 
     def save(self, path: Union[str, os.PathLike]) -> None:
-        """Writes the record to ``path`` (its directory created) through a fsynced temporary
-        file renamed into place. Raises ``OSError``."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_json(), f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        """Writes the record to ``path`` (``write_atomically``). Raises ``OSError``."""
+        write_atomically(path, json.dumps(self.to_json(), indent=1, sort_keys=True))

@@ -62,7 +62,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import time
 from typing import Any, Optional
 
@@ -74,7 +73,7 @@ from runtime.formats import donefile, partitions
 from runtime.metrics.trainer import metrics as trainer_metrics, waiting_counter
 # an export entry of the state file is the result line's record (one definition)
 from runtime.formats.train_result import ExportResult as ExportRecord
-from runtime.formats.statefile import read_record
+from runtime.formats.statefile import read_record, write_atomically
 from runtime.formats.train_result import PartitionResult
 from runtime.trainer import cadence, data_gate, fedrows, model_eval, publish
 from runtime.trainer.fedrows import apply_patch, table_diff  # noqa: F401  (the patch arithmetic, tests)
@@ -152,18 +151,7 @@ class OnlineState(BaseModel):
 
     def save(self, state_dir: str) -> None:
         """Writes the state atomically (temporary file, fsync, rename)."""
-        os.makedirs(state_dir, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".online-state-", dir=state_dir)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(self.model_dump_json(indent=1))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, os.path.join(state_dir, STATE_FILE))
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        write_atomically(os.path.join(state_dir, STATE_FILE), self.model_dump_json(indent=1))
 
     def published_hour(self) -> partitions.Partition:
         """The first partition in no published (or pending) version."""

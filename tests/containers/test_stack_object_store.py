@@ -33,6 +33,7 @@ from runtime.formats import donefile
 from tests.containers.kube import Cluster
 from tests.containers.stack_steps import cube_versions, dict_info, forbidden_log_lines
 from tests.containers.test_stack import OVERRIDES, VENV_BIN
+from tests.helpers import restore_environ
 from tests.s3server import S3Server
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow]
@@ -100,11 +101,7 @@ def s3_stack(engine, images, tmp_path_factory):
             finally:
                 cluster.teardown()
         finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            restore_environ(saved)
 
 
 @pytest.mark.timeout(1500)

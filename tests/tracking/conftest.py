@@ -9,6 +9,8 @@ import os
 
 import pytest
 
+from tests.helpers import restore_environ
+
 from runtime import auth, proc, tracking_login
 from runtime.local.mlflow_server import MlflowServer
 
@@ -27,8 +29,4 @@ def mlflow_server(tmp_path_factory):
         with proc.ProcessGroup(root / "logs") as group:
             yield MlflowServer(root / "store", group, credentials_dir=creds).start()
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        restore_environ(saved)
