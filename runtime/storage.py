@@ -312,13 +312,19 @@ def read_bytes(location: str, timeout_s: float = 30.0, follow_redirects: bool = 
             return f.read()
 
 
-def md5_file(path: str | os.PathLike) -> str:
-    """Hex MD5 digest of a local file, read in 1 MiB chunks."""
-    h = hashlib.md5()
+def file_digest(path: str | os.PathLike, algorithm: str) -> str:
+    """Hex digest (``hashlib`` name ``algorithm``: md5, sha256) of a local file, read in
+    1 MiB chunks. Raises ``OSError``, ``ValueError`` for an unknown algorithm."""
+    h = hashlib.new(algorithm)
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(CHUNK), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def md5_file(path: str | os.PathLike) -> str:
+    """Hex MD5 digest of a local file (the shard tars' published md5)."""
+    return file_digest(path, "md5")
 
 
 def download(location: str, dest: str | os.PathLike, md5: str | None = None,

@@ -21,7 +21,6 @@ for SequenceFiles (``runtime.formats.seqfile``) only. SHA-256: FIPS 180-4 (``has
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path, PurePosixPath
@@ -29,13 +28,13 @@ from typing import Iterable, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from runtime import storage
 from runtime.formats._validation import NonNegInt, describe
 
 FILE = "manifest.json"
 FORMAT = "elastic-ctr-manifest/1"
 SPARSE_DIR = "sparse"
 DENSE_DIR = "dense"
-_CHUNK = 1 << 20
 
 
 class ManifestError(ValueError):
@@ -129,12 +128,8 @@ def read(root: str, rel: str, version: Optional[int] = None) -> Manifest:
 
 
 def sha256_file(path: str | os.PathLike) -> str:
-    """Hex SHA-256 of a local file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """Hex SHA-256 of a local file (``storage.file_digest``)."""
+    return storage.file_digest(path, "sha256")
 
 
 def count_rows(path: str | os.PathLike, expect: Optional[int] = None) -> int:
