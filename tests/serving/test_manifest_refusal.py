@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -65,14 +66,21 @@ def test_damaged_dense_model_is_refused_and_the_previous_version_keeps_serving(e
             np.testing.assert_allclose(r.json["outputs"][0]["data"], want, rtol=1e-5, atol=1e-6)
             answered[0] += 1
 
+    def answered_more_than(n: int) -> None:  # the client is answered (a loaded machine may take a while)
+        deadline = time.monotonic() + 30
+        while answered[0] <= n and not errors and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     t = threading.Thread(target=worker)
     t.start()
     try:
+        answered_more_than(0)
         why = _damage(root / "versions" / str(V2), kind)
         _line(root, V2)
         assert not watcher.poll_once()
         assert watcher.current.version == V1
         assert f"version {V2} refused" in watcher.last_error and why in watcher.last_error, watcher.last_error
+        answered_more_than(answered[0])  # and still answered by V1 after the refusal
     finally:
         stop.set()
         t.join()
