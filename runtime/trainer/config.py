@@ -16,7 +16,7 @@ import tempfile
 from typing import Annotated, Any, Callable, Literal, NamedTuple, Optional, Union, get_args, get_origin
 
 import annotated_types as at
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from runtime.formats import features, partitions
 from runtime.trainer import readers
@@ -389,7 +389,7 @@ def check_inputs(cfg: TrainConfig) -> tuple[list[str], list[str]]:
 
 def check_roots(cfg: TrainConfig) -> None:
     """The data root (``--data-root``: reachable) and the version root (``--output``:
-    writable, with the upload token) checked before training, so a missing bucket or an
+    writable with the upload token where this process exports, reachable elsewhere) checked before training, so a missing bucket or an
     unwritable root fails now with a clear error rather than at the first export
     (``runtime.roots.check_root``). Raises ``storage.LocationError`` naming the flag."""
     from runtime import roots, storage
@@ -397,7 +397,23 @@ def check_roots(cfg: TrainConfig) -> None:
     if cfg.data_root:
         roots.check_root(cfg.data_root, "--data-root")
     if cfg.output:
-        roots.check_root(cfg.output, "--output", write=True, token=storage.read_token(cfg.upload_token_file))
+        if _exports(os.environ):
+            roots.check_root(cfg.output, "--output", write=True, token=storage.read_token(cfg.upload_token_file))
+        else:  # a pserver or a trainer other than 0: reads the root, never writes it (nor holds its credential)
+            roots.check_root(cfg.output, "--output")
+
+
+def _exports(env) -> bool:
+    """Whether the process ``env`` describes writes the version root: trainer 0 of a
+    parameter-server job, or a process outside one (a single trainer, a local launcher);
+    never a pserver (``TRAINING_ROLE``, ``PADDLE_TRAINER_ID`` / ``VC_TASK_INDEX``:
+    ``runtime.trainer.roles``)."""
+    role = env.get("TRAINING_ROLE", "").strip().upper()
+    if role == "PSERVER":
+        return False
+    if role == "TRAINER":
+        return (env.get("PADDLE_TRAINER_ID") or env.get("VC_TASK_INDEX") or "0").strip() == "0"
+    return True
 
 
 def check_table_dir(base: str) -> None:
