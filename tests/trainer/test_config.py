@@ -85,3 +85,15 @@ def test_child_flags_rebuild_the_same_config(tmp_path):
                       partition_minutes=5, state_dir=str(tmp_path))
     assert [str(p) for p in cfg.hours()] == ["20261120/0005", "20261120/0130"]
     assert _train(config.train_argv(cfg)) == cfg
+
+
+def test_only_the_exporting_process_checks_the_version_root_writable():
+    """A pserver and trainers other than 0 never write the version root (nor hold its write
+    credential): they check it reachable only."""
+    from runtime.trainer.config import _exports
+
+    assert _exports({}) and _exports({"TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": "0"})
+    assert _exports({"TRAINING_ROLE": "trainer", "VC_TASK_INDEX": "0"})
+    assert not _exports({"TRAINING_ROLE": "PSERVER"})
+    assert not _exports({"TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": "1"})
+    assert not _exports({"TRAINING_ROLE": "TRAINER", "VC_TASK_INDEX": "2"})
