@@ -77,7 +77,7 @@ def test_no_false_alarm_over_a_drifting_long_tail_day(day):
     schema = data_schema.infer(stats, "criteo", SLOTS)
     verdicts = _replay(day, _hours(24), schema=schema)
     assert [v for v in verdicts if v[1]] == []
-    hist, sketch = ps.GateHistory(), data_gate.FeasignSketch()
+    sketch = data_gate.FeasignSketch()
     rates = []
     for h in _hours(8):
         b = _batch(day, h)
@@ -98,16 +98,21 @@ def test_flipped_labels_are_quarantined(small):
     assert "click_rate" in checks, verdicts["20261120/06"]
 
 
+
+def _copy_hours(src, root: Path, n: int) -> None:
+    """The first ``n`` hourly partitions of ``src`` copied under ``root``, each complete."""
+    for h in _hours(n):
+        d = Path(h.location(str(root)))
+        d.mkdir(parents=True)
+        (d / "part-00000").write_bytes(Path(partitions.files(str(src), h)[0]).read_bytes())
+        partitions.mark_complete(d)
+
 def test_a_slot_gone_is_quarantined_and_named(small, tmp_path):
     """(b) at unit level: slot C3 empty in every row of an hour: the missing-rate bound and
     the schema's presence bound both name it."""
     src = small
     root = tmp_path / "hours"
-    for h in _hours(7):
-        d = Path(h.location(str(root)))
-        d.mkdir(parents=True)
-        (d / "part-00000").write_bytes(Path(partitions.files(str(src), h)[0]).read_bytes())
-        partitions.mark_complete(d)
+    _copy_hours(src, root, 7)
     _rewrite(root, _hours(7)[6], lambda f: f[:16] + [""] + f[17:])  # label, I1..I13, C1, C2, [C3]
     stats = [data_gate.statistics(str(h), *(lambda b: (b.labels, b.dense, b.feasigns))(_batch(root, h)), SLOTS)
              for h in _hours(6)]
@@ -204,11 +209,7 @@ def test_admit_quarantines_marks_and_restores(small, tmp_path):
     from runtime.metrics.trainer import metrics
 
     root = tmp_path / "hours"
-    for h in _hours(7):
-        d = Path(h.location(str(root)))
-        d.mkdir(parents=True)
-        (d / "part-00000").write_bytes(Path(partitions.files(str(small), h)[0]).read_bytes())
-        partitions.mark_complete(d)
+    _copy_hours(small, root, 7)
     _rewrite(root, _hours(7)[4], lambda f: [str(1 - int(f[0]))] + f[1:])
     _rewrite(root, _hours(7)[5], lambda f: f[:-1])  # a column dropped: 39 fields
     cfg = TrainConfig(mode="continuous", data_root=str(root), start_hour=START, state_dir=str(tmp_path / "state"))
