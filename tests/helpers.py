@@ -354,6 +354,43 @@ def start_serving(cube, work_dir: Path, ready=None, workers: int = 1, threads: i
         time.sleep(0.2)
 
 
+class PredictLoad:
+    """``threads`` clients POSTing ``{"lines": lines}`` to ``url``'s ``/predict`` back to back
+    (10 ms apart) from ``start()`` to ``stop()``: each answer's ``(model version,
+    probabilities)`` goes to ``on_answer`` (an ``AssertionError`` it raises counts as a
+    failure); ``errors`` holds every failure (HTTP status, connection error)."""
+
+    def __init__(self, url: str, lines: list[str], on_answer, threads: int = 2):
+        self.url, self.lines, self.on_answer = url, lines, on_answer
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+
+    def start(self) -> "PredictLoad":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+    def _run(self) -> None:
+        s = requests.Session()
+        while not self._stop.is_set():
+            try:
+                r = s.post(self.url + "/predict", json={"lines": self.lines}, timeout=10)
+                if r.status_code != 200:
+                    self.errors.append(f"HTTP {r.status_code}: {r.text[:200]}")
+                    continue
+                body = r.json()
+                self.on_answer(int(body["model_version"]), body["probabilities"])
+            except (requests.RequestException, AssertionError) as exc:
+                self.errors.append(repr(exc)[:300])
+            time.sleep(0.01)
+
+
 class FakeCube:
     """In-memory stand-in for ``runtime.cube.client.CubeClient``: tables per version.
 

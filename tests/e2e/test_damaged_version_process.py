@@ -8,7 +8,6 @@ client load (0 failed requests) and then serves the next good one."""
 from __future__ import annotations
 
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import requests
 from runtime import storage
 from runtime.formats import donefile, features, manifest
 from runtime.formats.seqfile import read_sequence_file, write_sequence_file
-from tests.helpers import export_version, make_table, start_serving
+from tests.helpers import PredictLoad, export_version, make_table, start_serving
 
 pytestmark = pytest.mark.slow
 
@@ -107,28 +106,13 @@ def test_damaged_versions_are_refused_and_serving_keeps_answering(tmp_path, requ
         r = first[0]
         want = r.json()["probabilities"]
         seen: dict[int, int] = {}
-        errors: list[str] = []
-        stop = threading.Event()
 
-        def client():
-            s = requests.Session()
-            while not stop.is_set():
-                try:
-                    r = s.post(url + "/predict", json={"lines": lines[:8]}, timeout=10)
-                    if r.status_code != 200:
-                        errors.append(f"HTTP {r.status_code}: {r.text[:200]}")
-                        continue
-                    v = int(r.json()["model_version"])
-                    seen[v] = seen.get(v, 0) + 1
-                    if v == V1:
-                        np.testing.assert_allclose(r.json()["probabilities"], want, rtol=1e-6)
-                except (requests.RequestException, AssertionError) as exc:
-                    errors.append(repr(exc)[:300])
-                time.sleep(0.01)
+        def answered(v: int, probs: list[float]) -> None:
+            seen[v] = seen.get(v, 0) + 1
+            if v == V1:
+                np.testing.assert_allclose(probs, want, rtol=1e-6)
 
-        threads = [threading.Thread(target=client) for _ in range(2)]
-        for t in threads:
-            t.start()
+        load = PredictLoad(url, lines[:8], answered).start()
         try:
             kinds = ["sparse_cut", "dense_cut", "dense_altered", "manifest_missing"]
             for i, kind in enumerate(kinds, 1):
@@ -154,8 +138,6 @@ def test_damaged_versions_are_refused_and_serving_keeps_answering(tmp_path, requ
                 assert time.monotonic() < deadline, f"serving did not switch to {V5}: {seen}"
                 time.sleep(0.1)
         finally:
-            stop.set()
-            for t in threads:
-                t.join()
-        assert not errors, errors[:5]
+            load.stop()
+        assert not load.errors, load.errors[:5]
         print(f"{where}: {sum(seen.values())} requests, 0 failed, answers per version {seen}")

@@ -11,7 +11,6 @@ import dataclasses
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -19,7 +18,7 @@ import pytest
 import requests
 
 from runtime.formats import features
-from tests.helpers import export_version, make_table, offline_predict, start_serving
+from tests.helpers import PredictLoad, export_version, make_table, offline_predict, start_serving
 
 pytestmark = pytest.mark.slow
 
@@ -82,26 +81,7 @@ def test_rollback_and_pin_under_load(tmp_path):
         _wait_served(url, lines[:n], V3, cube.group)
 
         answers: list[tuple[int, list[float]]] = []
-        errors: list[str] = []
-        stop = threading.Event()
-
-        def client():
-            s = requests.Session()
-            while not stop.is_set():
-                try:
-                    r = s.post(url + "/predict", json={"lines": lines[:n]}, timeout=10)
-                    if r.status_code != 200:
-                        errors.append(f"HTTP {r.status_code}: {r.text[:200]}")
-                        continue
-                    body = r.json()
-                    answers.append((int(body["model_version"]), body["probabilities"]))
-                except requests.RequestException as exc:
-                    errors.append(repr(exc))
-                time.sleep(0.01)
-
-        threads = [threading.Thread(target=client) for _ in range(2)]
-        for t in threads:
-            t.start()
+        load = PredictLoad(url, lines[:n], lambda v, probs: answers.append((v, probs))).start()
         try:
             # 1. elastic-ctr rollback --to V2 (an older patch): its chain laid out, serving follows
             # the operator's shell holds the run's cube-control credential (the transfer asks for it)
@@ -129,10 +109,8 @@ def test_rollback_and_pin_under_load(tmp_path):
             _wait_served(url, lines[:n], V4, cube.group)
             time.sleep(0.5)
         finally:
-            stop.set()
-            for t in threads:
-                t.join()
-        assert not errors, errors[:5]
+            load.stop()
+        assert not load.errors, load.errors[:5]
         seen = {}
         for v, probs in answers:
             np.testing.assert_allclose(probs, offline(v), rtol=1e-5, atol=1e-6, err_msg=f"version {v}")
