@@ -188,6 +188,9 @@ def run(args) -> int:
             "--data-root", str(root), "--partition-minutes", "1", "--start-hour", START,
             "--state-dir", str(work / "train-state"), "--table-dir", str(work / "table"), "--output", svc.root_url,
             "--upload-token-file", str(svc.token_file), "--poll-s", "0.1", "--patch-every-seconds", "0",
+            # no data gate: the synthetic warm-up partition (every categorical value distinct) is no
+            # history for minute partitions to be compared with (the gate would quarantine them all)
+            "--gate-window", "0",
             "--base-every-minutes", "525600", "--checkpoint-every-minutes", "525600",
             "--log-dir", str(work / "logs" / "train")]
         trainer = group.start("train", argv, expect_exit=False)
