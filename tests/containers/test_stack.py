@@ -157,10 +157,15 @@ def test_transfer_rolls_the_version_out_to_every_cube_pod(stack, say):
 # ----------------------------------------------------------------------------- 2b. tracking
 def _mlflow(c: Cluster, path: str, **params) -> dict:
     """GET ``/api/2.0/mlflow/<path>`` of the tracking pod (its Service's name as the Host header,
-    as the trainers and the transfer reach it)."""
+    as the trainers and the transfer reach it), logged in with the stack's tracking credential
+    (MLflow's basic auth: the ``credentials-tracking`` Secret)."""
+    from runtime import role_specs
+
     pod = c.live_pods("tracking")[0]
+    login = c.secrets[f"credentials-{role_specs.TRACKING}"]
     r = requests.get(f"http://{pod.ip}:5000/api/2.0/mlflow/{path}", params=params, timeout=10,
-                     headers={"Host": "tracking.elastic-ctr-dev.svc.cluster.local:5000"})
+                     headers={"Host": "tracking.elastic-ctr-dev.svc.cluster.local:5000"},
+                     auth=(login[role_specs.TRACKING_USERNAME], login[role_specs.TRACKING_PASSWORD]))
     assert r.status_code == 200, (path, r.status_code, r.text[:500])
     return r.json()
 
