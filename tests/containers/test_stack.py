@@ -155,17 +155,21 @@ def test_transfer_rolls_the_version_out_to_every_cube_pod(stack, say):
 
 
 # ----------------------------------------------------------------------------- 2b. tracking
-def _mlflow(c: Cluster, path: str, **params) -> dict:
-    """GET ``/api/2.0/mlflow/<path>`` of the tracking pod (its Service's name as the Host header,
-    as the trainers and the transfer reach it), logged in with the stack's tracking credential
-    (MLflow's basic auth: the ``credentials-tracking`` Secret)."""
+def _mlflow_login(c: Cluster) -> tuple[str, str]:
+    """The stack's tracking login (MLflow's basic auth: the ``credentials-tracking`` Secret)."""
     from runtime import role_specs
 
-    pod = c.live_pods("tracking")[0]
     login = c.secrets[f"credentials-{role_specs.TRACKING}"]
-    r = requests.get(f"http://{pod.ip}:5000/api/2.0/mlflow/{path}", params=params, timeout=10,
-                     headers={"Host": "tracking.elastic-ctr-dev.svc.cluster.local:5000"},
-                     auth=(login[role_specs.TRACKING_USERNAME], login[role_specs.TRACKING_PASSWORD]))
+    return login[role_specs.TRACKING_USERNAME], login[role_specs.TRACKING_PASSWORD]
+
+
+def _mlflow(c: Cluster, path: str, body: dict | None = None, **params) -> dict:
+    """GET (POST with ``body``) ``/api/2.0/mlflow/<path>`` of the tracking pod, logged in
+    (``_mlflow_login``), its Service's name as the Host header, as the trainers and the
+    transfer reach it."""
+    url = f"http://{c.live_pods('tracking')[0].ip}:5000/api/2.0/mlflow/{path}"
+    kw = dict(timeout=10, headers={"Host": "tracking.elastic-ctr-dev.svc.cluster.local:5000"}, auth=_mlflow_login(c))
+    r = requests.post(url, json=body, **kw) if body is not None else requests.get(url, params=params, **kw)
     assert r.status_code == 200, (path, r.status_code, r.text[:500])
     return r.json()
 
@@ -178,9 +182,7 @@ def test_tracking_server_holds_the_jobs_run_and_the_rollout(stack, say):
     runs = {}
 
     def both():
-        found = requests.post(f"http://{c.live_pods('tracking')[0].ip}:5000/api/2.0/mlflow/runs/search",
-                              json={"experiment_ids": [exp["experiment_id"]]}, timeout=10,
-                              headers={"Host": "tracking.elastic-ctr-dev.svc.cluster.local:5000"}).json()
+        found = _mlflow(c, "runs/search", {"experiment_ids": [exp["experiment_id"]]})
         for run in found.get("runs", []):
             tags = {t["key"]: t["value"] for t in run["data"].get("tags", [])}
             runs[(tags.get("elastic_ctr.role"), tags.get("elastic_ctr.trainer_id"))] = run
