@@ -134,7 +134,7 @@ golden: install
 
 ## Regenerates Pulumi.yaml's config block from infra/config.py (the keys' one definition).
 pulumi-yaml: install
-	$(BIN)/python -m infra.config > Pulumi.yaml.new && mv Pulumi.yaml.new Pulumi.yaml
+	$(BIN)/python -m infra.pulumi_yaml > Pulumi.yaml.new && mv Pulumi.yaml.new Pulumi.yaml
 
 clean:
 	rm -rf $(VENV) $(TRITON_VENV) $(KSERVE_VENV) $(NCA_VENV) $(CHECKOV_VENV) runs rendered .pytest_cache site

@@ -5,7 +5,7 @@ committed.
   argparse parsers ``runtime.cli.build_parser()`` builds (the parsers the console script
   runs), 100 columns wide.
 - ``reference/configuration.md``: every stack key, from the source ``make pulumi-yaml``
-  uses: its Pulumi type, default and description from ``infra.config.pulumi_yaml()``, its
+  uses: its Pulumi type, default and description from ``infra.pulumi_yaml.pulumi_yaml()``, its
   group from ``StackConfig``'s fields, and what it allows from the validators ``parse()``
   runs (``infra.config_types.check``'s text, the trainer's ``runtime.trainer.config.allowed``
   for the training keys, Pulumi's booleans), secrets from ``infra.config.SECRETS``.
@@ -128,9 +128,9 @@ def config_rows() -> list[dict]:
     or a constrained key's allowed text cannot be found."""
     import yaml
 
-    from infra import config as stack
+    from infra import config as stack, pulumi_yaml
 
-    declared = yaml.safe_load(stack.pulumi_yaml())["config"]
+    declared = yaml.safe_load(pulumi_yaml.pulumi_yaml())["config"]
     rows, group = [], "where and what"
     for key, decl in declared.items():
         row = {"key": key, **decl, "secret": key in stack.SECRETS}

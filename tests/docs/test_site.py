@@ -75,9 +75,9 @@ def test_subcommands_walks_nested_parsers(hook):
 
 
 def test_config_page_has_every_key_as_declared(hook):
-    from infra import config as stack
+    from infra import config as stack, pulumi_yaml
 
-    declared = yaml.safe_load(stack.pulumi_yaml())["config"]
+    declared = yaml.safe_load(pulumi_yaml.pulumi_yaml())["config"]
     rows = {r["key"]: r for r in hook.config_rows()}
     assert set(rows) == set(stack.KEYS) == set(declared)
     page = hook.config_page()

@@ -6,7 +6,8 @@ import pydantic
 import pytest
 import yaml
 
-from infra.config import FIELDS, PROJECT_FILE, SECRETS, ConfigError, StackConfig, parse, pulumi_yaml
+from infra.config import FIELDS, PROJECT_FILE, SECRETS, ConfigError, StackConfig, parse
+from infra.pulumi_yaml import pulumi_yaml
 from runtime.trainer.config import TrainConfig
 
 TOKEN = "t" * 32
