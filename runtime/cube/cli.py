@@ -143,23 +143,9 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
                    help="URL at which agents download ROOT/cube/ (default: ROOT itself, a URL or a path "
                         "the agents can read)")
     p.add_argument("--dict-name", default=None, help="dict name (default: the topology's dict_name)")
-    p.add_argument("--phase-timeout", type=float, default=300.0,
-                   help="seconds allowed for each of download, reload and enable")
-    p.add_argument("--retries", type=int, default=3,
-                   help="attempts per replica and phase before the rollout aborts")
     p.add_argument("--no-coalesce", action="store_true",
                    help="roll every patch out on its own, even when several are queued (default: the queued "
                         "patches go out as one rollout, the newest row winning; runtime/cube/transfer/coalesce.py)")
-    p.add_argument("--max-rollout-attempts", type=int, default=3,
-                   help="rollouts of one version before it is given up")
-    p.add_argument("--rollout-backoff", type=float, default=10.0,
-                   help="seconds before a failed rollout is retried, doubled per attempt, <= 300")
-    p.add_argument("--reconcile-interval", type=float, default=30.0,
-                   help="seconds between checks for replicas lagging behind the served version, "
-                        "which are then brought up to it (0 = never)")
-    p.add_argument("--stop-timeout", type=float, default=20.0,
-                   help="on SIGTERM, seconds to wait for the step in progress before exiting (its rollout "
-                        "resumes at the next start)")
     p.add_argument("--pin-version", type=int, default=None,
                    help="serve this version (its chain laid out as one base) instead of following the "
                         "donefiles; left out: follow them (the stack's servedVersion)")
@@ -169,16 +155,27 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
     add_drain_seconds(p)
     p.add_argument("--once", action="store_true", help="roll out what the donefile holds, then exit")
     p.add_argument("--insecure-no-auth", action="store_true",
-                   help="present no cube-control credential to the agents (they must run with --insecure-no-auth)")
+                   help="no cube-control credential: none presented to the agents (they must run with "
+                        "--insecure-no-auth) nor asked for POST /rollback")
     p.add_argument("--model-gate", choices=("on", "off"), default="on",
                    help="hold a version worse than the previous one on its rows set aside "
                         "(runtime/cube/transfer/model_gate.py; versions without an evaluation pass)")
-    p.add_argument("--model-gate-auc-drop", type=float, default=0.05,
-                   help="model gate: largest AUC drop below the previous version's")
-    p.add_argument("--model-gate-logloss-ratio", type=float, default=1.25,
-                   help="model gate: largest ratio of the log loss to the previous version's")
-    p.add_argument("--model-gate-calibration", type=float, default=2.5,
-                   help="model gate: largest factor between mean prediction and click rate (either way)")
+    # the rollout's time limits and retries, and the model gate's thresholds
+    for flag, kind, default, text in (
+            ("--phase-timeout", float, 300.0, "seconds allowed for each of download, reload and enable"),
+            ("--retries", int, 3, "attempts per replica and phase before the rollout aborts"),
+            ("--max-rollout-attempts", int, 3, "rollouts of one version before it is given up"),
+            ("--rollout-backoff", float, 10.0, "seconds before a failed rollout is retried, doubled per attempt, <= 300"),
+            ("--reconcile-interval", float, 30.0, "seconds between checks for replicas lagging behind the served "
+                                                  "version, which are then brought up to it (0 = never)"),
+            ("--stop-timeout", float, 20.0, "on SIGTERM, seconds to wait for the step in progress before exiting "
+                                            "(its rollout resumes at the next start)"),
+            ("--model-gate-auc-drop", float, 0.05, "model gate: largest AUC drop below the previous version's"),
+            ("--model-gate-logloss-ratio", float, 1.25,
+             "model gate: largest ratio of the log loss to the previous version's"),
+            ("--model-gate-calibration", float, 2.5,
+             "model gate: largest factor between mean prediction and click rate (either way)")):
+        p.add_argument(flag, type=kind, default=default, help=text)
 
     def handler(args: argparse.Namespace) -> int:
         from runtime.cube.transfer import app

@@ -41,28 +41,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("auto", "criteo", "slot"), default="auto",
                    help="format of --data (default: detect)")
     p.add_argument("--slot-file", default=None, help="slot list for slot-format --data")
-    p.add_argument("--rows", type=int, default=200_000, help="generated training rows")
-    p.add_argument("--test-rows", type=int, default=20_000, help="generated test rows")
-    p.add_argument("--seed", type=int, default=1, help="data generator seed")
-    p.add_argument("--epochs", type=int, default=None, help="training passes per round (default: the trainer's)")
-    p.add_argument("--epochs-round2", type=int, default=None, help="passes of the second round (default: half of --epochs, at least 1, over the "
-                        "two days of generated data, so both rounds train on as many examples; with --data: --epochs)")
-    p.add_argument("--batch-size-train", type=int, default=None, help="training batch size (default: the trainer's)")
-    p.add_argument("--embedding-dim", type=int, default=None, help="embedding width (default: the trainer's)")
-    p.add_argument("--pservers", type=int, default=1, help="parameter servers")
-    p.add_argument("--trainers", type=int, default=2, help="trainers")
-    p.add_argument("--shards", type=int, default=2, help="cube shards")
-    p.add_argument("--replicas", type=int, default=2, help="cube replicas per shard")
-    p.add_argument("--serving-workers", type=int, default=2, help="serving worker processes")
-    p.add_argument("--serving-threads", type=int, default=2, help="serving threads per worker")
-    p.add_argument("--concurrency", type=int, default=4, help="demo client workers")
-    p.add_argument("--batch-size", type=int, default=1, help="client batch size of the latency run")
-    p.add_argument("--score-batch-size", type=int, default=64,
-                   help="client batch size when scoring the whole test set")
-    p.add_argument("--latency-requests", type=int, default=3000,
-                   help="requests of the batch-1 latency/QPS run")
-    p.add_argument("--rollout-concurrency", type=int, default=2,
-                   help="client workers sending during the second round")
+    # counts: the data, the training job, the topology and the demo client
+    for flag, default, text in (
+            ("--rows", 200_000, "generated training rows"),
+            ("--test-rows", 20_000, "generated test rows"),
+            ("--seed", 1, "data generator seed"),
+            ("--epochs", None, "training passes per round (default: the trainer's)"),
+            ("--epochs-round2", None, "passes of the second round (default: half of --epochs, at least 1, over the "
+                                      "two days of generated data, so both rounds train on as many examples; with "
+                                      "--data: --epochs)"),
+            ("--batch-size-train", None, "training batch size (default: the trainer's)"),
+            ("--embedding-dim", None, "embedding width (default: the trainer's)"),
+            ("--pservers", 1, "parameter servers"),
+            ("--trainers", 2, "trainers"),
+            ("--shards", 2, "cube shards"),
+            ("--replicas", 2, "cube replicas per shard"),
+            ("--serving-workers", 2, "serving worker processes"),
+            ("--serving-threads", 2, "serving threads per worker"),
+            ("--concurrency", 4, "demo client workers"),
+            ("--batch-size", 1, "client batch size of the latency run"),
+            ("--score-batch-size", 64, "client batch size when scoring the whole test set"),
+            ("--latency-requests", 3000, "requests of the batch-1 latency/QPS run"),
+            ("--rollout-concurrency", 2, "client workers sending during the second round")):
+        p.add_argument(flag, type=int, default=default, help=text)
     p.add_argument("--rollout-rate", type=float, default=200.0,
                    help="requests/s the client sends during the second round (0 = unlimited); "
                    "bounded so that it does not starve the training it overlaps with")
