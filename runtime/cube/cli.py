@@ -174,7 +174,9 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
             ("--model-gate-logloss-ratio", float, 1.25,
              "model gate: largest ratio of the log loss to the previous version's"),
             ("--model-gate-calibration", float, 2.5,
-             "model gate: largest factor between mean prediction and click rate (either way)")):
+             "model gate: largest factor between mean prediction and click rate (either way)"),
+            ("--model-gate-min-rows", int, 500, "model gate: an evaluation on fewer rows set aside is not judged "
+                                                "(the version passes)")):
         p.add_argument(flag, type=kind, default=default, help=text)
 
     def handler(args: argparse.Namespace) -> int:

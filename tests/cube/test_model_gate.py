@@ -27,7 +27,7 @@ def add(root: Path, vid: int, key: int, cand: dict | None, base: dict | None = P
     (vdir / "sparse").mkdir(parents=True)
     (vdir / "dense").mkdir()
     (vdir / "sparse" / "part-00000").write_bytes(b"v%d;" % vid)
-    metrics = {} if cand is None else {"evaluation": {"hour": "20261120/01", "rows": 300, "candidate": cand,
+    metrics = {} if cand is None else {"evaluation": {"hour": "20261120/01", "rows": 1000, "candidate": cand,
                                                       "baseline": base}}
     (vdir / "dense" / "model_meta.json").write_text(json.dumps({"metrics": metrics}))
     rec = donefile.DonefileRecord(id=vid, key=key, input=donefile.sparse_dir(vid), model=donefile.dense_dir(vid))
@@ -36,14 +36,16 @@ def add(root: Path, vid: int, key: int, cand: dict | None, base: dict | None = P
 
 def test_reasons_follow_the_thresholds():
     th = model_gate.Thresholds()
-    ev = version_eval.VersionEvaluation.model_validate({"hour": "h", "rows": 1, "candidate": BLOWN, "baseline": PREV})
+    ev = version_eval.VersionEvaluation.model_validate({"hour": "h", "rows": 1000, "candidate": BLOWN, "baseline": PREV})
     why = model_gate.reasons(ev, th)
     assert len(why) == 3 and why[0].startswith("AUC 0.5500") and "log loss" in why[1] and "calibration" in why[2]
-    ok = version_eval.VersionEvaluation.model_validate({"hour": "h", "rows": 1, "candidate": GOOD, "baseline": PREV})
+    ok = version_eval.VersionEvaluation.model_validate({"hour": "h", "rows": 1000, "candidate": GOOD, "baseline": PREV})
     assert model_gate.reasons(ok, th) == []
-    first = version_eval.VersionEvaluation.model_validate({"hour": "h", "rows": 1, "candidate": BLOWN})
+    first = version_eval.VersionEvaluation.model_validate({"hour": "h", "rows": 1000, "candidate": BLOWN})
     assert model_gate.reasons(first, th) == []  # no baseline: nothing to compare with
     assert model_gate.reasons(ev, model_gate.Thresholds(enabled=False)) == []
+    few = ev.model_copy(update={"rows": th.min_rows - 1})
+    assert model_gate.reasons(few, th) == []  # too few rows to judge: it passes
     with pytest.raises(version_eval.EvaluationError, match="meta.json: metrics.evaluation"):
         version_eval.from_metrics({"evaluation": {"rows": 1}}, "meta.json")
 

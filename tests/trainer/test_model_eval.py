@@ -50,9 +50,9 @@ def test_an_export_with_blown_up_parameters_is_held():
     rec = version_eval.VersionEvaluation.model_validate(c.finish(w))
     assert rec.hour == "20261120/05" and rec.rows == 400 and rec.baseline is not None
     assert rec.candidate.logloss > 2 * rec.baseline.logloss
-    assert model_gate.reasons(rec, model_gate.Thresholds())  # held
+    assert model_gate.reasons(rec, model_gate.Thresholds(min_rows=400))  # held
     w.blown = False
     c.before(w, staged, "20261120/07", scored=True)
     good = version_eval.VersionEvaluation.model_validate(c.finish(w))
-    assert good.hour == "20261120/07" and model_gate.reasons(good, model_gate.Thresholds()) == []
+    assert good.hour == "20261120/07" and model_gate.reasons(good, model_gate.Thresholds(min_rows=400)) == []
     assert c.finish(w) is None  # nothing kept since

@@ -75,7 +75,8 @@ def model_gate_of(args):
     return Thresholds(auc_drop=getattr(args, "model_gate_auc_drop", 0.05),
                       logloss_ratio=getattr(args, "model_gate_logloss_ratio", 1.25),
                       calibration=getattr(args, "model_gate_calibration", 2.5),
-                      enabled=getattr(args, "model_gate", "on") == "on")
+                      enabled=getattr(args, "model_gate", "on") == "on",
+                      min_rows=getattr(args, "model_gate_min_rows", 500))
 
 
 def main(args) -> int:

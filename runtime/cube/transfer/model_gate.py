@@ -53,12 +53,16 @@ class Thresholds:
     logloss_ratio: float = 1.25
     calibration: float = 2.5
     enabled: bool = True
+    #: an evaluation on fewer rows is not judged (the version passes): a few hundred rows move
+    #: AUC and calibration more than the bounds (the demo's small runs held good versions)
+    min_rows: int = 500
 
 
 def reasons(ev: version_eval.VersionEvaluation, th: Thresholds) -> list[str]:
-    """Why ``ev``'s candidate is worse than its baseline beyond ``th`` (empty: it passes)."""
+    """Why ``ev``'s candidate is worse than its baseline beyond ``th`` (empty: it passes,
+    has no baseline, or was evaluated on fewer than ``th.min_rows`` rows)."""
     c, b = ev.candidate, ev.baseline
-    if b is None or not th.enabled:
+    if b is None or not th.enabled or ev.rows < th.min_rows:
         return []
     out = []
     if c.auc is not None and b.auc is not None and c.auc < b.auc - th.auc_drop:
