@@ -15,7 +15,7 @@ NCA_PYTHON ?= python3.11
 CHECKOV_VENV ?= .venv-checkov
 PYTEST_ARGS ?=
 
-.PHONY: install browser prometheus constraints demo test test-fast docs bench-train bench-cube bench-rollout bench-serving bench-serving-peers bench-storage bench-tracking bench-metrics bench-online bench-fresh bench render golden pulumi-yaml clean
+.PHONY: bench-manifest install browser prometheus constraints demo test test-fast docs bench-train bench-cube bench-rollout bench-serving bench-serving-peers bench-storage bench-tracking bench-metrics bench-online bench-fresh bench render golden pulumi-yaml clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -118,6 +118,9 @@ bench-online: install
 
 ## Freshness at 1-minute partitions (bench/bench_fresh.py): 1M rows/hour on a table of millions of rows, landed-to-
 ## served per partition, the cube's RSS while patching. BENCH_FRESH_ARGS="--partitions 5 --warmup-rows 20000": a quick try.
+bench-manifest: install
+	$(BIN)/python bench/bench_manifest.py
+
 bench-fresh: install
 	$(BIN)/python bench/bench_fresh.py $(BENCH_FRESH_ARGS)
 
