@@ -14,8 +14,8 @@ partition.
    --partition-minutes 1`` (1 pserver, 2 trainers) following ``hours/``; partition 0 lands,
    its base is rolled out, serving starts on it and a client (``--client-rate`` requests/s,
    batch 1) runs from then on;
-3. the cube servers' RSS is read while serving the base (``VmRSS``) and their peak RSS
-   reset (``/proc/<pid>/clear_refs``, 5); partitions 1..N then land (a directory rename,
+3. the cube servers' RSS is read while serving the base (``VmRSS``; again at the end,
+   serving the table the patches made, the ratio's denominator) and their peak RSS reset (``/proc/<pid>/clear_refs``, 5); partitions 1..N then land (a directory rename,
    ``_SUCCESS`` inside) every ``--land-every-s`` seconds (at most 60: faster than real time
    is allowed, never slower), whatever the job and the cube are doing;
 4. a thread follows serving's version (``/v2/health/ready``, every 50 ms); partition ``t``
@@ -27,7 +27,8 @@ served it, its rollout seconds and the patches coalesced into it (the transfer's
 landed-to-served seconds. Then where the time goes (p50 of each step), and the line
 ``fresh partition_s=60 partitions=<n> table_rows=<n> rows_per_hour=<n> patch_rows_p50=<n>
 rollout_s_p50=<s> landed_to_served_s_p50=<s> landed_to_served_s_p99=<s>
-cube_rss_patch_ratio=<peak RSS while patching / RSS serving, the largest server's>
+cube_rss_patch_ratio=<peak RSS while patching / RSS serving the table patched, the largest
+server's>
 failed_requests=<n>`` (patch rows and rollouts over the patches; landed-to-served over
 partitions 1..N; ``table_rows``: the distinct keys served at the end).
 
@@ -210,7 +211,7 @@ def run(args) -> int:
                               ["--until-file", str(work / "client.stop"), "--rate", str(args.client_rate)])
         time.sleep(2.0)
         servers = dict(svc.cube.servers)
-        serving_rss = {k: rss_mib(r.proc.pid, "VmRSS") for k, r in servers.items()}
+        start_rss = {k: rss_mib(r.proc.pid, "VmRSS") for k, r in servers.items()}
         hwm_reset = all(_reset_peak(r.proc.pid) for r in servers.values())
         follow = ServedLog(svc.serving_url, servers)
         follow.thread.start()
@@ -231,6 +232,8 @@ def run(args) -> int:
         follow.stop.set()
         follow.thread.join(5)
         failed = _stop_client(group, client, work / "client.stop")
+        end_rss = {k: rss_mib(r.proc.pid, "VmRSS") for k, r in servers.items()}
+        serving_rss = {k: (start_rss[k], end_rss[k]) for k in servers}
         peak = {k: rss_mib(r.proc.pid, "VmHWM") if hwm_reset else follow.rss_max.get(k, 0.0)
                 for k, r in servers.items()}
         import requests
@@ -277,11 +280,13 @@ def report(args, svc, parts, landed, follow, history, steps, serving_rss, peak, 
                         ", ".join(f"{k} {_pct(v, 50):.2f}" for k, v in phases.items())))
     print(f"rollouts: {len(patches)} patch rollouts for {len(out)} partitions, "
           f"{sum(len(h.get('coalesced') or []) for h in patches)} patches coalesced; cube RSS serving "
-          + ", ".join(f"{k}: {serving_rss[k]:.0f} -> peak {peak[k]:.0f} MiB" for k in sorted(serving_rss)))
+          + ", ".join(f"{k}: {serving_rss[k][0]:.0f} at the base, {serving_rss[k][1]:.0f} at the end, "
+                      f"peak {peak[k]:.0f} MiB" for k in sorted(serving_rss)))
     served = follow.changes[-1][1] if follow.changes else None
     chain = [v for v in sorted(recs) if served in recs and v <= served and recs[v].key == recs[served].key]
     keys = np.unique(np.concatenate([_keys(svc.root, v) for v in chain])) if chain else []
-    ratio = max((peak[k] / serving_rss[k] for k in serving_rss if serving_rss[k] > 0), default=float("nan"))
+    # over the RSS serving the table the patches made (it grows with their new keys)
+    ratio = max((peak[k] / serving_rss[k][1] for k in serving_rss if serving_rss[k][1] > 0), default=float("nan"))
     patch_rows = [recs[v].count for v in recs if recs[v].key != v]
     (work / "bench-fresh.json").write_text(json.dumps({"partitions": out, "history": history,
                                                        "serving_rss": {str(k): v for k, v in serving_rss.items()},

@@ -20,10 +20,12 @@ not kept.
 
 Patches: ``merge`` writes rows into a table in place (when they fit under ``MAX_LOAD`` and
 none is the sentinel; ``fits``); ``upsert`` is copy on write (a new table: a copy, or a
-rehash into a larger one with a new sentinel if needed), the fallback when a merge does not
-fit. ``VersionView`` is what the server serves: a base table plus the patches applied since
-its last merge as small overlay tables, read newest first (docs/cube.md, "Versions in
-place", has the design and its invariants).
+rehash into a larger one with a new sentinel if needed). ``VersionView`` is what the server
+serves: a base table, the **extensions** that hold the keys added past the base's headroom
+(each a table of about ``GROW_STEP`` of the base's slots, so the table grows by steps of its
+new keys, never by a copy), and the patches applied since the last merge as small overlay
+tables, read newest first (docs/cube.md, "Versions in place", has the design and its
+invariants).
 """
 from __future__ import annotations
 
@@ -39,8 +41,14 @@ LOAD, MAX_LOAD = 0.6, 0.7
 #: bits per key of an overlay's Bloom filter (2 set per key: ~2 % false positives at 16);
 #: a lookup probes an overlay only for a key its filter may hold
 FILTER_BITS = 16
-#: most tables (overlays + base) one view reads (``kernel.c``'s VIEW_MAX_TABLES)
+#: most tables (overlays + extensions + base) one view reads (``kernel.c``'s VIEW_MAX_TABLES)
 MAX_TABLES = 16
+#: an extension's slots: at least this fraction of its base's (each holds up to ``MAX_LOAD``
+#: of them: about 7 % more keys than its base was built with)
+GROW_STEP = 1 / 16
+#: most extensions of a view; a merge that would need one more rebuilds the base (a copy of
+#: the table, once the table grew by about half since its base was loaded)
+MAX_EXTENSIONS = 8
 _U64_MAX = 2**64 - 1
 
 
@@ -207,29 +215,48 @@ class InlineTable:
         return t
 
 
+def _newest_rows(rows: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """``rows``: ``(keys uint64[n_i], values float32[n_i, dim])`` oldest first, each with
+    unique keys -> their union, a key's row the newest one holding it."""
+    keys = np.concatenate([k for k, _ in rows])
+    values = np.concatenate([v for _, v in rows])
+    if len(rows) > 1:
+        _, last = np.unique(keys[::-1], return_index=True)
+        keep = keys.shape[0] - 1 - last
+        keys, values = keys[keep], values[keep]
+    return keys, values
+
+
 class VersionRetired(RuntimeError):
     """A lookup on a ``VersionView`` that was retired (no longer served)."""
 
 
 class VersionView:
-    """One served version: ``base`` (an ``InlineTable``) and ``overlays`` (``InlineTable``
-    each, oldest first: the patches applied since the base's last merge), read newest
-    first: a key's value is the one of the newest table holding it. ``version``: its id;
-    ``count``: keys it holds; ``dim``. Views of successive versions share the base.
+    """One served version: ``base`` (an ``InlineTable``), ``extensions`` (``InlineTable``
+    each, with a Bloom filter: keys added past the base's headroom, disjoint from the
+    base's and from each other's) and ``overlays`` (``InlineTable`` each, oldest first: the
+    patches applied since the last merge), read newest first: a key's value is the one of
+    the newest overlay holding it, else of the base or the extension holding it.
+    ``version``: its id; ``count``: keys it holds; ``dim``. Views of successive versions
+    share the base and the extensions' tables.
 
     ``buf`` is the view as ``kernel.c``'s ``cube_view_lookup`` reads it (uint64: pins,
     retired, dim, stride, table count, then address, capacity, sentinel, filter address
-    and words per table, newest first); ``addr`` its address (the server's hot path calls ``KERNEL.view_lookup_raw``
-    with it). A view holds references to its tables, so they live as long as it does."""
+    and words per table: overlays newest first, extensions, the base last); ``addr`` its
+    address (the server's hot path calls ``KERNEL.view_lookup_raw`` with it). A view holds
+    references to its tables, so they live as long as it does. Raises ``ValueError`` when
+    the tables' dims differ or they are more than ``MAX_TABLES``."""
 
-    __slots__ = ("base", "overlays", "version", "count", "dim", "buf", "addr")
+    __slots__ = ("base", "overlays", "extensions", "version", "count", "dim", "buf", "addr")
 
-    def __init__(self, base: InlineTable, overlays: list[InlineTable], version: int, count: int):
+    def __init__(self, base: InlineTable, overlays: list[InlineTable], version: int, count: int,
+                 extensions: list[InlineTable] | tuple = ()):
         self.base, self.overlays, self.version, self.count = base, list(overlays), int(version), int(count)
+        self.extensions = list(extensions)
         self.dim = base.dim
-        tables = self.overlays[::-1] + [base]
+        tables = self.overlays[::-1] + self.extensions + [base]
         if any(t.dim != base.dim for t in tables):
-            raise ValueError(f"overlays must have the base's dim {base.dim}")
+            raise ValueError(f"overlays and extensions must have the base's dim {base.dim}")
         if len(tables) > MAX_TABLES:
             raise ValueError(f"a view reads at most {MAX_TABLES} tables, got {len(tables)}: fold it first")
         self.buf = np.zeros(5 + 5 * len(tables), np.uint64)
@@ -251,8 +278,9 @@ class VersionView:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the tables it reads (the base, shared with other views, included)."""
-        return self.base.nbytes + sum(t.nbytes for t in self.overlays)
+        """Bytes of the tables it reads (the base and extensions, shared with other views,
+        included)."""
+        return self.base.nbytes + sum(t.nbytes for t in self.extensions + self.overlays)
 
     @property
     def retired(self) -> bool:
@@ -311,43 +339,85 @@ class VersionView:
             raise ValueError(f"values chunks cover {at} rows of {keys.shape[0]} keys")
         overlay.with_filter()
         new = int(keys.shape[0] - np.count_nonzero(self.contains(keys)))
-        return VersionView(self.base, self.overlays + [overlay], version, self.count + new)
+        return VersionView(self.base, self.overlays + [overlay], version, self.count + new, self.extensions)
 
     def folded(self, in_place: bool = True) -> "VersionView":
-        """The same version with its overlays merged into the base, oldest first: in place
-        (``KERNEL.table_merge``: O(overlay slots), GIL released; the base has no filter)
-        when they fit and ``in_place``, else into a new base (``InlineTable.upsert``: a
-        copy, larger if needed). Returns a view with no overlay (or ``self`` when it has
-        none). In place, the caller guarantees that no lookup runs or starts on a view
-        of this base lacking one of these overlays (``retire`` + ``wait_unpinned``); lookups
-        on this view may run meanwhile: a merged key is found in its overlay first."""
+        """The same version with its overlays merged, oldest first, into the base and the
+        extensions: a view with no overlay (or ``self`` when it has none).
+
+        In place when ``in_place``: the rows of keys the base or an extension holds are
+        written there; new keys go into the base while it stays under ``MAX_LOAD`` and none
+        is its sentinel (``KERNEL.table_merge``, GIL released), else into the last
+        extension, or a new one (``GROW_STEP`` of the base's slots, or the new keys' need)
+        when that does not fit them: memory grows with the new keys only. A merged
+        extension is a new ``InlineTable`` on the same memory with a rebuilt filter (the
+        views being read keep theirs). By a copy (``InlineTable.upsert``: a new base
+        holding the extensions' rows too) when not ``in_place`` or past
+        ``MAX_EXTENSIONS``. In place, the caller guarantees that no lookup runs or starts
+        on a view of this base lacking one of these overlays (``retire`` +
+        ``wait_unpinned``); lookups on this view may run meanwhile: a merged key is found
+        in its overlay first."""
         if not self.overlays:
             return self
+        if in_place:
+            extensions = self._merge_in_place()
+            if extensions is not None:
+                assert self.base.count + sum(e.count for e in extensions) == self.count
+                return VersionView(self.base, [], self.version, self.count, extensions)
+        keys, values = _newest_rows([e.items() for e in self.extensions] + [t.items() for t in self.overlays])
+        base = self.base.upsert(keys, values)
+        assert base.count == self.count, (base.count, self.count)
+        return VersionView(base, [], self.version, self.count)
+
+    def _merge_in_place(self) -> list[InlineTable] | None:
+        """``folded``'s in-place merge; returns the extensions of the merged view, or None
+        (nothing written) when it would need more than ``MAX_EXTENSIONS``."""
         base = self.base
         sentinel = np.array([base.sentinel], np.uint64)
-        if in_place and not any(bool(t.contains(sentinel)[0]) for t in self.overlays):
+        if not self.extensions and not any(bool(t.contains(sentinel)[0]) for t in self.overlays):
             # an upper bound of the keys added (a new key in two overlays counts twice)
             new = sum(KERNEL.table_merge(base.tab, base.sentinel, base.count, t.tab, t.sentinel, True)
                       for t in self.overlays)
-            in_place = base.count + new <= MAX_LOAD * base.capacity and base.count + new < base.capacity
-        else:
-            in_place = False
-        if in_place:  # oldest first: the newest row of a key is written last; GIL released
-            for t in self.overlays:
-                added = KERNEL.table_merge(base.tab, base.sentinel, base.count, t.tab, t.sentinel, False)
-                assert added >= 0, added  # checked above
-                base.count += added
-        else:
-            rows = [t.items() for t in self.overlays]
-            keys = np.concatenate([k for k, _ in rows])
-            values = np.concatenate([v for _, v in rows])
-            if len(rows) > 1:  # a key in several overlays: the newest row wins
-                _, last = np.unique(keys[::-1], return_index=True)
-                keep = keys.shape[0] - 1 - last
-                keys, values = keys[keep], values[keep]
-            base = base.upsert(keys, values)
-        assert base.count == self.count, (base.count, self.count)
-        return VersionView(base, [], self.version, self.count)
+            if base.count + new <= MAX_LOAD * base.capacity and base.count + new < base.capacity:
+                for t in self.overlays:  # oldest first: the newest row of a key is written last
+                    added = KERNEL.table_merge(base.tab, base.sentinel, base.count, t.tab, t.sentinel, False)
+                    assert added >= 0, added  # checked above
+                    base.count += added
+                return []
+        keys, values = _newest_rows([t.items() for t in self.overlays])
+        held = base.contains(keys)
+        extensions = list(self.extensions)
+        owner = np.full(keys.shape[0], -1, np.int64)  # -1: new key, else its extension
+        for i, e in enumerate(extensions):
+            rest = np.flatnonzero(~held & (owner < 0))
+            owner[rest[e.contains(keys[rest])]] = i
+        new = (~held) & (owner < 0)
+        room = min(int(MAX_LOAD * base.capacity), base.capacity - 1) - base.count
+        to_base = not extensions and int(new.sum()) <= room and not bool((keys[new] == sentinel[0]).any())
+        last = extensions[-1] if extensions else None
+        to_last = not to_base and last is not None and last.fits(keys[new])
+        if not (to_base or to_last or not new.any()) and len(extensions) >= MAX_EXTENSIONS:
+            return None
+        if to_base:
+            held |= new
+        base.count += KERNEL.table_upsert(base.tab, base.tabf, base.sentinel, base.count, keys[held], values[held])
+        for i, e in enumerate(extensions):
+            mine = owner == i
+            if to_last and i == len(extensions) - 1:
+                mine |= new
+            if mine.any():
+                KERNEL.table_upsert(e.tab, e.tabf, e.sentinel, e.count, keys[mine], values[mine])
+                count = int(np.count_nonzero(e.tab[:, 0] != np.uint64(e.sentinel)))  # O(its slots), as its filter
+                if count != e.count:  # a new object on the same memory: views being read keep their filter
+                    extensions[i] = InlineTable(e.tab, e.sentinel, count, e.dim).with_filter()
+        if new.any() and not (to_base or to_last):
+            cap = max(table_capacity(int(new.sum())), math.ceil(GROW_STEP * base.capacity))
+            ext = InlineTable(InlineTable._alloc(cap, self.dim), choose_sentinel(keys[new], avoid=(base.sentinel,)),
+                              0, self.dim)  # a sentinel the base may hold as a key later
+            KERNEL.table_clear(ext.tab, ext.sentinel)
+            ext.count = KERNEL.table_upsert(ext.tab, ext.tabf, ext.sentinel, 0, keys[new], values[new], upsert=False)
+            extensions.append(ext.with_filter())
+        return extensions
 
     def retire(self) -> None:
         """Lookups on this view answer ``VersionRetired`` from now on (those in progress finish)."""

@@ -1,8 +1,9 @@
 """The server's versioned views (runtime/cube/table.py: VersionView over InlineTable):
 every version answers as the offline model (a dict with each version's rows applied in
 order), misses, overwrites across patches, merges in place under concurrent readers,
-retired views and the copy fallbacks (a full base, the sentinel as a patch key, a view
-still pinned)."""
+retired views, growth past the base's headroom by extensions (also for a patch key that is
+the base's sentinel) and the copy fallbacks (past ``MAX_EXTENSIONS``, a view still
+pinned)."""
 from __future__ import annotations
 
 import threading
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from runtime.cube.server.versions import Slot, Versions
-from runtime.cube.table import MAX_LOAD, VersionRetired, VersionView
+from runtime.cube.table import GROW_STEP, MAX_EXTENSIONS, MAX_LOAD, VersionRetired, VersionView
 
 DIM = 3
 
@@ -162,34 +163,110 @@ def test_retired_view_refuses_lookups_and_pins_block_wait():
     assert v.wait_unpinned(0.01)
 
 
-def test_fold_copies_when_the_base_is_full_or_holds_the_sentinel_or_not_in_place():
+def test_fold_grows_by_extensions_past_the_base_headroom_and_for_the_sentinel():
+    """New keys past ``MAX_LOAD`` of the base, and a key that is the base's sentinel, go
+    into extensions (the base is never copied, memory grows by an extension); later
+    patches update rows in the base and the extensions in place; every view answers as
+    offline, and the view being read during a merge keeps its answers."""
     rng = np.random.default_rng(5)
-    keys, values = rows(rng, 0, fresh=1000)
+    keys, values = rows(rng, 0, fresh=4000)
     ref = Offline(keys, values)
     v0 = VersionView.of_base(keys, values, 0)
-    room = int(MAX_LOAD * v0.base.capacity) - v0.base.count
-    pk, pv = rows(rng, 10, keys, fresh=room + 10)  # past MAX_LOAD: a new, larger base
+    base = v0.base
+    room = int(MAX_LOAD * base.capacity) - base.count
+    pk, pv = rows(rng, 10, keys, fresh=room + 10)  # past MAX_LOAD
     v1 = v0.patched(pk, pv, 1)
     ref.apply(1, pk, pv)
     f1 = v1.folded()
-    assert f1.base is not v0.base and f1.base.capacity > v0.base.capacity
-    query = np.concatenate([keys, pk])
+    assert f1.base is base and len(f1.extensions) == 1 and base.count + f1.extensions[0].count == len(f1)
+    assert f1.extensions[0].capacity < base.capacity // 4  # memory added: the new keys, not a copy
+    query = np.concatenate([keys, pk, rng.integers(1 << 62, 1 << 63, 100, dtype=np.uint64)])
     check(f1, ref, 1, query)
-    check(v0, ref, 0, query)  # the old base was not written
-    sk = np.array([f1.base.sentinel], np.uint64)  # a patch key that is the base's sentinel
+    check(v1, ref, 1, query)  # still answers while and after the merge (its overlay first)
+    sk = np.array([base.sentinel], np.uint64)  # a patch key that is the base's sentinel
     sv = np.full((1, DIM), 4.0, np.float32)
-    v2 = f1.patched(sk, sv, 2)
-    ref.apply(2, sk, sv)
+    pk2 = np.concatenate([sk, pk[:50], keys[:50]])  # and rows of keys the extension and the base hold
+    pv2 = np.concatenate([sv, rng.standard_normal((100, DIM)).astype(np.float32)])
+    v2 = f1.patched(pk2, pv2, 2)
+    ref.apply(2, pk2, pv2)
     f2 = v2.folded()
-    assert f2.base is not f1.base and f2.base.sentinel != sk[0]
-    check(f2, ref, 2, np.concatenate([query, sk]))
+    assert f2.base is base and base.sentinel == sk[0] and len(f2.extensions) == 1
+    assert f2.extensions[0].tab is f1.extensions[0].tab  # the last extension had room: no new table
+    query = np.concatenate([query, sk])
+    check(f2, ref, 2, query)
+    check(v2, ref, 2, query)  # the view read during the merge: the patch's keys found in its overlay
+    f = f2
+    for v in range(3, 3 + 40):  # growth step after step, up to MAX_EXTENSIONS, then a copy
+        pk, pv = rows(rng, 20, keys, fresh=int(GROW_STEP * MAX_LOAD * base.capacity))
+        ref.apply(v, pk, pv)
+        nxt = f.patched(pk, pv, v).folded()
+        query = np.concatenate([query, pk[:20]])
+        check(nxt, ref, v, query)
+        if nxt.base is not base:
+            assert len(f.extensions) == MAX_EXTENSIONS and not nxt.extensions
+            check(f, ref, v - 1, query)  # the copy wrote nothing the previous view reads
+            break
+        assert len(nxt.extensions) >= len(f.extensions)
+        f = nxt
+    else:
+        raise AssertionError("never reached MAX_EXTENSIONS")
     pk3, pv3 = rows(rng, 5, keys, fresh=5)
-    v3 = f2.patched(pk3, pv3, 3)
-    ref.apply(3, pk3, pv3)
-    f3 = v3.folded(in_place=False)
-    assert f3.base is not f2.base
-    check(f3, ref, 3, np.concatenate([query, pk3]))
-    check(f2, ref, 2, np.concatenate([query, pk3]))
+    v3 = f.patched(pk3, pv3, 99)
+    ref.apply(99, pk3, pv3)
+    ref.versions[99] = {**ref.versions[v - 1], **dict(zip(pk3.tolist(), pv3))}
+    f3 = v3.folded(in_place=False)  # a copy: one base holding the extensions' rows too
+    assert f3.base is not base and not f3.extensions
+    check(f3, ref, 99, np.concatenate([query, pk3]))
+
+
+def test_merge_into_an_extension_under_readers_never_shows_a_newer_row():
+    """As the in-place test above, with the merge writing an extension: readers of the
+    current version and of the one loaded on it, while new keys land in the extension
+    and rows of the base and the extension are overwritten."""
+    rng = np.random.default_rng(8)
+    keys, values = rows(rng, 0, fresh=100_000)
+    ref = Offline(keys, values)
+    v0 = VersionView.of_base(keys, values, 0)
+    room = int(MAX_LOAD * v0.base.capacity) - v0.base.count
+    p1k, p1v = rows(rng, 2000, keys, fresh=room + 1000)
+    v1 = v0.patched(p1k, p1v, 1)
+    ref.apply(1, p1k, p1v)
+    f1 = v1.folded()
+    assert len(f1.extensions) == 1
+    p2k, p2v = rows(rng, 20_000, np.concatenate([keys, p1k]), fresh=1500)
+    v2 = f1.patched(p2k, p2v, 2)
+    ref.apply(2, p2k, p2v)
+    p3k, p3v = rows(rng, 5000, p2k, fresh=1000)
+    v3 = v2.patched(p3k, p3v, 3)
+    ref.apply(3, p3k, p3v)
+    f1.retire()
+    v1.retire()
+    v0.retire()
+    query = np.concatenate([p2k[:4000], p3k[:2000], p1k[-2000:], keys[:2000]])
+    want = {2: ref.answer(2, query), 3: ref.answer(3, query)}
+    stop, bad, reads = threading.Event(), [], [0]
+
+    def reader(view, version):
+        while not stop.is_set():
+            vals, found = view.lookup(query)
+            if not (np.array_equal(found, want[version][1]) and np.array_equal(vals, want[version][0])):
+                bad.append(version)
+            reads[0] += 1
+
+    threads = [threading.Thread(target=reader, args=a) for a in ((v2, 2), (v3, 3))]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(3):  # idempotent: more time under readers
+            folded = v2.folded()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not bad and reads[0] > 0
+    assert folded.base is v0.base and len(folded.extensions) == 1
+    check(folded, ref, 2, query)
+    check(v3, ref, 3, query)
 
 
 def test_bad_patches_raise():

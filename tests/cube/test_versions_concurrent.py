@@ -4,8 +4,8 @@ back to back through the control calls the transfer makes (``bg_load_patch`` on 
 shard, then ``enable`` on every shard), while reader threads seek through
 ``CubeClient``: batches pinned to a version they name, and batches on whatever version
 the client settles on. Every answer must equal the offline answer of the version it
-names (the base, then each patch's rows applied in order); a pinned version may only be
-refused (``CubeVersionUnavailable``) once the server dropped it. Bounded: ~20 s."""
+names (the base, then each patch's rows applied in order), also once the patches' new
+keys outgrow the base's headroom (extensions); a pinned version may only be refused (``CubeVersionUnavailable``) once the server dropped it. Bounded: ~20 s."""
 from __future__ import annotations
 
 import shutil
@@ -166,6 +166,8 @@ def test_readers_see_exactly_the_version_they_name_while_patches_land(tmp_path):
         for addr in https:
             st = requests.get(f"{addr}/status", timeout=5).json()
             assert st["version"] == BASE + PATCHES and st["prev_version"] == BASE + PATCHES - 1
+            # the patches' new keys outgrew the base's headroom: merged into extensions, never a copy
+            assert st["extensions"] >= 1 and st["merges"]["copied"] == 0, st
         assert time.monotonic() - t0 < 60
     finally:
         c.group.stop_all()

@@ -88,12 +88,15 @@ class Versions:
 
     def status(self) -> dict:
         """The versions' part of ``GET /status``: ``version``, ``prev_version``,
-        ``bg_version``, ``bg_state``, ``bg_error``, ``keys``, ``dim``, ``lineage``."""
+        ``bg_version``, ``bg_state``, ``bg_error``, ``keys``, ``dim``, ``lineage``,
+        ``extensions`` (the served view's extension tables: growth past its base's
+        headroom), ``merges`` (``{"in_place", "copied"}``: patch merges so far)."""
         cur, prev = self.served
         return {"version": cur.version if cur else None, "prev_version": prev.version if prev else None,
                 "bg_version": self.bg_version, "bg_state": self.bg_state, "bg_error": self.bg_error,
                 "keys": len(cur.t) if cur else 0, "dim": cur.dim if cur else None,
-                "lineage": cur.lineage if cur else []}
+                "lineage": cur.lineage if cur else [], "extensions": len(cur.t.extensions) if cur else 0,
+                "merges": dict(self.merges)}
 
     def bg_load(self, directory: str, version: int, base_version: int | None = None) -> None:
         """Starts a background load of the dict in ``directory`` (a base, or a patch when
@@ -208,8 +211,8 @@ class Versions:
             if swapped and cur.t.wait_unpinned(self.unpin_timeout_s):  # its overlays can be freed now
                 with self._lock:
                     self._retired = [v for v in self._retired if v is not cur.t]
-            log.info("merged %d patch(es) of version %d into its base (%s) in %.3f s", len(cur.t.overlays),
-                     cur.version, how, time.perf_counter() - t0)
+            log.info("merged %d patch(es) of version %d into its base (%s; %d extension(s)) in %.3f s",
+                     len(cur.t.overlays), cur.version, how, len(folded.t.extensions), time.perf_counter() - t0)
             return folded
 
     def enable(self, version: int) -> dict:
