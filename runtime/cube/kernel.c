@@ -251,13 +251,14 @@ int64_t cube_table_lookup(const uint8_t *table, int64_t cap, int64_t stride, uin
 /* ---------------------------------------------------------------- versioned views
  *
  * A version of the served dict as the server reads it (runtime/cube/table.py, VersionView):
- * a stack of inline tables of one stride, newest first, the base last; a key's value is
- * the one of the first table that holds it. The view lives in a uint64 array:
+ * a stack of inline tables of one stride: the overlays newest first, the base, then the
+ * extensions (keys added past the base's headroom: no first table holds them); a key's
+ * value is the one of the first table that holds it. The view lives in a uint64 array:
  *
  *     [0] pins (atomic: lookups in progress)   [1] retired (0 / 1)
- *     [2] dim   [3] stride (bytes)   [4] ntab (>= 1)
- *     [5 + 5 * t ...] table t: address, cap, sentinel, filter address (0: none), filter
- *                     words (t = 0 newest .. ntab - 1 base)
+ *     [2] dim   [3] stride (bytes)   [4] ntab (>= 1)   [5] nfirst (overlays + base)
+ *     [6 + 5 * t ...] table t: address, cap, sentinel, filter address (0: none), filter
+ *                     words (t = 0 newest overlay .. nfirst - 1 base .. ntab - 1)
  *
  * A table's filter (cube_filter_build): a blocked Bloom filter of its keys, uint64
  * words[nwords], 2 bits per key in one word, both from fmix64(key ^ FILTER_SALT) (the word:
@@ -271,14 +272,10 @@ int64_t cube_table_lookup(const uint8_t *table, int64_t cap, int64_t stride, uin
  * sees the pin). */
 
 #define VIEW_MAX_TABLES 16
+#define VIEW_HEADER 6
 #define FILTER_SALT 0x9e3779b97f4a7c15ULL
 
 static inline uint64_t filter_mask(uint64_t g) { return (1ULL << (g & 63)) | (1ULL << ((g >> 6) & 63)); }
-
-static inline int filter_may_hold(const uint64_t *words, uint64_t nwords, uint64_t k) {
-    const uint64_t g = fmix64(k ^ FILTER_SALT), m = filter_mask(g);
-    return (words[home(g, nwords)] & m) == m;  /* home(): multiply-shift of the mixed bits */
-}
 
 /* Builds the filter words[nwords] (nwords >= 1) of every key of table (cap slots,
  * sentinel). */
@@ -302,72 +299,114 @@ void cube_view_retire(uint64_t *view) {
     __atomic_store_n(&view[1], 1, __ATOMIC_SEQ_CST);
 }
 
+/* The tables of a view, unpacked (cube_view_lookup). */
+struct view_tables {
+    int64_t stride;
+    const uint8_t *tab[VIEW_MAX_TABLES];
+    uint64_t cap[VIEW_MAX_TABLES], sent[VIEW_MAX_TABLES], nwords[VIEW_MAX_TABLES];
+    const uint64_t *filt[VIEW_MAX_TABLES];
+};
+
+/* Probes tables [t0, t1) of v, in order, for keys k[m] (m <= TCHUNK): hit[j] = the slot of
+ * the first table holding k[j], left as is (NULL) when none does. First every key's filter
+ * word in every table with a filter is prefetched, then every key a table's filter may hold
+ * is hashed and its home slot there prefetched (the base, t == base: the three lines from
+ * it, as cube_table_lookup), so the misses of all keys and tables overlap; then the probes. */
+static void view_probe(const struct view_tables *v, int64_t t0, int64_t t1, int64_t base, const uint64_t *k,
+                       int64_t m, const uint8_t **hit) {
+    uint64_t h[VIEW_MAX_TABLES][TCHUNK];
+    for (int64_t t = t0; t < t1; t++)
+        if (v->filt[t])
+            for (int64_t j = 0; j < m; j++) {
+                h[t][j] = fmix64(k[j] ^ FILTER_SALT);
+                __builtin_prefetch(v->filt[t] + home(h[t][j], v->nwords[t]));
+            }
+    for (int64_t t = t0; t < t1; t++)
+        for (int64_t j = 0; j < m; j++) {
+            if (v->filt[t]) {
+                const uint64_t g = h[t][j], fm = filter_mask(g);
+                if ((v->filt[t][home(g, v->nwords[t])] & fm) != fm) {
+                    h[t][j] = UINT64_MAX;  /* not in this table */
+                    continue;
+                }
+            }
+            h[t][j] = home(k[j], v->cap[t]);
+            const uint8_t *p = v->tab[t] + (size_t)h[t][j] * v->stride;
+            __builtin_prefetch(p);
+            if (t == base) {
+                __builtin_prefetch(p + 64);
+                __builtin_prefetch(p + 128);
+            }
+        }
+    for (int64_t j = 0; j < m; j++)
+        for (int64_t t = t0; t < t1 && !hit[j]; t++) {
+            uint64_t s = h[t][j];
+            if (k[j] == v->sent[t] || s == UINT64_MAX) continue;  /* not in this table */
+            const uint8_t *slot = v->tab[t] + (size_t)s * v->stride;
+            uint64_t sk = __atomic_load_n((const uint64_t *)slot, __ATOMIC_ACQUIRE);
+            while (sk != k[j] && sk != v->sent[t]) {
+                if (++s == v->cap[t]) s = 0;
+                slot = v->tab[t] + (size_t)s * v->stride;
+                sk = __atomic_load_n((const uint64_t *)slot, __ATOMIC_ACQUIRE);
+            }
+            if (sk == k[j]) hit[j] = slot;
+        }
+}
+
 /* Looks up q[qn] in the view: found[qn] (1 hit, 0 miss) and, when out is not NULL,
  * out[qn * dim] (the value, zeros for a miss). Returns the number of hits, or -1 when the
- * view is retired (nothing written), or -2 when it has more than VIEW_MAX_TABLES tables.
- * Per chunk of TCHUNK keys: hash every key for every table and prefetch its home slot in
- * each (so the misses of all tables overlap), then probe the tables newest first. */
+ * view is retired (nothing written), or -2 when its table counts are out of range. Per
+ * chunk of TCHUNK keys: the first `nfirst` tables (the overlays, newest first, then the
+ * base) for every key, then the other tables (the extensions, whose keys no first table
+ * holds) only for the keys not found: a key the base holds costs no extension's filter. */
 int64_t cube_view_lookup(uint64_t *view, const uint64_t *q, int64_t qn, float *out, uint8_t *found) {
     __atomic_add_fetch(&view[0], 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&view[1], __ATOMIC_SEQ_CST)) {
         __atomic_sub_fetch(&view[0], 1, __ATOMIC_SEQ_CST);
         return -1;
     }
-    const int64_t dim = (int64_t)view[2], stride = (int64_t)view[3], ntab = (int64_t)view[4];
-    if (ntab < 1 || ntab > VIEW_MAX_TABLES) {
+    const int64_t dim = (int64_t)view[2], ntab = (int64_t)view[4], nfirst = (int64_t)view[5];
+    if (ntab < 1 || ntab > VIEW_MAX_TABLES || nfirst < 1 || nfirst > ntab) {
         __atomic_sub_fetch(&view[0], 1, __ATOMIC_SEQ_CST);
         return -2;
     }
-    const size_t row_bytes = (size_t)dim * sizeof(float);
-    const uint8_t *tabs[VIEW_MAX_TABLES];
-    uint64_t caps[VIEW_MAX_TABLES], sents[VIEW_MAX_TABLES], nwords[VIEW_MAX_TABLES];
-    const uint64_t *filts[VIEW_MAX_TABLES];
+    struct view_tables v;
+    v.stride = (int64_t)view[3];
     for (int64_t t = 0; t < ntab; t++) {
-        tabs[t] = (const uint8_t *)(uintptr_t)view[5 + 5 * t];
-        caps[t] = view[6 + 5 * t];
-        sents[t] = view[7 + 5 * t];
-        filts[t] = (const uint64_t *)(uintptr_t)view[8 + 5 * t];
-        nwords[t] = view[9 + 5 * t];
+        const uint64_t *e = view + VIEW_HEADER + 5 * t;
+        v.tab[t] = (const uint8_t *)(uintptr_t)e[0];
+        v.cap[t] = e[1];
+        v.sent[t] = e[2];
+        v.filt[t] = (const uint64_t *)(uintptr_t)e[3];
+        v.nwords[t] = e[4];
     }
+    const size_t row_bytes = (size_t)dim * sizeof(float);
     int64_t hits = 0;
-    uint64_t h[VIEW_MAX_TABLES][TCHUNK];
+    uint64_t k[TCHUNK], rest[TCHUNK];
+    int64_t where[TCHUNK];
+    const uint8_t *hit[TCHUNK], *rest_hit[TCHUNK];
     for (int64_t base = 0; base < qn; base += TCHUNK) {
         const int64_t m = (qn - base) < TCHUNK ? (qn - base) : TCHUNK;
-        for (int64_t t = 0; t < ntab; t++)
-            for (int64_t j = 0; j < m; j++) {
-                uint64_t k;
-                memcpy(&k, q + base + j, 8);
-                if (filts[t] && !filter_may_hold(filts[t], nwords[t], k)) {
-                    h[t][j] = UINT64_MAX;  /* not in this table */
-                    continue;
+        memcpy(k, q + base, (size_t)m * 8);
+        memset(hit, 0, sizeof hit);
+        view_probe(&v, 0, nfirst, nfirst - 1, k, m, hit);
+        if (ntab > nfirst) {  /* the extensions, for the keys the first tables lack */
+            int64_t r = 0;
+            for (int64_t j = 0; j < m; j++)
+                if (!hit[j]) {
+                    rest[r] = k[j];
+                    where[r] = j;
+                    rest_hit[r++] = NULL;
                 }
-                h[t][j] = home(k, caps[t]);
-                const uint8_t *p = tabs[t] + (size_t)h[t][j] * stride;
-                __builtin_prefetch(p);
-                if (t == ntab - 1) {  /* the base: as cube_table_lookup; an overlay: its home line */
-                    __builtin_prefetch(p + 64);
-                    __builtin_prefetch(p + 128);
-                }
+            if (r) {
+                view_probe(&v, nfirst, ntab, -1, rest, r, rest_hit);
+                for (int64_t i = 0; i < r; i++) hit[where[i]] = rest_hit[i];
             }
+        }
         for (int64_t j = 0; j < m; j++) {
             const int64_t o = base + j;
-            uint64_t k;
-            memcpy(&k, q + o, 8);
-            const uint8_t *hit = NULL;
-            for (int64_t t = 0; t < ntab && !hit; t++) {
-                uint64_t s = h[t][j];
-                if (k == sents[t] || s == UINT64_MAX) continue;  /* not in this table */
-                const uint8_t *slot = tabs[t] + (size_t)s * stride;
-                uint64_t sk = __atomic_load_n((const uint64_t *)slot, __ATOMIC_ACQUIRE);
-                while (sk != k && sk != sents[t]) {
-                    if (++s == caps[t]) s = 0;
-                    slot = tabs[t] + (size_t)s * stride;
-                    sk = __atomic_load_n((const uint64_t *)slot, __ATOMIC_ACQUIRE);
-                }
-                if (sk == k) hit = slot;
-            }
-            if (hit) {
-                if (out) memcpy(out + o * dim, hit + 8, row_bytes);
+            if (hit[j]) {
+                if (out) memcpy(out + o * dim, hit[j] + 8, row_bytes);
                 found[o] = 1;
                 hits++;
             } else {

@@ -241,8 +241,9 @@ class VersionView:
     share the base and the extensions' tables.
 
     ``buf`` is the view as ``kernel.c``'s ``cube_view_lookup`` reads it (uint64: pins,
-    retired, dim, stride, table count, then address, capacity, sentinel, filter address
-    and words per table: overlays newest first, extensions, the base last); ``addr`` its
+    retired, dim, stride, table count, tables probed first (overlays + base), then
+    address, capacity, sentinel, filter address and words per table: overlays newest
+    first, the base, the extensions, probed only for keys the others lack); ``addr`` its
     address (the server's hot path calls ``KERNEL.view_lookup_raw`` with it). A view holds
     references to its tables, so they live as long as it does. Raises ``ValueError`` when
     the tables' dims differ or they are more than ``MAX_TABLES``."""
@@ -254,16 +255,16 @@ class VersionView:
         self.base, self.overlays, self.version, self.count = base, list(overlays), int(version), int(count)
         self.extensions = list(extensions)
         self.dim = base.dim
-        tables = self.overlays[::-1] + self.extensions + [base]
+        tables = self.overlays[::-1] + [base] + self.extensions
         if any(t.dim != base.dim for t in tables):
             raise ValueError(f"overlays and extensions must have the base's dim {base.dim}")
         if len(tables) > MAX_TABLES:
             raise ValueError(f"a view reads at most {MAX_TABLES} tables, got {len(tables)}: fold it first")
-        self.buf = np.zeros(5 + 5 * len(tables), np.uint64)
-        self.buf[2:5] = (self.dim, base.stride, len(tables))
+        self.buf = np.zeros(6 + 5 * len(tables), np.uint64)
+        self.buf[2:6] = (self.dim, base.stride, len(tables), len(self.overlays) + 1)
         for i, t in enumerate(tables):
             f = t.filter
-            self.buf[5 + 5 * i: 10 + 5 * i] = (t.tab.ctypes.data, t.capacity, t.sentinel,
+            self.buf[6 + 5 * i: 11 + 5 * i] = (t.tab.ctypes.data, t.capacity, t.sentinel,
                                                0 if f is None else f.ctypes.data, 0 if f is None else f.shape[0])
         self.addr = self.buf.ctypes.data
 
