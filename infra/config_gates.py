@@ -23,7 +23,7 @@ from runtime.trainer.gate_config import gate_argv  # noqa: F401  (the pods' flag
 #: stack key (snake_case) -> the ``TrainConfig`` field it sets (both spelled alike)
 TRAIN_KEYS = {k: k for k in ("gate_window", "gate_min_history", "gate_rows_ratio", "gate_click_ratio",
                              "gate_missing_shift", "gate_dense_js", "gate_new_feasign_shift", "gate_auc_drop",
-                             "gate_logloss_ratio", "gate_eval_every")}
+                             "gate_logloss_ratio", "gate_eval_every", "gate_adapt_after")}
 #: the model gate's keys -> (``cube transfer`` flag, default): ``runtime.cube.transfer.model_gate``
 MODEL_GATE_FLAGS = {"model_gate_auc_drop": ("--model-gate-auc-drop", 0.05),
                     "model_gate_logloss_ratio": ("--model-gate-logloss-ratio", 1.25),
@@ -68,6 +68,10 @@ class GateKeys(BaseModel):
         "gate_eval_every", "Continuous: trainer 0 sets aside every Nth row of its shard (never trained) to evaluate each "
                            "exported version beside the previous one, which the transfer's model gate compares; 0 = "
                            "no evaluation, every version passes the model gate")
+    gate_adapt_after: train.field_type("gate_adapt_after") = _key(
+        "gate_adapt_after", "Data gate: after this many partitions in a row quarantined for drift only, that agree with "
+                            "each other, the gate takes them as the new normal and trains the last; 0 = never (the "
+                            "shift stays quarantined until the bounds are widened)")
     model_gate: Annotated[bool, BeforeValidator(pulumi_bool)] = Field(
         True, description="The cube transfer holds a version worse than the previous one on the rows set aside "
                           "(gateEvalEvery) beyond the modelGate* thresholds (cube transfer --model-gate).")

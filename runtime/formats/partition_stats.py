@@ -14,8 +14,9 @@ anomalies found in it, the gate's history file and the quarantine marker.
 * ``Anomaly``: one broken bound: ``check`` (a ``CHECKS`` name), ``feature`` (e.g. ``C3``,
   ``I5``, or empty), ``value``, ``bound`` (what was allowed, in words) and ``message``.
 * ``GateHistory``: ``--state-dir/data-gate.json``: the statistics of the last accepted
-  partitions (``accepted``, at most the gate's window) and every quarantined partition
-  (``quarantined``: hour, anomalies, unix time). Written atomically by trainer 0.
+  partitions (``accepted``, at most the gate's window), every quarantined partition
+  (``quarantined``: hour, anomalies, unix time, statistics) and every lasting shift taken
+  as the new normal (``adaptations``). Written atomically by trainer 0.
 * The quarantine marker ``_QUARANTINED``: a JSON object ``{"hour", "anomalies": [...],
   "stats": {...}, "at": unix s}`` written beside the partition's ``_SUCCESS``. A partition
   with the marker is never trained (an operator may also write one by hand: any JSON
@@ -44,6 +45,10 @@ log = logging.getLogger(__name__)
 HISTORY_FILE = "data-gate.json"
 QUARANTINE_MARKER = "_QUARANTINED"
 DENSE_BINS = 10
+#: the checks against recent partitions' statistics: a lasting shift of the data breaks only
+#: these, and may be taken as the new normal (``runtime.trainer.data_gate``); the schema's,
+#: the malformed-line budget's and the served model's (auc, logloss) never are
+DRIFT_CHECKS = ("rows", "click_rate", "missing_rate", "dense_drift", "new_feasigns")
 #: the checks an ``Anomaly`` may name
 CHECKS = ("malformed_lines", "schema_click_rate", "schema_missing", "schema_dense_mean", "schema_saturated", "rows",
           "click_rate",
@@ -83,12 +88,26 @@ class Anomaly(BaseModel):
 
 
 class QuarantineEntry(BaseModel):
-    """A quarantined partition in the history: its hour, anomalies and when (unix s)."""
+    """A quarantined partition in the history: its hour, anomalies, when (unix s) and its
+    statistics (None: not measured, e.g. malformed lines or a marker written by hand)."""
 
     model_config = ConfigDict(extra="forbid")
 
     hour: str
     anomalies: list[Anomaly]
+    at: int
+    stats: Optional[PartitionStats] = None
+
+
+class Adaptation(BaseModel):
+    """A lasting shift the gate took as the new normal (``DataGate.judge``): the partition
+    that was accepted (``hour``), the quarantined partitions that became the window with
+    it (``partitions``) and when (unix s)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hour: str
+    partitions: list[str]
     at: int
 
 
@@ -100,6 +119,7 @@ class GateHistory(BaseModel):
     schema_version: int = 1
     accepted: list[PartitionStats] = Field(default_factory=list)
     quarantined: list[QuarantineEntry] = Field(default_factory=list)
+    adaptations: list[Adaptation] = Field(default_factory=list)
 
     @classmethod
     def load(cls, state_dir: str) -> "GateHistory":
@@ -125,10 +145,18 @@ class GateHistory(BaseModel):
         kept = [s for s in self.accepted if s.hour != stats.hour] + [stats]
         self.accepted = kept[-max(window, 1):]
 
-    def quarantine(self, hour: str, anomalies: list[Anomaly]) -> None:
+    def quarantine(self, hour: str, anomalies: list[Anomaly], stats: Optional[PartitionStats] = None) -> None:
         """Records a quarantined partition (replacing an earlier entry of the same hour)."""
         self.quarantined = [q for q in self.quarantined if q.hour != hour]
-        self.quarantined.append(QuarantineEntry(hour=hour, anomalies=anomalies, at=int(time.time())))
+        self.quarantined.append(QuarantineEntry(hour=hour, anomalies=anomalies, at=int(time.time()), stats=stats))
+
+    def adapt(self, stats: PartitionStats, shifted: list[PartitionStats], window: int) -> None:
+        """Takes a lasting shift as the new normal: the window becomes the ``shifted``
+        quarantined partitions' statistics and ``stats`` (the last ``window`` of them);
+        recorded in ``adaptations``."""
+        self.accepted = (list(shifted) + [stats])[-max(window, 1):]
+        self.adaptations.append(Adaptation(hour=stats.hour, partitions=[s.hour for s in shifted],
+                                           at=int(time.time())))
 
 
 def js_distance(p: np.ndarray, q: np.ndarray) -> float:

@@ -201,8 +201,7 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
                         str(run_dir / "train-state"), "--output", svc.root_url, "--upload-token-file",
                         str(svc.token_file), "--poll-s", "0.2", "--partition-minutes", str(minutes),
                         "--base-every-minutes", str(args.base_every_minutes), "--seed", str(args.seed),
-                        "--log-dir", str(logs / "train"),
-                        "--gate-eval-every", "20"]  # each version evaluated for the transfer's model gate
+                        "--log-dir", str(logs / "train")]
     if server is not None:
         server.wait_ready()
         train_argv += ["--tracking-uri", server.url]

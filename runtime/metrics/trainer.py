@@ -73,6 +73,8 @@ class TrainerMetrics:
                                   registry=r)
         self.quarantined = Counter("partitions_quarantined", "partitions the data gate refused (not trained)",
                                    namespace=ns, subsystem=sub, registry=r)
+        self.gate_adaptations = Counter("gate_adaptations", "lasting shifts of the data the data gate took as the "
+                                        "new normal (--gate-adapt-after)", namespace=ns, subsystem=sub, registry=r)
         self.trained_data_end = Gauge("trained_data_end_timestamp_seconds",
                                       "end of the last partition trained (unix s; NaN: none yet)", namespace=ns,
                                       subsystem=sub, registry=r)

@@ -13,8 +13,11 @@ loss on it (the continuous job's ``auc_before``), then ``check`` compares them w
   the window's mean histogram), the new-feasign rate (absolute increase), the model's AUC
   (drop) and log loss (ratio).
 
-Any bound broken, or more malformed lines than the bad-line budget allows, and the
-partition is quarantined (``DataGate.quarantine``): not trained on, a ``_QUARANTINED``
+A lasting shift (``--gate-adapt-after`` partitions in a row that break only these drift
+bounds and agree with each other) is taken as the new normal: those partitions become the
+window and the last one is trained (``DataGate.judge``); a broken partition (schema,
+malformed lines, the served model's AUC or log loss) never is. Otherwise, any bound broken,
+or more malformed lines than the bad-line budget allows, and the partition is quarantined (``DataGate.quarantine``): not trained on, a ``_QUARANTINED``
 marker beside its ``_SUCCESS`` (``partition_stats.write_marker``), an entry in the gate's
 history (``--state-dir/data-gate.json``), ``elastic_ctr_trainer_partitions_quarantined_total``
 and one log line per anomaly; the caller tags the MLflow run. Accepted partitions join the
@@ -123,13 +126,14 @@ class Thresholds:
     new_feasign_shift: float = 0.3
     auc_drop: float = 0.05
     logloss_ratio: float = 1.3
+    adapt_after: int = 6
 
     @classmethod
     def of(cls, cfg) -> "Thresholds":
         """The bounds of a ``TrainConfig``."""
         return cls(cfg.gate_window, cfg.gate_min_history, cfg.gate_rows_ratio, cfg.gate_click_ratio,
                    cfg.gate_missing_shift, cfg.gate_dense_js, cfg.gate_new_feasign_shift, cfg.gate_auc_drop,
-                   cfg.gate_logloss_ratio)
+                   cfg.gate_logloss_ratio, cfg.gate_adapt_after)
 
 
 def _a(check: str, feature: str, value: float, bound: str, what: str) -> Anomaly:
@@ -251,8 +255,40 @@ class DataGate:
         stats = statistics(hour, labels, dense, feasigns, self.slots, self.sketch, self.th.window, auc, logloss)
         out = check_schema(stats, self.schema) if self.schema is not None else []
         if self.th.window > 0:
-            out += check_history(stats, self.history.accepted, self.th, self.names)
+            drift = check_history(stats, self.history.accepted, self.th, self.names)
+            if drift and not out and self._lasting_shift(stats, drift):
+                drift = []
+            out += drift
         return stats, out
+
+    def _lasting_shift(self, stats: PartitionStats, anomalies: list[Anomaly]) -> bool:
+        """True (and the window replaced, ``GateHistory.adapt``) when ``stats`` breaks only
+        drift bounds (``partition_stats.DRIFT_CHECKS``), and so did each of the last
+        ``adapt_after - 1`` partitions, all quarantined one after the other since the last
+        accepted one, and ``stats`` is within every bound against them: the data moved
+        and stayed (a new source, a new feature mix), rather than one partition broke.
+        Logged and counted (``elastic_ctr_trainer_gate_adaptations_total``)."""
+        from runtime.metrics.trainer import metrics
+
+        n = self.th.adapt_after - 1
+        if self.th.adapt_after <= 0 or any(a.check not in ps.DRIFT_CHECKS for a in anomalies):
+            return False
+        last = max((s.hour for s in self.history.accepted), default="")
+        run = [q for q in self.history.quarantined if q.hour > last]
+        if n > 0 and (len(run) < n or any(q.stats is None or any(a.check not in ps.DRIFT_CHECKS for a in q.anomalies)
+                                          for q in run[-n:])):
+            return False
+        shifted = [q.stats for q in run[-n:]] if n > 0 else []
+        against = Thresholds(**{**self.th.__dict__, "min_history": 1})
+        if shifted and check_history(stats, shifted, against, self.names):
+            return False
+        self.history.adapt(stats, shifted, self.th.window)
+        self.history.save(self.state_dir)
+        metrics().gate_adaptations.inc()
+        log.warning("data gate: partition %s and the %d quarantined before it (%s) agree with each other but not "
+                    "with the window: a lasting shift, taken as the new normal (%s)", stats.hour, len(shifted),
+                    ", ".join(s.hour for s in shifted) or "none", "; ".join(a.message for a in anomalies))
+        return True
 
     def accept(self, stats: PartitionStats, feasigns: np.ndarray) -> None:
         """Adds an accepted partition to the window (history file and feasign sketch)."""
@@ -271,7 +307,7 @@ class DataGate:
 
         for a in anomalies:
             log.warning("data gate: partition %s quarantined: %s: %s", hour, a.check, a.message)
-        self.history.quarantine(hour, anomalies)
+        self.history.quarantine(hour, anomalies, stats)
         self.history.save(self.state_dir)
         try:
             ps.write_marker(location, hour, anomalies, stats, token=self.token)

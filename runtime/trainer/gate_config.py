@@ -7,7 +7,8 @@ quarantine an hour with flipped labels or a slot gone.
 
 Bounds compare a partition with the median of the last ``gate_window`` accepted
 partitions' figures, once ``gate_min_history`` of them exist (the schema's bounds apply
-from the first partition)."""
+from the first partition). A lasting shift of the data (not a broken partition) is taken
+as the new normal after ``gate_adapt_after`` partitions (``data_gate.DataGate.judge``)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -17,7 +18,8 @@ from pydantic import BaseModel, Field
 #: field -> default, for ``train_argv`` (a flag is passed only when it differs)
 DEFAULTS = {"data_schema": None, "gate_window": 6, "gate_min_history": 3, "gate_rows_ratio": 4.0,
             "gate_click_ratio": 1.5, "gate_missing_shift": 0.2, "gate_dense_js": 0.25,
-            "gate_new_feasign_shift": 0.3, "gate_auc_drop": 0.05, "gate_logloss_ratio": 1.3, "gate_eval_every": 0}
+            "gate_new_feasign_shift": 0.3, "gate_auc_drop": 0.05, "gate_logloss_ratio": 1.3, "gate_eval_every": 20,
+            "gate_adapt_after": 6}
 
 
 class GateFields(BaseModel):
@@ -49,7 +51,13 @@ class GateFields(BaseModel):
                                       "served model's log loss on a partition to the recent median", gt=1)
     gate_eval_every: int = Field(DEFAULTS["gate_eval_every"], description="continuous: trainer 0 sets aside every "
                                  "Nth row of its shard (never trained) to evaluate each exported version beside the "
-                                 "previous one for the transfer's model gate (0: none, every row trained; the demo uses 20)", ge=0, le=1000000)
+                                 "previous one for the transfer's model gate (0: none, every row trained, every version "
+                                 "passes the model gate)", ge=0, le=1000000)
+    gate_adapt_after: int = Field(DEFAULTS["gate_adapt_after"], description="data gate: after this many consecutive "
+                                  "partitions quarantined for drift only (rows, click rate, missing rates, dense "
+                                  "histograms, new feasigns) that agree with each other, the gate takes them as the "
+                                  "new normal: they become its window and the last one is trained (0: never; a "
+                                  "lasting shift then waits for an operator)", ge=0, le=1000)
 
 
 def gate_argv(cfg) -> list[str]:

@@ -1,6 +1,7 @@
 """The data gate (runtime.trainer.data_gate): no false alarm over a drifting day of the
 long-tail generator, flipped labels / a slot gone / a scaled feature / malformed lines
-quarantined (marker, history, metric), the schema written from the project's own data."""
+quarantined (marker, history, metric), a lasting shift taken as the new normal after
+--gate-adapt-after partitions, the schema written from the project's own data."""
 from __future__ import annotations
 
 import json
@@ -193,9 +194,9 @@ class _Worker:
         self.budget = budget
         self.keys_seen = np.zeros(0, np.uint64)
 
-    def load(self, files, keep_rows=False):
+    def load(self, files, keep_rows=False, holdout_every=0):
         st = dataset.stage(files, fmt="criteo", slots=SLOTS, parts=1, budget=self.budget, keep_rows=keep_rows,
-                           collect_keys=True)
+                           collect_keys=True, holdout_every=holdout_every)
         st.remove()
         self.keys_seen = dataset.distinct(np.concatenate([self.keys_seen, st.ids_seen]))
         return _Ds(), st
@@ -236,6 +237,57 @@ def test_admit_quarantines_marks_and_restores(small, tmp_path):
     v = data_gate.admit(worker, data_gate.DataGate(cfg, SLOTS), cfg, "20261120/04",
                         _hours(7)[4].location(str(root)), [], lambda staged: (None, None))
     assert v.loaded is None and "marker" in v.anomalies[0]
+
+
+def _shifted_day(small, tmp_path, adapt_after: int, auc_shifted=None):
+    """Judges 8 hours of ``small`` through a ``DataGate`` (as ``admit`` does), dense I2
+    saturated from hour 04 on (a lasting shift of the source); the served model's AUC
+    0.75 on normal hours and ``auc_shifted`` on shifted ones. Returns the gate and which
+    hours were quarantined."""
+    cfg = TrainConfig(mode="continuous", data_root=str(tmp_path / "hours"), start_hour=START,
+                      state_dir=str(tmp_path / "state"), gate_adapt_after=adapt_after)
+    gate = data_gate.DataGate(cfg, SLOTS)
+    quarantined = []
+    for i, h in enumerate(_hours(8)):
+        b = _batch(small, h)
+        dense = b.dense.copy()
+        if i >= 4:
+            dense[:, 1] = 1.0
+        auc = 0.75 if i < 4 or auc_shifted is None else auc_shifted
+        st, an = gate.judge(str(h), b.labels, dense, b.feasigns, auc, 0.5 if auc is not None else None)
+        if an:
+            gate.quarantine(str(h), h.location(cfg.data_root), st, an)
+        else:
+            gate.accept(st, b.feasigns)
+        quarantined.append(bool(an))
+    return gate, quarantined
+
+
+def test_a_lasting_shift_becomes_the_new_normal_after_gate_adapt_after(small, tmp_path):
+    """Hours 04 and 05 drift (quarantined); hour 06 drifts the same way: with
+    --gate-adapt-after 3 the three agree, so 04-06 become the window, 06 and 07 are
+    trained; recorded in the history and counted."""
+    from runtime.metrics.trainer import metrics
+
+    before = metrics().gate_adaptations._value.get()
+    gate, quarantined = _shifted_day(small, tmp_path, adapt_after=3)
+    assert quarantined == [False] * 4 + [True, True, False, False]
+    hist = ps.GateHistory.load(gate.state_dir)
+    assert [(a.hour, a.partitions) for a in hist.adaptations] == [("20261120/06", ["20261120/04", "20261120/05"])]
+    assert [s.hour for s in hist.accepted][-4:] == ["20261120/04", "20261120/05", "20261120/06", "20261120/07"]
+    assert metrics().gate_adaptations._value.get() == before + 1
+    assert [q.hour for q in hist.quarantined] == ["20261120/04", "20261120/05"]
+    assert all(q.stats is not None and {a.check for a in q.anomalies} == {"dense_drift"} for q in hist.quarantined)
+
+
+@pytest.mark.parametrize("adapt_after,auc_shifted", [(0, None), (3, 0.6)])
+def test_a_shift_that_hurts_the_model_or_with_adaptation_off_stays_quarantined(small, tmp_path, adapt_after,
+                                                                                auc_shifted):
+    """The same shift with --gate-adapt-after 0, or with the served model's AUC falling on
+    the shifted hours (a broken source, not a new normal): every shifted hour quarantined."""
+    gate, quarantined = _shifted_day(small, tmp_path, adapt_after, auc_shifted)
+    assert quarantined == [False] * 4 + [True] * 4
+    assert ps.GateHistory.load(gate.state_dir).adaptations == []
 
 
 BREAKS = {"labels": (lambda f: [str(1 - int(f[0]))] + f[1:], "click_rate", "click rate"),

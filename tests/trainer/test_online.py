@@ -121,7 +121,7 @@ def test_single_continuous_base_patches_equal_the_trainers_table(hours, tmp_path
     out, state = tmp_path / "out", tmp_path / "state"
     r = _run(["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START,
               "--end-hour", "20261120/02", "--state-dir", str(state), "--output", str(out), "--base-every-minutes", "180",
-              "--poll-s", "0.2"], tmp_path)
+              "--poll-s", "0.2", "--gate-eval-every", "0"], tmp_path)  # every row trained, so every feasign fed
     s = _summary(r)
     assert [e["kind"] for e in s["exports"]] == ["base", "patch", "patch"]
     assert [p["hour"] for p in s["partitions"]] == ["20261120/00", "20261120/01", "20261120/02"]
@@ -195,7 +195,8 @@ def test_single_resume_from_an_older_checkpoint_trains_again_and_exports_every_r
     for h in ("20261120/00", "20261120/01", "20261120/02"):
         shutil.copytree(partitions.Hour.parse(h).location(str(src)), partitions.Hour.parse(h).location(str(root)))
     args = ["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START, "--state-dir",
-            str(state), "--output", str(out), "--base-every-minutes", "240", "--checkpoint-every-minutes", "120", "--poll-s", "0.2"]
+            str(state), "--output", str(out), "--base-every-minutes", "240", "--checkpoint-every-minutes", "120", "--poll-s", "0.2",
+            "--gate-eval-every", "0"]  # every row trained: the patches carry every row fed
     p = CliProcess(["train", *args], tmp_path)
     p.wait_for("waiting for partition 20261120/03")
     p.proc.send_signal(signal.SIGTERM)
@@ -252,7 +253,8 @@ def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
     root, _ = hours
     out, state = tmp_path / "out", tmp_path / "state"
     cfg = TrainConfig(mode="continuous", data_root=str(root), start_hour=START, end_hour="20261120/03",
-                      state_dir=str(state), output=str(out), base_every_minutes=180, checkpoint_every_minutes=120, poll_s=0.2)
+                      state_dir=str(state), output=str(out), base_every_minutes=180, checkpoint_every_minutes=120, poll_s=0.2,
+                      gate_eval_every=0)  # every row trained: the examples are every row of the hours
     logs = tmp_path / "logs1"
     killed = {}
 

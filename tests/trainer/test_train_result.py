@@ -94,7 +94,7 @@ class _FakeWorker:
         self.slots = [1]
         self.budget = SimpleNamespace(finish=lambda: None)
 
-    def load(self, files, keep_rows=False):
+    def load(self, files, keep_rows=False, holdout_every=0):
         from types import SimpleNamespace
 
         return SimpleNamespace(release_memory=lambda: None), SimpleNamespace(rows=self.rows, holdout=None)
