@@ -4,8 +4,8 @@ partition.
 
 1. ``--partitions`` + 1 one-minute partitions (``runtime.formats.partitions``'s minute
    layout ``ROOT/YYYYMMDD/HHMM/``) are written into ``upstream/`` (not timed): partition 0
-   is a warm-up of ``--warmup-rows`` Criteo rows whose 26 categorical values are all
-   distinct (26 new feasigns a row: 200k rows make a base of 5.2M rows, the long tail of a
+   is a warm-up of ``--warmup-rows`` rows of the generator whose present categorical values
+   are all distinct (26 new feasigns a row: 200k rows make a base of 5.2M rows, the long tail of a
    big table, without generating hours of traffic); partitions 1..N hold
    ``--rows-per-hour`` / 60 rows each at the generator's production shape (``--shape
    long-tail``, ``runtime.trainer.generator``);
@@ -72,22 +72,30 @@ def _reset_peak(pid: int) -> bool:
 
 
 def write_warmup(directory: Path, rows: int, seed: int) -> None:
-    """``directory/part-00000``: ``rows`` Criteo rows (label, 13 dense, 26 categorical) whose
-    categorical values are random 32-bit hex tokens, distinct across the file, then
-    ``_SUCCESS``."""
+    """``directory/part-00000``: ``rows`` rows of the long-tail generator (its labels, dense
+    features and missing slots: the data gate sees the same source as in the partitions
+    after it) whose present categorical values are replaced by random 32-bit hex tokens,
+    distinct across the file; then ``_SUCCESS``."""
     from runtime.formats import features
+    from runtime.trainer import generator
 
     rng = np.random.default_rng(seed)
-    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="warmup_") as tmp:
+        first = partitions.Partition.parse(START, minutes=1)
+        generator.generate_hours(Path(tmp), 1, str(first), rows, seed=seed + 1, shape="long-tail", minutes=1)
+        (src,) = partitions.files(tmp, first)
+        lines = Path(src).read_text().splitlines()
     # an odd multiplier is a bijection mod 2**32: distinct tokens, scattered over the range
     start = int(rng.integers(0, 1 << 32))
-    tokens = ((np.arange(rows * features.NUM_SLOTS, dtype=np.uint64) * np.uint64(2654435761) + np.uint64(start))
-              % np.uint64(1 << 32)).reshape(rows, features.NUM_SLOTS)
-    labels = (rng.random(rows) < 0.25).astype(int)
-    dense = rng.integers(0, 100, (rows, features.NUM_DENSE))
+    tokens = ((np.arange(len(lines) * features.NUM_SLOTS, dtype=np.uint64) * np.uint64(2654435761)
+               + np.uint64(start)) % np.uint64(1 << 32)).reshape(len(lines), features.NUM_SLOTS)
+    head = 1 + features.NUM_DENSE
+    directory.mkdir(parents=True, exist_ok=True)
     with open(directory / "part-00000", "w") as f:
-        for i in range(rows):
-            f.write("\t".join([str(labels[i]), *map(str, dense[i]), *(f"{t:08x}" for t in tokens[i])]) + "\n")
+        for line, row in zip(lines, tokens):
+            x = line.split("\t")
+            x[head:] = [c and f"{t:08x}" for c, t in zip(x[head:], row)]  # a missing slot stays missing
+            f.write("\t".join(x) + "\n")
     partitions.mark_complete(directory)
 
 
@@ -189,9 +197,6 @@ def run(args) -> int:
             "--data-root", str(root), "--partition-minutes", "1", "--start-hour", START,
             "--state-dir", str(work / "train-state"), "--table-dir", str(work / "table"), "--output", svc.root_url,
             "--upload-token-file", str(svc.token_file), "--poll-s", "0.1", "--patch-every-seconds", "0",
-            # no data gate: the synthetic warm-up partition (every categorical value distinct) is no
-            # history for minute partitions to be compared with (the gate would quarantine them all)
-            "--gate-window", "0",
             "--base-every-minutes", "525600", "--checkpoint-every-minutes", "525600",
             "--log-dir", str(work / "logs" / "train")]
         trainer = group.start("train", argv, expect_exit=False)
