@@ -5,8 +5,9 @@ partition.
 1. ``--partitions`` + 1 one-minute partitions (``runtime.formats.partitions``'s minute
    layout ``ROOT/YYYYMMDD/HHMM/``) are written into ``upstream/`` (not timed): partition 0
    is a warm-up of ``--warmup-rows`` rows of the generator whose present categorical values
-   are all distinct (26 new feasigns a row: 200k rows make a base of 5.2M rows, the long tail of a
-   big table, without generating hours of traffic); partitions 1..N hold
+   are all distinct (about 22 new feasigns a row, a few slots missing: 245k rows make a base
+   of 5.3M rows, the long tail of a big table, without generating hours of traffic);
+   partitions 1..N hold
    ``--rows-per-hour`` / 60 rows each at the generator's production shape (``--shape
    long-tail``, ``runtime.trainer.generator``);
 2. file server, cube 2 shards x 2 replicas, transfer (``runtime.local.services``: coalescing
@@ -32,7 +33,7 @@ server's>
 failed_requests=<n>`` (patch rows and rollouts over the patches; landed-to-served over
 partitions 1..N; ``table_rows``: the distinct keys served at the end).
 
-Usage: ``python bench/bench_fresh.py [--partitions 30 --warmup-rows 200000 --land-every-s 10]``.
+Usage: ``python bench/bench_fresh.py [--partitions 30 --warmup-rows 245000 --land-every-s 10]``.
 """
 from __future__ import annotations
 
@@ -312,7 +313,7 @@ def main() -> int:
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--partitions", type=int, default=30, help="one-minute partitions after the warm-up")
     ap.add_argument("--rows-per-hour", type=int, default=1_000_000, help="rows per hour (/60 per partition)")
-    ap.add_argument("--warmup-rows", type=int, default=200_000,
+    ap.add_argument("--warmup-rows", type=int, default=245_000,
                     help="rows of the warm-up partition 0, 26 distinct feasigns each (its base is the table the "
                          "patches apply to)")
     ap.add_argument("--table-scale", type=float, default=1.0, help="the generator's big vocabularies x this")
