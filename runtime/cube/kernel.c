@@ -257,7 +257,8 @@ int64_t cube_table_lookup(const uint8_t *table, int64_t cap, int64_t stride, uin
  *
  *     [0] pins (atomic: lookups in progress)   [1] retired (0 / 1)
  *     [2] dim   [3] stride (bytes)   [4] ntab (>= 1)   [5] nfirst (overlays + base)
- *     [6 + 5 * t ...] table t: address, cap, sentinel, filter address (0: none), filter
+ *     [6] address of one filter of every extension's keys (0: none)   [7] its words
+ *     [8 + 5 * t ...] table t: address, cap, sentinel, filter address (0: none), filter
  *                     words (t = 0 newest overlay .. nfirst - 1 base .. ntab - 1)
  *
  * A table's filter (cube_filter_build): a blocked Bloom filter of its keys, uint64
@@ -272,16 +273,16 @@ int64_t cube_table_lookup(const uint8_t *table, int64_t cap, int64_t stride, uin
  * sees the pin). */
 
 #define VIEW_MAX_TABLES 16
-#define VIEW_HEADER 6
+#define VIEW_HEADER 8
 #define FILTER_SALT 0x9e3779b97f4a7c15ULL
 
 static inline uint64_t filter_mask(uint64_t g) { return (1ULL << (g & 63)) | (1ULL << ((g >> 6) & 63)); }
 
 /* Builds the filter words[nwords] (nwords >= 1) of every key of table (cap slots,
- * sentinel). */
+ * sentinel); clear = 0 adds them to the words as they are (one filter of several tables). */
 void cube_filter_build(const uint8_t *table, int64_t cap, int64_t stride, uint64_t sentinel,
-                       uint64_t *words, int64_t nwords) {
-    memset(words, 0, (size_t)nwords * 8);
+                       uint64_t *words, int64_t nwords, int clear) {
+    if (clear) memset(words, 0, (size_t)nwords * 8);
     for (int64_t s = 0; s < cap; s++) {
         uint64_t k;
         memcpy(&k, table + (size_t)s * stride, 8);
@@ -358,7 +359,8 @@ static void view_probe(const struct view_tables *v, int64_t t0, int64_t t1, int6
  * view is retired (nothing written), or -2 when its table counts are out of range. Per
  * chunk of TCHUNK keys: the first `nfirst` tables (the overlays, newest first, then the
  * base) for every key, then the other tables (the extensions, whose keys no first table
- * holds) only for the keys not found: a key the base holds costs no extension's filter. */
+ * holds) only for the keys not found that the extensions' filter (one filter of all their
+ * keys) may hold: a key the base holds costs no extension's filter, an absent key one. */
 int64_t cube_view_lookup(uint64_t *view, const uint64_t *q, int64_t qn, float *out, uint8_t *found) {
     __atomic_add_fetch(&view[0], 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&view[1], __ATOMIC_SEQ_CST)) {
@@ -382,18 +384,29 @@ int64_t cube_view_lookup(uint64_t *view, const uint64_t *q, int64_t qn, float *o
     }
     const size_t row_bytes = (size_t)dim * sizeof(float);
     int64_t hits = 0;
-    uint64_t k[TCHUNK], rest[TCHUNK];
+    uint64_t k[TCHUNK], rest[TCHUNK], g[TCHUNK];
     int64_t where[TCHUNK];
+    const uint64_t *ext_filter = (const uint64_t *)(uintptr_t)view[6], ext_words = view[7];
     const uint8_t *hit[TCHUNK], *rest_hit[TCHUNK];
     for (int64_t base = 0; base < qn; base += TCHUNK) {
         const int64_t m = (qn - base) < TCHUNK ? (qn - base) : TCHUNK;
         memcpy(k, q + base, (size_t)m * 8);
         memset(hit, 0, sizeof hit);
         view_probe(&v, 0, nfirst, nfirst - 1, k, m, hit);
-        if (ntab > nfirst) {  /* the extensions, for the keys the first tables lack */
+        if (ntab > nfirst) {  /* the extensions, for the keys the first tables lack and their filter may hold */
             int64_t r = 0;
+            if (ext_filter)
+                for (int64_t j = 0; j < m; j++)
+                    if (!hit[j]) {
+                        g[j] = fmix64(k[j] ^ FILTER_SALT);
+                        __builtin_prefetch(ext_filter + home(g[j], ext_words));
+                    }
             for (int64_t j = 0; j < m; j++)
                 if (!hit[j]) {
+                    if (ext_filter) {
+                        const uint64_t fm = filter_mask(g[j]);
+                        if ((ext_filter[home(g[j], ext_words)] & fm) != fm) continue;
+                    }
                     rest[r] = k[j];
                     where[r] = j;
                     rest_hit[r++] = NULL;

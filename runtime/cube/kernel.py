@@ -74,7 +74,7 @@ class CKernel:
         lib.cube_table_lookup.restype = i64
         lib.cube_table_merge.argtypes = [vp, i64, u64, i64, vp, i64, u64, i64, ctypes.c_int]
         lib.cube_table_merge.restype = i64
-        lib.cube_filter_build.argtypes = [vp, i64, i64, u64, vp, i64]
+        lib.cube_filter_build.argtypes = [vp, i64, i64, u64, vp, i64, ctypes.c_int]
         lib.cube_filter_build.restype = None
         lib.cube_view_lookup.argtypes = [vp, vp, i64, vp, vp]
         lib.cube_view_lookup.restype = i64
@@ -137,10 +137,11 @@ class CKernel:
         _check_insert(rc, keys, sentinel)
         return int(rc)
 
-    def filter_build(self, tab, sentinel, words) -> None:
-        """Fills ``words`` (uint64[>= 1]) with the Bloom filter of ``tab``'s keys (``kernel.c``)."""
+    def filter_build(self, tab, sentinel, words, clear: bool = True) -> None:
+        """Fills ``words`` (uint64[>= 1]) with the Bloom filter of ``tab``'s keys (``kernel.c``);
+        ``clear=False``: adds them to the words as they are (one filter of several tables)."""
         self._lib.cube_filter_build(tab.ctypes.data, tab.shape[0], tab.strides[0], sentinel,
-                                    words.ctypes.data, words.shape[0])
+                                    words.ctypes.data, words.shape[0], 1 if clear else 0)
 
     def table_clear(self, tab, sentinel) -> None:
         """Empties ``tab``: every key the ``sentinel``, every value 0."""

@@ -215,6 +215,15 @@ class InlineTable:
         return t
 
 
+def extensions_filter(extensions: list[InlineTable]) -> np.ndarray:
+    """One Bloom filter (``kernel.c``'s, ``FILTER_BITS`` bits per key) of the keys of every
+    table of ``extensions``: uint64 words. O(their slots)."""
+    words = np.empty(max(1, math.ceil(sum(e.count for e in extensions) * FILTER_BITS / 64)), np.uint64)
+    for i, e in enumerate(extensions):
+        KERNEL.filter_build(e.tab, e.sentinel, words, clear=i == 0)
+    return words
+
+
 def _newest_rows(rows: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """``rows``: ``(keys uint64[n_i], values float32[n_i, dim])`` oldest first, each with
     unique keys -> their union, a key's row the newest one holding it."""
@@ -240,31 +249,41 @@ class VersionView:
     ``version``: its id; ``count``: keys it holds; ``dim``. Views of successive versions
     share the base and the extensions' tables.
 
+    ``ext_filter``: one Bloom filter of every extension's keys (``extensions_filter``;
+    None without extensions): a key the base lacks is looked for in the extensions only
+    when it may hold it.
+
     ``buf`` is the view as ``kernel.c``'s ``cube_view_lookup`` reads it (uint64: pins,
-    retired, dim, stride, table count, tables probed first (overlays + base), then
+    retired, dim, stride, table count, tables probed first (overlays + base), the
+    extensions' filter's address and words, then
     address, capacity, sentinel, filter address and words per table: overlays newest
     first, the base, the extensions, probed only for keys the others lack); ``addr`` its
     address (the server's hot path calls ``KERNEL.view_lookup_raw`` with it). A view holds
     references to its tables, so they live as long as it does. Raises ``ValueError`` when
     the tables' dims differ or they are more than ``MAX_TABLES``."""
 
-    __slots__ = ("base", "overlays", "extensions", "version", "count", "dim", "buf", "addr")
+    __slots__ = ("base", "overlays", "extensions", "ext_filter", "version", "count", "dim", "buf", "addr")
 
     def __init__(self, base: InlineTable, overlays: list[InlineTable], version: int, count: int,
-                 extensions: list[InlineTable] | tuple = ()):
+                 extensions: list[InlineTable] | tuple = (), ext_filter: np.ndarray | None = None):
         self.base, self.overlays, self.version, self.count = base, list(overlays), int(version), int(count)
         self.extensions = list(extensions)
+        self.ext_filter = ext_filter if self.extensions else None
+        if self.extensions and ext_filter is None:
+            self.ext_filter = extensions_filter(self.extensions)
         self.dim = base.dim
         tables = self.overlays[::-1] + [base] + self.extensions
         if any(t.dim != base.dim for t in tables):
             raise ValueError(f"overlays and extensions must have the base's dim {base.dim}")
         if len(tables) > MAX_TABLES:
             raise ValueError(f"a view reads at most {MAX_TABLES} tables, got {len(tables)}: fold it first")
-        self.buf = np.zeros(6 + 5 * len(tables), np.uint64)
-        self.buf[2:6] = (self.dim, base.stride, len(tables), len(self.overlays) + 1)
+        self.buf = np.zeros(8 + 5 * len(tables), np.uint64)
+        ef = self.ext_filter
+        self.buf[2:8] = (self.dim, base.stride, len(tables), len(self.overlays) + 1,
+                         0 if ef is None else ef.ctypes.data, 0 if ef is None else ef.shape[0])
         for i, t in enumerate(tables):
             f = t.filter
-            self.buf[6 + 5 * i: 11 + 5 * i] = (t.tab.ctypes.data, t.capacity, t.sentinel,
+            self.buf[8 + 5 * i: 13 + 5 * i] = (t.tab.ctypes.data, t.capacity, t.sentinel,
                                                0 if f is None else f.ctypes.data, 0 if f is None else f.shape[0])
         self.addr = self.buf.ctypes.data
 
@@ -340,7 +359,8 @@ class VersionView:
             raise ValueError(f"values chunks cover {at} rows of {keys.shape[0]} keys")
         overlay.with_filter()
         new = int(keys.shape[0] - np.count_nonzero(self.contains(keys)))
-        return VersionView(self.base, self.overlays + [overlay], version, self.count + new, self.extensions)
+        return VersionView(self.base, self.overlays + [overlay], version, self.count + new, self.extensions,
+                           self.ext_filter)
 
     def folded(self, in_place: bool = True) -> "VersionView":
         """The same version with its overlays merged, oldest first, into the base and the
@@ -364,7 +384,10 @@ class VersionView:
             extensions = self._merge_in_place()
             if extensions is not None:
                 assert self.base.count + sum(e.count for e in extensions) == self.count
-                return VersionView(self.base, [], self.version, self.count, extensions)
+                same = len(extensions) == len(self.extensions) and all(
+                    a is b for a, b in zip(extensions, self.extensions))
+                return VersionView(self.base, [], self.version, self.count, extensions,
+                                   self.ext_filter if same else None)
         keys, values = _newest_rows([e.items() for e in self.extensions] + [t.items() for t in self.overlays])
         base = self.base.upsert(keys, values)
         assert base.count == self.count, (base.count, self.count)
