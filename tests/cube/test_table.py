@@ -52,6 +52,35 @@ def check(view: VersionView, ref: Offline, version: int, query) -> None:
     assert len(view) == len(ref.versions[version])
 
 
+def fold_under_readers(view: VersionView, readers: dict, ref: Offline, query) -> VersionView:
+    """Folds ``view`` three times (merging the same rows again is idempotent: more time
+    under readers) while one thread per ``readers`` item (version -> its view) looks
+    ``query`` up and compares with the offline answer; returns the folded view. Fails
+    when a reader saw any other answer or none read."""
+    want = {v: ref.answer(v, query) for v in readers}
+    stop, bad, reads = threading.Event(), [], [0]
+
+    def reader(v, version):
+        while not stop.is_set():
+            vals, found = v.lookup(query)
+            if not (np.array_equal(found, want[version][1]) and np.array_equal(vals, want[version][0])):
+                bad.append(version)
+            reads[0] += 1
+
+    threads = [threading.Thread(target=reader, args=(v, version)) for version, v in readers.items()]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(3):
+            folded = view.folded()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not bad and reads[0] > 0
+    return folded
+
+
 def test_every_version_answers_as_offline_with_misses_and_overwrites():
     rng = np.random.default_rng(1)
     keys, values = rows(rng, 0, fresh=5000)
@@ -121,27 +150,7 @@ def test_merge_under_readers_never_shows_a_newer_row():
     ref.apply(2, p2k, p2v)
     v0.retire()  # as the server: the view lacking v1's overlay is no longer read
     query = np.concatenate([p1k[:4000], p2k[:2000], keys[:2000]])
-    want = {1: ref.answer(1, query), 2: ref.answer(2, query)}
-    stop, bad, reads = threading.Event(), [], [0]
-
-    def reader(view, version):
-        while not stop.is_set():
-            vals, found = view.lookup(query)
-            if not (np.array_equal(found, want[version][1]) and np.array_equal(vals, want[version][0])):
-                bad.append(version)
-            reads[0] += 1
-
-    threads = [threading.Thread(target=reader, args=a) for a in ((v1, 1), (v2, 2))]
-    for t in threads:
-        t.start()
-    try:
-        for _ in range(3):  # merging the same rows again is idempotent: more time under readers
-            folded = v1.folded()
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
-    assert not bad and reads[0] > 0
+    folded = fold_under_readers(v1, {1: v1, 2: v2}, ref, query)
     assert folded.base is v1.base and folded.base.count == len(ref.versions[1])
     check(folded, ref, 1, query)
     check(v2, ref, 2, query)
@@ -243,27 +252,7 @@ def test_merge_into_an_extension_under_readers_never_shows_a_newer_row():
     v1.retire()
     v0.retire()
     query = np.concatenate([p2k[:4000], p3k[:2000], p1k[-2000:], keys[:2000]])
-    want = {2: ref.answer(2, query), 3: ref.answer(3, query)}
-    stop, bad, reads = threading.Event(), [], [0]
-
-    def reader(view, version):
-        while not stop.is_set():
-            vals, found = view.lookup(query)
-            if not (np.array_equal(found, want[version][1]) and np.array_equal(vals, want[version][0])):
-                bad.append(version)
-            reads[0] += 1
-
-    threads = [threading.Thread(target=reader, args=a) for a in ((v2, 2), (v3, 3))]
-    for t in threads:
-        t.start()
-    try:
-        for _ in range(3):  # idempotent: more time under readers
-            folded = v2.folded()
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
-    assert not bad and reads[0] > 0
+    folded = fold_under_readers(v2, {2: v2, 3: v3}, ref, query)
     assert folded.base is v0.base and len(folded.extensions) == 1
     check(folded, ref, 2, query)
     check(v3, ref, 3, query)
