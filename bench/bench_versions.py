@@ -26,6 +26,7 @@ Usage: ``python bench/bench_versions.py [--keys 2500000 --dim 10 --sizes 10000,1
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -129,8 +130,6 @@ def grow(cur: VersionView, keys: np.ndarray, args, rng, base_us: float) -> str:
     line's ``grown_*`` fields (lookups of known keys, and of absent ones, on the grown
     table: every key, the base's keys only, absent keys; against the base alone)."""
     from bench.bench_rollout import rss_mib
-
-    import os
 
     start_keys, start_rss, n = len(cur), rss_mib(os.getpid(), "VmRSS"), args.grow_rows
     merges, peak, version, known = [], start_rss, 100, [keys]

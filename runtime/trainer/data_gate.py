@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import statistics as pystats
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -274,12 +274,12 @@ class DataGate:
         if self.th.adapt_after <= 0 or any(a.check not in ps.DRIFT_CHECKS for a in anomalies):
             return False
         last = max((s.hour for s in self.history.accepted), default="")
-        run = [q for q in self.history.quarantined if q.hour > last]
-        if n > 0 and (len(run) < n or any(q.stats is None or any(a.check not in ps.DRIFT_CHECKS for a in q.anomalies)
-                                          for q in run[-n:])):
+        run = [q for q in self.history.quarantined if q.hour > last][-n:] if n > 0 else []
+        if len(run) < n or any(q.stats is None or any(a.check not in ps.DRIFT_CHECKS for a in q.anomalies)
+                               for q in run):
             return False
-        shifted = [q.stats for q in run[-n:]] if n > 0 else []
-        against = Thresholds(**{**self.th.__dict__, "min_history": 1})
+        shifted = [q.stats for q in run]
+        against = replace(self.th, min_history=1)
         if shifted and check_history(stats, shifted, against, self.names):
             return False
         self.history.adapt(stats, shifted, self.th.window)

@@ -221,8 +221,7 @@ def test_fold_grows_by_extensions_past_the_base_headroom_and_for_the_sentinel():
         raise AssertionError("never reached MAX_EXTENSIONS")
     pk3, pv3 = rows(rng, 5, keys, fresh=5)
     v3 = f.patched(pk3, pv3, 99)
-    ref.apply(99, pk3, pv3)
-    ref.versions[99] = {**ref.versions[v - 1], **dict(zip(pk3.tolist(), pv3))}
+    ref.versions[99] = {**ref.versions[v - 1], **dict(zip(pk3.tolist(), pv3))}  # patched on version v - 1
     f3 = v3.folded(in_place=False)  # a copy: one base holding the extensions' rows too
     assert f3.base is not base and not f3.extensions
     check(f3, ref, 99, np.concatenate([query, pk3]))
