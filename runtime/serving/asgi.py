@@ -13,6 +13,17 @@ an ASGI 3 app, served by uvicorn in each worker (``runtime.serving.worker``).
   waiting for a thread, one more is answered at once 503 with ``Retry-After`` and a JSON
   ``{"error"}`` (``protocol.Overloaded``; the connection stays open), counted in the
   metrics (``elastic_ctr_serving_requests_total{endpoint="overloaded",code="503"}``);
+- but a small inference request (a body of at most ``Inline.max_bytes``) that comes when
+  no other inference of this worker is running or waiting runs on the event loop itself
+  (``Inline``): the hand-off to a thread and back cost about 60 us of CPU per request
+  (``docs/serving-servers.md``), a fifth of a batch-1 request. The loop does nothing else
+  meanwhile, so this is bounded: a small request that takes more than
+  ``Inline.budget_ms`` of its own (inline or on a thread, waits for a thread not counted:
+  a slow cube replica, a loaded machine) sends every inference to the threads for the
+  next ``Inline.backoff_s`` (logged and counted in
+  ``elastic_ctr_serving_inline_backoffs_total`` when it turns inlining off). At worst the
+  loop stalls for one small request's cube timeouts (``--cube-timeout-ms`` per try, times
+  the tries) once, when the cube turns slow while the worker was idle;
 - everything else (probes, metadata, ``/metrics``) is answered on the event loop, so it
   answers while every thread is busy;
 - once the data plane is draining (``DataPlane.draining``: the worker is stopping) every
@@ -23,15 +34,44 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import math
 import queue
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from runtime.limits import ServerLimits
 from runtime.serving.protocol import Overloaded
 from runtime.serving.rest import RestApp
 
+log = logging.getLogger(__name__)
+
 _CLOSE = (b"connection", b"close")
+
+
+@dataclass(frozen=True)
+class Inline:
+    """When an inference request runs on the event loop instead of a thread (module
+    docstring): its body is at most ``max_bytes`` (0: never; 8 KiB holds a JSON request of
+    about ten CTR rows), no other inference of the worker is running or waiting, and no
+    such small request took more than ``budget_ms`` (wall clock, its own run: inline or on
+    a thread) in the last ``backoff_s``.
+    Raises ``ValueError`` for a negative ``max_bytes`` or a budget or backoff that is not a
+    positive number."""
+
+    max_bytes: int = 8192
+    budget_ms: float = 20.0
+    backoff_s: float = 10.0
+
+    def __post_init__(self):
+        if self.max_bytes < 0:
+            raise ValueError(f"inline max_bytes: {self.max_bytes}, must be >= 0 (0: no request inline)")
+        for name in ("budget_ms", "backoff_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"inline {name}: {v!r}, must be a positive number")
 
 
 class InferenceThreads:
@@ -80,14 +120,20 @@ def _settle(fut: asyncio.Future, result, exc) -> None:
 
 class ServingApp:
     """The ASGI application (module docstring) over ``rest``; ``limits`` applies its
-    ``max_body_bytes``, ``max_queue`` and ``retry_after_s``; ``threads`` (>= 1) run inference.
+    ``max_body_bytes``, ``max_queue`` and ``retry_after_s``; ``threads`` (>= 1) run inference;
+    ``inline``: which requests run on the event loop (``Inline``; default ``Inline()``).
     Raises ``ValueError`` for ``threads`` < 1."""
 
-    def __init__(self, rest: RestApp, limits: ServerLimits, threads: int = 1):
+    def __init__(self, rest: RestApp, limits: ServerLimits, threads: int = 1, inline: Inline | None = None):
         if threads < 1:
             raise ValueError(f"threads: {threads}, at least 1 is needed")
         self.rest, self.plane, self.metrics = rest, rest.plane, rest.metrics
         self.limits, self.threads = limits, threads
+        self.inline = inline if inline is not None else Inline()
+        #: inference requests run on the event loop
+        self.inlined = 0
+        #: ``time.monotonic()`` before which no request runs inline (after one over the budget)
+        self.inline_off_until = 0.0
         self.pool = InferenceThreads(threads)
         #: inference requests running or waiting for a thread (the event loop's count)
         self.admitted = 0
@@ -157,8 +203,16 @@ class ServingApp:
                 return await self._overloaded(send, method, path, waiting)
             self.admitted += 1
             try:
-                status, data, out = await self.pool.run(asyncio.get_running_loop(), self.rest.respond, method,
-                                                        path, headers, body)
+                small = 0 < self.inline.max_bytes and len(body) <= self.inline.max_bytes
+                if small and self.admitted == 1 and self._inline_on():
+                    self.inlined += 1
+                    answer, took_s = self._timed(method, path, headers, body)
+                else:
+                    answer, took_s = await self.pool.run(asyncio.get_running_loop(), self._timed, method, path,
+                                                         headers, body)
+                if small and took_s * 1e3 > self.inline.budget_ms:
+                    self._over_budget(took_s)
+                status, data, out = answer
             finally:
                 self.admitted -= 1
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in out]
@@ -167,6 +221,23 @@ class ServingApp:
             raw.append(_CLOSE)
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": data})
+
+    def _inline_on(self) -> bool:
+        return not self.inline_off_until or time.monotonic() >= self.inline_off_until
+
+    def _timed(self, method: str, path: str, headers: dict, body: bytes):
+        """``(rest.respond(...), its wall-clock seconds)``, on whichever thread runs it."""
+        t0 = time.perf_counter()
+        answer = self.rest.respond(method, path, headers, body)
+        return answer, time.perf_counter() - t0
+
+    def _over_budget(self, took_s: float) -> None:
+        """A small inference request took beyond the inline budget: none inline for the backoff."""
+        if self._inline_on():
+            self.metrics.inline_backoffs.inc()
+            log.warning("an inference request took %.1f ms (inline budget %g ms): inference runs on the threads "
+                        "for the next %g s", took_s * 1e3, self.inline.budget_ms, self.inline.backoff_s)
+        self.inline_off_until = time.monotonic() + self.inline.backoff_s
 
     async def _overloaded(self, send, method: str, path: str, waiting: int) -> None:
         self.rejected += 1

@@ -248,7 +248,7 @@ def limits_of(args) -> ServerLimits:
 def make_transports(args, work_dir: str, slots: tuple[int, ...]):
     """Worker: the data plane, the ASGI app and (not yet started) the gRPC server,
     imported here, in the worker, since gRPC must not run in a process that forks."""
-    from runtime.serving.asgi import ServingApp
+    from runtime.serving.asgi import Inline, ServingApp
     from runtime.serving.rest import create_app
     from runtime.serving.worker import Transports
 
@@ -263,7 +263,8 @@ def make_transports(args, work_dir: str, slots: tuple[int, ...]):
         grpc_server = GrpcServer(plane, args.host, args.grpc_port, threads=args.threads,
                                  max_message_bytes=args.max_body_bytes, max_queue=args.max_queue,
                                  max_connection_age_s=args.grpc_max_connection_age)
-    app = ServingApp(create_app(plane, args.max_body_bytes), limits_of(args), threads=args.threads)
+    app = ServingApp(create_app(plane, args.max_body_bytes), limits_of(args), threads=args.threads,
+                     inline=Inline(args.inline_max_bytes, args.inline_budget_ms))
     return Transports(plane, app, grpc_server)
 
 

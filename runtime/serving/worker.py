@@ -75,8 +75,17 @@ def uvicorn_protocol(limits: ServerLimits):
     """uvicorn's httptools protocol class with the limits on a request's head that uvicorn
     lacks (``limits.header_timeout_s``, ``limits.max_head_bytes``, and ``idle_timeout_s``
     for a new connection that sends nothing), added around the parser's callbacks (the
-    parsing stays httptools'; uvicorn takes the class as its ``http``)."""
+    parsing stays httptools'; uvicorn takes the class as its ``http``).
+
+    The two timeouts are deadlines kept on each connection (a float set when the
+    connection is made and when a request begins, cleared when its head is complete) and
+    checked by one sweep per event loop every ``head_sweep_s(limits)`` s while connections
+    are open, so a request pays for no timer of its own (a timer armed and cancelled per
+    request cost about 13 us of CPU, a quarter of uvicorn's own per-request cost); a
+    connection is closed at most one sweep interval after its deadline."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    interval = head_sweep_s(limits)
 
     class Protocol(HttpToolsProtocol):
         """A connection is closed when its request head has not all arrived
@@ -85,23 +94,24 @@ def uvicorn_protocol(limits: ServerLimits):
         timeout applies); a head above ``max_head_bytes`` is refused 400 (the callback's
         error makes uvicorn answer "Invalid HTTP request received.") and closed."""
 
-        _head_timer = None
+        #: the loop's sweep (one per event loop: ``_sweep``), None while no connection is open
+        _sweeps: dict = {}
+        #: loop time by which the head must be complete (None: no head awaited)
+        _head_deadline: Optional[float] = None
+        _head_why = "nothing sent"
         _head_bytes = 0
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
-            self._head_timer = self.loop.call_later(limits.idle_timeout_s, self._head_timeout, "nothing sent")
-
-        def connection_lost(self, exc) -> None:
-            self._stop_head_timer()
-            super().connection_lost(exc)
+            self._head_deadline = self.loop.time() + limits.idle_timeout_s
+            if self.loop not in self._sweeps:
+                self._sweeps[self.loop] = self.loop.call_later(interval, _sweep, self.loop, self.connections)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._head_bytes = 0
-            self._stop_head_timer()
-            self._head_timer = self.loop.call_later(limits.header_timeout_s, self._head_timeout,
-                                                    "request headers incomplete")
+            self._head_deadline = self.loop.time() + limits.header_timeout_s
+            self._head_why = "request headers incomplete"
 
         def on_url(self, url: bytes) -> None:
             self._count(len(url))
@@ -112,7 +122,7 @@ def uvicorn_protocol(limits: ServerLimits):
             super().on_header(name, value)
 
         def on_headers_complete(self) -> None:
-            self._stop_head_timer()
+            self._head_deadline = None
             super().on_headers_complete()
 
         def _count(self, n: int) -> None:
@@ -120,19 +130,32 @@ def uvicorn_protocol(limits: ServerLimits):
             if self._head_bytes > limits.max_head_bytes:
                 raise ValueError(f"request line and headers exceed {limits.max_head_bytes} bytes")
 
-        def _stop_head_timer(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-
-        def _head_timeout(self, why: str) -> None:
-            self._head_timer = None
+        def _head_timeout(self) -> None:
+            self._head_deadline = None
             if not self.transport.is_closing():
+                why = self._head_why
                 log.info("closed a connection from %s: %s after %.0f s", (self.client or ("?",))[0], why,
                          limits.idle_timeout_s if why == "nothing sent" else limits.header_timeout_s)
                 self.transport.close()
 
+    def _sweep(loop, connections: set) -> None:
+        now = loop.time()
+        for conn in list(connections):
+            deadline = getattr(conn, "_head_deadline", None)
+            if deadline is not None and now >= deadline:
+                conn._head_timeout()
+        if connections:
+            Protocol._sweeps[loop] = loop.call_later(interval, _sweep, loop, connections)
+        else:  # the next connection starts it again
+            del Protocol._sweeps[loop]
+
     return Protocol
+
+
+def head_sweep_s(limits: ServerLimits) -> float:
+    """Seconds between two checks of the request-head deadlines (``uvicorn_protocol``): a
+    quarter of the shorter of ``header_timeout_s`` and ``idle_timeout_s``, within 0.05-1 s."""
+    return min(1.0, max(0.05, min(limits.header_timeout_s, limits.idle_timeout_s) / 4))
 
 
 def uvicorn_config(app: ServingApp, limits: ServerLimits):

@@ -20,7 +20,7 @@ import requests
 
 from runtime import proc
 from runtime.limits import ServerLimits
-from runtime.serving.asgi import ServingApp
+from runtime.serving.asgi import Inline, ServingApp
 from runtime.serving.metrics import ServingMetrics
 from runtime.webserver import WebServer
 from tests.serving.server import ServingThread
@@ -52,7 +52,9 @@ class _Serving(ServingThread):
         rest = _Wsgi(app)
         if on_reject is not None:
             rest.metrics.error = lambda status: on_reject() if status == 503 else None
-        super().__init__(ServingApp(rest, limits, threads=threads), limits)
+        # the work here is held on purpose, so it runs on the threads as WebServer's does
+        # (serving's inline path for small requests: tests/serving/test_http.py)
+        super().__init__(ServingApp(rest, limits, threads=threads, inline=Inline(max_bytes=0)), limits)
 
 
 def _queued(server) -> int:

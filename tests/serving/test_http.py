@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from runtime.limits import ServerLimits
-from runtime.serving.asgi import ServingApp
+from runtime.serving.asgi import Inline, ServingApp
 from runtime.serving.metrics import ServingMetrics
 from tests.lifecycle.test_keepalive_drain import CLIENTS, DRAIN_BOUND_S, GRACE_S, WORK_S, _Client
 from tests.serving.server import ServingThread
@@ -56,9 +56,13 @@ class Echo:
         return 200, data, [("Content-Type", "application/json")]
 
 
-def _serve(rest=None, threads: int = 2, **limits) -> tuple[ServingThread, ServingApp]:
+#: every inference on the threads: most tests here hold or slow the work on purpose
+THREADS_ONLY = Inline(max_bytes=0)
+
+
+def _serve(rest=None, threads: int = 2, inline: Inline = THREADS_ONLY, **limits) -> tuple[ServingThread, ServingApp]:
     rest = rest or Echo()
-    app = ServingApp(rest, ServerLimits(**{"max_body_bytes": 1000, **limits}), threads=threads)
+    app = ServingApp(rest, ServerLimits(**{"max_body_bytes": 1000, **limits}), threads=threads, inline=inline)
     return ServingThread(app, app.limits), app
 
 
@@ -114,6 +118,47 @@ def test_inference_runs_on_a_worker_thread_and_the_rest_on_the_loop(server):
     assert requests.post(server.url + "/infer", data=b"x", timeout=5).status_code == 200
     assert requests.get(server.url + "/live", timeout=5).status_code == 200
     assert rest.threads[0].startswith("serving-infer") and not rest.threads[1].startswith("serving-infer")
+
+
+def test_a_small_request_on_an_idle_worker_runs_on_the_loop_and_a_larger_one_on_a_thread():
+    rest = Echo()
+    st, app = _serve(rest, inline=Inline(max_bytes=64))
+    with st, requests.Session() as s:
+        assert s.post(st.url + "/small", data=b"s" * 64, timeout=5).json()["length"] == 64
+        assert s.post(st.url + "/large", data=b"l" * 65, timeout=5).json()["length"] == 65
+        assert s.post(st.url + "/small", data=b"s" * 10, timeout=5).json()["length"] == 10
+    assert app.inlined == 2
+    assert [t.startswith("serving-infer") for t in rest.threads] == [False, True, False]
+
+
+def test_an_inline_request_over_its_budget_sends_inference_to_the_threads_for_the_backoff():
+    """The guard of the inline path: a slow request on the loop (a slow cube replica) holds
+    the loop once; for ``backoff_s`` after it every inference runs on a thread, so probes
+    answer while it is slow; then small requests run inline again."""
+    rest = Echo(delay_s=0.3)
+    st, app = _serve(rest, inline=Inline(max_bytes=1000, budget_ms=100, backoff_s=2.0))
+    with st, requests.Session() as s, ThreadPoolExecutor(1) as pool:
+        t0 = time.monotonic()
+        assert s.post(st.url + "/slow", data=b"x", timeout=5).status_code == 200
+        assert app.inlined == 1 and app.inline_off_until > t0
+        rest.entered.clear()
+        slow = pool.submit(requests.post, st.url + "/slow", data=b"x", timeout=5)  # on a thread now
+        assert rest.entered.wait(5)
+        t1 = time.perf_counter()
+        assert requests.get(st.url + "/live", timeout=5).status_code == 200
+        assert time.perf_counter() - t1 < 0.2, "a probe answers while the slow request runs on a thread"
+        assert slow.result().status_code == 200 and app.inlined == 1
+        assert sum(t.startswith("serving-infer") for t in rest.threads) == 1  # the second slow one
+        time.sleep(max(0.0, app.inline_off_until - time.monotonic()) + 0.05)
+        assert s.post(st.url + "/fast", data=b"x", timeout=5).status_code == 200
+        assert app.inlined == 2 and not rest.threads[-1].startswith("serving-infer")
+    assert rest.metrics.registry.get_sample_value("elastic_ctr_serving_inline_backoffs_total") == 1
+
+
+@pytest.mark.parametrize("field, value", [("max_bytes", -1), ("budget_ms", 0), ("backoff_s", float("nan"))])
+def test_bad_inline_settings_are_refused_by_name(field, value):
+    with pytest.raises(ValueError, match=field):
+        Inline(**{field: value})
 
 
 def test_pipelined_requests_are_answered_in_order(server):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import threading
 import time
@@ -32,7 +33,7 @@ from runtime.serving.grpc_server import GrpcServer
 from runtime.serving.proto import open_inference_pb2 as pb
 from runtime.serving.proto import open_inference_pb2_grpc as pb_grpc
 from runtime.limits import ServerLimits
-from runtime.serving.asgi import ServingApp
+from runtime.serving.asgi import Inline, ServingApp
 from runtime.serving.rest import create_app
 from tests.helpers import wait_until
 from tests.serving.server import ServingThread
@@ -63,7 +64,7 @@ def _infer_json(b, n: int) -> dict:
 
 def test_rest_beyond_the_queue_limit_answers_503_at_once(served, env):
     plane = served["plane"]
-    app = ServingApp(create_app(plane), ServerLimits(max_queue=2), threads=1)
+    app = ServingApp(create_app(plane), ServerLimits(max_queue=2), threads=1, inline=Inline(max_bytes=0))  # held: on the thread
     release, entered = _hold(plane)
     body = _infer_json(env["batch"], 4)
     with ServingThread(app, app.limits) as w:
@@ -160,9 +161,13 @@ def test_serving_answers_with_64_slow_clients(serving):
 
 @pytest.mark.slow
 def test_probes_answer_while_a_request_waits_on_a_hung_cube(serving):
-    """With the cube server stopped (SIGSTOP) a request waits for the cube on the worker's
-    inference thread; the event loop answers liveness probes meanwhile as fast as ever,
-    and serving answers again once the cube is back."""
+    """With the cube server stopped (SIGSTOP): the first small request to wait on it may
+    run on the worker's event loop (a small request on an idle worker:
+    ``runtime.serving.asgi.Inline``), so a probe meanwhile waits at most the cube client's
+    timeouts (3 x 200 ms), once. That request took beyond the inline budget: for the
+    backoff after it, requests wait for the cube on the worker's inference thread and the
+    loop answers liveness probes as fast as ever; serving answers again once the cube is
+    back."""
     u = serving["url"]
     body = _infer_json(serving["batch"], 4)
     s = requests.Session()
@@ -171,6 +176,11 @@ def test_probes_answer_while_a_request_waits_on_a_hung_cube(serving):
     os.kill(server.proc.pid, signal.SIGSTOP)
     try:
         with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(requests.post, u + "/v2/models/ctr/infer", json=body, timeout=30)
+            time.sleep(0.05)  # waiting for the cube, on the loop or on the thread
+            probe = latency(u + "/v2/health/live")
+            assert first.result().status_code == 503
+            assert probe < 1.0, f"a liveness probe while the first request waited on the cube: {probe:.2f} s"
             lone = pool.submit(requests.post, u + "/v2/models/ctr/infer", json=body, timeout=30)
             time.sleep(0.05)  # on the inference thread now, waiting for the cube
             probes = []
@@ -186,6 +196,10 @@ def test_probes_answer_while_a_request_waits_on_a_hung_cube(serving):
     while s.post(u + "/v2/models/ctr/infer", json=body, timeout=10).status_code != 200:
         assert time.monotonic() < deadline, "serving did not answer again after the cube came back"
         time.sleep(0.2)
+    # the slow request turned inlining off (unless an earlier one had, less than a backoff before)
+    metrics = s.get(u + "/metrics", timeout=10).text
+    (backoffs,) = re.findall(r"^elastic_ctr_serving_inline_backoffs_total (\S+)$", metrics, re.M)
+    assert float(backoffs) >= 1, metrics
 
 
 def test_readiness_on_a_hung_cube_answers_at_once(serving):
