@@ -8,6 +8,7 @@
 #      tests and their engine, the end-to-end pipelines, SIGTERM drains, load and slow
 #      clients), where a second worker's load would change what they measure or wait for.
 #
+# Each phase ends with its 15 slowest tests (--durations), to keep the suite's time in view.
 # Usage: run-tests.sh [PYTEST_ARGS...]   (passed to both phases; a `-m` there replaces the
 #        phase's own marker expression, so select by path or -k instead)
 # Environment: PYTHON (default .venv/bin/python), TEST_WORKERS (default 2).
@@ -20,10 +21,10 @@ PY=${PYTHON:-.venv/bin/python}
 WORKERS=${TEST_WORKERS:-2}
 
 t0=$SECONDS
-"$PY" -m pytest -n "$WORKERS" --dist loadgroup -m "not serial" "$@"
+"$PY" -m pytest -n "$WORKERS" --dist loadgroup -m "not serial" --durations=15 "$@"
 rc1=$?
 t1=$SECONDS
-"$PY" -m pytest -p no:xdist -m serial "$@"
+"$PY" -m pytest -p no:xdist -m serial --durations=15 "$@"
 rc2=$?
 echo "run-tests.sh: parallel phase $((t1 - t0)) s (exit $rc1), serial phase $((SECONDS - t1)) s (exit $rc2)" >&2
 if [[ $rc1 -eq 5 && $rc2 -eq 5 ]]; then
