@@ -1,7 +1,8 @@
 """A real Prometheus (Debian's package, started and stopped by the project's code:
 ``runtime.local.prometheus`` / ``runtime.monitoring.server``) scraping the local pipeline
-(``elastic-ctr local --prometheus``'s online loop, 4 hourly partitions ending at the
-current hour, so the versions' data times are recent) while it runs:
+(``elastic-ctr local --prometheus``'s online loop, 4 hourly partitions from three hours
+before the current one, so the versions' data times are recent: the base's data ends two
+hours before the current hour began, within the default 3 h freshness SLO) while it runs:
 
 * while every role is up (after the second version is served, the trainer waiting for
   the third partition), every target is up, every dashboard panel's query evaluates
@@ -144,7 +145,8 @@ def test_prometheus_scrapes_the_live_pipeline_and_the_freshness_alert_fires(tmp_
     run_dir = tmp_path / "run"
     args = build_parser().parse_args([
         "local", "--hours", "4", "--rows-per-hour", "12000", "--eval-rows", "2000", "--latency-requests", "200",
-        "--rollout-rate", "100", "--no-tracking", "--no-wait", "--prometheus", "--start-hour", "now",
+        "--rollout-rate", "100", "--no-tracking", "--no-wait", "--prometheus",
+        "--start-hour", online.start_hour("now", 3),
         "--run-dir", str(run_dir)])
     # the variables the run sets for its roles, restored after the test
     monkeypatch.setenv(SCRAPE_DIR_ENV, str(run_dir / "prometheus" / "targets"))
