@@ -48,13 +48,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_online import _stop_client, add_run_args  # noqa: E402
+from bench.bench_online import SERVICES, _stop_client, add_run_args, continuous_job  # noqa: E402
 from bench.bench_rollout import rss_mib  # noqa: E402
 from runtime import proc  # noqa: E402
 from runtime.formats import donefile, partitions  # noqa: E402
@@ -188,18 +187,14 @@ def run(args) -> int:
         os.rename(p.location(str(upstream)), dst)  # complete (its _SUCCESS inside) at once
         return time.monotonic()
 
-    ns = SimpleNamespace(shards=2, replicas=2, model_root=None, serving_workers=1, serving_threads=2)
+    ns = SERVICES
     landed: dict[int, float] = {}
     with proc.ProcessGroup(work / "logs", grace_s=10.0) as group:
         waiter = Waiter(group, args.timeout)
         svc = start_services(ns, work, group)
-        argv = proc.self_command() + [
-            "train", "--local-cluster", "--pservers", "1", "--trainers", "2", "--mode", "continuous",
-            "--data-root", str(root), "--partition-minutes", "1", "--start-hour", START,
-            "--state-dir", str(work / "train-state"), "--table-dir", str(work / "table"), "--output", svc.root_url,
-            "--upload-token-file", str(svc.token_file), "--poll-s", "0.1", "--patch-every-seconds", "0",
-            "--base-every-minutes", "525600", "--checkpoint-every-minutes", "525600",
-            "--log-dir", str(work / "logs" / "train")]
+        argv = continuous_job(work, svc, root, "--partition-minutes", "1", "--start-hour", START, "--poll-s", "0.1",
+                              "--patch-every-seconds", "0", "--base-every-minutes", "525600",
+                              "--checkpoint-every-minutes", "525600")
         trainer = group.start("train", argv, expect_exit=False)
         landed[0] = land(parts[0])
         base = waiter.until(lambda: (donefile.read(svc.root, "base") or [None])[-1], "the warm-up base", args.timeout,

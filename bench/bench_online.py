@@ -96,6 +96,22 @@ def _stage_seconds(log: Path) -> list[float]:
     return [float(a) + float(b) for a, b in pat.findall(log.read_text(errors="replace"))] if log.exists() else []
 
 
+#: the local services of the online benches: cube 2 shards x 2 replicas, serving 1 worker x 2 threads
+SERVICES = SimpleNamespace(shards=2, replicas=2, model_root=None, serving_workers=1, serving_threads=2)
+
+
+def continuous_job(work: Path, svc, data_root: Path, *extra: str) -> list[str]:
+    """argv of the online benches' continuous PS job (the local cluster: 1 pserver, 2
+    trainers) on the partitions under ``data_root``, its state, table and logs under
+    ``work``, exporting to ``svc``'s file server (``runtime.local.services.start_services``);
+    ``extra``: the bench's own flags (start, cadences, polling)."""
+    return proc.self_command() + [
+        "train", "--local-cluster", "--pservers", "1", "--trainers", "2", "--mode", "continuous",
+        "--data-root", str(data_root), "--state-dir", str(work / "train-state"), "--table-dir", str(work / "table"),
+        "--output", svc.root_url, "--upload-token-file", str(svc.token_file), "--log-dir", str(work / "logs" / "train"),
+        *extra]
+
+
 def run_online(args) -> int:
     from runtime.formats.dict_info import served_version
     from runtime.local.services import start_client, start_serving, start_services
@@ -113,19 +129,15 @@ def run_online(args) -> int:
           f"{max(sig.vocab_sizes)} max) in {time.monotonic() - t0:.0f} s; true-logit AUC "
           + " ".join(f"{h.true_logit_auc:.4f}" for h in sig.hours), flush=True)
     hours_root.mkdir(parents=True, exist_ok=True)
-    ns = SimpleNamespace(shards=2, replicas=2, model_root=None, serving_workers=1, serving_threads=2)
+    ns = SERVICES
     landed: dict[int, float] = {}
     failed_by_hour: dict[int, int] = {}
     with proc.ProcessGroup(work / "logs", grace_s=10.0) as group:
         waiter = Waiter(group, args.timeout)
         svc = start_services(ns, work, group)
-        argv = proc.self_command() + [
-            "train", "--local-cluster", "--pservers", "1", "--trainers", "2", "--mode", "continuous",
-            "--data-root", str(hours_root), "--start-hour", START, "--end-hour", str(hs[-1]), "--state-dir",
-            str(work / "train-state"), "--table-dir", str(work / "table"), "--output", svc.root_url,
-            "--upload-token-file", str(svc.token_file), "--poll-s", "0.2", "--base-every-minutes",
-            str(60 * args.base_every), "--checkpoint-every-minutes", str(60 * args.checkpoint_every),
-            "--log-dir", str(work / "logs" / "train")]
+        argv = continuous_job(work, svc, hours_root, "--start-hour", START, "--end-hour", str(hs[-1]), "--poll-s",
+                              "0.2", "--base-every-minutes", str(60 * args.base_every),
+                              "--checkpoint-every-minutes", str(60 * args.checkpoint_every))
         trainer = group.start("train", argv, expect_exit=True)
 
         def lander():
