@@ -61,7 +61,6 @@ def _positive(unit: str):
 
 
 _positive_seconds = _positive("seconds")
-_positive_ms = _positive("ms")
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -112,10 +111,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--inline-max-bytes", type=_non_negative_int, default=8192, metavar="BYTES",
                    help="an inference request with a body of at most this many bytes, coming when no other "
                    "inference of the worker runs or waits, runs on the worker's event loop instead of a thread "
-                   "(saves the hand-off, about 60 us of CPU per request); 0: every inference on the threads")
-    p.add_argument("--inline-budget-ms", type=_positive_ms, default=20.0, metavar="MS",
-                   help="an inline request that takes longer than this (ms, wall clock) sends every inference to "
-                   "the threads for the next 10 s (a slow cube replica must not hold the event loop)")
+                   "(saves the hand-off, about 60 us of CPU per request); a small request taking over 20 ms sends "
+                   "inference to the threads for 10 s, so a slow cube replica holds the loop once "
+                   "(docs/serving-servers.md); 0: every inference on the threads")
     p.add_argument("--header-timeout", type=_positive_seconds, default=10.0, metavar="SECONDS",
                    help="seconds a client may take to send a request's headers, from their first byte, before "
                    "its connection is closed (uvicorn has no such timeout: serving adds it to uvicorn's "

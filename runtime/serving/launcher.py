@@ -264,7 +264,7 @@ def make_transports(args, work_dir: str, slots: tuple[int, ...]):
                                  max_message_bytes=args.max_body_bytes, max_queue=args.max_queue,
                                  max_connection_age_s=args.grpc_max_connection_age)
     app = ServingApp(create_app(plane, args.max_body_bytes), limits_of(args), threads=args.threads,
-                     inline=Inline(args.inline_max_bytes, args.inline_budget_ms))
+                     inline=Inline(args.inline_max_bytes))
     return Transports(plane, app, grpc_server)
 
 
