@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bench_online import SERVICES, _stop_client, add_run_args, continuous_job  # noqa: E402
 from bench.bench_rollout import rss_mib  # noqa: E402
 from runtime import proc  # noqa: E402
-from runtime.formats import donefile, partitions  # noqa: E402
+from runtime.formats import donefile, partition_stats, partitions  # noqa: E402
 
 START = "20261120/0000"
 
@@ -224,6 +224,13 @@ def run(args) -> int:
         last_end = parts[n].end.timestamp()
 
         def fresh_enough():
+            for p in parts[1:]:  # the figures assume a normal stream: every partition served
+                marker = Path(partition_stats.marker_location(p.location(str(root))))
+                if marker.exists():
+                    raise RuntimeError(f"partition {p} was quarantined by the data gate ({marker}: "
+                                       f"{json.loads(marker.read_text()).get('anomalies')}); the figures assume "
+                                       "every partition is served (partitions of a few hundred rows make noisy "
+                                       "histograms: raise --rows-per-hour)")
             recs = {r.id: r for k in ("base", "patch") for r in donefile.read(svc.root, k)}
             v = follow.changes[-1][1] if follow.changes else None
             return v is not None and v in recs and (recs[v].data_end or 0) >= last_end
