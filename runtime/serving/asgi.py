@@ -16,7 +16,7 @@ an ASGI 3 app, served by uvicorn in each worker (``runtime.serving.worker``).
 - but a small inference request (a body of at most ``Inline.max_bytes``) that comes when
   no other inference of this worker is running or waiting runs on the event loop itself
   (``Inline``): the hand-off to a thread and back cost about 60 us of CPU per request
-  (``docs/serving-servers.md``), a fifth of a batch-1 request. The loop does nothing else
+  (``docs/serving-servers.md``), a tenth of a batch-1 request's. The loop does nothing else
   meanwhile, so this is bounded: a small request that takes more than
   ``Inline.budget_ms`` of its own (inline or on a thread, waits for a thread not counted:
   a slow cube replica, a loaded machine) sends every inference to the threads for the

@@ -14,7 +14,7 @@ class ServingMetrics:
     """Counters and gauges of one serving process: requests by endpoint and HTTP status,
     latency (s), errors by kind, samples, predictor runs, the version served, readiness,
     the served version's data time (``..._model_data_end_timestamp_seconds``), inference
-    requests in progress, inline requests over their budget (``runtime.serving.asgi.Inline``),
+    requests in progress, times inlining backed off (``runtime.serving.asgi.Inline``),
     and samples per request and per dense-model run (histograms)."""
 
     def __init__(self):
@@ -39,8 +39,8 @@ class ServingMetrics:
         self.runs = Counter("elastic_ctr_serving_predictor_runs_total",
                             "dense-model runs (one per combined batch of requests)", registry=r)
         self.inline_backoffs = Counter("elastic_ctr_serving_inline_backoffs_total",
-                                       "inference requests on the event loop that took beyond the inline budget "
-                                       "(inference then ran on the threads for the backoff)", registry=r)
+                                       "times inference left the event loop for the inline backoff: a small "
+                                       "request took beyond the inline budget", registry=r)
         self.switches = Counter("elastic_ctr_serving_version_switches_total", "version switches", registry=r)
         # the served version's data time (its donefile line's data_end; NaN: unknown): freshness
         # is time() - this (docs/monitoring.md); the workers' most recent value

@@ -94,7 +94,7 @@ def uvicorn_protocol(limits: ServerLimits):
         timeout applies); a head above ``max_head_bytes`` is refused 400 (the callback's
         error makes uvicorn answer "Invalid HTTP request received.") and closed."""
 
-        #: the loop's sweep (one per event loop: ``_sweep``), None while no connection is open
+        #: each event loop's pending sweep (``_sweep``); a loop has none while it holds no connection
         _sweeps: dict = {}
         #: loop time by which the head must be complete (None: no head awaited)
         _head_deadline: Optional[float] = None
