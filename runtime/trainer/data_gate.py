@@ -16,8 +16,9 @@ loss on it (the continuous job's ``auc_before``), then ``check`` compares them w
 A lasting shift (``--gate-adapt-after`` partitions in a row that break only these drift
 bounds and agree with each other) is taken as the new normal: those partitions become the
 window and the last one is trained (``DataGate.judge``); a broken partition (schema,
-malformed lines, the served model's AUC or log loss) never is. Otherwise, any bound broken,
-or more malformed lines than the bad-line budget allows, and the partition is quarantined (``DataGate.quarantine``): not trained on, a ``_QUARANTINED``
+malformed lines, the served model's AUC or log loss) never is. Otherwise, any bound
+broken, or more malformed lines than the bad-line budget allows, and the partition is
+quarantined (``DataGate.quarantine``): not trained on, a ``_QUARANTINED``
 marker beside its ``_SUCCESS`` (``partition_stats.write_marker``), an entry in the gate's
 history (``--state-dir/data-gate.json``), ``elastic_ctr_trainer_partitions_quarantined_total``
 and one log line per anomaly; the caller tags the MLflow run. Accepted partitions join the
