@@ -122,6 +122,21 @@ class PredictorError(RuntimeError):
     names the directory."""
 
 
+def check_inputs(dense: np.ndarray, emb: np.ndarray, num_dense: int, num_slots: int, dim: int) -> int:
+    """The batch size ``n`` of a predictor's inputs: ``dense`` float32[n, num_dense] and
+    ``emb`` float32[num_slots * n, dim]. Raises ``ValueError`` for an empty batch (Paddle
+    3.0 crashes the process on one) and, naming the shapes, for any other shape."""
+    n = dense.shape[0]
+    if n < 1:
+        raise ValueError(f"dense: shape {dense.shape}, an empty batch (at least one row is needed)")
+    if dense.shape != (n, num_dense):
+        raise ValueError(f"dense: shape {dense.shape}, expected ({n}, {num_dense}) (model_meta.json's num_dense)")
+    if emb.shape != (num_slots * n, dim):
+        raise ValueError(f"embeddings: shape {emb.shape}, expected ({num_slots * n}, {dim}) "
+                         f"for {n} rows of {num_slots} slots")
+    return n
+
+
 def _dynamic_mode() -> bool:
     """Whether Paddle is in dynamic-graph mode, where tensors can be made from arrays
     (in static-graph mode, ``paddle.enable_static()`` as the trainer's export check runs,
@@ -207,15 +222,7 @@ class DensePredictor:
         Returns the click probabilities, float32[n,1]. Raises ``ValueError`` for an empty
         batch (Paddle 3.0 crashes the process on one) and, naming the shapes, when ``dense``
         is not ``[n, num_dense]`` or ``emb`` does not hold ``num_slots * n`` rows of ``dim``."""
-        n = dense.shape[0]
-        if n < 1:
-            raise ValueError(f"dense: shape {dense.shape}, an empty batch (at least one row is needed)")
-        if dense.shape != (n, self.num_dense):
-            raise ValueError(f"dense: shape {dense.shape}, expected ({n}, {self.num_dense}) "
-                             f"(model_meta.json's num_dense)")
-        if emb.shape != (self.num_slots * n, self.dim):
-            raise ValueError(f"embeddings: shape {emb.shape}, expected ({self.num_slots * n}, {self.dim}) "
-                             f"for {n} rows of {self.num_slots} slots")
+        n = check_inputs(dense, emb, self.num_dense, self.num_slots, self.dim)
         b = self._pool.get()
         try:
             bound = b.n == n

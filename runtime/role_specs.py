@@ -224,11 +224,13 @@ def cube_transfer(topology: str, root: Any, work_dir: str, host: str = ANY_HOST,
 def serving(topology: str, model_root: Any, transfer_url: Any, work_dir: str, host: str = ANY_HOST,
             port: Optional[int] = None, grpc_port: Optional[int] = None, workers: Any = 2,
             threads: Optional[int] = None, data_format: Any = "criteo", slot_file: Any = None,
-            poll_interval_s: Optional[float] = None, extra: Sequence[str] = ()) -> RoleSpec:
+            poll_interval_s: Optional[float] = None, dense_backend: Optional[str] = None,
+            extra: Sequence[str] = ()) -> RoleSpec:
     """``elastic-ctr serve``: the Open Inference Protocol v2 on port ``http`` (REST) and
     ``grpc`` (``grpc_port`` 0: no gRPC), ``workers`` processes, over the cube of
     ``topology`` and the dense models under ``model_root``, following the version
-    ``transfer_url``'s ``/dict/info`` names."""
+    ``transfer_url``'s ``/dict/info`` names; ``dense_backend``: ``--dense-backend``
+    (``runtime.dense_backends``; None: serve's default)."""
     ports = _ports("serving", http=port, grpc=grpc_port)
     if grpc_port == 0:
         ports = ports[:1]
@@ -242,6 +244,8 @@ def serving(topology: str, model_root: Any, transfer_url: Any, work_dir: str, ho
         args += ["--slot-file", slot_file]
     if poll_interval_s is not None:
         args += ["--poll-interval", _number(poll_interval_s)]
+    if dense_backend is not None:
+        args += ["--dense-backend", dense_backend]
     return RoleSpec("serving", tuple(args) + tuple(extra), ports, readiness=Probe("http", V2_READY),
                     liveness=Probe("http", V2_LIVE), metrics=Probe("http", METRICS_PATH), credentials=(FILES_READ,))
 

@@ -8,6 +8,13 @@ per slot in slot order (``feeds[1:]``), fetch ``fetches[0]`` (the click probabil
 float32[n,1]). ``model_files`` names the program (``inference.pdmodel``, Paddle's legacy
 static-graph format: the trainer runs with ``FLAGS_enable_pir_api=0``) and its
 parameters (``inference.pdiparams``); readers open exactly those files.
+
+``onnx`` (``OnnxExport``) records the same network in ONNX (``model.onnx``, inputs and
+output named as ``feeds`` and ``fetches``) and the export's check of it against Paddle
+Inference on sample rows (``max_abs_diff`` of the probabilities, at most
+``ONNX_TOLERANCE``); where the conversion failed or disagreed, ``file`` is null and
+``error`` says why: the version is served by Paddle Inference. A document without
+``onnx`` is a version exported without an ONNX copy (Paddle Inference only).
 """
 from __future__ import annotations
 
@@ -22,6 +29,10 @@ from runtime.formats._validation import NonNegInt, PosInt, validated
 
 FILE = "model_meta.json"
 PROGRAM_SUFFIX, PARAMS_SUFFIX = ".pdmodel", ".pdiparams"
+ONNX_SUFFIX = ".onnx"
+#: the largest difference of probabilities between ONNX Runtime and Paddle Inference on
+#: the export's sample rows for a version to carry its ``model.onnx``
+ONNX_TOLERANCE = 1e-5
 
 
 class ModelMetaError(ValueError):
@@ -80,6 +91,42 @@ class SparseSummary(_Strict):
     base: Optional[int] = None
 
 
+class OnnxExport(_Strict):
+    """The version's ONNX copy of the dense network and the export's check of it.
+
+    ``file``: the ONNX model's name in the dense directory (``model.onnx``), or None when
+    there is none (``error`` says why: the conversion failed, or ONNX Runtime disagreed
+    with Paddle Inference by more than ``tolerance``). ``opset``: the ONNX opset written.
+    ``converter`` / ``runtime``: the converter and the ONNX Runtime of the check, with
+    their versions (``paddle2onnx 2.1.0``, ``onnxruntime 1.32.0``). ``check_rows``: the
+    sample rows both ran; ``max_abs_diff``: the largest difference of their probabilities
+    (None when the check did not run)."""
+
+    file: Optional[str] = None
+    opset: Optional[PosInt] = None
+    converter: str
+    runtime: Optional[str] = None
+    check_rows: NonNegInt = 0
+    max_abs_diff: Optional[float] = Field(default=None, ge=0)
+    tolerance: float = Field(default=ONNX_TOLERANCE, gt=0)
+    error: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "OnnxExport":
+        if self.file is None:
+            if not self.error:
+                raise ValueError("file: null needs an error saying why there is no ONNX model")
+            return self
+        if self.error is not None:
+            raise ValueError(f"error: set ({self.error!r:.60}) while file names {self.file!r}")
+        if "/" in self.file or self.file.startswith(".") or not self.file.endswith(ONNX_SUFFIX):
+            raise ValueError(f"file: a plain <name>{ONNX_SUFFIX} expected, got {self.file!r}")
+        if self.max_abs_diff is None or self.max_abs_diff > self.tolerance or not self.check_rows:
+            raise ValueError(f"file: {self.file!r} without a passed check (check_rows {self.check_rows}, "
+                             f"max_abs_diff {self.max_abs_diff}, tolerance {self.tolerance})")
+        return self
+
+
 class ModelMeta(_Strict):
     """The document (module docstring). ``training``: the training settings (free-form
     record); ``metrics``: test AUC and throughput (free-form record)."""
@@ -99,6 +146,7 @@ class ModelMeta(_Strict):
     training: dict[str, Any]
     metrics: dict[str, Any]
     export_check_max_abs_diff: float = Field(ge=0)
+    onnx: Optional[OnnxExport] = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelMeta":
@@ -145,6 +193,29 @@ class ModelMeta(_Strict):
             if not p.is_file():
                 raise ModelMetaError(f"{d / FILE}: model_files names {p.name}, which is not in {d}")
         return paths
+
+    @property
+    def onnx_file(self) -> Optional[str]:
+        """The ONNX model's file name (``model.onnx``), or None when the version has none."""
+        return self.onnx.file if self.onnx is not None else None
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """Every model file the directory holds besides ``model_meta.json``: the program,
+        its parameters and, when there is one, the ONNX model."""
+        return self.model_files + ((self.onnx_file,) if self.onnx_file else ())
+
+    def onnx_in(self, model_dir: str | os.PathLike) -> Path:
+        """The ONNX model's path under ``model_dir``. Raises ``ModelMetaError`` when the
+        version has none (naming why) or the file is missing."""
+        d = Path(model_dir)
+        if not self.onnx_file:
+            why = self.onnx.error if self.onnx is not None else "exported without an ONNX model"
+            raise ModelMetaError(f"{d / FILE}: no ONNX model ({why})")
+        p = d / self.onnx_file
+        if not p.is_file():
+            raise ModelMetaError(f"{d / FILE}: onnx.file names {p.name}, which is not in {d}")
+        return p
 
     def write(self, model_dir: str | os.PathLike) -> Path:
         """Writes ``<model_dir>/model_meta.json``; returns its path."""

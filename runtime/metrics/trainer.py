@@ -22,6 +22,9 @@ Families (``elastic_ctr_trainer_*``; "trainer 0" ones are set by the chief only)
 * ``exports_total{kind}``, ``export_seconds{kind}`` (histogram), ``export_rows_total{kind}``,
   ``exported_version``, ``exported_data_end_timestamp_seconds`` (trainer 0; ``kind`` base |
   patch);
+* ``onnx_exports_total{result}`` (trainer 0: each version's ONNX copy, ``result`` ok |
+  conversion_failed | check_failed; a failed one is published for Paddle Inference alone,
+  ``runtime.trainer.onnx_export``);
 * ``elastic_ctr_pserver_table_rows{pserver}`` (trainer 0: rows of each pserver's sparse
   table at the last full save, counted from its ``part-<pserver>-*`` files);
 * the process's ``process_*`` families (memory, CPU) and its MLflow client's
@@ -92,6 +95,9 @@ class TrainerMetrics:
         self.exported_data_end = Gauge("exported_data_end_timestamp_seconds",
                                        "data time of the last version exported: the end of its last partition "
                                        "(unix s; NaN: none yet)", namespace=ns, subsystem=sub, registry=r)
+        self.onnx_exports = Counter("onnx_exports", "ONNX copies of exported versions' dense models by result (ok, "
+                                    "conversion_failed, check_failed: published for Paddle Inference alone)",
+                                    ["result"], namespace=ns, subsystem=sub, registry=r)
         for g in (self.trained_data_end, self.exported_data_end, self.exported_version, self.loss):
             g.set(float("nan"))
         self.table_rows = Gauge("table_rows", "sparse-table rows of each pserver at the last full save",
@@ -127,6 +133,10 @@ class TrainerMetrics:
         self.exported_version.set(version)
         if data_end_s is not None:
             self.exported_data_end.set(data_end_s)
+
+    def onnx_export(self, result: str) -> None:
+        """A version's ONNX copy (trainer 0): ``result`` ok | conversion_failed | check_failed."""
+        self.onnx_exports.labels(result).inc()
 
     def table_saved(self, rows_per_pserver: dict[int, int]) -> None:
         """A full table save's rows per pserver index (trainer 0)."""

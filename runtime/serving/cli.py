@@ -1,14 +1,16 @@
 """Subcommands of the serving role: ``serve`` and the demo ``client``.
 
-Heavy imports (Flask, Paddle, numpy) happen inside the handlers so ``--help`` is fast.
+Heavy imports (Paddle, ONNX Runtime, numpy) happen inside the handlers so ``--help`` is fast.
 """
 from __future__ import annotations
 
 import argparse
 import math
 
-from runtime.cli import HelpFormatter
 import os
+
+from runtime import dense_backends
+from runtime.cli import HelpFormatter
 
 
 def _env_int(name: str, default: int) -> int:
@@ -93,7 +95,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    "own SO_REUSEPORT socket; each loads the dense model and its own cube clients (a request's "
                    "Python work holds the GIL, so processes, not threads, use several cores)")
     p.add_argument("--threads", type=int, default=1,
-                   help="inference threads per worker (default 1: Paddle releases the GIL while a predictor "
+                   help="inference threads per worker (default 1: the dense model releases the GIL while it "
                    "runs, but decoding, the cube lookups and encoding hold it, so under concurrent requests a "
                    "second thread mostly waits for it; README, Benchmarks, Serving); "
                    "with more, concurrent requests in a worker are combined into one cube lookup and predictor run")
@@ -130,6 +132,10 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="cube lookup timeout per try, ms")
     p.add_argument("--work-dir", default=None,
                    help="where downloaded dense models are kept (default: a temporary directory)")
+    p.add_argument("--dense-backend", choices=dense_backends.BACKENDS, default=dense_backends.DEFAULT,
+                   help="what runs the dense network: ONNX Runtime on the version's model.onnx (a version without one "
+                   "runs on Paddle Inference, which must then be installed: the serving-paddle image), or Paddle "
+                   "Inference on its program and parameters (docs/serving.md)")
     p.add_argument("--format", choices=("criteo", "slot"), default="criteo",
                    help="raw-line format accepted by /predict and BYTES inputs")
     p.add_argument("--slot-file", default=None, help="slot list for --format slot")

@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from runtime import dense_backends
 from runtime.formats import features
 from runtime.serving.batching import Combiner
 from runtime.serving.dataplane import Model
@@ -93,6 +94,9 @@ class CtrModel(Model):
         data_end = getattr(model, "data_end", None)
         self.metrics.data_end.set(float("nan") if data_end is None else data_end)
         self.metrics.switches.inc()
+        backend = getattr(model, "backend", None)
+        for b in dense_backends.BACKENDS:
+            self.metrics.dense_backend.labels(b).set(1 if b == backend else 0)
 
     def cube(self):
         """The cube client (made at the first call; shared by the request threads)."""
@@ -165,7 +169,8 @@ class CtrModel(Model):
             raise NotFound(f"model {self.name!r} version {version!r} is not being served (serving {versions})")
         inputs, outputs = signature(m.num_slots if m else features.NUM_SLOTS)
         return {
-            "name": self.name, "versions": versions, "platform": "paddle_inference",
+            "name": self.name, "versions": versions,
+            "platform": dense_backends.PLATFORMS[m.backend if m else self.watcher.dense_backend],
             "inputs": inputs, "outputs": outputs,
             "parameters": {"note": f"give '{DENSE}' (raw I1..I13; null = missing) and '{FEASIGNS}' (the slots' "
                                    f"feasigns), or '{LINES}' (raw rows) alone"},

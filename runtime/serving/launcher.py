@@ -11,8 +11,8 @@ concurrent requests of one worker are combined (``runtime.serving.batching.Combi
 Metrics are aggregated over the workers through ``PROMETHEUS_MULTIPROC_DIR`` (a temporary
 directory removed at exit; a worker's live gauges are dropped when it exits).
 
-The supervisor (``Supervisor``) holds no socket and imports neither Paddle nor gRPC (its
-workers are forked): it restarts a worker that dies while serving, and stops when one
+The supervisor (``Supervisor``) holds no socket and imports neither Paddle, ONNX Runtime
+nor gRPC (its workers are forked): it restarts a worker that dies while serving, and stops when one
 dies before it served (a failed boot: exit code 3, the others stopped). Stopping (SIGTERM,
 as the kubelet sends it to the container's first process, or SIGINT): it sends SIGTERM to
 every worker, each stops gracefully (readiness false first; ``runtime.serving.worker``),
@@ -32,6 +32,7 @@ import tempfile
 import time
 from typing import Callable, Optional
 
+from runtime import dense_backends
 from runtime.formats import features
 from runtime.limits import ServerLimits
 from runtime.serving.ctr_model import CtrModel
@@ -54,17 +55,21 @@ RESTART_DELAY_S = 1.0
 def build_dataplane(topology: str, model_root: str, transfer_url: str | None, work_dir: str,
                     threads: int = 4, max_batch: int = 4096, poll_interval_s: float = 0.5,
                     cube_timeout_ms: float = 200.0, fmt: str = "criteo",
-                    slots: tuple[int, ...] = features.DEFAULT_SLOTS, wait_s: float = 0.0) -> DataPlane:
+                    slots: tuple[int, ...] = features.DEFAULT_SLOTS, wait_s: float = 0.0,
+                    dense_backend: str = dense_backends.DEFAULT) -> DataPlane:
     """Wires the cube client factory, the version watcher, the CTR model and the data
     plane serving it for one process and starts following versions. ``wait_s``: wait up
     to this long for a first version (the process serves anyway, answering 503 until one
-    is loaded)."""
+    is loaded). ``dense_backend``: what runs the dense models (``runtime.dense_backends``)."""
     from runtime.cube.client import CubeClient
-    from runtime.inference import import_paddle
 
-    # Paddle now, in the caller's thread (a worker's main thread, before it serves), not at
-    # the first model load on the watcher's thread; import_paddle keeps SIGTERM ours.
-    import_paddle()
+    if dense_backend == dense_backends.PADDLE:
+        from runtime.inference import import_paddle
+
+        # Paddle now, in the caller's thread (a worker's main thread, before it serves), not
+        # at the first model load on the watcher's thread; import_paddle keeps SIGTERM ours.
+        # (On ONNX Runtime, Paddle is imported only for a version without model.onnx.)
+        import_paddle()
 
     def cube_factory():
         return CubeClient.from_topology(topology, timeout_ms=cube_timeout_ms, retries=2)
@@ -73,7 +78,7 @@ def build_dataplane(topology: str, model_root: str, transfer_url: str | None, wo
 
     # a version counts once laid out for this topology's shard count, answering on every shard
     watcher = VersionWatcher(model_root, transfer_url, work_dir, pool_size=threads, poll_interval_s=poll_interval_s,
-                             shard_num=Topology.load(topology).shard_num)
+                             shard_num=Topology.load(topology).shard_num, dense_backend=dense_backend)
     metrics = ServingMetrics()
     model = CtrModel(watcher, cube_factory, max_batch=max_batch, fmt=fmt, slots=slots, metrics=metrics)
     plane = DataPlane([model], metrics)
@@ -255,7 +260,8 @@ def make_transports(args, work_dir: str, slots: tuple[int, ...]):
     plane = build_dataplane(args.topology, args.model_root, args.transfer_url,
                             os.path.join(work_dir, f"w{os.getpid()}"), threads=args.threads,
                             max_batch=args.max_batch, poll_interval_s=args.poll_interval,
-                            cube_timeout_ms=args.cube_timeout_ms, fmt=args.format, slots=slots)
+                            cube_timeout_ms=args.cube_timeout_ms, fmt=args.format, slots=slots,
+                            dense_backend=args.dense_backend)
     grpc_server = None
     if args.grpc_port:
         from runtime.serving.grpc_server import GrpcServer
@@ -295,8 +301,8 @@ def main(args) -> int:
 
         return serve(make_transports(args, work_dir, slots), args.host, args.port, limits, started)
 
-    log.info("serving on http://%s:%d (pid %d; uvicorn, %d workers x %d threads, queue limit %d)%s",
-             args.host, int(args.port), os.getpid(), args.workers, args.threads, args.max_queue,
+    log.info("serving on http://%s:%d (pid %d; uvicorn, %d workers x %d threads, queue limit %d, dense backend %s)%s",
+             args.host, int(args.port), os.getpid(), args.workers, args.threads, args.max_queue, args.dense_backend,
              f" and gRPC {args.host}:{int(args.grpc_port)}" if args.grpc_port else "")
     return Supervisor(args.workers, run_worker, limits.shutdown_timeout_s,
                       lambda pid: multiprocess.mark_process_dead(pid, mp_dir)).run()

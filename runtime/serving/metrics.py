@@ -13,7 +13,8 @@ _SAMPLES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 class ServingMetrics:
     """Counters and gauges of one serving process: requests by endpoint and HTTP status,
     latency (s), errors by kind, samples, predictor runs, the version served, readiness,
-    the served version's data time (``..._model_data_end_timestamp_seconds``), inference
+    the served version's data time (``..._model_data_end_timestamp_seconds``), the dense
+    backend running it (``..._dense_backend{backend}``), inference
     requests in progress, times inlining backed off (``runtime.serving.asgi.Inline``),
     and samples per request and per dense-model run (histograms)."""
 
@@ -42,6 +43,10 @@ class ServingMetrics:
                                        "times inference left the event loop for the inline backoff: a small "
                                        "request took beyond the inline budget", registry=r)
         self.switches = Counter("elastic_ctr_serving_version_switches_total", "version switches", registry=r)
+        # 1 for the backend running the served version's dense model (runtime.dense_backends), 0 for the other
+        self.dense_backend = Gauge("elastic_ctr_serving_dense_backend", "1 for the backend running the served "
+                                   "version's dense network (onnxruntime, paddle), else 0", ["backend"], registry=r,
+                                   **({"multiprocess_mode": "livemax"} if self.multiproc else {}))
         # the served version's data time (its donefile line's data_end; NaN: unknown): freshness
         # is time() - this (docs/monitoring.md); the workers' most recent value
         self.data_end = Gauge("elastic_ctr_serving_model_data_end_timestamp_seconds",

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from runtime import storage
+from runtime import dense_backends, storage
 from runtime.formats.dict_info import fetch_dict_info
 from runtime.formats import donefile, manifest
 from runtime.formats.model_meta import FILE as META_FILE
@@ -33,13 +33,17 @@ class ModelLoadError(RuntimeError):
 
 
 class DenseModel:
-    """One version's dense model: ``version`` (int), ``meta`` (``ModelMeta``), and a pool of
-    ``pool_size`` predictors (``runtime.inference.DensePredictor``), ``data_end`` (the
-    version's data time, unix s, or None). ``predict`` is thread-safe. ``combiner`` is set by serving (concurrent requests of this version are
+    """One version's dense model: ``version`` (int), ``meta`` (``ModelMeta``), its
+    predictor on ``backend`` (``runtime.dense_backends``: ONNX Runtime on ``model.onnx``,
+    or Paddle Inference; ``dense_backend`` asks for one, and ``fallback`` says why a
+    version without ``model.onnx`` runs on Paddle Inference instead) with ``pool_size``
+    concurrent runs, ``data_end`` (the version's data time, unix s, or None). ``predict``
+    is thread-safe. ``combiner`` is set by serving (concurrent requests of this version are
     combined into one run). Raises ``ModelLoadError``."""
 
-    def __init__(self, version: int, model_dir: str | os.PathLike, pool_size: int = 4):
-        from runtime.inference import DensePredictor, PredictorError
+    def __init__(self, version: int, model_dir: str | os.PathLike, pool_size: int = 4,
+                 dense_backend: str = dense_backends.DEFAULT):
+        from runtime.inference import PredictorError
 
         self.version = int(version)
         self.dir = Path(model_dir)
@@ -47,9 +51,10 @@ class DenseModel:
             self.meta = ModelMeta.read(self.dir)
             if self.meta.version != self.version:
                 raise ModelLoadError(f"{self.dir / META_FILE}: version {self.meta.version}, expected {self.version}")
-            self.predictor = DensePredictor(self.dir, self.meta, pool_size)
+            loaded = dense_backends.load(self.dir, self.meta, dense_backend, pool_size)
         except (ModelMetaError, PredictorError) as exc:
             raise ModelLoadError(str(exc)) from exc
+        self.predictor, self.backend, self.fallback = loaded.predictor, loaded.backend, loaded.fallback
         self.num_slots = self.meta.num_slots
         self.dim = self.meta.embedding_dim
         self.loaded_at = time.time()
@@ -66,7 +71,8 @@ def fetch_model(model_root: str, rel: str, version: int, work_dir: str | os.Path
     """Makes ``model_root/rel`` (a version's dense directory) available locally.
 
     A local directory is used in place. From a URL, ``model_meta.json`` is downloaded first
-    and then the files its ``model_files`` names, into ``work_dir/<version>/`` (a temporary
+    and then the files it names (``ModelMeta.files``: the program, its parameters and the
+    ONNX model when there is one), into ``work_dir/<version>/`` (a temporary
     directory renamed into place once complete); an object-store location alike.
     Returns the local directory.
     Raises ``ModelLoadError``."""
@@ -84,7 +90,7 @@ def fetch_model(model_root: str, rel: str, version: int, work_dir: str | os.Path
     try:
         storage.download(base + META_FILE, tmp / META_FILE)
         meta = ModelMeta.read(tmp)
-        for name in meta.model_files:
+        for name in meta.files:
             storage.download(base + name, tmp / name)
         (tmp / ".complete").write_text("ok")
         if dest.exists():
@@ -128,16 +134,18 @@ class VersionWatcher:
     the version it serves until it is replaced. A new version is switched to only after
     its dense model is loaded (and warmed up) and ``probe(version)`` succeeds (serving's
     asks every shard for it: ``CubeClient.probe``); until then the previous model keeps
-    answering. ``current`` is replaced by one atomic assignment, so a request that read
-    it uses one version from start to end.
+    answering. Each version gets its own session (ONNX Runtime) or predictors (Paddle
+    Inference) on ``dense_backend`` (``runtime.dense_backends``). ``current`` is replaced
+    by one atomic assignment, so a request that read it uses one version from start to end.
     """
 
     def __init__(self, model_root: str, transfer_url: str | None, work_dir: str | os.PathLike,
                  pool_size: int = 4, poll_interval_s: float = 0.5,
                  probe: Callable[[int], None] | None = None, keep_versions: int = 3,
-                 shard_num: int | None = None):
+                 shard_num: int | None = None, dense_backend: str = dense_backends.DEFAULT):
         if shard_num is not None and int(shard_num) < 1:
             raise ValueError(f"shard_num must be >= 1, got {shard_num}")
+        self.dense_backend = dense_backends.check(dense_backend)
         self.shard_num = None if shard_num is None else int(shard_num)
         self.model_root = model_root
         self.transfer_url = transfer_url.rstrip("/") if transfer_url else None
@@ -191,11 +199,11 @@ class VersionWatcher:
                 if Path(local).parent == self.work_dir:  # a downloaded copy: fetched again next time
                     shutil.rmtree(local, ignore_errors=True)
                 raise
-        model = DenseModel(version, local, self.pool_size)
+        model = DenseModel(version, local, self.pool_size, self.dense_backend)
         model.data_end = rec.data_end if rec is not None else None
         model.predict(np.zeros((1, model.meta.features.num_dense), np.float32),
                       np.zeros((model.num_slots, model.dim), np.float32))
-        log.info("loaded dense model of version %d from %s in %.0f ms", version, local,
+        log.info("loaded dense model of version %d from %s on %s in %.0f ms", version, local, model.backend,
                  (time.monotonic() - t0) * 1e3)
         return model
 

@@ -1,5 +1,6 @@
-"""Export of one version: dense inference model, model_meta.json, sparse SequenceFiles,
-donefile line (layout and formats: ``runtime.formats``).
+"""Export of one version: dense inference model (and its ONNX copy,
+``runtime.trainer.onnx_export``), model_meta.json, sparse SequenceFiles, donefile line
+(layout and formats: ``runtime.formats``).
 
 Order: every file of ``versions/<id>/`` is written (to a local staging directory, then
 ``runtime.storage.upload_tree`` to the root: a directory or the file server's URL), then
@@ -33,6 +34,7 @@ from runtime import storage
 from runtime.formats import donefile, features, manifest, model_meta
 from runtime.formats.donefile import DonefileRecord
 from runtime.formats.model_meta import ModelMeta
+from runtime.trainer import onnx_export
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +205,8 @@ def export_version(root: str, *, slots: Sequence[int], fmt: str, dim: int, layer
                    seed: int = 0, base_id: int | None = None, data_end: int | None = None,
                    landed: int | None = None) -> DonefileRecord:
     """Writes and publishes one version under ``root`` (a directory or the file server's
-    URL): ``versions/<id>/dense/`` (program, parameters, ``model_meta.json``),
+    URL): ``versions/<id>/dense/`` (program, parameters, ``model.onnx`` when its conversion
+    and check passed, ``model_meta.json``),
     ``versions/<id>/sparse/part-*``, then the line in ``donefile/base.txt`` (a base: the
     whole table) or, with ``base_id``, in ``donefile/patch.txt`` (a patch: ``keys`` and
     ``values`` are the rows changed since the previous version of that base; the dense
@@ -244,6 +247,7 @@ def export_version(root: str, *, slots: Sequence[int], fmt: str, dim: int, layer
                     "kind": "base" if base_id is None else "patch", "base": base_id},
             training=training, metrics=metrics, export_check_max_abs_diff=0.0)
         meta = meta.model_copy(update={"export_check_max_abs_diff": check_dense(stage / "dense", meta)})
+        meta = meta.model_copy(update={"onnx": onnx_export.export_onnx(stage / "dense", meta, values)})
         meta.write(stage / "dense")
         man = manifest.build(stage, vid, rows={f"sparse/{p['file']}": p["count"] for p in parts})
         vdir = storage.join(root, "versions", str(vid))
