@@ -23,7 +23,8 @@ from runtime.trainer.gate_config import gate_argv  # noqa: F401  (the pods' flag
 #: stack key (snake_case) -> the ``TrainConfig`` field it sets (both spelled alike)
 TRAIN_KEYS = {k: k for k in ("gate_window", "gate_min_history", "gate_rows_ratio", "gate_click_ratio",
                              "gate_missing_shift", "gate_dense_js", "gate_new_feasign_shift", "gate_auc_drop",
-                             "gate_logloss_ratio", "gate_eval_every", "gate_adapt_after")}
+                             "gate_logloss_ratio", "gate_eval_every", "gate_adapt_after", "gate_categorical_linf",
+                             "gate_distinct_ratio", "gate_eval_rows")}
 #: the model gate's keys -> (``cube transfer`` flag, default): ``runtime.cube.transfer.model_gate``
 MODEL_GATE_FLAGS = {"model_gate_auc_drop": ("--model-gate-auc-drop", 0.05),
                     "model_gate_logloss_ratio": ("--model-gate-logloss-ratio", 1.25),
@@ -72,6 +73,16 @@ class GateKeys(BaseModel):
         "gate_adapt_after", "Data gate: after this many partitions in a row quarantined for drift only, that agree with "
                             "each other, the gate takes them as the new normal and trains the last; 0 = never (the "
                             "shift stays quarantined until the bounds are widened)")
+    gate_categorical_linf: train.field_type("gate_categorical_linf") = _key(
+        "gate_categorical_linf", "Data gate: largest L-infinity distance of a slot's top values' frequencies from their "
+                                 "recent median")
+    gate_distinct_ratio: train.field_type("gate_distinct_ratio") = _key(
+        "gate_distinct_ratio", "Data gate: largest fall of a slot's distinct values below the recent median, in count "
+                               "and per row (a slot collapsed to a few values); such a partition is never taken as a "
+                               "new normal")
+    gate_eval_rows: train.field_type("gate_eval_rows") = _key(
+        "gate_eval_rows", "Continuous: each version is evaluated on the rows set aside from the newest partitions that "
+                          "hold at least this many (a rolling window); keep it above the transfer's minimum (500)")
     model_gate: Annotated[bool, BeforeValidator(pulumi_bool)] = Field(
         True, description="The cube transfer holds a version worse than the previous one on the rows set aside "
                           "(gateEvalEvery) beyond the modelGate* thresholds (cube transfer --model-gate).")

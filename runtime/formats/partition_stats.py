@@ -10,7 +10,12 @@ anomalies found in it, the gate's history file and the quarantine marker.
   fraction at the normalization's clip bound, value 1.0); ``new_feasign_rate`` (the
   fraction of non-missing feasign occurrences not seen in the recent partitions; None
   while that window is not full); ``auc``/``logloss`` of the served model on the
-  partition's rows before training on them (None before any model); ``bad_lines``.
+  partition's rows before training on them (None before any model); ``bad_lines``;
+  ``categorical_rows``, ``top_values`` and ``distinct`` (``categorical``): the rows read
+  for the categorical statistics (at most ``CATEGORICAL_ROWS``, evenly spread over the
+  shard), and per slot its ``TOP_VALUES`` most frequent present feasigns with their
+  frequency among the slot's present values (``[[feasign, fraction], ...]``, most frequent
+  first) and its distinct present values in those rows (empty lists: not measured).
 * ``Anomaly``: one broken bound: ``check`` (a ``CHECKS`` name), ``feature`` (e.g. ``C3``,
   ``I5``, or empty), ``value``, ``bound`` (what was allowed, in words) and ``message``.
 * ``GateHistory``: ``--state-dir/data-gate.json``: the statistics of the last accepted
@@ -23,7 +28,9 @@ anomalies found in it, the gate's history file and the quarantine marker.
   object, or an empty file); deleting it lets the gate judge the partition again.
 
 The distances follow TensorFlow Data Validation's drift comparators: the Jensen-Shannon
-distance (square root of the base-2 JS divergence, in [0, 1]) for numeric histograms.
+distance (square root of the base-2 JS divergence, in [0, 1]) for numeric histograms, the
+L-infinity distance (the largest difference of one value's frequency, in [0, 1]) for
+categorical features (``linf_distance``).
 """
 from __future__ import annotations
 
@@ -48,11 +55,16 @@ DENSE_BINS = 10
 #: the checks against recent partitions' statistics: a lasting shift of the data breaks only
 #: these, and may be taken as the new normal (``runtime.trainer.data_gate``); the schema's,
 #: the malformed-line budget's and the served model's (auc, logloss) never are
-DRIFT_CHECKS = ("rows", "click_rate", "missing_rate", "dense_drift", "new_feasigns")
-#: the checks an ``Anomaly`` may name
+DRIFT_CHECKS = ("rows", "click_rate", "missing_rate", "dense_drift", "categorical_drift", "new_feasigns")
+#: the checks an ``Anomaly`` may name (``distinct_values``: a slot that lost most of its
+#: values, e.g. a join fallen back to a default, is broken data, never a new normal)
 CHECKS = ("malformed_lines", "schema_click_rate", "schema_missing", "schema_dense_mean", "schema_saturated", "rows",
-          "click_rate",
-          "missing_rate", "dense_drift", "new_feasigns", "auc", "logloss")
+          "click_rate", "missing_rate", "dense_drift", "categorical_drift", "distinct_values", "new_feasigns", "auc",
+          "logloss")
+#: the most frequent present values kept per slot (``top_values``)
+TOP_VALUES = 20
+#: the rows of the shard the categorical statistics read at most (evenly spread)
+CATEGORICAL_ROWS = 20_000
 
 
 class PartitionStats(BaseModel):
@@ -70,6 +82,9 @@ class PartitionStats(BaseModel):
     auc: Optional[float] = None
     logloss: Optional[float] = None
     bad_lines: int = 0
+    categorical_rows: int = 0
+    top_values: list[list[tuple[int, float]]] = Field(default_factory=list)
+    distinct: list[int] = Field(default_factory=list)
 
 
 class Anomaly(BaseModel):
@@ -173,6 +188,62 @@ def js_distance(p: np.ndarray, q: np.ndarray) -> float:
         return float(np.sum(a[nz] * np.log2(a[nz] / m[nz])))
 
     return float(np.sqrt(max(0.0, 0.5 * kl(p) + 0.5 * kl(q))))
+
+
+def categorical(feasigns: np.ndarray, missing: np.ndarray, k: int = TOP_VALUES,
+                rows: int = CATEGORICAL_ROWS) -> tuple[int, list[list[tuple[int, float]]], list[int]]:
+    """The categorical statistics of ``feasigns`` uint64[n, S] (``missing`` uint64[S]: each
+    slot's missing feasign, left out): ``(m, top, distinct)`` over ``m`` = min(n, ``rows``)
+    rows evenly spread over the n; ``top[s]``: slot s's ``k`` most frequent present
+    feasigns as ``(feasign, fraction of the slot's present values)``, most frequent first
+    (ties by feasign); ``distinct[s]``: its distinct present feasigns. One sort of the
+    S x m values, then run lengths: no Python loop over rows or values."""
+    n, S = feasigns.shape
+    if n > rows:
+        feasigns = feasigns[np.linspace(0, n - 1, rows).astype(np.int64)]
+    m = len(feasigns)
+    if m == 0:
+        return 0, [[] for _ in range(S)], [0] * S
+    cols = np.sort(feasigns.T, axis=1)  # S x m, each slot's values in order
+    first = np.ones((S, m), bool)
+    first[:, 1:] = cols[:, 1:] != cols[:, :-1]
+    starts = np.flatnonzero(first.ravel())  # the start of each run of one value
+    counts = np.diff(np.append(starts, S * m))
+    slot = starts // m
+    values = cols.ravel()[starts]
+    keep = values != np.asarray(missing, np.uint64)[slot]
+    slot, values, counts = slot[keep], values[keep], counts[keep]
+    distinct = np.bincount(slot, minlength=S)
+    present = np.bincount(slot, weights=counts, minlength=S)
+    order = np.lexsort((-counts, slot))  # by slot, then the most frequent first (stable: ties by value)
+    slot, values, counts = slot[order], values[order], counts[order]
+    rank = np.arange(len(slot)) - np.searchsorted(slot, slot)
+    top = [[] for _ in range(S)]
+    for s, v, c in zip(*(x[rank < k].tolist() for x in (slot, values, counts))):
+        top[s].append((v, round(c / present[s], 6)))
+    return m, top, [int(d) for d in distinct]
+
+
+def linf_distance(p: list[tuple[int, float]], recent: list[list[tuple[int, float]]]) -> float:
+    """L-infinity distance (in [0, 1]) of one slot's top values ``p`` (``[(feasign,
+    fraction)]``, ``categorical``) from the recent partitions' top values: the largest
+    difference between a value's fraction and its median over ``recent`` (0 where a
+    partition's top values lack it), over every value of either. TensorFlow Data
+    Validation's categorical drift comparator, on the top values only."""
+    if not recent:
+        return 0.0
+    index: dict[int, int] = {}
+    for top in [p, *recent]:
+        for v, _ in top:
+            index.setdefault(v, len(index))
+    table = np.zeros((len(recent), len(index)))
+    for i, top in enumerate(recent):
+        for v, f in top:
+            table[i, index[v]] = f
+    mine = np.zeros(len(index))
+    for v, f in p:
+        mine[index[v]] = f
+    return float(np.max(np.abs(mine - np.median(table, axis=0)), initial=0.0))
 
 
 def marker_location(partition: str) -> str:

@@ -2,17 +2,19 @@
 same rows: the model gate's input (``runtime.cube.transfer.model_gate``).
 
 Trainer 0 of a continuous job sets aside every ``--gate-eval-every``-th row of its shard of
-each partition (never trained: ``runtime.trainer.dataset.stage``); at an export point it
-scores the rows set aside from the first partition trained since the previous export with
-the model before training on that partition (``baseline``: the previous export, the
-version the transfer serves unless it held it) and with the model being exported
-(``candidate``). The record goes into ``model_meta.json`` as ``metrics.evaluation``
-(``runtime.formats.model_meta``; ``KEY``)::
+each partition (never trained: ``runtime.trainer.dataset.stage``) into a rolling window of
+the newest partitions' rows (at least ``--gate-eval-rows``: ``runtime.trainer.model_eval``);
+at an export point it scores the window with the model being exported (``candidate``)
+beside the previous export (``baseline``: the version the transfer serves unless it held
+it) on the same rows: those the previous export predicted. The record goes into
+``model_meta.json`` as ``metrics.evaluation`` (``runtime.formats.model_meta``; ``KEY``)::
 
-    {"hour": "20261120/05", "rows": 150,
+    {"hour": "20261120/0705", "first_hour": "20261120/0701", "partitions": 5, "rows": 2100,
      "candidate": {"auc": 0.781, "logloss": 0.47, "calibration": 1.02},
      "baseline":  {"auc": 0.774, "logloss": 0.48, "calibration": 0.97}}
 
+``hour`` and ``first_hour``: the newest and the oldest partition the compared rows were
+set aside from, ``partitions`` how many (a record without them: ``hour``'s rows only);
 ``calibration`` = mean prediction / click rate of the rows (None without a click); ``auc``
 None for rows of one class; ``baseline`` None for the first version (no earlier model).
 A version without the record (a batch job, a version republished after a restart) carries
@@ -49,6 +51,8 @@ class VersionEvaluation(BaseModel):
 
     hour: str
     rows: int
+    first_hour: Optional[str] = None
+    partitions: int = 1
     candidate: Figures
     baseline: Optional[Figures] = None
 

@@ -10,13 +10,16 @@ loss on it (the continuous job's ``auc_before``), then ``check`` compares them w
 * the last ``--gate-window`` accepted partitions (their median, once
   ``--gate-min-history`` exist): row count and click rate (ratio bounds), each slot's
   missing rate (absolute shift), each dense feature's histogram (Jensen-Shannon distance to
-  the window's mean histogram), the new-feasign rate (absolute increase), the model's AUC
-  (drop) and log loss (ratio).
+  the window's mean histogram), each slot's top values (L-infinity distance of their
+  frequencies to the window's median, ``partition_stats.linf_distance``) and distinct
+  values (a fall by more than a ratio, in count and per row read), the new-feasign rate
+  (absolute increase), the model's AUC (drop) and log loss (ratio).
 
 A lasting shift (``--gate-adapt-after`` partitions in a row that break only these drift
 bounds and agree with each other) is taken as the new normal: those partitions become the
 window and the last one is trained (``DataGate.judge``); a broken partition (schema,
-malformed lines, the served model's AUC or log loss) never is. Otherwise, any bound
+malformed lines, a slot that lost its distinct values, the served model's AUC or log
+loss) never is. Otherwise, any bound
 broken, or more malformed lines than the bad-line budget allows, and the partition is
 quarantined (``DataGate.quarantine``): not trained on, a ``_QUARANTINED``
 marker beside its ``_SUCCESS`` (``partition_stats.write_marker``), an entry in the gate's
@@ -47,6 +50,9 @@ from runtime.formats.partition_stats import Anomaly, PartitionStats
 log = logging.getLogger(__name__)
 
 SKETCH_BITS = 24
+#: a slot with fewer present values among the rows read is not compared by value (its
+#: frequencies are noise): the missing-rate bound speaks for it
+MIN_PRESENT = 100
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -100,10 +106,12 @@ def statistics(hour: str, labels: np.ndarray, dense: np.ndarray, feasigns: np.nd
         hist.append([round(float(x), 6) for x in (h / max(n, 1))])
     sat = (dense >= 1.0).mean(axis=0) if n else np.zeros(dense.shape[1])
     rate = sketch.new_rate(present_keys(feasigns, slots), window) if sketch is not None else None
+    m, top, distinct = ps.categorical(feasigns, miss)
     return PartitionStats(hour=hour, rows=int(n), click_rate=round(float(labels.mean()) if n else 0.0, 6),
                           missing_rate=[round(float(x), 6) for x in missing], dense_hist=hist,
                           dense_saturated=[round(float(x), 6) for x in sat],
-                          new_feasign_rate=None if rate is None else round(rate, 6), auc=auc, logloss=logloss)
+                          new_feasign_rate=None if rate is None else round(rate, 6), auc=auc, logloss=logloss,
+                          categorical_rows=m, top_values=top, distinct=distinct)
 
 
 def log_loss(labels: np.ndarray, p: np.ndarray) -> float:
@@ -128,13 +136,15 @@ class Thresholds:
     auc_drop: float = 0.05
     logloss_ratio: float = 1.3
     adapt_after: int = 6
+    categorical_linf: float = 0.5
+    distinct_ratio: float = 3.0
 
     @classmethod
     def of(cls, cfg) -> "Thresholds":
         """The bounds of a ``TrainConfig``."""
         return cls(cfg.gate_window, cfg.gate_min_history, cfg.gate_rows_ratio, cfg.gate_click_ratio,
                    cfg.gate_missing_shift, cfg.gate_dense_js, cfg.gate_new_feasign_shift, cfg.gate_auc_drop,
-                   cfg.gate_logloss_ratio, cfg.gate_adapt_after)
+                   cfg.gate_logloss_ratio, cfg.gate_adapt_after, cfg.gate_categorical_linf, cfg.gate_distinct_ratio)
 
 
 def _a(check: str, feature: str, value: float, bound: str, what: str) -> Anomaly:
@@ -190,6 +200,7 @@ def check_history(stats: PartitionStats, recent: Sequence[PartitionStats], th: T
         if d > th.dense_js:
             out.append(_a("dense_drift", f"I{i + 1}", d, f"<= {th.dense_js:g} (Jensen-Shannon distance to the "
                           "recent histogram)", "drift"))
+    out += check_categorical(stats, recent, th, names)
     rates = [s.new_feasign_rate for s in recent if s.new_feasign_rate is not None]
     if stats.new_feasign_rate is not None and len(rates) >= th.min_history:
         ref = med(rates)
@@ -204,6 +215,36 @@ def check_history(stats: PartitionStats, recent: Sequence[PartitionStats], th: T
     if stats.logloss is not None and len(losses) >= th.min_history and stats.logloss > med(losses) * th.logloss_ratio:
         out.append(_a("logloss", "", stats.logloss, f"<= {med(losses):.4g} x {th.logloss_ratio:g} (recent median)",
                       "served model's log loss"))
+    return out
+
+
+def check_categorical(stats: PartitionStats, recent: Sequence[PartitionStats], th: Thresholds,
+                      names: Sequence[str]) -> list[Anomaly]:
+    """The categorical bounds ``stats`` breaks against the ``recent`` partitions that
+    measured them (``th.min_history`` at least): per slot with ``MIN_PRESENT`` present
+    values read or more, the L-infinity distance of its top values' frequencies to their
+    recent median (``categorical_drift``), and its distinct values fallen below the
+    recent median / ``th.distinct_ratio`` both in count and per row read
+    (``distinct_values``: a partition with fewer rows has fewer distinct values of a big
+    slot, not fewer per row; one with more rows has fewer per row of a small slot, not
+    fewer in count)."""
+    recent = [s for s in recent if s.top_values and s.categorical_rows]
+    if not stats.top_values or not stats.categorical_rows or len(recent) < th.min_history:
+        return []
+    out, med, m = [], pystats.median, stats.categorical_rows
+    for j, name in enumerate(names):
+        if m * (1 - stats.missing_rate[j]) < MIN_PRESENT:
+            continue
+        d = ps.linf_distance(stats.top_values[j], [s.top_values[j] for s in recent])
+        if d > th.categorical_linf:
+            out.append(_a("categorical_drift", name, d, f"<= {th.categorical_linf:g} (L-infinity distance of the "
+                          "top values' frequencies to the recent median)", "categorical drift"))
+        ref = med([s.distinct[j] for s in recent])
+        per_row = med([s.distinct[j] / s.categorical_rows for s in recent])
+        got = stats.distinct[j]
+        if got < ref / th.distinct_ratio and got / m < per_row / th.distinct_ratio:
+            out.append(_a("distinct_values", name, got, f">= {ref:.4g} / {th.distinct_ratio:g} (recent median; "
+                          f"{per_row:.3g} per row / {th.distinct_ratio:g})", "distinct values"))
     return out
 
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 DEFAULTS = {"data_schema": None, "gate_window": 6, "gate_min_history": 3, "gate_rows_ratio": 4.0,
             "gate_click_ratio": 1.5, "gate_missing_shift": 0.2, "gate_dense_js": 0.25,
             "gate_new_feasign_shift": 0.3, "gate_auc_drop": 0.05, "gate_logloss_ratio": 1.3, "gate_eval_every": 20,
-            "gate_adapt_after": 6}
+            "gate_adapt_after": 6, "gate_categorical_linf": 0.5, "gate_distinct_ratio": 3.0, "gate_eval_rows": 2000}
 
 
 class GateFields(BaseModel):
@@ -53,11 +53,21 @@ class GateFields(BaseModel):
                                  "Nth row of its shard (never trained) to evaluate each exported version beside the "
                                  "previous one for the transfer's model gate (0: none, every row trained, every version "
                                  "passes the model gate)", ge=0, le=1000000)
+    gate_eval_rows: int = Field(DEFAULTS["gate_eval_rows"], description="continuous: each version is evaluated on "
+                                "the rows set aside from the newest partitions that hold at least this many (a "
+                                "rolling window: at 1-minute partitions one holds a few hundred); keep it above the "
+                                "transfer's --model-gate-min-rows", ge=1, le=1000000)
     gate_adapt_after: int = Field(DEFAULTS["gate_adapt_after"], description="data gate: after this many consecutive "
                                   "partitions quarantined for drift only (rows, click rate, missing rates, dense "
                                   "histograms, new feasigns) that agree with each other, the gate takes them as the "
                                   "new normal: they become its window and the last one is trained (0: never; a "
                                   "lasting shift then waits for an operator)", ge=0, le=1000)
+    gate_categorical_linf: float = Field(DEFAULTS["gate_categorical_linf"], description="data gate: largest "
+                                         "L-infinity distance of a slot's top values' frequencies from their recent "
+                                         "median", gt=0, le=1)
+    gate_distinct_ratio: float = Field(DEFAULTS["gate_distinct_ratio"], description="data gate: a slot's distinct "
+                                       "values may fall at most this many times below the recent median (in count "
+                                       "and per row); a slot that lost more is never taken as a new normal", gt=1)
 
 
 def gate_argv(cfg) -> list[str]:

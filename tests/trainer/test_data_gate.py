@@ -124,6 +124,114 @@ def test_a_slot_gone_is_quarantined_and_named(small, tmp_path):
     assert all(a.feature == "C3" for a in bad if a.check in ("missing_rate", "schema_missing"))
 
 
+#: the bounds before the categorical ones: those two off (a distance is at most 1; a fall
+#: of the distinct values by more than 1e9 cannot happen)
+WITHOUT_CATEGORICAL = data_gate.Thresholds(categorical_linf=1.0, distinct_ratio=1e9)
+CATEGORICAL = {"categorical_drift", "distinct_values"}
+
+
+def _collapse(slot: int, value: str):
+    """A rewrite: slot ``C<slot>`` holds ``value`` in every row (a join fallen back to a
+    default); ``value`` None: the slot's most frequent value in the partition."""
+    col = 13 + slot  # label, I1..I13, C1...
+
+    def rewrite(f):
+        return f[:col] + [value] + f[col + 1:]
+
+    return rewrite
+
+
+@pytest.mark.parametrize("fixture,slot,value", [("small", 5, "0badcafe"), ("small", 8, None),
+                                                ("day", 21, "00000000")],
+                         ids=["600-values-to-a-default", "4-values-to-the-top-one", "long-tail-to-a-default"])
+def test_a_slot_collapsed_to_one_constant_passes_the_other_bounds_and_breaks_the_categorical(
+        request, tmp_path, fixture, slot, value):
+    """The breakage: slot C<slot> holds one value in every row of hour 06 (a default from a
+    failed join, or its own most frequent value). Every bound but the categorical ones lets
+    it through (no missing-rate, row, click-rate, dense or new-feasign bound moves); with
+    them, hour 06 is quarantined by the distinct values (and the top values' L-infinity
+    distance, but for a slot of 4 values collapsed onto the one of half its rows), naming
+    the slot alone."""
+    root = tmp_path / "hours"
+    _copy_hours(request.getfixturevalue(fixture), root, 7)
+    default = value is not None
+    if not default:
+        values = [ln.split("\t")[13 + slot] for ln in Path(partitions.files(str(root), _hours(7)[6])[0]).open()]
+        value = max(set(values) - {""}, key=values.count)
+    _rewrite(root, _hours(7)[6], _collapse(slot, value))
+    before = dict(_replay(root, _hours(7), th=WITHOUT_CATEGORICAL))
+    assert all(v == [] for v in before.values()), before  # the blind spot
+    verdicts = dict(_replay(root, _hours(7)))
+    assert all(verdicts[str(h)] == [] for h in _hours(6))
+    bad = verdicts["20261120/06"]
+    assert {a.check for a in bad} <= CATEGORICAL and "distinct_values" in {a.check for a in bad}, bad
+    assert {a.feature for a in bad} == {f"C{slot}"}, bad
+    got = {a.check: a for a in bad}
+    assert got["distinct_values"].value == 1 and got["distinct_values"].message.startswith(f"distinct values 1 (C{slot})")
+    if default:  # a value the window never saw: its whole frequency is the distance
+        assert got["categorical_drift"].value > 0.99
+
+
+def test_a_collapsed_slot_is_never_taken_as_a_new_normal_categorical(small, tmp_path):
+    """A join that stays broken: C5 one default value from hour 04 on. Its partitions agree
+    with each other, but a slot that lost its distinct values is broken data, not a lasting
+    shift: with --gate-adapt-after 3 every collapsed hour stays quarantined."""
+    cfg = TrainConfig(mode="continuous", data_root=str(tmp_path / "hours"), start_hour=START,
+                      state_dir=str(tmp_path / "state"), gate_adapt_after=3)
+    gate = data_gate.DataGate(cfg, SLOTS)
+    col = features.DEFAULT_SLOTS.index(5)
+    quarantined = []
+    for i, h in enumerate(_hours(8)):
+        b = _batch(small, h)
+        fs = b.feasigns.copy()
+        if i >= 4:
+            fs[:, col] = features.feasign(5, "0badcafe")
+        st, an = gate.judge(str(h), b.labels, b.dense, fs)
+        if an:
+            gate.quarantine(str(h), h.location(cfg.data_root), st, an)
+        else:
+            gate.accept(st, fs)
+        quarantined.append({a.check for a in an})
+    assert quarantined[:4] == [set()] * 4
+    assert all(q == CATEGORICAL for q in quarantined[4:]), quarantined
+    assert ps.GateHistory.load(gate.state_dir).adaptations == []
+
+
+def test_categorical_statistics_match_a_direct_count():
+    """``partition_stats.categorical`` (one sort, run lengths) against a per-slot count: the
+    top values (most frequent first, ties by feasign), their fractions of the present
+    values, the distinct counts; the missing feasign left out; rows evenly read past the
+    cap."""
+    rng = np.random.default_rng(4)
+    slots = [1, 2, 3]
+    miss = features.missing_feasign(np.asarray(slots))
+    fs = np.stack([rng.integers(0, 50, 3000).astype(np.uint64) + np.uint64(7),
+                   np.full(3000, 9, np.uint64), rng.zipf(1.5, 3000).astype(np.uint64)], axis=1)
+    fs[rng.random(3000) < 0.2, 0] = miss[0]
+    fs[:, 1][:1000] = miss[1]
+    m, top, distinct = ps.categorical(fs, miss, k=5)
+    assert m == 3000
+    for j in range(3):
+        col = fs[:, j][fs[:, j] != miss[j]]
+        vals, counts = np.unique(col, return_counts=True)
+        order = np.lexsort((vals, -counts))[:5]
+        assert top[j] == [(int(vals[i]), round(counts[i] / len(col), 6)) for i in order]
+        assert distinct[j] == len(vals)
+    assert top[1] == [(9, 1.0)] and distinct[1] == 1
+    m, _, _ = ps.categorical(fs, miss, k=5, rows=700)
+    assert m == 700
+    assert ps.categorical(fs[:0], miss) == (0, [[], [], []], [0, 0, 0])
+
+
+def test_linf_distance_bounds():
+    recent = [[(1, 0.5), (2, 0.3)], [(1, 0.45), (2, 0.35)], [(1, 0.55), (3, 0.3)]]
+    assert ps.linf_distance([(1, 0.5), (2, 0.3)], recent) == pytest.approx(0.0)
+    assert ps.linf_distance([(7, 1.0)], recent) == pytest.approx(1.0)  # a constant never seen
+    assert ps.linf_distance([(1, 1.0)], recent) == pytest.approx(0.5)  # collapsed onto the top value
+    assert ps.linf_distance([(1, 0.5), (3, 0.3)], recent) == pytest.approx(0.3)  # value 2 gone, 3 new
+    assert ps.linf_distance([(1, 1.0)], []) == 0.0
+
+
 def test_a_dense_feature_scaled_by_1000_drifts(small):
     hist = ps.GateHistory()
     for h in _hours(4):
@@ -291,13 +399,14 @@ def test_a_shift_that_hurts_the_model_or_with_adaptation_off_stays_quarantined(s
 
 
 BREAKS = {"labels": (lambda f: [str(1 - int(f[0]))] + f[1:], "click_rate", "click rate"),
-          "slot": (lambda f: f[:16] + [""] + f[17:], "missing_rate", "missing rate 1 (C3)")}
+          "slot": (lambda f: f[:16] + [""] + f[17:], "missing_rate", "missing rate 1 (C3)"),
+          "categorical": (_collapse(13, "0badcafe"), "categorical_drift", "distinct values 1 (C13)")}
 
 
 @pytest.mark.parametrize("brk", sorted(BREAKS))
 def test_continuous_job_quarantines_a_broken_hour_and_goes_on(tmp_path, brk):
     """(a) and (b) at process level: --single continuous over 6 hours, hour 04 with flipped
-    labels or slot C3 empty: quarantined (marker, summary, log line naming the anomaly),
+    labels, slot C3 empty, or slot C13 (2000 values) one constant in every row: quarantined (marker, summary, log line naming the anomaly),
     never trained, the hour after it trained and exported."""
     rewrite, check, words = BREAKS[brk]
     root = tmp_path / "hours"
@@ -331,6 +440,7 @@ def test_continuous_job_quarantines_a_broken_hour_and_goes_on(tmp_path, brk):
     lines = sorted(donefile.read(str(out), "base") + donefile.read(str(out), "patch"), key=lambda x: x.id)
     evs = [version_eval.from_metrics(ModelMeta.read(out / x.model).metrics, x.model) for x in lines]
     assert [e.hour for e in evs] == [e["hour"] for e in exports]
-    assert all(e.rows == 4000 // 20 for e in evs) and parts[0]["rows"] == 4000 - 200
+    # a rolling window of the rows set aside (200 a partition, the quarantined hour's none)
+    assert [e.rows for e in evs] == [200, 400, 600, 800, 1000] and parts[0]["rows"] == 4000 - 200
     assert evs[0].baseline is None and all(e.baseline is not None for e in evs[1:])
     assert all(0.6 < e.candidate.auc < 1 and 0.5 < e.candidate.calibration < 2 for e in evs[1:])

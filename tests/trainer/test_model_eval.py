@@ -1,6 +1,7 @@
 """Each version's evaluation on rows set aside (runtime.trainer.model_eval,
-runtime.formats.version_eval): rows never staged, the previous model's figures beside the
-exported one's, and an export with blown-up parameters is one the transfer's model gate holds."""
+runtime.formats.version_eval): rows never staged, the previous export's figures beside the
+exported one's on a rolling window of rows, and an export with blown-up parameters is one
+the transfer's model gate holds, at hourly and at 1-minute partitions."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -35,24 +36,81 @@ class _Model:
         return 1 / (1 + np.exp(-z))
 
 
-def test_an_export_with_blown_up_parameters_is_held():
-    rng = np.random.default_rng(0)
-    z = rng.normal(-1.3, 1.0, 400)
-    labels = (rng.uniform(size=400) < 1 / (1 + np.exp(-z))).astype(np.int64)
-    dense = np.zeros((400, 13), np.float32)
+def _rows(n: int, seed: int) -> SimpleNamespace:
+    """A staged partition whose ``n`` rows set aside carry their latent logit in dense 0."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(-1.3, 1.0, n)
+    labels = (rng.uniform(size=n) < 1 / (1 + np.exp(-z))).astype(np.int64)
+    dense = np.zeros((n, 13), np.float32)
     dense[:, 0] = z
-    ev_rows = readers.Batch(labels, dense, np.zeros((400, 26), np.uint64))
-    staged = SimpleNamespace(evaluation=ev_rows)
-    w, c = _Model(), model_eval.Collector()
-    c.before(w, staged, "20261120/05", scored=True)
-    c.before(w, SimpleNamespace(evaluation=ev_rows), "20261120/06", scored=True)  # the first partition's rows kept
-    w.blown = True
+    return SimpleNamespace(evaluation=readers.Batch(labels, dense, np.zeros((n, 26), np.uint64)))
+
+
+def _judged(c: model_eval.Collector, w: _Model) -> tuple[version_eval.VersionEvaluation, list[str]]:
     rec = version_eval.VersionEvaluation.model_validate(c.finish(w))
-    assert rec.hour == "20261120/05" and rec.rows == 400 and rec.baseline is not None
-    assert rec.candidate.logloss > 2 * rec.baseline.logloss
-    assert model_gate.reasons(rec, model_gate.Thresholds(min_rows=400))  # held
+    return rec, model_gate.reasons(rec, model_gate.Thresholds())
+
+
+def test_an_export_with_blown_up_parameters_is_held():
+    """Hourly partitions (more rows set aside than the window): the first version has no
+    baseline; one with blown-up parameters is held beside the previous export on the same
+    rows; the next good one passes."""
+    w, c = _Model(), model_eval.Collector()
+    c.before(w, _rows(2500, 0), "20261120/05", scored=False)
+    first, why = _judged(c, w)
+    assert first.baseline is None and first.rows == 2500 and why == []
+    c.before(w, _rows(2500, 1), "20261120/06", scored=True)  # predicted by the export of 05
+    w.blown = True
+    rec, why = _judged(c, w)
+    assert (rec.hour, rec.first_hour, rec.partitions, rec.rows) == ("20261120/06", "20261120/06", 1, 2500)
+    assert rec.candidate.logloss > 2 * rec.baseline.logloss and why  # held
     w.blown = False
-    c.before(w, staged, "20261120/07", scored=True)
-    good = version_eval.VersionEvaluation.model_validate(c.finish(w))
-    assert good.hour == "20261120/07" and model_gate.reasons(good, model_gate.Thresholds(min_rows=400)) == []
-    assert c.finish(w) is None  # nothing kept since
+    c.before(w, _rows(2500, 2), "20261120/07", scored=True)  # the baseline: the held export's predictions
+    good, why = _judged(c, w)
+    assert good.hour == "20261120/07" and why == []
+
+
+def _minute_versions(window_rows: int, broken: int) -> list[tuple[version_eval.VersionEvaluation, list[str]]]:
+    """12 one-minute partitions of 420 rows set aside (trainer 0's 1 in 20 at 1M rows/hour),
+    a version after each; version ``broken`` is exported with blown-up parameters."""
+    w, c = _Model(), model_eval.Collector(window_rows=window_rows)
+    out = []
+    for i in range(12):
+        c.before(w, _rows(420, 10 + i), f"20261120/07{i:02d}", scored=i > 0)
+        w.blown = i == broken
+        out.append(_judged(c, w))
+        w.blown = False
+    return out
+
+
+def test_minute_partitions_a_broken_version_is_held_by_the_window():
+    """The breakage one partition's rows miss: at 1-minute partitions a version with
+    blown-up parameters, evaluated on its own partition's 420 rows (a window of one
+    partition), is under the model gate's 500-row minimum and passes; the rolling window
+    (the default 2000 rows: 5 partitions) judges it and holds it, while every good version
+    before and after it passes."""
+    alone = _minute_versions(window_rows=1, broken=6)
+    assert [rec.rows for rec, _ in alone[1:]] == [420] * 11
+    assert alone[6][1] == [] and alone[6][0].candidate.logloss > 2 * alone[6][0].baseline.logloss  # missed
+    held = _minute_versions(window_rows=model_eval.WINDOW_ROWS, broken=6)
+    assert [rec.partitions for rec, _ in held[1:]] == [2, 3, 4, 5, 5, 5, 5, 5, 5, 5, 5]
+    assert [rec.rows for rec, _ in held][5:] == [2100] * 7
+    assert [bool(why) for _, why in held] == [False] * 6 + [True] + [False] * 5, [why for _, why in held]
+    rec = held[6][0]
+    assert (rec.first_hour, rec.hour) == ("20261120/0702", "20261120/0706")
+
+
+def test_partitions_trained_after_the_export_point_join_at_the_next_export():
+    """Several partitions per version (--patch-every-seconds): the rows of the partitions
+    trained after the first since the export have no previous predictions (the model had
+    moved), so the version is compared on the others; all of them join at the next one."""
+    w, c = _Model(), model_eval.Collector(window_rows=5000)
+    c.before(w, _rows(400, 1), "20261120/0700", scored=False)
+    c.finish(w)
+    for i in range(1, 4):
+        c.before(w, _rows(400, 1 + i), f"20261120/07{i:02d}", scored=True)
+    rec, _ = _judged(c, w)
+    assert (rec.rows, rec.partitions, rec.first_hour, rec.hour) == (800, 2, "20261120/0700", "20261120/0701")
+    c.before(w, _rows(400, 9), "20261120/0704", scored=True)
+    rec, _ = _judged(c, w)
+    assert (rec.rows, rec.partitions, rec.first_hour, rec.hour) == (2000, 5, "20261120/0700", "20261120/0704")
