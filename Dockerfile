@@ -2,7 +2,8 @@
 # see .dockerignore), as the Pulumi Images component builds them:
 #   docker build --target trainer -t elastic-ctr-trainer .   # data generate, train (Paddle)
 #   docker build --target cube    -t elastic-ctr-cube .      # cube build|server|agent|transfer, fileserver
-#   docker build --target serving -t elastic-ctr-serving .   # serve, client (Paddle)
+#   docker build --target serving -t elastic-ctr-serving .   # serve, client (ONNX Runtime, no Paddle)
+#   docker build --target serving-paddle -t elastic-ctr-serving-paddle .  # serving with Paddle Inference too
 #   docker build --target tracking -t elastic-ctr-tracking . # mlflow server (the stack's TrackingServer)
 # The trainer and cube images get MLflow's client only (mlflow-skinny, requirements/tracking.txt);
 # the full server (pandas, pyarrow, SQLAlchemy...) only goes into the tracking image.
@@ -24,7 +25,7 @@ WORKDIR /src
 COPY requirements/ requirements/
 
 # dependencies first, in layers of their own shared by the roles (a code change reinstalls no
-# dependency; Paddle is installed and byte-compiled once for the trainer and serving)
+# dependency; Paddle is installed and byte-compiled once for the trainer and serving-paddle)
 FROM builder AS deps-common
 RUN python -m venv /opt/venv \
  && /opt/venv/bin/pip install -r requirements/base.txt -r requirements/s3.txt -c requirements/constraints.txt \
@@ -35,7 +36,8 @@ RUN /opt/venv/bin/pip install -r requirements/paddle.txt -c requirements/constra
  && /opt/venv/bin/python -m compileall -q /opt/venv/lib
 
 FROM deps-paddle AS build-trainer
-RUN /opt/venv/bin/pip install -r requirements/tracking.txt -c requirements/constraints.txt
+RUN /opt/venv/bin/pip install -r requirements/tracking.txt -r requirements/paddle2onnx.txt \
+       -r requirements/onnxruntime.txt -c requirements/constraints.txt
 COPY pyproject.toml setup.py README.md ./
 COPY runtime/ runtime/
 RUN /opt/venv/bin/pip install ".[trainer,s3]" -c requirements/constraints.txt \
@@ -48,11 +50,20 @@ COPY runtime/ runtime/
 RUN /opt/venv/bin/pip install ".[cube,s3]" -c requirements/constraints.txt \
  && /opt/venv/bin/python -m compileall -q /opt/venv/lib
 
-FROM deps-paddle AS build-serving
-RUN /opt/venv/bin/pip install -r requirements/serving.txt -c requirements/constraints.txt
+# serving runs the dense network on ONNX Runtime: no Paddle (runtime/dense_backends.py)
+FROM deps-common AS build-serving
+RUN /opt/venv/bin/pip install -r requirements/serving.txt -r requirements/onnxruntime.txt -c requirements/constraints.txt
 COPY pyproject.toml setup.py README.md ./
 COPY runtime/ runtime/
 RUN /opt/venv/bin/pip install ".[serving,s3]" -c requirements/constraints.txt \
+ && /opt/venv/bin/python -m compileall -q /opt/venv/lib
+
+# serving with Paddle Inference as well: the dense backend paddle, and versions without model.onnx
+FROM deps-paddle AS build-serving-paddle
+RUN /opt/venv/bin/pip install -r requirements/serving.txt -r requirements/onnxruntime.txt -c requirements/constraints.txt
+COPY pyproject.toml setup.py README.md ./
+COPY runtime/ runtime/
+RUN /opt/venv/bin/pip install ".[serving,paddle,s3]" -c requirements/constraints.txt \
  && /opt/venv/bin/python -m compileall -q /opt/venv/lib
 
 FROM builder AS build-tracking
@@ -85,8 +96,12 @@ USER 10001:10001
 ARG GIT_COMMIT=""
 ENV ELASTIC_CTR_GIT_COMMIT=$GIT_COMMIT
 
-FROM paddle-runtime AS serving
+FROM runtime AS serving
 COPY --from=build-serving /opt/venv /opt/venv
+USER 10001:10001
+
+FROM paddle-runtime AS serving-paddle
+COPY --from=build-serving-paddle /opt/venv /opt/venv
 USER 10001:10001
 
 FROM paddle-runtime AS trainer

@@ -17,6 +17,8 @@ import pulumi_docker as docker
 ROLES = ("trainer", "cube", "serving")
 #: the MLflow server's image (built only for a stack that deploys one: ``ImagesArgs.tracking``)
 TRACKING = "tracking"
+#: the Dockerfile targets serving's image may be built from (``ImagesArgs.serving_target``)
+SERVING_TARGETS = ("serving", "serving-paddle")
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,9 @@ class ImagesArgs:
         platform: target platform, e.g. ``linux/amd64`` (Paddle's wheels are x86-64).
         tracking: also build the ``tracking`` image (the MLflow server), for a stack that
             deploys one.
+        serving_target: the Dockerfile target of serving's image: ``serving`` (ONNX Runtime,
+            no Paddle) or ``serving-paddle`` (Paddle Inference too, for the dense backend
+            ``paddle``); the image is named after the target.
     """
 
     repo_root: Path
@@ -42,6 +47,7 @@ class ImagesArgs:
     password: Optional[pulumi.Input[str]] = None
     platform: pulumi.Input[str] = "linux/amd64"
     tracking: bool = False
+    serving_target: str = "serving"
 
 
 def image_name(registry: str, role: str, tag: str) -> str:
@@ -76,14 +82,17 @@ class Images(pulumi.ComponentResource):
         from runtime.tracking import code_version
 
         commit = code_version()
+        if args.serving_target not in SERVING_TARGETS:
+            raise ValueError(f"serving_target {args.serving_target!r}: expected one of {', '.join(SERVING_TARGETS)}")
         for role in ROLES + ((TRACKING,) if args.tracking else ()):
+            target = args.serving_target if role == "serving" else role
             image = docker.Image(
                 f"{name}-{role}",
-                image_name=pulumi.Output.from_input(args.tag).apply(lambda tag, r=role: image_name(args.registry, r, tag)),
+                image_name=pulumi.Output.from_input(args.tag).apply(lambda tag, t=target: image_name(args.registry, t, tag)),
                 build=docker.DockerBuildArgs(
                     context=str(args.repo_root),
                     dockerfile=str(args.repo_root / "Dockerfile"),
-                    target=role,
+                    target=target,
                     platform=args.platform,
                     # the code's version in the image (ELASTIC_CTR_GIT_COMMIT: the MLflow runs' tag)
                     args={"GIT_COMMIT": commit} if commit else None,

@@ -25,7 +25,7 @@ import pulumi_kubernetes as k8s
 from components import common
 from components.common import DeployContext
 from components.monitoring import scrape_target
-from runtime import role_specs
+from runtime import dense_backends, role_specs
 from runtime.serving.metrics import INFLIGHT
 
 #: seconds a deleted serving pod keeps answering before its SIGTERM (preStop), while the
@@ -58,6 +58,8 @@ class ServingArgs:
         autoscale_metric: ``cpu`` or ``inflight`` (the HPA's metric); target_inflight: the
             in-flight requests per pod it aims at (``inflight``).
         workers: WSGI worker processes per pod.
+        dense_backend: what runs the dense network (``runtime.dense_backends``: ``onnxruntime``
+            or ``paddle``, whose image must hold Paddle: the ``serving-paddle`` target).
         data_format / slot_file: raw-line format ``/predict`` accepts (as in training).
         cpu / memory: requests = limits.
         wait_for: resources the Deployment depends on (``depends_on``).
@@ -79,6 +81,7 @@ class ServingArgs:
     autoscale_metric: str = "cpu"
     target_inflight: int = 8
     workers: pulumi.Input[int] = 2
+    dense_backend: str = dense_backends.DEFAULT
     wait_for: Sequence[pulumi.Resource] = ()
 
 
@@ -100,7 +103,8 @@ class Serving(pulumi.ComponentResource):
         tmp_vol, tmp_mount = common.tmp_volume()
         spec = role_specs.serving(common.TOPOLOGY_FILE, args.model_root, args.transfer_url,
                                   f"{common.TMP_DIR}/models", workers=pulumi.Output.from_input(args.workers).apply(str),
-                                  data_format=args.data_format, slot_file=args.slot_file)
+                                  data_format=args.data_format, slot_file=args.slot_file,
+                                  dense_backend=args.dense_backend)
         port, grpc_port = spec.port("http"), spec.port("grpc")
         container = common.container(
             spec, dep, args.image, env=common.base_env(dep=dep), resources_=common.resources(args.cpu, args.memory),

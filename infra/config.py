@@ -26,6 +26,7 @@ from pydantic.alias_generators import to_camel
 
 from infra import config_gates, config_monitoring, config_security, config_storage, config_tracking, config_versions
 from infra.config_types import check as _check, pulumi_bool as _pulumi_bool
+from runtime import dense_backends
 from runtime.trainer import config as train
 from runtime.trainer.config import TrainConfig, TrainConfigError
 
@@ -229,6 +230,10 @@ class StackConfig(config_storage.StorageKeys, config_tracking.TrackingKeys, conf
     serving_target_cpu_utilization: _int(10, 100) = Field(
         70, description="Autoscaler target CPU utilization, percent of the request (10-100).")
     serving_workers: _int(1, 64) = Field(2, description="Worker processes per serving pod (1-64).")
+    dense_backend: _choices(*dense_backends.BACKENDS) = Field(
+        dense_backends.DEFAULT, description="What runs the dense network in serving: onnxruntime (ONNX Runtime on each "
+        "version's model.onnx, in the serving image, which has no Paddle: a version the trainer published without "
+        "model.onnx is refused, the previous one served) or paddle (Paddle Inference, in the serving-paddle image).")
     # --- resources: requests = limits
     pserver_cpu: Cpu = Field("1", description="CPU per parameter-server pod (e.g. 500m, 2); at most 64 cores.",
                              json_schema_extra={"group": "resources: requests = limits, Kubernetes quantities"})

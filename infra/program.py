@@ -28,6 +28,7 @@ from components.object_store import ObjectStoreAccess, ObjectStoreAccessArgs
 from infra import config_gates, config_monitoring, config_security, config_tracking
 from infra.config import PROJECT, REPO_ROOT, Secrets, StackConfig, load
 from infra.config_storage import annotations
+from runtime import dense_backends
 from runtime.role_specs import CREDENTIAL_BOUNDARIES
 
 REGISTRY_SECRET = "registry-credentials"
@@ -49,7 +50,8 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
     images = Images("images", ImagesArgs(
         repo_root=REPO_ROOT, registry=cfg.image_registry, tag=cfg.image_tag,
         username=cfg.registry_username or None, password=secrets.registry_password,
-        platform=cfg.build_platform, tracking=cfg.tracking_server))
+        platform=cfg.build_platform, tracking=cfg.tracking_server,
+        serving_target="serving-paddle" if cfg.dense_backend == dense_backends.PADDLE else "serving"))
 
     ns = k8s.core.v1.Namespace(
         cfg.namespace,
@@ -148,7 +150,7 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         max_replicas=cfg.serving_max_replicas,
         target_cpu_utilization=cfg.serving_target_cpu_utilization,
         autoscale_metric=cfg.serving_autoscale_metric, target_inflight=cfg.serving_target_inflight,
-        workers=cfg.serving_workers, data_format=cfg.data_format,
+        workers=cfg.serving_workers, dense_backend=cfg.dense_backend, data_format=cfg.data_format,
         slot_file=cfg.slot_file or None, cpu=cfg.serving_cpu, memory=cfg.serving_memory,
         wait_for=[*cube.statefulsets, transfer.deployment]))
 

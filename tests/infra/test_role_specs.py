@@ -63,7 +63,8 @@ def test_every_rendered_role_runs_its_spec(rendered, stack):
             a = c["args"]
             _check(c, role_specs.serving(common.TOPOLOGY_FILE, root, outputs["transferStatusUrl"].removesuffix("/dict/info"),
                                          f"{common.TMP_DIR}/models", workers=a[a.index("--workers") + 1],
-                                         data_format=a[a.index("--format") + 1]))
+                                         data_format=a[a.index("--format") + 1],
+                                         dense_backend=a[a.index("--dense-backend") + 1]))
         elif c["name"] == "mlflow":
             _check(c, role_specs.tracking_server(basic_auth=True))
         else:
@@ -110,7 +111,9 @@ def test_every_spec_parses_with_the_real_command_line(tmp_path):
     deployed = [role_specs.file_server(file_server.ROOT), role_specs.cube_server(0, 1, data_dir="/data/server"),
                 role_specs.cube_agent("/data/agent"),
                 role_specs.cube_transfer(common.TOPOLOGY_FILE, "http://f:8080", cube_transfer.STATE_DIR),
-                role_specs.serving(common.TOPOLOGY_FILE, "http://f:8080", "http://t:8910", "/tmp/models")]
+                role_specs.serving(common.TOPOLOGY_FILE, "http://f:8080", "http://t:8910", "/tmp/models"),
+                role_specs.serving(common.TOPOLOGY_FILE, "http://f:8080", "http://t:8910", "/tmp/models",
+                                   dense_backend="paddle")]
     for spec in deployed + _local_specs(tmp_path):
         args = build_parser(spec.args[0]).parse_args([str(a) for a in spec.args])
         port = getattr(args, "port", None)
