@@ -1,5 +1,5 @@
-"""The data gate: each landed partition is checked before it is trained on (issue 37, as
-TFX's ExampleValidator checks a span against a schema and the previous spans' statistics).
+"""The data gate: each landed partition is checked before it is trained on (as TFX's
+ExampleValidator checks a span against a schema and the previous spans' statistics).
 
 Trainer 0 measures the partition on its shard of the lines (``statistics``:
 ``runtime.formats.partition_stats.PartitionStats``) and the served model's AUC and log

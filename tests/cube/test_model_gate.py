@@ -1,7 +1,8 @@
 """The transfer's model gate (runtime.cube.transfer.model_gate): a version worse than the
 previous one on its rows set aside is held (not rolled out; history, /dict/info, metric),
-the next good patch goes out with the held patch's rows (served complete), a held base
-keeps its patches back until a newer base. Fixtures ``cluster`` and ``root``:
+the next good patch goes out with the held patch's rows (served complete), a model that
+stays broken stays held until it is back within the last passed version's bounds, a held
+base keeps its patches back until a newer base. Fixtures ``cluster`` and ``root``:
 tests/cube/conftest.py."""
 from __future__ import annotations
 
@@ -78,6 +79,45 @@ def test_a_held_patch_is_not_served_and_the_next_good_one_carries_its_rows(clust
     # a restarted transfer judges again, counts nothing twice and keeps serving 103
     tr2 = make_transfer(cluster, root, tmp_path / "work")
     assert tr2.poll_once() is None and tr2.info().held == [102]
+
+
+# still broken, trained on from the held version: better than it, far worse than PREV/GOOD
+STILL_BAD = {"auc": 0.60, "logloss": 2.1, "calibration": 2.9}
+RECOVERED = {"auc": 0.775, "logloss": 0.475, "calibration": 1.0}
+
+
+def test_a_model_broken_for_several_versions_stays_held_until_it_recovers(cluster, root, tmp_path):
+    """The breakage a version-by-version comparison misses: after 102 (blown up) is held,
+    the trainer goes on from it, so 103's baseline is 102 and 103 (still broken) is no
+    worse than it: alone it would pass. The held chain is judged against the last version
+    that passed too (102's baseline): 103 and 104 are held, 105 (recovered) goes out built
+    from 102-104's rows then its own."""
+    add(root, 100, 100, GOOD, None)
+    add(root, 101, 100, GOOD)
+    add(root, 102, 100, BLOWN, PREV)
+    add(root, 103, 100, STILL_BAD, BLOWN)
+    add(root, 104, 100, STILL_BAD, STILL_BAD)
+    ev103 = version_eval.VersionEvaluation.model_validate({"hour": "h", "rows": 1000, "candidate": STILL_BAD,
+                                                           "baseline": BLOWN})
+    assert model_gate.reasons(ev103, model_gate.Thresholds()) == []  # against its held predecessor: passes
+    tr = make_transfer(cluster, root, tmp_path / "work")
+    assert tr.poll_once()["version"] == 100
+    assert tr.poll_once()["version"] == 101
+    assert tr.poll_once() is None and cluster.versions() == [101] * 4
+    assert tr.info().held == [102, 103, 104]
+    held = {h["version"]: h["error"] for h in tr.history() if h.get("status") == "held"}
+    assert "AUC 0.6000 < the last passed version's 0.7700 - 0.05 (held since version 102)" in held[103]
+    assert "held since version 102" in held[104]
+    # a restarted transfer judges the chain again, in order, to the same verdicts
+    tr = make_transfer(cluster, root, tmp_path / "work")
+    assert tr.poll_once() is None and tr.info().held == [102, 103, 104]
+    add(root, 105, 100, RECOVERED, STILL_BAD)
+    e = tr.poll_once()
+    assert e["version"] == 105 and e["status"] == "finished", e
+    assert cluster.versions() == [105] * 4
+    build = BuildRecord.read(tmp_path / "work" / "build" / DICT / "105")
+    assert [Path(p).parts[-3] for p in build.inputs] == ["102", "103", "104", "105"]
+    assert [h["version"] for h in tr.history() if h.get("status") == "held"] == [102, 103, 104]  # once each
 
 
 def test_a_held_base_keeps_its_patches_back_until_a_newer_base(cluster, root, tmp_path):
