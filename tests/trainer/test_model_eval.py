@@ -114,3 +114,43 @@ def test_partitions_trained_after_the_export_point_join_at_the_next_export():
     c.before(w, _rows(400, 9), "20261120/0704", scored=True)
     rec, _ = _judged(c, w)
     assert (rec.rows, rec.partitions, rec.first_hour, rec.hour) == (2000, 5, "20261120/0700", "20261120/0704")
+
+
+def test_minute_partitions_a_model_broken_by_one_minute_is_held_until_it_recovers(tmp_path):
+    """At process level (--single continuous, 1-minute partitions of 4000 rows: 200 set aside
+    each, under the model gate's 500-row minimum on its own), the data gate off and minute
+    0006's labels flipped: the model trained on it is broken for the versions after it.
+    Each version's evaluation is on the rolling window (up to 2000 rows, 10 partitions);
+    the transfer's model gate, reading the versions in order, passes the six before it and
+    holds every one after it, some only against the last passed version (their baseline,
+    the held version before them, is as broken)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from runtime.formats import donefile, partitions
+    from runtime.formats.model_meta import ModelMeta
+
+    root = tmp_path / "hours"
+    generator.generate_hours(root, 10, "20261120/0000", 4000, seed=6, minutes=1)
+    (f,) = partitions.files(str(root), partitions.Partition.parse("20261120/0006", minutes=1))
+    lines = Path(f).read_text().splitlines()
+    Path(f).write_text("".join(str(1 - int(x[0])) + x[1:] + "\n" for x in lines))
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "runtime.cli", "train", "--single", "--mode", "continuous",
+                        "--data-root", str(root), "--start-hour", "20261120/0000", "--end-hour", "20261120/0009",
+                        "--partition-minutes", "1", "--state-dir", str(tmp_path / "state"), "--output", str(out),
+                        "--poll-s", "0.2", "--gate-window", "0"],
+                       capture_output=True, text=True, timeout=400, cwd=tmp_path,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    recs = sorted(donefile.read(str(out), "base") + donefile.read(str(out), "patch"), key=lambda x: x.id)
+    evs = [version_eval.from_metrics(ModelMeta.read(out / x.model).metrics, x.model) for x in recs]
+    assert [e.rows for e in evs] == [200 * i for i in range(1, 11)] and 200 < model_gate.Thresholds().min_rows
+    assert (evs[6].first_hour, evs[6].hour, evs[6].partitions) == ("20261120/0000", "20261120/0006", 7)
+    gate = model_gate.ModelGate(str(out))
+    assert [gate.held(x) for x in recs] == [False] * 6 + [True] * 4, gate.verdicts
+    alone = [model_gate.reasons(e, model_gate.Thresholds()) for e in evs[7:]]
+    assert any(why == [] for why in alone), alone  # held by the chain only
+    assert all("held since version" in gate.verdicts[x.id][-1] for x in recs[7:])
