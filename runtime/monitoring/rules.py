@@ -180,6 +180,32 @@ def alerts(t: Optional[Thresholds] = None) -> list[Alert]:
               2 * t.for_s, "ticket", "The tracking server does not answer",
               "The {{ $labels.job }} of {{ $labels.namespace }} cannot reach its MLflow server; events are kept "
               "and retried, then dropped.", "tracking-unreachable"),
+        *gate_alerts(),
+    ]
+
+
+#: how long a quarantined partition or a held version keeps its gate alert firing
+GATE_ALERT_WINDOW = "1h"
+
+
+def gate_alerts() -> list[Alert]:
+    """The gates' alerts: a partition the data gate quarantined, a version the model gate
+    held (``runtime.trainer.data_gate``, ``runtime.cube.transfer.model_gate``), each a
+    ticket that fires at once and resolves ``GATE_ALERT_WINDOW`` after the last one: a
+    refused partition is not trained on and a held version not served, so a run of them
+    would otherwise show only as stale served data hours later."""
+    w = GATE_ALERT_WINDOW
+    return [
+        Alert("ElasticCtrPartitionsQuarantined",
+              f"sum by (namespace) (increase(elastic_ctr_trainer_partitions_quarantined_total[{w}])) > 0",
+              0, "ticket", "The data gate quarantined partitions",
+              "The data gate of {{ $labels.namespace }} quarantined {{ $value | printf \"%.0f\" }} partition(s) "
+              "in the last " + w + ": they are not trained on.", "partitions-quarantined"),
+        Alert("ElasticCtrModelGateHeld",
+              f"sum by (namespace) (increase(elastic_ctr_transfer_versions_held_total[{w}])) > 0",
+              0, "ticket", "The model gate held versions",
+              "The model gate of {{ $labels.namespace }} held {{ $value | printf \"%.0f\" }} version(s) in the "
+              "last " + w + ": worse than the version before them, they are not served.", "model-gate-held"),
     ]
 
 

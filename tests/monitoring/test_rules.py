@@ -16,9 +16,14 @@ from runtime.monitoring import rules
 HERE = Path(__file__).resolve().parent
 
 
+#: the promtool unit test files (the gates' alerts have their own)
+TEST_FILES = ("rules_test.yaml", "gate_rules_test.yaml")
+
+
 def _write(tmp_path: Path, t: rules.Thresholds) -> Path:
     (tmp_path / "rules.yaml").write_text(rules.rule_file(t))
-    shutil.copy(HERE / "rules_test.yaml", tmp_path / "rules_test.yaml")
+    for name in TEST_FILES:
+        shutil.copy(HERE / name, tmp_path / name)
     return tmp_path / "rules_test.yaml"
 
 
@@ -31,12 +36,30 @@ def test_promtool_checks_the_rule_file(promtool, tmp_path):
 
 
 def test_every_alert_has_a_unit_test_that_passes(promtool, tmp_path):
-    test_file = _write(tmp_path, rules.Thresholds())
-    tested = {case["alertname"] for t in yaml.safe_load(test_file.read_text())["tests"]
+    _write(tmp_path, rules.Thresholds())
+    tested = {case["alertname"] for name in TEST_FILES for t in yaml.safe_load((tmp_path / name).read_text())["tests"]
               for case in t.get("alert_rule_test", [])}
     assert tested == set(rules.ALERTS), f"alerts without a unit test: {set(rules.ALERTS) - tested}"
-    r = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, cwd=tmp_path)
+    r = subprocess.run([promtool, "test", "rules", *TEST_FILES], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_gate_alerts_lifecycle_fire_at_once_and_resolve_an_hour_after_the_last(promtool, tmp_path, monkeypatch):
+    """The gates' alerts (gate_rules_test.yaml): a quarantined partition or a held version
+    fires its ticket at the next evaluation, with the count of the last hour, and resolves
+    an hour after the last one (a restarted trainer's counter included); a stack whose
+    gates refused nothing stays silent. The same tests fail when the alerts stay open
+    longer."""
+    _write(tmp_path, rules.Thresholds())
+    r = subprocess.run([promtool, "test", "rules", "gate_rules_test.yaml"], capture_output=True, text=True,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    monkeypatch.setattr(rules, "GATE_ALERT_WINDOW", "2h")
+    _write(tmp_path, rules.Thresholds())
+    r = subprocess.run([promtool, "test", "rules", "gate_rules_test.yaml"], capture_output=True, text=True,
+                       cwd=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "ElasticCtrPartitionsQuarantined" in out and "ElasticCtrModelGateHeld" in out
 
 
 def test_the_unit_tests_fail_against_other_thresholds(promtool, tmp_path):
