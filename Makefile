@@ -15,7 +15,7 @@ NCA_PYTHON ?= python3.11
 CHECKOV_VENV ?= .venv-checkov
 PYTEST_ARGS ?=
 
-.PHONY: bench-manifest install browser prometheus constraints demo test test-fast docs bench-train bench-cube bench-rollout bench-serving bench-serving-peers bench-storage bench-tracking bench-metrics bench-online bench-fresh bench render golden pulumi-yaml clean
+.PHONY: bench-manifest install browser prometheus constraints demo test test-fast docs bench-train bench-cube bench-rollout bench-serving bench-dense bench-serving-image bench-serving-peers bench-storage bench-tracking bench-metrics bench-online bench-fresh bench render golden pulumi-yaml clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -89,8 +89,17 @@ bench-cube: install
 bench-rollout: install
 	$(BIN)/python bench/bench_rollout.py
 
+## Serving per transport and batch size, Paddle Inference and ONNX Runtime side by side (bench/bench_serving.py).
 bench-serving: install
 	$(BIN)/python bench/bench_serving.py
+
+## The dense network alone: ONNX Runtime against Paddle Inference, and the session options (bench/bench_dense.py).
+bench-dense: install
+	$(BIN)/python bench/bench_dense.py
+
+## The serving images' sizes and cold starts (bench/bench_serving_image.py; make images first).
+bench-serving-image: install
+	$(BIN)/python bench/bench_serving_image.py
 
 ## An optional extra, not part of install or test: serve vs a KServe ModelServer over the same
 ## data plane, load from wrk (Debian's package, scripts/install-wrk.sh); KServe in $(KSERVE_VENV).
@@ -142,13 +151,14 @@ pulumi-yaml: install
 clean:
 	rm -rf $(VENV) $(TRITON_VENV) $(KSERVE_VENV) $(NCA_VENV) $(CHECKOV_VENV) runs rendered .pytest_cache site
 
-## Container images elastic-ctr-{trainer,cube,serving}:$(IMAGE_TAG) from the Dockerfile's targets, with
+## Container images elastic-ctr-{trainer,cube,serving,tracking}:$(IMAGE_TAG) and elastic-ctr-serving-paddle (serving
+## with Paddle Inference) from the Dockerfile's targets, with
 ## a local engine (scripts/engine.sh start: the running daemon, else a private one under .cache/;
 ## it is left running) and a local base image where no registry answers (scripts/build-images.sh).
 IMAGE_TAG ?= dev
 .PHONY: images engine-stop
 images:
-	IMAGE_TAG=$(IMAGE_TAG) scripts/build-images.sh
+	IMAGE_TAG=$(IMAGE_TAG) scripts/build-images.sh trainer cube serving tracking serving-paddle
 
 ## Stops the engine, only if scripts/engine.sh started it (images stay in .cache/containers).
 engine-stop:

@@ -17,11 +17,14 @@ the model run on its embeddings, one after the other as a request runs them: the
 request cannot go below (each alone is printed beside it; ``measure_floor``). The same
 process also runs whole requests in process (codec, data plane, model and
 cube, without the HTTP or gRPC server), which separates the codec's cost from the
-server's. Prints one table and a final line ``serving batch1_p50_ms=<x> batch1_qps_at_4=<y>
-batch256_qps_at_4=<z> grpc_batch1_qps_at_4=<g> binary_batch256_qps_at_4=<b>
-batch256_cpu_ms=<c> batch256_floor_ms=<f>`` (JSON but for the named ones; ``c``: serving
-CPU per JSON request at batch 256 with 4 clients, ``f``: its floor). ``--floor-only``
-measures the floor and the in-process requests alone.
+server's. One server per dense backend (``--dense-backends``, default Paddle Inference and ONNX
+Runtime), measured side by side in one sitting (each cell on each server in turn, who goes
+first rotating); the floor and the in-process requests are measured per backend. Prints one
+table, the backends compared (CPU per request, p99 and requests/s of each over the first's,
+at 4 clients), and a final line per server ``serving backend=<b> batch1_cpu_ms=<x>
+batch256_cpu_ms=<y> ...`` (serving CPU per JSON request at 4 clients; the binary and gRPC
+ones named; p50 at 1 client, p99 and requests/s at 4). ``--floor-only`` measures the floor
+and the in-process requests alone.
 Targets (2 cores): batch-1 p50 <= 3 ms; >= 600 requests/s at batch 1 with 4 clients.
 """
 from __future__ import annotations
@@ -42,7 +45,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from runtime import storage  # noqa: E402
+from runtime import dense_backends, storage  # noqa: E402
 from runtime.serving.client import encode_batches, load_rows  # noqa: E402
 from bench.served import served_version, start_serving  # noqa: E402
 
@@ -159,7 +162,7 @@ def _cpu_ms_per_call(fn, items: list, min_s: float) -> float:
 
 
 def measure_floor(topology: str, root: str, vid: int, data: str, batches: list[int], transports: list[str],
-                  min_s: float, q) -> None:
+                  min_s: float, q, backend: str = "onnxruntime") -> None:
     """Runs in its own (spawned) process, no server: for each batch size, the CPU per
     request of (a) the model run alone (``DenseModel.predict`` on normalized dense features
     and the batch's embeddings), (b) the cube lookups alone (``CubeClient.seek`` of the
@@ -167,7 +170,8 @@ def measure_floor(topology: str, root: str, vid: int, data: str, batches: list[i
     (c) the floor: a lookup then a model run on the embeddings it returned, one after the
     other on one thread as a request runs them, (d) the whole request in process per
     transport (codec + data plane + model + cube, no HTTP or gRPC server: the REST app
-    called as WSGI, the gRPC servicer called with the parsed message); beside (b), the same
+    called as WSGI, the gRPC servicer called with the parsed message; the model on ``backend``,
+    ``runtime.dense_backends``); beside (b), the same
     lookups by the client's Python path (``CubeClient(native=False)``, ``cube_python``),
     its peer. (a) and (b) each run in a loop of their own, which keeps their own data and
     code in the CPU's caches, and never waits: their sum (``parts``) can be well below what
@@ -188,11 +192,12 @@ def measure_floor(topology: str, root: str, vid: int, data: str, batches: list[i
     from runtime.serving.rest import create_app
 
     rows = load_rows([data], "criteo")
-    dense_model = DenseModel(vid, Path(root) / "versions" / str(vid) / "dense", pool_size=1)
+    dense_model = DenseModel(vid, Path(root) / "versions" / str(vid) / "dense", pool_size=1, dense_backend=backend)
     cube = CubeClient.from_topology(topology, timeout_ms=2000, retries=2)
     cube_python = CubeClient.from_topology(topology, timeout_ms=2000, retries=2, native=False)  # the peer
     with tempfile.TemporaryDirectory(prefix="bench-floor-") as work:
-        plane = build_dataplane(topology, root, None, work, threads=1, wait_s=60, cube_timeout_ms=2000)
+        plane = build_dataplane(topology, root, None, work, threads=1, wait_s=60, cube_timeout_ms=2000,
+                                dense_backend=backend)
         app, servicer = create_app(plane), InferenceServicer(plane)
         n, out = len(rows.labels), {}
         for b in batches:
@@ -239,12 +244,12 @@ def measure_floor(topology: str, root: str, vid: int, data: str, batches: list[i
 
 
 def floor_figures(topology: str, root: str, vid: int, data: str, batches: list[int], transports: list[str],
-                  min_s: float) -> dict:
-    """``measure_floor`` in a fresh (spawned) process: Paddle and gRPC never enter the
-    benchmark's own process, which forks the clients."""
+                  min_s: float, backend: str = "onnxruntime") -> dict:
+    """``measure_floor`` in a fresh (spawned) process: Paddle, ONNX Runtime and gRPC never
+    enter the benchmark's own process, which forks the clients."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    p = ctx.Process(target=measure_floor, args=(topology, root, vid, data, batches, transports, min_s, q))
+    p = ctx.Process(target=measure_floor, args=(topology, root, vid, data, batches, transports, min_s, q, backend))
     p.start()
     try:
         while True:
@@ -345,6 +350,9 @@ def main() -> int:
                          "such row")
     ap.add_argument("--floor-only", action="store_true",
                     help="measure the floor and the in-process requests only (no server, no load)")
+    ap.add_argument("--dense-backends", default="paddle,onnxruntime",
+                    help="dense backends to serve with (serve's --dense-backend), one server each, measured side by "
+                         "side in one sitting (default: paddle,onnxruntime)")
     ap.add_argument("--serve-args", action="append", default=[],
                     help="more arguments for elastic-ctr serve, e.g. '--threads 2'; given several times, one server "
                          "per value, measured side by side (each cell on each server in turn, who goes first "
@@ -352,33 +360,41 @@ def main() -> int:
     args = ap.parse_args()
     batches = [int(x) for x in args.batches.split(",")]
     transports = args.transports.split(",")
+    backends = [dense_backends.check(b) for b in args.dense_backends.split(",")]
 
     t_roll = time.monotonic()
     with served_version("bench-serving-", args.rows) as setup:
         tmp, rows, root, vid, cube = setup.tmp, setup.rows, setup.root, setup.vid, setup.cube
         print(f"cube: 2 shards, version {vid} generated and rolled out in {time.monotonic() - t_roll:.1f} s",
               flush=True)
-        floor = floor_figures(str(cube.topology_path), str(root), vid, str(setup.data), batches, transports,
-                              args.floor_s)
         print("floor (no server; CPU ms per request): a cube lookup (the client's share) then the model run, one "
               "after the other as a request runs them; beside it each alone, in a loop of its own (each loop "
               "keeps its own data in the CPU's caches and never waits for cube); in process = the whole "
               "request without the HTTP/gRPC server", flush=True)
-        for b, f in floor.items():
-            print(f"  batch {b:>4}: floor {f['floor']:.3f} ms (alone: model {f['model']:.3f} + cube {f['cube']:.3f} "
-                  f"= {f['parts']:.3f}); in process: " + ", ".join(f"{t} {f[t]:.3f} ms ({f[t] / f['floor']:.2f}x "
-                                                                  "floor)" for t in transports), flush=True)
-        for b, f in floor.items():
+        floors = {}  # dense backend -> batch -> figures
+        for backend in backends:
+            floors[backend] = floor = floor_figures(str(cube.topology_path), str(root), vid, str(setup.data), batches,
+                                                    transports, args.floor_s, backend)
+            for b, f in floor.items():
+                print(f"  {backend:<11} batch {b:>4}: floor {f['floor']:.3f} ms (alone: model {f['model']:.3f} + cube "
+                      f"{f['cube']:.3f} = {f['parts']:.3f}); in process: "
+                      + ", ".join(f"{t} {f[t]:.3f} ms ({f[t] / f['floor']:.2f}x floor)" for t in transports), flush=True)
+        for b, f in floors[backends[0]].items():
             print(f"  batch {b:>4}: cube client CPU ms per lookup: C path {f['cube']:.3f}, Python path "
                   f"{f['cube_python']:.3f} ({f['cube_python'] / f['cube']:.2f}x)", flush=True)
         if args.floor_only:
             return 0
         variants = args.serve_args or [""]
         servers = {}  # label -> (role, url, grpc target)
-        for k, extra in enumerate(variants):
-            label = extra.strip() or "serve"
-            servers[label] = start_serving(cube, tmp / f"serving-{k}", args.workers, args.threads,
-                                           extra=tuple(extra.split()), name=f"serving-{k}")
+        backend_of = {}  # label -> dense backend
+        k = 0
+        for backend in backends:
+            for extra in variants:
+                label = f"{backend} {extra.strip()}".strip()
+                servers[label] = start_serving(cube, tmp / f"serving-{k}", args.workers, args.threads,
+                                               extra=("--dense-backend", backend, *extra.split()), name=f"serving-{k}")
+                backend_of[label] = backend
+                k += 1
         print(f"serving: {args.workers} worker(s) x {args.threads} threads; "
               + (f"servers side by side: {', '.join(servers)}; " if len(servers) > 1 else "")
               + f"{os.cpu_count()} CPUs on this machine", flush=True)
@@ -411,7 +427,7 @@ def main() -> int:
                             r["cube_cpu_s"] = sum(_proc_cpu_s(x.proc.pid) for x in cube.servers.values()) - cube0
                             r["serving_cpu_ms"] = r["serving_cpu_s"] * 1e3 / max(1, r["requests"])
                             r["cube_cpu_ms"] = r["cube_cpu_s"] * 1e3 / max(1, r["requests"])
-                            r["floor_ms"] = floor[b]["floor"]
+                            r["floor_ms"] = floors[backend_of[label]][b]["floor"]
                             rounds.append(r)
                             print(f"  {label:<24} {transport:<6} batch {b:>4} clients {c} round {rnd}: "
                                   f"{r['rps']:8.1f} requests/s ({r['rps'] * b:9.0f} rows/s)  p50 {r['p50_ms']:6.2f} ms  "
@@ -445,7 +461,7 @@ def main() -> int:
           "p99 ms | failed | serving CPU ms/request | in process ms | floor ms (alone: model + cube) | serving / floor |")
     print("|" + ("---|" if many else "") + "---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        f = floor[r["batch"]]
+        f = floors[backend_of[r["server"]]][r["batch"]]
         print("|" + (f" {r['server']} |" if many else "") + f" {r['transport']} | {r['batch']} | {r['clients']} | "
               f"{r['rps']:.0f} | {r['rps'] * r['batch']:.0f} | "
               f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['failed']} | {r['serving_cpu_ms']:.2f} | "
@@ -475,16 +491,36 @@ def main() -> int:
     print(f"load average during the run: {la[0]:.1f} {la[1]:.1f} {la[2]:.1f} on {os.cpu_count()} CPUs "
           "(other work on the machine lowers these figures)")
 
-    first = next(iter(servers))
-
-    def pick(b, c, k, transport="json"):
+    def pick(server, b, c, k, transport="json"):
         return next((r[k] for r in results if r["batch"] == b and r["clients"] == c and r["transport"] == transport
-                     and r["server"] == first), float("nan"))
+                     and r["server"] == server), float("nan"))
 
-    print(f"serving batch1_p50_ms={pick(1, 1, 'p50_ms'):.2f} batch1_qps_at_4={pick(1, 4, 'rps'):.0f} "
-          f"batch256_qps_at_4={pick(256, 4, 'rps'):.0f} grpc_batch1_qps_at_4={pick(1, 4, 'rps', 'grpc'):.0f} "
-          f"binary_batch256_qps_at_4={pick(256, 4, 'rps', 'binary'):.0f} "
-          f"batch256_cpu_ms={pick(256, 4, 'serving_cpu_ms'):.2f} batch256_floor_ms={pick(256, 4, 'floor_ms'):.2f}")
+    top = max(int(x) for x in args.clients.split(","))
+    if len(backends) > 1:  # the backends side by side: each one's figures over the first's
+        ref = next(label for label in servers if backend_of[label] == backends[0])
+        print(f"\nagainst {ref} ({top} clients): serving CPU per request, p99, requests/s")
+        print("| server | " + " | ".join(f"{t} {b}: CPU / p99 / requests/s" for t in transports for b in batches) + " |")
+        print("|---|" + "---:|" * (len(transports) * len(batches)))
+        for label in servers:
+            if label == ref:
+                continue
+            cells = [f"{pick(label, b, top, 'serving_cpu_ms', t) / pick(ref, b, top, 'serving_cpu_ms', t):.2f}x / "
+                     f"{pick(label, b, top, 'p99_ms', t) / pick(ref, b, top, 'p99_ms', t):.2f}x / "
+                     f"{pick(label, b, top, 'rps', t) / pick(ref, b, top, 'rps', t):.2f}x"
+                     for t in transports for b in batches]
+            print(f"| {label} | " + " | ".join(cells) + " |")
+    for label in servers:  # one line per server (per dense backend by default)
+        extra = label[len(backend_of[label]):].strip()
+        print(f"serving backend={backend_of[label]}" + (f" args='{extra}'" if extra else "")
+              + f" batch1_cpu_ms={pick(label, 1, top, 'serving_cpu_ms'):.3f}"
+              f" batch256_cpu_ms={pick(label, 256, top, 'serving_cpu_ms'):.3f}"
+              f" batch1_p50_ms={pick(label, 1, 1, 'p50_ms'):.2f} batch1_p99_ms_at_{top}={pick(label, 1, top, 'p99_ms'):.2f}"
+              f" batch1_qps_at_{top}={pick(label, 1, top, 'rps'):.0f} batch256_qps_at_{top}={pick(label, 256, top, 'rps'):.0f}"
+              f" binary_batch1_cpu_ms={pick(label, 1, top, 'serving_cpu_ms', 'binary'):.3f}"
+              f" binary_batch256_cpu_ms={pick(label, 256, top, 'serving_cpu_ms', 'binary'):.3f}"
+              f" grpc_batch1_cpu_ms={pick(label, 1, top, 'serving_cpu_ms', 'grpc'):.3f}"
+              f" grpc_batch256_cpu_ms={pick(label, 256, top, 'serving_cpu_ms', 'grpc'):.3f}"
+              f" batch1_floor_ms={pick(label, 1, top, 'floor_ms'):.3f} batch256_floor_ms={pick(label, 256, top, 'floor_ms'):.3f}")
     return 0
 
 

@@ -2,8 +2,9 @@
 ``ModelServer`` (uvicorn, ``--workers`` processes, REST only) serving the model ``ctr``,
 whose ``Model.predict`` answers with this project's own data plane
 (``runtime.serving.launcher.build_dataplane``: the same version watcher, cube client, CTR
-model, checks and Paddle predictor as serving), so the two servers differ only in what lies
-above the data plane (HTTP server, JSON codec, request and response objects).
+model, checks and dense backend as serving, ``--dense-backend``), so the two servers differ
+only in what lies above the data plane (HTTP server, JSON codec, request and response
+objects).
 
 Runs in its own venv (``.venv-kserve``, requirements/kserve.txt: KServe 0.21 needs protobuf
 6, the project's venv pins < 6) with the project importable through ``PYTHONPATH`` (the
@@ -13,7 +14,8 @@ KServe's ``ModelServer`` with more than one worker starts them with multiprocess
 ``spawn`` and pickles the registered models into them (``kserve/protocol/rest/multiprocess``):
 the model pickles without its data plane and each worker builds its own once unpickled,
 on a thread (as each ``elastic-ctr serve`` worker builds its own), then writes
-``<work-dir>/ready-<pid>`` so the benchmark knows every worker holds a loaded version.
+``<work-dir>/ready-<pid>`` (``<version> <dense backend>``: what that worker runs) so the
+benchmark knows every worker holds a loaded version, and on which backend.
 Each worker also keeps the thread CPU of its ``DataPlane.infer`` calls in
 ``<work-dir>/plane-<pid>`` (``bench/plane_cpu.py``): the benchmark's measure of what the
 shared part of a request costs.
@@ -122,7 +124,8 @@ class CtrPeer(Model):
             if not ok:
                 raise RuntimeError(f"data plane not ready: {why}")
             self.ready = True
-            Path(self.ready_dir, f"ready-{os.getpid()}").write_text(self.plane.default.versions()[0])
+            model = self.plane.default.watcher.current
+            Path(self.ready_dir, f"ready-{os.getpid()}").write_text(f"{model.version} {model.backend}")
         except Exception:
             log.exception("KServe peer worker %d: no data plane", os.getpid())
 
@@ -195,6 +198,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2, help="predictors per worker (serve --threads; default 2)")
     ap.add_argument("--cube-timeout-ms", type=float, default=200.0,
                     help="cube lookup timeout (serve --cube-timeout-ms; default 200)")
+    ap.add_argument("--dense-backend", choices=["onnxruntime", "paddle"], default="onnxruntime",
+                    help="what runs the dense network (serve --dense-backend; default onnxruntime)")
     # (KServe parses this process's argv too, at import, with prefix matching: no option
     # here may be a prefix of one of KServe's, e.g. --predict of --predictor_host)
     ap.add_argument("--predict-on", choices=["sync", "threads"], default="sync",
@@ -204,7 +209,8 @@ def main() -> int:
     Path(args.work_dir).mkdir(parents=True, exist_ok=True)
     quiet_access_log()
     plane_args = {"topology": args.topology, "model_root": args.model_root, "transfer_url": args.transfer_url,
-                  "work_dir": args.work_dir, "threads": args.threads, "cube_timeout_ms": args.cube_timeout_ms}
+                  "work_dir": args.work_dir, "threads": args.threads, "cube_timeout_ms": args.cube_timeout_ms,
+                  "dense_backend": args.dense_backend}
     if args.predict_on == "threads":
         model = ThreadedCtrPeer(plane_args, args.work_dir, args.threads)
     else:

@@ -6,6 +6,7 @@ it and awaited (``start_serving``). Used by ``bench_serving.py`` (``make bench-s
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -22,16 +23,18 @@ from runtime import proc, role_specs, storage  # noqa: E402
 from runtime.serving.client import load_rows  # noqa: E402
 
 
-def make_version(root: Path, vid: int, rows, dim: int = 9) -> None:
+def make_version(root: Path, vid: int, rows, dim: int = 9, exporter: Path = REPO) -> None:
     """Publishes version ``vid`` under ``root`` with the trainer's export (a seeded head of
-    the default widths, an embedding for every feasign of ``rows`` but 1 in 7)."""
+    the default widths, an embedding for every feasign of ``rows`` but 1 in 7); ``exporter``:
+    the checkout whose export runs (another one publishes a version its own readers take)."""
     keys = np.unique(rows.feasigns.ravel())
     keys = keys[np.arange(len(keys)) % 7 != 0]
     vals = np.random.default_rng(vid % 1000).normal(0, 0.1, (len(keys), dim)).astype(np.float32)
     root.mkdir(parents=True, exist_ok=True)
     np.savez(root / "table.npz", keys=keys, values=vals)
     subprocess.run([sys.executable, "-m", "runtime.trainer.export", "--root", str(root), "--version", str(vid),
-                    "--table", str(root / "table.npz"), "--seed", "7"], check=True, capture_output=True, cwd=REPO)
+                    "--table", str(root / "table.npz"), "--seed", "7"], check=True, capture_output=True, cwd=exporter,
+                   env=dict(os.environ, PYTHONPATH=str(exporter)))
 
 
 @dataclass
@@ -50,12 +53,12 @@ class ServedVersion:
 
 
 @contextlib.contextmanager
-def served_version(prefix: str, test_rows: int = 4096, rollout_timeout_s: float = 120.0):
+def served_version(prefix: str, test_rows: int = 4096, rollout_timeout_s: float = 120.0, exporter: Path = REPO):
     """Generated rows (``test_rows`` of them, seed 3), a version published from them
     (``make_version``, id = the current Unix time) and a local cube of 2 shards x 1 replica
     with that version rolled out, in a temporary directory named ``prefix``*; yields a
     ``ServedVersion`` and removes it all on exit. Raises ``TimeoutError`` when the rollout
-    takes longer than ``rollout_timeout_s`` (s)."""
+    takes longer than ``rollout_timeout_s`` (s). ``exporter``: ``make_version``'s."""
     from runtime.cube.local_cube import LocalCubeCluster
     from runtime.trainer import generator
 
@@ -66,7 +69,7 @@ def served_version(prefix: str, test_rows: int = 4096, rollout_timeout_s: float 
         rows = load_rows([str(data)], "criteo")
         root = tmp / "root"
         vid = int(time.time())
-        make_version(root, vid, rows)
+        make_version(root, vid, rows, exporter=exporter)
         with LocalCubeCluster(tmp / "cube", root, shards=2, replicas=1) as cube:
             cube.wait_version(vid, timeout_s=rollout_timeout_s)
             yield ServedVersion(tmp, data, rows, root, vid, cube)
