@@ -15,7 +15,7 @@ NCA_PYTHON ?= python3.11
 CHECKOV_VENV ?= .venv-checkov
 PYTEST_ARGS ?=
 
-.PHONY: bench-manifest install browser prometheus constraints demo test test-fast docs bench-train bench-cube bench-rollout bench-serving bench-dense bench-serving-image bench-serving-peers bench-storage bench-tracking bench-metrics bench-online bench-fresh bench render golden pulumi-yaml clean
+.PHONY: bench-manifest install browser prometheus constraints demo test test-fast docs bench-train bench-cube bench-rollout bench-serving bench-dense bench-serving-image bench-serving-peers bench-storage bench-tracking bench-metrics bench-online bench-fresh bench render golden pulumi-yaml pulumi-schema clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -147,6 +147,11 @@ golden: install
 ## Regenerates Pulumi.yaml's config block from infra/config.py (the keys' one definition).
 pulumi-yaml: install
 	$(BIN)/python -m infra.pulumi_yaml > Pulumi.yaml.new && mv Pulumi.yaml.new Pulumi.yaml
+
+## Regenerates provider/schema.json, the component package's schema, from the components' annotations
+## and the stack keys (provider/schema.py): after changing an input or output of provider/ or a key.
+pulumi-schema: install
+	$(BIN)/python -m provider.schema
 
 clean:
 	rm -rf $(VENV) $(TRITON_VENV) $(KSERVE_VENV) $(NCA_VENV) $(CHECKOV_VENV) runs rendered .pytest_cache site
