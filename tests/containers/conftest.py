@@ -23,6 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
 #: the Pulumi Images component's roles (tests check that this, the script and the component agree)
 ROLES = ("trainer", "cube", "serving", "tracking")
+#: Dockerfile targets built besides the roles' (``serving-paddle``: serving with Paddle Inference,
+#: the component's serving image for ``denseBackend: paddle``)
+EXTRA_TARGETS = ("serving-paddle",)
 #: seconds allowed for engine.sh start (it may install docker.io) and for the image builds
 ENGINE_TIMEOUT = 900
 BUILD_TIMEOUT = int(os.environ.get("ELASTIC_CTR_BUILD_TIMEOUT", "3600"))
@@ -107,7 +110,7 @@ def images(engine):
     if os.environ.get("ELASTIC_CTR_NO_BUILD", "").strip() == "1":
         # the images already in the engine, as they are (a re-run of one test after a full
         # build while the tree moves on); said in the summary, since they may be older than the tree
-        refs = {role: f"elastic-ctr-{role}:{tag}" for role in ROLES}
+        refs = {role: f"elastic-ctr-{role}:{tag}" for role in ROLES + EXTRA_TARGETS}
         missing = [r for r in refs.values() if engine.docker("image", "inspect", r, check=False).returncode != 0]
         if missing:
             pytest.fail(f"ELASTIC_CTR_NO_BUILD=1 but {missing} are not in the engine", pytrace=False)
@@ -119,14 +122,14 @@ def images(engine):
     log = logs / "build-images-pytest.log"
     with open(log, "w") as err:
         try:
-            proc = subprocess.run([str(SCRIPTS / "build-images.sh"), *ROLES], env=env, stdout=subprocess.PIPE,
+            proc = subprocess.run([str(SCRIPTS / "build-images.sh"), *ROLES, *EXTRA_TARGETS], env=env, stdout=subprocess.PIPE,
                                   stderr=err, text=True, timeout=BUILD_TIMEOUT)
         except subprocess.TimeoutExpired:
             pytest.fail(f"scripts/build-images.sh did not finish in {BUILD_TIMEOUT}s (log: {log})", pytrace=False)
     if proc.returncode != 0:
         pytest.fail(f"scripts/build-images.sh exited {proc.returncode} (log: {log}):\n{_tail(log.read_text())}",
                     pytrace=False)
-    built = Images(tag=tag, refs={role: f"elastic-ctr-{role}:{tag}" for role in ROLES})
+    built = Images(tag=tag, refs={role: f"elastic-ctr-{role}:{tag}" for role in ROLES + EXTRA_TARGETS})
     for line in proc.stdout.splitlines():     # "<image> <size bytes> <seconds>"
         ref, size, secs = line.split()
         role = ref.split(":")[0].removeprefix("elastic-ctr-")

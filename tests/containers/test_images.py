@@ -9,27 +9,33 @@ import subprocess
 
 import pytest
 
-from tests.containers.conftest import BUILD_TIMEOUT, REPO, ROLES, SCRIPTS, report_size
+from tests.containers.conftest import BUILD_TIMEOUT, EXTRA_TARGETS, REPO, ROLES, SCRIPTS, report_size
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow,
               # the first test's setup builds the images (minutes on a cold cache)
               pytest.mark.timeout(BUILD_TIMEOUT + 600)]
 
 #: upper bounds on the image sizes (bytes), about 1.5x what they measured (trainer 1161 MB, cube
-#: 311 MB, serving 1182 MB on the local Debian base): the cube image carries no Paddle
-MAX_SIZE = {"trainer": 1_800_000_000, "cube": 500_000_000, "serving": 1_800_000_000, "tracking": 1_500_000_000}
+#: 311 MB, serving 487 MB, serving-paddle 1335 MB on the local Debian base): the cube and serving
+#: images carry no Paddle
+MAX_SIZE = {"trainer": 1_800_000_000, "cube": 500_000_000, "serving": 750_000_000, "tracking": 1_500_000_000,
+            "serving-paddle": 2_000_000_000}
 
 #: what a pod's container runs (the same `elastic-ctr` entrypoint and subcommands)
 RUNS = [
     ("trainer", ["--help"]),
     ("trainer", ["train", "--help"]),
     ("trainer", ["python", "-c", "import paddle"]),
+    ("trainer", ["python", "-c", "import paddle2onnx, onnx, onnxruntime"]),  # each version's model.onnx
     ("cube", ["--help"]),
     ("cube", ["cube", "server", "--help"]),
     ("cube", ["fileserver", "--help"]),
     ("serving", ["--help"]),
     ("serving", ["serve", "--help"]),
-    ("serving", ["python", "-c", "import paddle"]),
+    # ONNX Runtime runs the dense network: no Paddle in the serving image, Paddle in serving-paddle
+    ("serving", ["python", "-c", "import onnxruntime, importlib.util as u; assert u.find_spec('paddle') is None"]),
+    ("serving-paddle", ["--help"]),
+    ("serving-paddle", ["python", "-c", "import onnxruntime, paddle"]),
     # MLflow's client only where the roles log (mlflow-skinny: no pandas, no server)
     ("trainer", ["python", "-c", "import mlflow, importlib.util as u; assert u.find_spec('pandas') is None"]),
     ("cube", ["python", "-c", "import mlflow, importlib.util as u; assert u.find_spec('pandas') is None"]),
@@ -73,7 +79,7 @@ def test_build_uses_the_targets_the_pulumi_images_component_declares():
     assert '--target "$role" -t "$image" -f "$DOCKERFILE"' in text and "image=elastic-ctr-$role:$TAG" in text
 
 
-@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("role", ROLES + EXTRA_TARGETS)
 def test_image_exists_and_its_size_is_bounded(engine, images, role, record_property):
     ref = images.refs[role]
     size = int(engine.docker("image", "inspect", "--format", "{{.Size}}", ref).stdout)
@@ -97,7 +103,7 @@ def test_role_starts_read_only_as_user_10001(engine, images, role, args):
         assert "usage:" in proc.stdout.lower(), proc.stdout
 
 
-@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("role", ROLES + EXTRA_TARGETS)
 def test_image_runs_as_user_10001_by_default(engine, images, role):
     image = images.refs[role]
     assert engine.docker("image", "inspect", "--format", "{{.Config.User}}", image).stdout.strip() == "10001:10001"
