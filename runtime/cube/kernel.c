@@ -110,7 +110,23 @@ int64_t cube_lookup(const int32_t *index, int64_t cap, const uint64_t *keys,
  * (multiply-shift range reduction, D. Lemire, "A fast alternative to the modulo reduction",
  * 2016: cap need not be a power of two), then linear probing (slot + 1, wrapping to 0).
  * cap > count always (load factor <= 0.7 by the caller, runtime/cube/table.py), so every probe ends on
- * the key or on an empty slot. A query equal to the sentinel is a miss without probing. */
+ * the key or on an empty slot. A query equal to the sentinel is a miss without probing.
+ *
+ * Deletions (docs/cube.md, "Deletions"): a row of zeros is the table's default row, what a
+ * miss answers, so a slot whose value is all zeros (+0.0 or -0.0) holds a DEAD key: a lookup
+ * that finds it answers a miss (and a view reads no older table for it). A patch deletes a key
+ * by carrying a zero row: an overlay keeps it (it shadows the base), a merge writes it over the
+ * key's value, and a later new key reuses the dead slot. */
+
+/* Whether the dim floats at row are all zeros (either sign): a dead key's value. */
+static inline int row_is_zero(const uint8_t *row, int64_t dim) {
+    uint32_t acc = 0, w;
+    for (int64_t i = 0; i < dim; i++) {
+        memcpy(&w, row + 4 * i, 4);
+        acc |= w & 0x7fffffffu;
+    }
+    return acc == 0;
+}
 
 /* Empties table[cap * stride]: every key = sentinel, every value = 0. */
 void cube_table_clear(uint8_t *table, int64_t cap, int64_t stride, uint64_t sentinel) {
@@ -118,65 +134,121 @@ void cube_table_clear(uint8_t *table, int64_t cap, int64_t stride, uint64_t sent
     for (int64_t s = 0; s < cap; s++) memcpy(table + (size_t)s * stride, &sentinel, 8);
 }
 
-/* Inserts keys[n] with rows values[n * dim] into table. upsert = 0: a key already present
- * is an error; 1: its value is overwritten. Never stores the sentinel (caller's duty to
- * pick one absent from keys). Returns the number of keys added (>= 0), or -(i+1) when
- * keys[i] is a duplicate (upsert = 0) or equals the sentinel, or -(n+1) when the table
- * would become full (count + added >= cap; `count`: keys already in the table).
+/* Flags of cube_table_insert and cube_table_merge. */
+#define INSERT_UPSERT 1  /* a key already present gets the new value (else: an error) */
+#define INSERT_DROP 2    /* a zero row of an absent key is not stored, a dead slot is reused */
+
+/* Inserts keys[n] with rows values[n * dim] into table (cap slots, `used` of them occupied,
+ * dead or alive). flags: INSERT_UPSERT, INSERT_DROP (above). Never stores the sentinel
+ * (caller's duty to pick one absent from keys). delta[0] += slots newly occupied, delta[1] +=
+ * the change of live keys (a zero row written over a live key: -1; a row written over a dead
+ * one or into a free slot: +1 unless zero). Returns 0, or -(i+1) when keys[i] is a duplicate
+ * (no INSERT_UPSERT) or equals the sentinel, or -(n+1) when the table would become full
+ * (used + added >= cap).
  * In place under concurrent readers (the server's merge, see cube_view_lookup): a new key's
- * value is written before its key (release store); a probe for another key passes over the
- * slot unchanged; an overwritten value may be read torn, so the caller guarantees that no
- * reader of a table being merged into reads a key being merged (runtime/cube/table.py). */
+ * value is written before its key (release store); a dead slot taken by another key gets the
+ * key first (release) and then its value, so a reader of the dead key never sees the new
+ * value under it; a probe for another key passes over the slot unchanged; an overwritten
+ * value may be read torn, so the caller guarantees that no reader of a table being merged
+ * into reads a key being merged (runtime/cube/table.py). */
 int64_t cube_table_insert(uint8_t *table, int64_t cap, int64_t stride, uint64_t sentinel,
-                          int64_t count, const uint64_t *keys, const float *values, int64_t n,
-                          int64_t dim, int upsert) {
+                          int64_t used, const uint64_t *keys, const float *values, int64_t n,
+                          int64_t dim, int flags, int64_t *delta) {
     const size_t row_bytes = (size_t)dim * sizeof(float);
-    int64_t added = 0;
+    int64_t added = 0, live = 0;
     for (int64_t i = 0; i < n; i++) {
         const uint64_t k = keys[i];
+        const uint8_t *v = (const uint8_t *)(values + (size_t)i * dim);
         if (k == sentinel) return -(i + 1);
+        const int zero = row_is_zero(v, dim);
         uint64_t h = home(k, (uint64_t)cap);
-        uint8_t *slot;
+        uint8_t *slot, *dead = NULL;
         uint64_t sk;
         for (;;) {
             slot = table + (size_t)h * stride;
             memcpy(&sk, slot, 8);
             if (sk == k || sk == sentinel) break;
+            if ((flags & INSERT_DROP) && !dead && row_is_zero(slot + 8, dim)) dead = slot;
             if (++h == (uint64_t)cap) h = 0;
         }
         if (sk == k) {
-            if (!upsert) return -(i + 1);
-            memcpy(slot + 8, values + (size_t)i * dim, row_bytes);
+            if (!(flags & INSERT_UPSERT)) return -(i + 1);
+            live += (row_is_zero(slot + 8, dim) ? 0 : -1) + (zero ? 0 : 1);
+            memcpy(slot + 8, v, row_bytes);
+        } else if (zero && (flags & INSERT_DROP)) {
+            continue;  /* deleting a key the table does not hold */
+        } else if (dead) {
+            __atomic_store_n((uint64_t *)dead, k, __ATOMIC_RELEASE);
+            memcpy(dead + 8, v, row_bytes);
+            live += !zero;
         } else {
-            if (count + added + 1 >= cap) return -(n + 1);
+            if (used + added + 1 >= cap) return -(n + 1);
             /* the value before the key (release): a concurrent probe that sees the key sees its value */
-            memcpy(slot + 8, values + (size_t)i * dim, row_bytes);
+            memcpy(slot + 8, v, row_bytes);
             __atomic_store_n((uint64_t *)slot, k, __ATOMIC_RELEASE);
             added++;
+            live += !zero;
         }
     }
-    return added;
+    delta[0] += added;
+    delta[1] += live;
+    return 0;
 }
 
-/* Builds a table from unique keys[n] / values[n * dim]: clear, then insert (no upsert).
- * Returns the number of keys (n) or the error of cube_table_insert. */
+/* Places each of keys[n] (keys the table does not hold, nonzero rows values[n * dim]) into a
+ * dead slot on its probe chain, if one lies before the chain's empty slot: placed[i] = 1,
+ * else 0 (left for another table). The key is written first (release), then its value, as a
+ * reused slot in cube_table_insert. Returns how many were placed (each a live key more, no
+ * slot more). */
+int64_t cube_table_reuse(uint8_t *table, int64_t cap, int64_t stride, uint64_t sentinel,
+                         const uint64_t *keys, const float *values, int64_t n, int64_t dim, uint8_t *placed) {
+    const size_t row_bytes = (size_t)dim * sizeof(float);
+    int64_t done = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const uint64_t k = keys[i];
+        placed[i] = 0;
+        if (k == sentinel) continue;
+        uint64_t h = home(k, (uint64_t)cap), sk;
+        for (;;) {
+            uint8_t *slot = table + (size_t)h * stride;
+            memcpy(&sk, slot, 8);
+            if (sk == k || sk == sentinel) break;
+            if (row_is_zero(slot + 8, dim)) {
+                __atomic_store_n((uint64_t *)slot, k, __ATOMIC_RELEASE);
+                memcpy(slot + 8, values + (size_t)i * dim, row_bytes);
+                placed[i] = 1;
+                done++;
+                break;
+            }
+            if (++h == (uint64_t)cap) h = 0;
+        }
+    }
+    return done;
+}
+
+/* Builds a table from unique keys[n] / values[n * dim]: clear, then insert (no upsert; a
+ * zero row is not stored: a fresh table holds no dead key). Returns the number of keys
+ * stored or the error of cube_table_insert. */
 int64_t cube_build_table(uint8_t *table, int64_t cap, int64_t stride, uint64_t sentinel,
                          const uint64_t *keys, const float *values, int64_t n, int64_t dim) {
+    int64_t delta[2] = {0, 0};
     cube_table_clear(table, cap, stride, sentinel);
-    return cube_table_insert(table, cap, stride, sentinel, 0, keys, values, n, dim, 0);
+    const int64_t rc = cube_table_insert(table, cap, stride, sentinel, 0, keys, values, n, dim, INSERT_DROP, delta);
+    return rc < 0 ? rc : delta[0];
 }
 
-/* Re-inserts every occupied slot of src (src_cap slots, src_sentinel) into dst (dst_cap
- * slots, already cleared with dst_sentinel); same stride. Returns the number of keys
- * moved, or -1 when dst is too small or one of them equals dst_sentinel. */
+/* Re-inserts every live slot of src (src_cap slots, src_sentinel; a dead key is left out)
+ * into dst (dst_cap slots, already cleared with dst_sentinel); same stride, dim floats per
+ * value. Returns the number of keys moved, or -1 when dst is too small or one of them
+ * equals dst_sentinel. */
 int64_t cube_table_rehash(const uint8_t *src, int64_t src_cap, uint64_t src_sentinel,
-                          uint8_t *dst, int64_t dst_cap, uint64_t dst_sentinel, int64_t stride) {
+                          uint8_t *dst, int64_t dst_cap, uint64_t dst_sentinel, int64_t stride, int64_t dim) {
     int64_t moved = 0;
     for (int64_t s = 0; s < src_cap; s++) {
         const uint8_t *from = src + (size_t)s * stride;
         uint64_t k;
         memcpy(&k, from, 8);
-        if (k == src_sentinel) continue;
+        if (k == src_sentinel || row_is_zero(from + 8, dim)) continue;
         if (k == dst_sentinel || moved + 1 >= dst_cap) return -1;
         uint64_t h = home(k, (uint64_t)dst_cap);
         for (;;) {
@@ -195,8 +267,9 @@ int64_t cube_table_rehash(const uint8_t *src, int64_t src_cap, uint64_t src_sent
 #define TCHUNK 32
 #endif
 
-/* Looks up q[qn] in the table. Writes found[qn] (1 hit, 0 miss) and, when out is not
- * NULL, out[qn * dim] (the value, zeros for a miss). Returns the number of hits. In chunks
+/* Looks up q[qn] in the table. Writes found[qn] (1 hit, 0 miss, 2 a dead key: held, its
+ * value zeros) and, when out is not NULL, out[qn * dim] (the value, zeros for a miss).
+ * Returns the number of hits (live keys found). In chunks
  * of TCHUNK: hash every key of the chunk and prefetch the three cache lines from its
  * home slot's start (the slot may straddle two, and a hit reads (1 + 1 / (1 - load)) / 2
  * slots on average, Knuth: 1.75 at load 0.6), then probe + copy, so the
@@ -237,8 +310,9 @@ int64_t cube_table_lookup(const uint8_t *table, int64_t cap, int64_t stride, uin
             const int64_t o = base + j;
             if (sk == k) {
                 if (out) memcpy(out + o * dim, slot + 8, row_bytes);
-                found[o] = 1;
-                hits++;
+                const int dead = row_is_zero(slot + 8, dim);
+                found[o] = dead ? 2 : 1;
+                hits += !dead;
             } else {
                 if (out) memset(out + o * dim, 0, row_bytes);
                 found[o] = 0;
@@ -354,8 +428,9 @@ static void view_probe(const struct view_tables *v, int64_t t0, int64_t t1, int6
         }
 }
 
-/* Looks up q[qn] in the view: found[qn] (1 hit, 0 miss) and, when out is not NULL,
- * out[qn * dim] (the value, zeros for a miss). Returns the number of hits, or -1 when the
+/* Looks up q[qn] in the view: found[qn] (1 hit, 0 miss: absent, or dead in the first table
+ * holding it) and, when out is not NULL, out[qn * dim] (the value, zeros for a miss).
+ * Returns the number of hits, or -1 when the
  * view is retired (nothing written), or -2 when its table counts are out of range. Per
  * chunk of TCHUNK keys: the first `nfirst` tables (the overlays, newest first, then the
  * base) for every key, then the other tables (the extensions, whose keys no first table
@@ -420,8 +495,9 @@ int64_t cube_view_lookup(uint64_t *view, const uint64_t *q, int64_t qn, float *o
             const int64_t o = base + j;
             if (hit[j]) {
                 if (out) memcpy(out + o * dim, hit[j] + 8, row_bytes);
-                found[o] = 1;
-                hits++;
+                const int live = !row_is_zero(hit[j] + 8, dim);
+                found[o] = (uint8_t)live;
+                hits += live;
             } else {
                 if (out) memset(out + o * dim, 0, row_bytes);
                 found[o] = 0;
@@ -433,39 +509,35 @@ int64_t cube_view_lookup(uint64_t *view, const uint64_t *q, int64_t qn, float *o
 }
 
 /* Upserts every key of src (src_cap slots, src_sentinel) into dst (dst_cap slots,
- * dst_sentinel, dst_count keys), both of `stride`, in place as cube_table_insert does it
- * (a new key's value before its key). count_only = 1: writes nothing. Returns the number
- * of src keys absent from dst (added, or that would be), or -1 when a src key equals
- * dst_sentinel or dst would become full (nothing written past that point: callers check
- * with count_only first). */
-int64_t cube_table_merge(uint8_t *dst, int64_t dst_cap, uint64_t dst_sentinel, int64_t dst_count,
+ * dst_sentinel, dst_used slots occupied), both of `stride` with dim floats per value, in
+ * place as cube_table_insert does it with INSERT_UPSERT | INSERT_DROP (a zero row of src
+ * deletes the key from dst, or is dropped when dst does not hold it). count_only = 1: writes
+ * nothing and counts, as an upper bound, the slots it would occupy (dead slots it might
+ * reuse are not counted). delta[0] += slots newly occupied, delta[1] += the change of live
+ * keys (count_only: delta[0] only). Returns 0, or -1 when a src key equals dst_sentinel or
+ * dst would be full (nothing written past that point: callers check with count_only first). */
+int64_t cube_table_merge(uint8_t *dst, int64_t dst_cap, uint64_t dst_sentinel, int64_t dst_used,
                          const uint8_t *src, int64_t src_cap, uint64_t src_sentinel, int64_t stride,
-                         int count_only) {
-    int64_t added = 0;
+                         int64_t dim, int count_only, int64_t *delta) {
     for (int64_t s = 0; s < src_cap; s++) {
         const uint8_t *from = src + (size_t)s * stride;
         uint64_t k;
         memcpy(&k, from, 8);
         if (k == src_sentinel) continue;
         if (k == dst_sentinel) return -1;
-        uint64_t h = home(k, (uint64_t)dst_cap);
-        uint8_t *slot;
-        uint64_t sk;
-        for (;;) {
-            slot = dst + (size_t)h * stride;
-            memcpy(&sk, slot, 8);
-            if (sk == k || sk == dst_sentinel) break;
-            if (++h == (uint64_t)dst_cap) h = 0;
-        }
-        if (sk == k) {
-            if (!count_only) memcpy(slot + 8, from + 8, (size_t)stride - 8);
+        if (count_only) {
+            uint64_t h = home(k, (uint64_t)dst_cap), sk;
+            for (;;) {
+                memcpy(&sk, dst + (size_t)h * stride, 8);
+                if (sk == k || sk == dst_sentinel) break;
+                if (++h == (uint64_t)dst_cap) h = 0;
+            }
+            delta[0] += sk != k && !row_is_zero(from + 8, dim);
             continue;
         }
-        added++;
-        if (count_only) continue;
-        if (dst_count + added >= dst_cap) return -1;
-        memcpy(slot + 8, from + 8, (size_t)stride - 8);
-        __atomic_store_n((uint64_t *)slot, k, __ATOMIC_RELEASE);
+        const int64_t rc = cube_table_insert(dst, dst_cap, stride, dst_sentinel, dst_used + delta[0], &k,
+                                             (const float *)(from + 8), 1, dim, INSERT_UPSERT | INSERT_DROP, delta);
+        if (rc < 0) return -1;
     }
-    return added;
+    return 0;
 }

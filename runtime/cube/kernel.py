@@ -66,13 +66,15 @@ class CKernel:
         lib.cube_build_table.restype = i64
         lib.cube_table_clear.argtypes = [vp, i64, i64, u64]
         lib.cube_table_clear.restype = None
-        lib.cube_table_insert.argtypes = [vp, i64, i64, u64, i64, vp, vp, i64, i64, ctypes.c_int]
+        lib.cube_table_insert.argtypes = [vp, i64, i64, u64, i64, vp, vp, i64, i64, ctypes.c_int, vp]
         lib.cube_table_insert.restype = i64
-        lib.cube_table_rehash.argtypes = [vp, i64, u64, vp, i64, u64, i64]
+        lib.cube_table_rehash.argtypes = [vp, i64, u64, vp, i64, u64, i64, i64]
+        lib.cube_table_reuse.argtypes = [vp, i64, i64, u64, vp, vp, i64, i64, vp]
+        lib.cube_table_reuse.restype = i64
         lib.cube_table_rehash.restype = i64
         lib.cube_table_lookup.argtypes = [vp, i64, i64, u64, i64, vp, i64, vp, vp]
         lib.cube_table_lookup.restype = i64
-        lib.cube_table_merge.argtypes = [vp, i64, u64, i64, vp, i64, u64, i64, ctypes.c_int]
+        lib.cube_table_merge.argtypes = [vp, i64, u64, i64, vp, i64, u64, i64, i64, ctypes.c_int, vp]
         lib.cube_table_merge.restype = i64
         lib.cube_filter_build.argtypes = [vp, i64, i64, u64, vp, i64, ctypes.c_int]
         lib.cube_filter_build.restype = None
@@ -122,20 +124,39 @@ class CKernel:
             found.ctypes.data, None if rows is None else rows.ctypes.data))
 
     # inline table (tab: uint64[cap, w], tabf: the same memory as float32[cap, 2 * w])
-    def build_table(self, tab, tabf, sentinel, keys, values) -> None:
+    def build_table(self, tab, tabf, sentinel, keys, values) -> int:
+        """Clears ``tab`` and inserts ``keys``/``values`` (a zero row is not stored); returns
+        the keys stored. Raises ``ValueError`` (a duplicate key, the sentinel, too small)."""
         rc = self._lib.cube_build_table(tab.ctypes.data, tab.shape[0], tab.strides[0], sentinel,
                                         keys.ctypes.data, values.ctypes.data, keys.shape[0],
                                         values.shape[1])
         _check_insert(rc, keys, sentinel)
-
-    def table_upsert(self, tab, tabf, sentinel, count, keys, values, upsert: bool = True) -> int:
-        """Inserts ``keys``/``values`` into ``tab`` holding ``count`` keys; returns the keys
-        added. ``upsert=False``: a key already held is an error. Raises ``ValueError``."""
-        rc = self._lib.cube_table_insert(tab.ctypes.data, tab.shape[0], tab.strides[0], sentinel,
-                                         count, keys.ctypes.data, values.ctypes.data,
-                                         keys.shape[0], values.shape[1], 1 if upsert else 0)
-        _check_insert(rc, keys, sentinel)
         return int(rc)
+
+    def table_upsert(self, tab, tabf, sentinel, used, keys, values, upsert: bool = True) -> tuple[int, int]:
+        """Inserts ``keys``/``values`` into ``tab`` (``used`` slots occupied). ``upsert``:
+        a key already held takes the new value, a zero row deletes its key (it is not stored
+        for a key not held) and a new key may reuse a dead slot (``kernel.c``); ``False``:
+        every row is stored, a key already held is an error (an overlay, where a zero row
+        shadows the base). Returns ``(slots newly occupied, change of live keys)``. Raises
+        ``ValueError``."""
+        delta = np.zeros(2, np.int64)
+        rc = self._lib.cube_table_insert(tab.ctypes.data, tab.shape[0], tab.strides[0], sentinel,
+                                         used, keys.ctypes.data, values.ctypes.data,
+                                         keys.shape[0], values.shape[1], 3 if upsert else 0, delta.ctypes.data)
+        _check_insert(rc, keys, sentinel)
+        return int(delta[0]), int(delta[1])
+
+    def table_reuse(self, tab, sentinel, keys, values) -> np.ndarray:
+        """Places each of ``keys`` (uint64[n], not held by ``tab``; ``values`` float32[n,
+        dim], nonzero rows) into a dead slot on its probe chain where there is one; returns
+        bool[n]: placed (``kernel.c``)."""
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        values = np.ascontiguousarray(values, dtype=np.float32)
+        placed = np.zeros(keys.shape[0], np.uint8)
+        self._lib.cube_table_reuse(tab.ctypes.data, tab.shape[0], tab.strides[0], sentinel, keys.ctypes.data,
+                                   values.ctypes.data, keys.shape[0], values.shape[1], placed.ctypes.data)
+        return placed.view(bool)
 
     def filter_build(self, tab, sentinel, words, clear: bool = True) -> None:
         """Fills ``words`` (uint64[>= 1]) with the Bloom filter of ``tab``'s keys (``kernel.c``);
@@ -147,21 +168,27 @@ class CKernel:
         """Empties ``tab``: every key the ``sentinel``, every value 0."""
         self._lib.cube_table_clear(tab.ctypes.data, tab.shape[0], tab.strides[0], sentinel)
 
-    def table_rehash(self, src, src_sentinel, dst, dstf, dst_sentinel) -> int:
+    def table_rehash(self, src, src_sentinel, dst, dstf, dst_sentinel, dim: int) -> int:
+        """Clears ``dst`` and re-inserts ``src``'s live keys (dead ones left out); returns
+        how many. Raises ``ValueError`` when ``dst`` is too small or holds the sentinel."""
         self._lib.cube_table_clear(dst.ctypes.data, dst.shape[0], dst.strides[0], dst_sentinel)
         rc = self._lib.cube_table_rehash(src.ctypes.data, src.shape[0], src_sentinel, dst.ctypes.data,
-                                         dst.shape[0], dst_sentinel, dst.strides[0])
+                                         dst.shape[0], dst_sentinel, dst.strides[0], dim)
         if rc < 0:
             raise ValueError("table rehash failed: destination too small or holds the sentinel")
         return int(rc)
 
-    def table_merge(self, dst, dst_sentinel, dst_count, src, src_sentinel, count_only: bool) -> int:
-        """Every key of table ``src`` upserted into table ``dst`` in place (same stride);
-        returns the keys added (``count_only``: that would be, nothing written), or -1 when
-        a ``src`` key is ``dst_sentinel`` or ``dst`` would be full."""
-        return int(self._lib.cube_table_merge(dst.ctypes.data, dst.shape[0], dst_sentinel, dst_count,
-                                              src.ctypes.data, src.shape[0], src_sentinel, dst.strides[0],
-                                              1 if count_only else 0))
+    def table_merge(self, dst, dst_sentinel, dst_used, src, src_sentinel, dim: int,
+                    count_only: bool) -> tuple[int, int] | None:
+        """Every key of table ``src`` upserted into table ``dst`` in place (same stride; a
+        zero row deletes: ``table_upsert``); returns ``(slots newly occupied, change of live
+        keys)`` (``count_only``: an upper bound of the slots, nothing written, live 0), or
+        None when a ``src`` key is ``dst_sentinel`` or ``dst`` would be full."""
+        delta = np.zeros(2, np.int64)
+        rc = self._lib.cube_table_merge(dst.ctypes.data, dst.shape[0], dst_sentinel, dst_used,
+                                        src.ctypes.data, src.shape[0], src_sentinel, dst.strides[0], dim,
+                                        1 if count_only else 0, delta.ctypes.data)
+        return None if rc < 0 else (int(delta[0]), int(delta[1]))
 
     def table_lookup(self, tab, tabf, sentinel, dim, query, out, found) -> int:
         query = np.ascontiguousarray(query, dtype=np.uint64)

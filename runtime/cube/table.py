@@ -18,9 +18,14 @@ random pages are most of a lookup's cost. Memory: ``cap * stride`` bytes, e.g. 1
 10 float32 -> 1.67M x 48 B = 76 MiB (raw keys + values: 46 MiB); the keys/values arrays are
 not kept.
 
+Deletions: a row of zeros is the table's default row (what a miss answers), so a slot
+holding a zero row is a **dead** key (``kernel.c``): lookups answer it as a miss, a patch
+deletes a key by carrying a zero row, and a new key reuses a dead slot. A table counts its
+``used`` slots (live and dead keys: the load factor) and its live keys (``count``).
+
 Patches: ``merge`` writes rows into a table in place (when they fit under ``MAX_LOAD`` and
 none is the sentinel; ``fits``); ``upsert`` is copy on write (a new table: a copy, or a
-rehash into a larger one with a new sentinel if needed). ``VersionView`` is what the server
+rehash into a larger one with a new sentinel if needed, which leaves the dead keys out). ``VersionView`` is what the server
 serves: a base table, the **extensions** that hold the keys added past the base's headroom
 (each a table of about ``GROW_STEP`` of the base's slots, so the table grows by steps of its
 new keys, never by a copy), and the patches applied since the last merge as small overlay
@@ -74,6 +79,11 @@ def choose_sentinel(*key_arrays: np.ndarray, avoid: tuple[int, ...] = ()) -> int
     return int(taken[-1]) + 1
 
 
+def zero_rows(values: np.ndarray) -> np.ndarray:
+    """bool[n]: the rows of ``values`` (float32[n, dim]) that are all zeros: deletions."""
+    return ~np.asarray(values).any(axis=1)
+
+
 class InlineTable:
     """An inline table (see the module docstring): a base or a patch's overlay. Changed
     only by ``merge`` (in place, under the conditions it states); ``upsert`` returns a new
@@ -81,21 +91,23 @@ class InlineTable:
 
     Attributes: ``tab`` uint64[cap, stride // 8] (column 0 = keys), ``tabf`` the same
     memory as float32[cap, stride // 4] (values in columns 2 .. 2 + dim), ``sentinel``,
-    ``count`` (keys held), ``dim``, ``filter`` (None, or its Bloom filter: an overlay)."""
+    ``count`` (live keys held), ``used`` (slots occupied: live and dead keys), ``dim``,
+    ``filter`` (None, or its Bloom filter: an overlay)."""
 
-    __slots__ = ("tab", "tabf", "sentinel", "count", "dim", "filter")
+    __slots__ = ("tab", "tabf", "sentinel", "count", "used", "dim", "filter")
 
-    def __init__(self, tab: np.ndarray, sentinel: int, count: int, dim: int):
+    def __init__(self, tab: np.ndarray, sentinel: int, count: int, dim: int, used: int | None = None):
         self.tab, self.sentinel, self.count, self.dim = tab, int(sentinel), int(count), int(dim)
+        self.used = self.count if used is None else int(used)
         self.tabf = tab.view(np.float32)
         self.filter: np.ndarray | None = None  # an overlay's Bloom filter (``with_filter``)
 
     def with_filter(self) -> "InlineTable":
-        """Builds this table's Bloom filter of its keys (``kernel.c``: uint64 words,
-        ``FILTER_BITS`` bits per key, 2 bits per key set): a view then probes the table
-        only for a query the filter may hold. Call once the table is complete (a key added
-        later would be missed). Returns ``self``."""
-        words = np.empty(max(1, math.ceil(self.count * FILTER_BITS / 64)), np.uint64)
+        """Builds this table's Bloom filter of its keys, live and dead (``kernel.c``: uint64
+        words, ``FILTER_BITS`` bits per key, 2 bits per key set): a view then probes the
+        table only for a query the filter may hold. Call once the table is complete (a key
+        added later would be missed). Returns ``self``."""
+        words = np.empty(max(1, math.ceil(self.used * FILTER_BITS / 64)), np.uint64)
         KERNEL.filter_build(self.tab, self.sentinel, words)
         self.filter = words
         return self
@@ -107,7 +119,8 @@ class InlineTable:
     @classmethod
     def build(cls, keys: np.ndarray, values: np.ndarray, load: float = LOAD) -> "InlineTable":
         """From unique ``keys: uint64[n]`` and ``values: float32[n, dim]`` (the C kernel),
-        at load factor ``load``. Raises ``ValueError`` on duplicate keys or bad shapes."""
+        at load factor ``load``; a zero row is left out (a fresh table holds no dead key).
+        Raises ``ValueError`` on duplicate keys or bad shapes."""
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
         values = np.ascontiguousarray(values, dtype=np.float32)
         if values.ndim != 2 or values.shape[0] != keys.shape[0] or values.shape[1] < 1:
@@ -115,8 +128,8 @@ class InlineTable:
         dim = values.shape[1]
         sentinel = choose_sentinel(keys)
         tab = cls._alloc(table_capacity(keys.shape[0], load), dim)
-        t = cls(tab, sentinel, keys.shape[0], dim)
-        KERNEL.build_table(tab, t.tabf, sentinel, keys, values)
+        t = cls(tab, sentinel, 0, dim)
+        t.count = t.used = KERNEL.build_table(tab, t.tabf, sentinel, keys, values)
         return t
 
     @property
@@ -137,22 +150,31 @@ class InlineTable:
         return self.count
 
     def lookup(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``query: uint64[q]`` -> ``(values float32[q, dim] (zeros for misses), found bool[q])``."""
+        """``query: uint64[q]`` -> ``(values float32[q, dim] (zeros for misses), found bool[q])``
+        (a dead key is a miss)."""
         query = np.ascontiguousarray(query, dtype=np.uint64)
         out = np.empty((query.shape[0], self.dim), np.float32)
         found = np.empty(query.shape[0], np.uint8)
         KERNEL.table_lookup(self.tab, self.tabf, self.sentinel, self.dim, query, out, found)
-        return out, found.view(bool)
+        return out, found == 1
 
-    def contains(self, query: np.ndarray) -> np.ndarray:
-        """``query: uint64[q]`` -> bool[q] (no values copied)."""
+    def _states(self, query: np.ndarray) -> np.ndarray:
         query = np.ascontiguousarray(query, dtype=np.uint64)
         found = np.empty(query.shape[0], np.uint8)
         KERNEL.table_lookup(self.tab, self.tabf, self.sentinel, self.dim, query, None, found)
-        return found.view(bool)
+        return found
+
+    def contains(self, query: np.ndarray) -> np.ndarray:
+        """``query: uint64[q]`` -> bool[q]: live keys (no values copied)."""
+        return self._states(query) == 1
+
+    def holds(self, query: np.ndarray) -> np.ndarray:
+        """``query: uint64[q]`` -> bool[q]: keys with a slot here, live or dead."""
+        return self._states(query) != 0
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
-        """The held ``(keys uint64[count], values float32[count, dim])`` in slot order (copies)."""
+        """The ``(keys uint64[used], values float32[used, dim])`` of every occupied slot, dead
+        keys (zero rows) included, in slot order (copies)."""
         used = self.tab[:, 0] != np.uint64(self.sentinel)
         return self.tab[used, 0].copy(), self.tabf[used, 2:2 + self.dim].copy()
 
@@ -163,62 +185,73 @@ class InlineTable:
             raise ValueError(f"values must be float32[{keys.shape[0]}, {self.dim}], got {values.shape}")
         return keys, values
 
-    def fits(self, keys: np.ndarray) -> bool:
-        """Whether ``merge(keys, ...)`` can write in place: no key is the sentinel and the
-        table stays at most ``MAX_LOAD`` full (O(len(keys)))."""
+    def _grow(self, keys: np.ndarray, values: np.ndarray | None = None) -> int:
+        """Slots ``merge(keys, values)`` may newly occupy at most: its keys without a slot
+        here (with a nonzero row: a zero row of a key not held is not stored)."""
+        new = ~self.holds(keys)
+        if values is not None:
+            new &= ~zero_rows(values)
+        return int(np.count_nonzero(new))
+
+    def fits(self, keys: np.ndarray, values: np.ndarray | None = None) -> bool:
+        """Whether ``merge(keys, values)`` can write in place: no key is the sentinel and the
+        table stays at most ``MAX_LOAD`` full (O(len(keys))); without ``values`` every key
+        counts as a new one when not held."""
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
         if bool((keys == np.uint64(self.sentinel)).any()):
             return False
-        count = self.count + int(keys.shape[0] - np.count_nonzero(self.contains(keys)))
-        return count <= MAX_LOAD * self.capacity and count < self.capacity
+        used = self.used + self._grow(keys, values)
+        return used <= MAX_LOAD * self.capacity and used < self.capacity
 
     def merge(self, keys: np.ndarray, values: np.ndarray) -> int:
         """In place: updates or adds unique ``keys: uint64[n]`` with ``values: float32[n,
-        dim]``; returns the number of keys added. Cost O(n), no allocation of the table's
-        size. Readers may run meanwhile, on the condition that none of them can read a key
-        being merged from this table (the server's views: ``VersionView.folded``); a probe
-        for any other key is answered as before. Raises ``ValueError`` when the rows do
-        not ``fit`` (nothing written), or on bad shapes or repeated keys."""
+        dim]`` (a zero row deletes its key); returns the change of live keys. Cost O(n), no
+        allocation of the table's size. Readers may run meanwhile, on the condition that
+        none of them can read a key being merged from this table (the server's views:
+        ``VersionView.folded``); a probe for any other key is answered as before. Raises
+        ``ValueError`` when the rows do not ``fit`` (nothing written), or on bad shapes or
+        repeated keys."""
         keys, values = self._patch_rows(keys, values)
-        if not self.fits(keys):
+        if not self.fits(keys, values):
             raise ValueError(f"{keys.shape[0]} rows do not fit in place (capacity {self.capacity}, "
-                             f"{self.count} keys, sentinel {self.sentinel})")
+                             f"{self.used} slots used, sentinel {self.sentinel})")
         if np.unique(keys).shape[0] != keys.shape[0]:
             raise ValueError("patch keys repeat")
-        added = KERNEL.table_upsert(self.tab, self.tabf, self.sentinel, self.count, keys, values)
-        self.count += added
-        return added
+        added, live = KERNEL.table_upsert(self.tab, self.tabf, self.sentinel, self.used, keys, values)
+        self.used += added
+        self.count += live
+        return live
 
-    def upsert(self, keys: np.ndarray, values: np.ndarray) -> "InlineTable":
-        """Copy on write: a new table = this one with ``keys`` updated or added (unique
-        ``keys: uint64[n]``, ``values: float32[n, dim]``). This table is not modified."""
-        keys = np.ascontiguousarray(keys, dtype=np.uint64)
-        values = np.ascontiguousarray(values, dtype=np.float32)
-        if values.ndim != 2 or values.shape != (keys.shape[0], self.dim):
-            raise ValueError(f"values must be float32[{keys.shape[0]}, {self.dim}], got {values.shape}")
+    def upsert(self, keys: np.ndarray, values: np.ndarray, compact: bool = False) -> "InlineTable":
+        """Copy on write: a new table = this one with ``keys`` updated, added or deleted
+        (zero rows; unique ``keys: uint64[n]``, ``values: float32[n, dim]``). A copy when the
+        rows fit and not ``compact``, else a rehash (dead keys left out) into a table for the
+        live keys at ``LOAD``. This table is not modified."""
+        keys, values = self._patch_rows(keys, values)
         if np.unique(keys).shape[0] != keys.shape[0]:
             raise ValueError("patch keys repeat")
-        new = int(keys.shape[0] - np.count_nonzero(self.contains(keys)))
-        count = self.count + new
+        grow = self._grow(keys, values)
         sentinel = self.sentinel
         if bool((keys == np.uint64(sentinel)).any()):
             sentinel = choose_sentinel(self.tab[:, 0], keys, avoid=(self.sentinel,))
-        if sentinel == self.sentinel and count <= MAX_LOAD * self.capacity and count < self.capacity:
-            tab = self.tab.copy()
+        used = self.used + grow
+        if not compact and sentinel == self.sentinel and used <= MAX_LOAD * self.capacity and used < self.capacity:
+            t = InlineTable(self.tab.copy(), sentinel, self.count, self.dim, self.used)
         else:
-            tab = self._alloc(max(table_capacity(count), self.capacity), self.dim)
-            KERNEL.table_rehash(self.tab, self.sentinel, tab, tab.view(np.float32), sentinel)
-        t = InlineTable(tab, sentinel, self.count, self.dim)
-        added = KERNEL.table_upsert(tab, t.tabf, sentinel, self.count, keys, values)
-        t.count = self.count + added
-        assert added == new, (added, new)
+            cap = table_capacity(self.count + grow)
+            tab = self._alloc(cap if compact else max(cap, self.capacity), self.dim)
+            moved = KERNEL.table_rehash(self.tab, self.sentinel, tab, tab.view(np.float32), sentinel, self.dim)
+            t = InlineTable(tab, sentinel, moved, self.dim)
+        added, live = KERNEL.table_upsert(t.tab, t.tabf, sentinel, t.used, keys, values)
+        t.used += added
+        t.count += live
         return t
 
 
 def extensions_filter(extensions: list[InlineTable]) -> np.ndarray:
     """One Bloom filter (``kernel.c``'s, ``FILTER_BITS`` bits per key) of the keys of every
     table of ``extensions``: uint64 words. O(their slots)."""
-    words = np.empty(max(1, math.ceil(sum(e.count for e in extensions) * FILTER_BITS / 64)), np.uint64)
+    words = np.empty(max(1, math.ceil(sum(e.used for e in extensions) * FILTER_BITS / 64)), np.uint64)
     for i, e in enumerate(extensions):
         KERNEL.filter_build(e.tab, e.sentinel, words, clear=i == 0)
     return words
@@ -345,21 +378,24 @@ class VersionView:
         tab = InlineTable._alloc(table_capacity(keys.shape[0]), self.dim)
         KERNEL.table_clear(tab, sentinel)
         overlay = InlineTable(tab, sentinel, 0, self.dim)
-        at = 0
+        at = change = 0  # change: of the view's live keys
         for start, values in chunks:
             values = np.ascontiguousarray(values, dtype=np.float32)
             m = values.shape[0] if values.ndim == 2 else -1
             if start != at or values.ndim != 2 or values.shape[1] != self.dim or at + m > keys.shape[0]:
                 raise ValueError(f"values must be float32[m, {self.dim}] rows from {at} of {keys.shape[0]}: "
                                  f"got a chunk at row {start} of shape {values.shape}")
-            overlay.count += KERNEL.table_upsert(tab, overlay.tabf, sentinel, overlay.count, keys[at:at + m],
-                                                 values, upsert=False)
+            added, live = KERNEL.table_upsert(tab, overlay.tabf, sentinel, overlay.used, keys[at:at + m], values,
+                                              upsert=False)  # zero rows kept: they shadow the older tables
+            overlay.used += added
+            overlay.count += live
+            held, zero = self.contains(keys[at:at + m]), zero_rows(values)
+            change += int(np.count_nonzero(~zero & ~held)) - int(np.count_nonzero(zero & held))
             at += m
         if at != keys.shape[0]:
             raise ValueError(f"values chunks cover {at} rows of {keys.shape[0]} keys")
         overlay.with_filter()
-        new = int(keys.shape[0] - np.count_nonzero(self.contains(keys)))
-        return VersionView(self.base, self.overlays + [overlay], version, self.count + new, self.extensions,
+        return VersionView(self.base, self.overlays + [overlay], version, self.count + change, self.extensions,
                            self.ext_filter)
 
     def folded(self, in_place: bool = True) -> "VersionView":
@@ -367,7 +403,8 @@ class VersionView:
         extensions: a view with no overlay (or ``self`` when it has none).
 
         In place when ``in_place``: the rows of keys the base or an extension holds are
-        written there; new keys go into the base while it stays under ``MAX_LOAD`` and none
+        written there (a zero row makes its key dead there); new keys go into a dead slot
+        or into the base while it stays under ``MAX_LOAD`` and none
         is its sentinel (``KERNEL.table_merge``, GIL released), else into the last
         extension, or a new one (``GROW_STEP`` of the base's slots, or the new keys' need)
         when that does not fit them: memory grows with the new keys only. A merged
@@ -383,13 +420,14 @@ class VersionView:
         if in_place:
             extensions = self._merge_in_place()
             if extensions is not None:
-                assert self.base.count + sum(e.count for e in extensions) == self.count
+                assert self.base.count + sum(e.count for e in extensions) == self.count, (
+                    self.base.count, [e.count for e in extensions], self.count)
                 same = len(extensions) == len(self.extensions) and all(
                     a is b for a, b in zip(extensions, self.extensions))
                 return VersionView(self.base, [], self.version, self.count, extensions,
                                    self.ext_filter if same else None)
         keys, values = _newest_rows([e.items() for e in self.extensions] + [t.items() for t in self.overlays])
-        base = self.base.upsert(keys, values)
+        base = self.base.upsert(keys, values, compact=True)
         assert base.count == self.count, (base.count, self.count)
         return VersionView(base, [], self.version, self.count)
 
@@ -398,48 +436,70 @@ class VersionView:
         (nothing written) when it would need more than ``MAX_EXTENSIONS``."""
         base = self.base
         sentinel = np.array([base.sentinel], np.uint64)
-        if not self.extensions and not any(bool(t.contains(sentinel)[0]) for t in self.overlays):
-            # an upper bound of the keys added (a new key in two overlays counts twice)
-            new = sum(KERNEL.table_merge(base.tab, base.sentinel, base.count, t.tab, t.sentinel, True)
+        if not self.extensions and not any(bool(t.holds(sentinel)[0]) for t in self.overlays):
+            # an upper bound of the slots taken (a new key in two overlays counts twice)
+            new = sum(KERNEL.table_merge(base.tab, base.sentinel, base.used, t.tab, t.sentinel, self.dim, True)[0]
                       for t in self.overlays)
-            if base.count + new <= MAX_LOAD * base.capacity and base.count + new < base.capacity:
+            if base.used + new <= MAX_LOAD * base.capacity and base.used + new < base.capacity:
                 for t in self.overlays:  # oldest first: the newest row of a key is written last
-                    added = KERNEL.table_merge(base.tab, base.sentinel, base.count, t.tab, t.sentinel, False)
-                    assert added >= 0, added  # checked above
-                    base.count += added
+                    done = KERNEL.table_merge(base.tab, base.sentinel, base.used, t.tab, t.sentinel, self.dim, False)
+                    assert done is not None  # checked above
+                    base.used += done[0]
+                    base.count += done[1]
                 return []
         keys, values = _newest_rows([t.items() for t in self.overlays])
-        held = base.contains(keys)
+        held = base.holds(keys)
         extensions = list(self.extensions)
         owner = np.full(keys.shape[0], -1, np.int64)  # -1: new key, else its extension
         for i, e in enumerate(extensions):
             rest = np.flatnonzero(~held & (owner < 0))
-            owner[rest[e.contains(keys[rest])]] = i
-        new = (~held) & (owner < 0)
-        room = min(int(MAX_LOAD * base.capacity), base.capacity - 1) - base.count
+            owner[rest[e.holds(keys[rest])]] = i
+        new = (~held) & (owner < 0) & ~zero_rows(values)  # the deletion of a key held nowhere: nothing to do
+        for i, t in [(-1, base)] + list(enumerate(extensions)):  # new keys into dead slots first: no growth
+            idx = np.flatnonzero(new)
+            if not len(idx):
+                break
+            placed = KERNEL.table_reuse(t.tab, t.sentinel, keys[idx], values[idx])
+            if placed.any():
+                new[idx[placed]] = False
+                if i < 0:
+                    base.count += int(np.count_nonzero(placed))
+                else:  # a new object on the same memory with its new keys in its filter
+                    extensions[i] = InlineTable(t.tab, t.sentinel, t.count + int(np.count_nonzero(placed)), t.dim,
+                                                t.used).with_filter()
+        room = min(int(MAX_LOAD * base.capacity), base.capacity - 1) - base.used
         to_base = not extensions and int(new.sum()) <= room and not bool((keys[new] == sentinel[0]).any())
         last = extensions[-1] if extensions else None
         to_last = not to_base and last is not None and last.fits(keys[new])
-        if not (to_base or to_last or not new.any()) and len(extensions) >= MAX_EXTENSIONS:
-            return None
+        if not (to_base or to_last or not new.any()):
+            dead = base.used - base.count + sum(e.used - e.count for e in extensions)
+            if len(extensions) >= MAX_EXTENSIONS or dead >= max(int(new.sum()), GROW_STEP * MAX_LOAD * base.capacity):
+                return None  # a copy, which leaves the dead keys out, instead of one more extension
         if to_base:
             held |= new
-        base.count += KERNEL.table_upsert(base.tab, base.tabf, base.sentinel, base.count, keys[held], values[held])
+        added, live = KERNEL.table_upsert(base.tab, base.tabf, base.sentinel, base.used, keys[held], values[held])
+        base.used += added
+        base.count += live
         for i, e in enumerate(extensions):
             mine = owner == i
-            if to_last and i == len(extensions) - 1:
+            grows = to_last and i == len(extensions) - 1 and bool(new.any())
+            if grows:
                 mine |= new
             if mine.any():
-                KERNEL.table_upsert(e.tab, e.tabf, e.sentinel, e.count, keys[mine], values[mine])
-                count = int(np.count_nonzero(e.tab[:, 0] != np.uint64(e.sentinel)))  # O(its slots), as its filter
-                if count != e.count:  # a new object on the same memory: views being read keep their filter
-                    extensions[i] = InlineTable(e.tab, e.sentinel, count, e.dim).with_filter()
+                KERNEL.table_upsert(e.tab, e.tabf, e.sentinel, e.used, keys[mine], values[mine])
+                occupied = e.tab[:, 0] != np.uint64(e.sentinel)  # O(its slots), as its filter
+                used = int(np.count_nonzero(occupied))
+                live = int(np.count_nonzero(occupied & e.tabf[:, 2:2 + e.dim].any(axis=1)))
+                if grows or (used, live) != (e.used, e.count):
+                    # a new object on the same memory: the views being read keep their filter
+                    extensions[i] = InlineTable(e.tab, e.sentinel, live, e.dim, used).with_filter()
         if new.any() and not (to_base or to_last):
             cap = max(table_capacity(int(new.sum())), math.ceil(GROW_STEP * base.capacity))
             ext = InlineTable(InlineTable._alloc(cap, self.dim), choose_sentinel(keys[new], avoid=(base.sentinel,)),
                               0, self.dim)  # a sentinel the base may hold as a key later
             KERNEL.table_clear(ext.tab, ext.sentinel)
-            ext.count = KERNEL.table_upsert(ext.tab, ext.tabf, ext.sentinel, 0, keys[new], values[new], upsert=False)
+            ext.used, ext.count = KERNEL.table_upsert(ext.tab, ext.tabf, ext.sentinel, 0, keys[new], values[new],
+                                                      upsert=False)
             extensions.append(ext.with_filter())
         return extensions
 

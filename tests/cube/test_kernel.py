@@ -180,9 +180,9 @@ def test_table_upsert_of_the_sentinel_picks_another():
 
 def test_table_errors():
     with pytest.raises(ValueError, match="duplicate key 5 at row 2"):
-        table.InlineTable.build(np.array([1, 5, 5], np.uint64), np.zeros((3, 2), np.float32))
-    t = table.InlineTable.build(np.array([1, 5], np.uint64), np.zeros((2, 2), np.float32))
+        table.InlineTable.build(np.array([1, 5, 5], np.uint64), np.ones((3, 2), np.float32))
+    t = table.InlineTable.build(np.array([1, 5], np.uint64), np.ones((2, 2), np.float32))
     with pytest.raises(ValueError, match="repeat"):
-        t.upsert(np.array([7, 7], np.uint64), np.zeros((2, 2), np.float32))
+        t.upsert(np.array([7, 7], np.uint64), np.ones((2, 2), np.float32))
     with pytest.raises(ValueError, match="float32"):
-        t.upsert(np.array([7], np.uint64), np.zeros((1, 3), np.float32))
+        t.upsert(np.array([7], np.uint64), np.ones((1, 3), np.float32))

@@ -82,7 +82,7 @@ def idle(sock: socket.socket, c: Conn) -> bool:
 
 def warm_kernel() -> None:
     """Runs the kernel once so the first request pays no load/compile cost."""
-    VersionView.of_base(np.arange(4, dtype=np.uint64), np.zeros((4, 1), np.float32), 1).patched(
+    VersionView.of_base(np.arange(4, dtype=np.uint64), np.ones((4, 1), np.float32), 1).patched(
         np.arange(2, 6, dtype=np.uint64), np.ones((4, 1), np.float32), 2).folded().lookup(np.arange(8, dtype=np.uint64))
 
 
