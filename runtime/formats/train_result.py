@@ -45,7 +45,10 @@ class PartitionResult(BaseModel):
     ``logloss_before`` (trainer 0: the log loss beside ``auc_before``), ``gate_seconds``
     (trainer 0: the data gate's statistics and checks, s), ``quarantined`` (the data gate's
     anomalies, one message each, when it refused the partition: ``rows`` is then 0, nothing
-    was trained; ``runtime.trainer.data_gate``)."""
+    was trained; ``runtime.trainer.data_gate``); after a shrink point of the feature
+    lifecycle that followed it (trainer 0; ``runtime.trainer.shrink``): ``shrink_seconds``
+    (wall, s), ``table_rows`` (the parameter servers' rows after it, admitted or not) and
+    ``evicted`` (rows it removed; ``None`` when the rows before it were not known)."""
 
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
@@ -58,6 +61,9 @@ class PartitionResult(BaseModel):
     logloss_before: Optional[float] = None
     gate_seconds: Optional[float] = None
     quarantined: Optional[list[str]] = None
+    shrink_seconds: Optional[float] = None
+    table_rows: Optional[int] = None
+    evicted: Optional[int] = None
 
 
 class ExportResult(BaseModel):
@@ -67,7 +73,8 @@ class ExportResult(BaseModel):
     given: ``rows_seconds``, ``publish_seconds``), ``checkpoint_seconds`` (the checkpoint
     taken after it was published, s; ``None`` when none was due: ``--checkpoint-every-minutes``),
     ``landed`` (unix s: when trainer 0 found its last partition complete; the donefile
-    line's ``landed``)."""
+    line's ``landed``), ``deleted`` (rows of zeros among ``rows``: keys the version deletes
+    from the served table, ``runtime.trainer.served``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -81,6 +88,7 @@ class ExportResult(BaseModel):
     checkpoint_seconds: Optional[float] = None
     publish_seconds: Optional[float] = None
     landed: Optional[int] = None
+    deleted: Optional[int] = None
 
 
 class TrainResult(BaseModel):

@@ -26,7 +26,13 @@ Families (``elastic_ctr_trainer_*``; "trainer 0" ones are set by the chief only)
   conversion_failed | check_failed; a failed one is published for Paddle Inference alone,
   ``runtime.trainer.onnx_export``);
 * ``elastic_ctr_pserver_table_rows{pserver}`` (trainer 0: rows of each pserver's sparse
-  table at the last full save, counted from its ``part-<pserver>-*`` files);
+  table, admitted feasigns or not, at the last full save or shrink point, counted from its
+  ``part-<pserver>-*`` files);
+* the feature lifecycle (trainer 0; ``runtime.trainer.lifecycle``): ``served_rows`` (keys
+  of the served chain: the admitted feasigns exported), ``feasigns_admitted_total`` and
+  ``feasigns_deleted_total`` (keys each export added to and deleted from the served
+  chain), ``feasigns_evicted_total`` (rows the shrink points removed from the parameter
+  servers), ``shrink_seconds`` (histogram: each shrink point, wall);
 * the process's ``process_*`` families (memory, CPU) and its MLflow client's
   (``runtime.metrics.tracking``).
 
@@ -100,8 +106,22 @@ class TrainerMetrics:
                                     ["result"], namespace=ns, subsystem=sub, registry=r)
         for g in (self.trained_data_end, self.exported_data_end, self.exported_version, self.loss):
             g.set(float("nan"))
-        self.table_rows = Gauge("table_rows", "sparse-table rows of each pserver at the last full save",
-                                ["pserver"], namespace=ns, subsystem="pserver", registry=r)
+        self.table_rows = Gauge("table_rows", "sparse-table rows of each pserver (admitted feasigns or not) at "
+                                "the last full save or shrink point", ["pserver"], namespace=ns, subsystem="pserver",
+                                registry=r)
+        self.served_rows = Gauge("served_rows", "keys of the served chain: the admitted feasigns exported "
+                                 "(trainer 0; NaN: not known before the first base of this process)", namespace=ns,
+                                 subsystem=sub, registry=r)
+        self.served_rows.set(float("nan"))
+        self.admitted = Counter("feasigns_admitted", "keys the exports added to the served chain (feasigns "
+                                "admitted)", namespace=ns, subsystem=sub, registry=r)
+        self.deleted = Counter("feasigns_deleted", "keys the exports deleted from the served chain (evicted, or "
+                               "no longer holding an embedding)", namespace=ns, subsystem=sub, registry=r)
+        self.evicted = Counter("feasigns_evicted", "rows the shrink points evicted from the parameter servers' "
+                               "table", namespace=ns, subsystem=sub, registry=r)
+        self.shrink_seconds = Histogram("shrink_seconds", "wall seconds of each shrink point (decay, eviction, "
+                                        "the unseen-count tick)", namespace=ns, subsystem=sub, buckets=_SECONDS,
+                                        registry=r)
         self._waiting: Optional[Callable[[], int]] = None
         self._waiting_cache: tuple[float, float] = (0.0, 0.0)
         waiting = Gauge("partitions_waiting", "complete partitions not trained yet (trainer 0)", namespace=ns,
@@ -137,6 +157,21 @@ class TrainerMetrics:
     def onnx_export(self, result: str) -> None:
         """A version's ONNX copy (trainer 0): ``result`` ok | conversion_failed | check_failed."""
         self.onnx_exports.labels(result).inc()
+
+    def shrink_done(self, rows_per_pserver: dict[int, int], evicted: Optional[int], seconds: float) -> None:
+        """A shrink point (trainer 0): the table's rows per pserver index after it, the rows
+        it evicted (None: not known) and its wall seconds."""
+        self.table_saved(rows_per_pserver)
+        if evicted:
+            self.evicted.inc(evicted)
+        self.shrink_seconds.observe(seconds)
+
+    def served_changed(self, served_rows: Optional[int], admitted: int, deleted: int) -> None:
+        """An export published (trainer 0): the served chain's keys (None: not known), the
+        keys it added and deleted."""
+        self.served_rows.set(float("nan") if served_rows is None else served_rows)
+        self.admitted.inc(admitted)
+        self.deleted.inc(deleted)
 
     def table_saved(self, rows_per_pserver: dict[int, int]) -> None:
         """A full table save's rows per pserver index (trainer 0)."""

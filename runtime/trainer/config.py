@@ -21,6 +21,8 @@ from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, Validat
 from runtime.formats import features, partitions
 from runtime.trainer import readers
 from runtime.trainer.gate_config import GateFields, gate_argv
+from runtime.trainer import lifecycle
+from runtime.trainer.lifecycle import LifecycleFields, lifecycle_argv
 
 MODES = ("batch", "continuous")
 #: the parameter-server flavours (runtime.trainer.program.strategy)
@@ -133,12 +135,13 @@ def _f(default, description: str, **kw):
     return Field(default, description=description, json_schema_extra=extra or None, **kw)
 
 
-class TrainConfig(GateFields):
+class TrainConfig(GateFields, LifecycleFields):
     """Everything ``train`` needs; field ``x_y`` is flag ``--x-y`` and ``--config`` key
     ``x_y`` (or ``x-y``). Frozen; built only through validation (``TrainConfig(**values)``
     raises ``TrainConfigError``). Durations in seconds (``*_s``); ``layers``: hidden widths.
     Each field's ``description`` is its ``--help`` text. The data gate's fields come from
-    ``runtime.trainer.gate_config.GateFields``."""
+    ``runtime.trainer.gate_config.GateFields``, the feature lifecycle's from
+    ``runtime.trainer.lifecycle.LifecycleFields``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -222,6 +225,7 @@ class TrainConfig(GateFields):
         if self.ps_mode == "geo" and self.mode == "continuous":
             out.append(Problem("ps_mode", "geo", "async or async-merged when {mode} is continuous (GEO keeps its "
                                                  "table in the trainers: no patch saves, no resume)"))
+        out += [Problem(*p) for p in lifecycle.problems(self)]
         if self.data_root and self.data_train:
             out.append(Problem("data_train", self.data_train, "empty when {data_root} is given (give one of them)"))
         if self.mode == "continuous":
@@ -483,4 +487,4 @@ def train_argv(cfg: TrainConfig) -> list[str]:
         v = getattr(cfg, name)
         if v is not None:
             argv += [flag(name), str(v)]
-    return argv + gate_argv(cfg)
+    return argv + gate_argv(cfg) + lifecycle_argv(cfg)

@@ -8,13 +8,16 @@ its manifest (``runtime.formats.manifest``: size, SHA-256 and rows of every file
 only then is the line (naming the manifest) appended to ``<root>/donefile/base.txt``, so a reader never sees a
 half-written version.
 
-Sparse table text (``fleet.save_one_table(0, dir, 0)``, Paddle 3.0.0, SparseAccessor with
-the Adam rule): ``dir/000/part-<pserver>-<shard>.gz``, lines ``<uint64 key> <floats>``;
-columns: slot, unseen_days, delta_score, show, click, embed_w, 4 optimizer-state values,
-embedx_w (dim-1 values), optimizer state. The embedding is ``[embed_w] + embedx_w``
-(columns 5 and 10..10+dim-2); a row with only 10 columns has embedx = 0 (what the
-parameter-server pull returns for it). Measured on Paddle 3.0.0 and checked by
-tests/trainer (exported predictions == trained program's predictions).
+Sparse table text (``fleet.save_one_table(0, dir, mode)``, Paddle 3.0.0, SparseAccessor
+with the Adam rule, a table ``dim + 1`` wide: ``runtime.trainer.model.ps_table_width``):
+``dir/000/part-<pserver>-<shard>.gz``, lines ``<uint64 key> <floats>``; columns: slot,
+unseen_days, delta_score, show, click, embed_w, 4 optimizer-state values, embedx_w (``dim``
+values), optimizer state. The embedding the model uses is ``embedx_w`` (columns
+10..10+dim-1; ``embed_w`` is unused: ``runtime.trainer.lifecycle``); a row with only 10
+columns has no ``embedx`` (a feasign not admitted, or one whose count decayed below the
+admission threshold: the accessor writes ``embedx`` only for rows at or above it): it
+reads as zeros. Measured on Paddle 3.0.0 and checked by tests/trainer (exported
+predictions == trained program's predictions).
 """
 from __future__ import annotations
 
@@ -38,8 +41,7 @@ from runtime.trainer import onnx_export
 
 log = logging.getLogger(__name__)
 
-EMBED_W_COL = 5
-EMBEDX_COL = 10
+EMBEDX_COL = 10  # the first column of embedx_w, the embedding (after the key)
 PART_ROWS = 1 << 20  # rows per SequenceFile part
 
 
@@ -89,9 +91,8 @@ def read_saved_table(table_dir: str, dim: int, rows: dict[int, int] | None = Non
                 raise ExportError(f"{path} line {i + 1}: {len(parts)} columns, expected >= {1 + EMBEDX_COL}")
             ks[i] = int(parts[0])
             cols = parts[1:]
-            vs[i, 0] = float(cols[EMBED_W_COL])
-            if len(cols) >= EMBEDX_COL + dim - 1:
-                vs[i, 1:] = [float(x) for x in cols[EMBEDX_COL:EMBEDX_COL + dim - 1]]
+            if len(cols) >= EMBEDX_COL + dim:
+                vs[i] = [float(x) for x in cols[EMBEDX_COL:EMBEDX_COL + dim]]
         keys_l.append(ks)
         vals_l.append(vs)
     keys = np.concatenate(keys_l) if keys_l else np.zeros(0, np.uint64)

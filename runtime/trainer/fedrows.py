@@ -12,9 +12,9 @@ hour's data, not the table: no full save and no diff with the previous export.
 Parameter servers: every trainer writes its feasigns (``keys-<trainer>.npy``, uint64[m]
 sorted) into ``<--table-dir>/elastic-ctr-fed-<n>/`` (``n`` agreed with gloo), trainer 0
 reads their union and PULLS the rows from the pservers with the inference program
-(``distributed_lookup_table`` with the table's own values: ``[embed_w] + embedx_w``, the
-same floats the trainers pull; a row whose ``embedx`` part was never created pulls zeros
-there, as the saved table reads it), ``PULL_ROWS`` feed rows x S slots per run. The pulled
+(``distributed_lookup_table`` with the table's own values: its ``embedx_w``, the same
+floats the trainers pull; a row whose ``embedx`` part was never created, a feasign not
+admitted, pulls zeros), ``PULL_ROWS`` feed rows x S slots per run. The pulled
 values are the pserver's float32 values exactly, not the 6-digit text of a table save.
 """
 from __future__ import annotations
@@ -52,14 +52,15 @@ def total(worker, value: int) -> int:
     return int(np.asarray(fleet.util.all_reduce(np.array([float(value)]), "sum")).ravel()[0])
 
 
-def gather_keys(worker, purpose: str = "patch rows") -> np.ndarray | None:
-    """The union of every trainer's fed feasigns (``worker.keys_seen``) on trainer 0
-    (uint64[k], sorted, unique), ``None`` on the others. Every trainer calls it (barriers).
-    Raises ``RuntimeError`` starting with ``purpose`` and naming the directory when a
-    trainer's file is missing (``--table-dir`` not shared by the trainers)."""
+def gather_keys(worker, purpose: str = "patch rows", keys: np.ndarray | None = None) -> np.ndarray | None:
+    """The union of every trainer's fed feasigns (``keys``, uint64[m]; default
+    ``worker.keys_seen``) on trainer 0 (uint64[k], sorted, unique), ``None`` on the others.
+    Every trainer calls it (barriers). Raises ``RuntimeError`` starting with ``purpose`` and
+    naming the directory when a trainer's file is missing (``--table-dir`` not shared by
+    the trainers)."""
     from runtime.trainer.config import TABLE_DIR_PREFIX
 
-    seen = getattr(worker, "keys_seen", None)
+    seen = keys if keys is not None else getattr(worker, "keys_seen", None)
     seen = np.zeros(0, np.uint64) if seen is None else seen
     if getattr(worker, "role", None) is None:
         return np.unique(seen)
@@ -87,8 +88,9 @@ def gather_keys(worker, purpose: str = "patch rows") -> np.ndarray | None:
 
 def pull(worker, keys: np.ndarray, rows: int = PULL_ROWS) -> np.ndarray:
     """float32[n, dim]: the rows of ``keys`` (uint64[n], none 0: Paddle's feed drops a 0)
-    pulled from the pservers through ``worker.test_program`` (module docstring). Pulling a
-    key the table has not seen creates it: pass fed keys only."""
+    pulled from the pservers through ``worker.test_program`` (module docstring): the
+    embedding the model uses, zeros for a feasign not admitted or not in the table (a pull
+    creates no row in Paddle 3.0.0: ``pserver_create_value_when_push`` is on, measured)."""
     from runtime.trainer import datafeed
 
     dim = int(worker.cfg.embedding_dim)
@@ -136,9 +138,11 @@ def table_diff(prev_keys: np.ndarray, prev_values: np.ndarray, keys: np.ndarray,
 
 def apply_patch(keys: np.ndarray, values: np.ndarray, patch_keys: np.ndarray,
                 patch_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A table (uint64[n], float32[n, d]) with a patch's rows replacing or adding rows, as
-    the cube does; returns it sorted by key."""
+    """A table (uint64[n], float32[n, d]) with a patch's rows replacing or adding rows and
+    its zero rows deleting theirs, as the cube does (``runtime.trainer.served``); returns
+    it sorted by key."""
     k = np.concatenate([patch_keys, keys])
     v = np.concatenate([patch_values, values])
     uniq, first = np.unique(k, return_index=True)  # the patch's row wins (it comes first)
-    return uniq, v[first]
+    live = v[first].any(axis=1)
+    return uniq[live], v[first][live]

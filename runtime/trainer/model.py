@@ -6,7 +6,11 @@ order of the dataset's MultiSlot lines): ``dense_input`` float32[n,13] (normaliz
 int64[n,1]. Each slot's id is
 looked up in ONE shared embedding table ``SparseFeatFactors`` of width ``dim``:
 ``paddle.static.nn.sparse_embedding`` (parameter server) or ``paddle.static.nn.embedding``
-over a local vocabulary (single process). The head: concat(26 embeddings, dense) ->
+over a local vocabulary (single process). The parameter servers' table is ``dim + 1`` wide
+(``ps_table_width``) and the program uses its last ``dim`` columns: the accessor's
+``embedx`` part, which a row gets only once admitted (``runtime.trainer.lifecycle``); the
+first column, the accessor's ``embed_w`` that every row has, is dropped (its gradient is
+zero and it stays at its zero initialisation), so a feasign not admitted reads as zeros. The head: concat(26 embeddings, dense) ->
 fully connected ReLU layers ``layers`` -> 1 logit; ``prob = sigmoid(logit)``; loss = mean
 binary cross-entropy. The training program also carries Paddle's ``auc`` op (4095
 thresholds): its persistable bucket counts ``stat_pos``/``stat_neg`` give the running AUC
@@ -70,6 +74,13 @@ def _head(embs: list, dense, layers: tuple[int, ...]):
     return logit
 
 
+def ps_table_width(dim: int) -> int:
+    """Width of the parameter servers' sparse table for embeddings of ``dim``: ``dim + 1``
+    (the accessor's ``embed_w`` column, which every row has, then ``dim`` of ``embedx``,
+    which only admitted rows have; ``runtime.trainer.lifecycle``)."""
+    return int(dim) + 1
+
+
 def build_train(num_slots: int, dim: int, layers: tuple[int, ...], ps: bool,
                 vocab_size: int = 1 << 20) -> Net:
     """Builds the training program (module docstring) in fresh programs. ``ps=True``: the
@@ -86,8 +97,9 @@ def build_train(num_slots: int, dim: int, layers: tuple[int, ...], ps: bool,
                                 initializer=paddle.nn.initializer.Uniform(-INIT_RANGE, INIT_RANGE))
         embs = []
         for x in ids:
-            if ps:
-                e = paddle.static.nn.sparse_embedding(input=x, size=[1024, dim], param_attr=attr)
+            if ps:  # width dim + 1: the accessor's embed_w column first, unused (module docstring)
+                e = paddle.static.nn.sparse_embedding(input=x, size=[1024, ps_table_width(dim)], param_attr=attr)
+                e = paddle.reshape(e, [-1, ps_table_width(dim)])[:, 1:]
             else:
                 e = paddle.static.nn.embedding(input=x, size=[vocab_size, dim], is_sparse=True,
                                                padding_idx=0, param_attr=attr)

@@ -76,6 +76,9 @@ from runtime.formats.train_result import ExportResult as ExportRecord
 from runtime.formats.statefile import read_record, write_atomically
 from runtime.formats.train_result import PartitionResult
 from runtime.trainer import cadence, data_gate, fedrows, model_eval, publish
+from runtime.trainer.lifecycle import Lifecycle
+from runtime.trainer.served import ServedKeys, zero_rows
+from runtime.trainer.shrink import ShrinkPoints
 from runtime.trainer.fedrows import apply_patch, table_diff  # noqa: F401  (the patch arithmetic, tests)
 from runtime.trainer.config import TrainConfig
 
@@ -103,7 +106,8 @@ class OnlineState(BaseModel):
     values are text). A checkpoint is named after the hour that follows it
     (``checkpoint_name``). A state written before ``checkpoint_hour`` existed (a checkpoint
     at every export, taken before its pending record) reads as its checkpoint at the
-    pending export, else at ``next_hour``."""
+    pending export, else at ``next_hour``. ``checkpoint_since_shrink``: the shrink points'
+    clock (``runtime.trainer.shrink``) when the last checkpoint was taken."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -118,6 +122,7 @@ class OnlineState(BaseModel):
     since_checkpoint: int = 0
     pending: Optional[ExportRecord] = None
     base_due: Optional[str] = None  # e.g. "pservers 1 -> 2" or a PS restore: the next export is a base
+    checkpoint_since_shrink: int = 0  # partitions trained since the last shrink point, at the last checkpoint
     exports: list[ExportRecord] = Field(default_factory=list)
 
     @model_validator(mode="before")
@@ -222,6 +227,11 @@ def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
         # partition is trained again, so the next export replaces the whole served table
         state.base_due = "no checkpoint: trained again from the start hour"
         state.save(cfg.state_dir)
+    if (state.exports or state.pending) and worker.chief and state.base_due is None and Lifecycle.of(cfg).evicts:
+        # the served chain's keys are known from a base on (runtime.trainer.served): until
+        # one, an evicted key could not be deleted from the cube
+        state.base_due = "feature eviction: the served keys are known again from a base"
+        state.save(cfg.state_dir)
     published = state.published_hour()  # read before trainer 0 finishes a pending export
     if worker.chief and state.pending is not None:
         _finish_pending(worker, cfg, state, ckroot)
@@ -281,6 +291,7 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
             worker.sync()
             tr.partition(step, rec, st.loss, fedrows.total(worker, rec.rows), hour.location(cfg.data_root))
             m.partition_done(hour.next().start.timestamp(), rec.auc_before)
+            shrinks.trained(staged.ids_seen)
             since_export += 1
         elif worker.chief:
             rec.quarantined = verdict.anomalies
@@ -297,16 +308,26 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
         if cfg.patch_every_seconds > 0:
             due = bool(fedrows.agree(worker, int(due)))
         # a stop exports only in one process: in a PS job the others may not have stopped
+        exported, ver = False, None
         if since_export and (due or last or (stop.requested and worker.shard[1] == 1)):
             since_export, t_export = 0, time.monotonic()
             if not fresh:
                 log.info("%s: partitions before %s are in published versions: trained again after the restore, "
                          "their rows go into the next export", worker.who, hour)
-                continue
-            ver = _export_point(worker, cfg, state, hour, ckroot, last=last, landed=landed, ev=ev)
-            if ver is not None:
-                rec.version = ver.id
-                tr.version(step, ver.model_dump(), tracking.published_model_meta(cfg.output, rec.version))
+            else:
+                exported = True
+                ver = _export_point(worker, cfg, state, hour, landed=landed, ev=ev, served=served)
+                if ver is not None:
+                    rec.version = ver.id
+                    tr.version(step, ver.model_dump(), tracking.published_model_meta(cfg.output, rec.version))
+        # after the version is out: eviction, then a checkpoint, cost the next partition
+        if verdict.loaded is not None and shrinks.due():
+            done = shrinks.run(served)
+            if done is not None:
+                rec.shrink_seconds, rec.table_rows, rec.evicted = done["seconds"], done["table_rows"], done["evicted"]
+        if exported and fedrows.agree(worker, int(cadence.checkpoint_due(
+                state.since_checkpoint, cfg.partition_minutes, cfg.checkpoint_every_minutes, last))):
+            _checkpoint(worker, cfg, state, hour, ckroot, ver, shrinks.since)
     worker.budget.finish()
     # every partition is one pass over its rows (train_pass checks the count)
     examples = sum(r.rows for r in records)  # a quarantined partition's rows are 0
@@ -328,19 +349,22 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
     return out
 
 
-def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: partitions.Partition, ckroot: str,
-                  last: bool = False, landed: Optional[int] = None, ev: Optional[model_eval.Collector] = None):
-    """Rows, pending state, publish, state, then a checkpoint when one is due (module
-    docstring). Every process calls it; returns the ``ExportRecord`` on trainer 0, ``None``
-    elsewhere. ``last``: the job's end hour was trained (a checkpoint is taken);
-    ``landed``: when the last partition was found complete (unix s); ``ev``: trainer 0's
-    evaluation rows (the version's ``metrics.evaluation``, ``runtime.formats.version_eval``).
+def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: partitions.Partition,
+                  landed: Optional[int] = None, ev: Optional[model_eval.Collector] = None,
+                  served: Optional[ServedKeys] = None):
+    """Rows, pending state, publish, state (module docstring; the checkpoint, when one is
+    due, comes after: ``_follow``). Every process calls it; returns the ``ExportRecord`` on
+    trainer 0, ``None`` elsewhere. ``landed``: when the last partition was found complete
+    (unix s); ``ev``: trainer 0's evaluation rows (the version's ``metrics.evaluation``,
+    ``runtime.formats.version_eval``); ``served``: trainer 0's record of the served chain.
 
     The rows: a base is the whole table (a save, then its values pulled), a patch the
     rows of the feasigns fed since the last export point (``Worker.fed_rows``); trainer 0
-    decides which and every trainer follows (``fedrows.agree``). Trainer 0 keeps them in
-    ``--state-dir/exports/<id>/`` (``ROWS``) until the export is committed, so that a
-    restart publishes a pending export with the same rows."""
+    decides which and every trainer follows (``fedrows.agree``); ``ServedKeys.cut`` then
+    leaves out the rows of feasigns not admitted and adds the deletions
+    (``runtime.trainer.served``). Trainer 0 keeps them in ``--state-dir/exports/<id>/``
+    (``ROWS``) until the export is committed, so that a restart publishes a pending export
+    with the same rows."""
     is_base = bool(fedrows.agree(worker, int(cadence.base_due(state.base_id is not None, state.since_base,
                                                               cfg.partition_minutes, cfg.base_every_minutes,
                                                               forced=state.base_due is not None))))
@@ -354,13 +378,12 @@ def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: parti
     rows_s = time.monotonic() - t0
     rec = None
     if worker.chief:
-        keys, values = table
-        order = np.argsort(keys, kind="stable")
-        keys, values = keys[order], np.ascontiguousarray(values[order], dtype=np.float32)
+        keys, values = (served or ServedKeys()).cut(*table, base=is_base)
         last_hour = str(next_hour.next(-1))
         vid = donefile.new_version_id(cfg.output) if cfg.output else (state.exports[-1].id + 1 if state.exports else 1)
         rec = ExportRecord(id=vid, kind="base" if is_base else "patch", base=vid if is_base else state.base_id,
-                           hour=last_hour, rows=int(len(keys)), rows_seconds=round(rows_s, 3), landed=landed)
+                           hour=last_hour, rows=int(len(keys)), rows_seconds=round(rows_s, 3), landed=landed,
+                           deleted=int(np.count_nonzero(zero_rows(values))))
         directory = export_dir(cfg.state_dir, vid)
         shutil.rmtree(directory, ignore_errors=True)  # left by a run that died before its state
         os.makedirs(directory)
@@ -377,20 +400,22 @@ def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: parti
         rec.publish_seconds = round(time.monotonic() - t2, 3)
         rec.seconds = round(time.monotonic() - t0, 3)
         _commit(state, rec, cfg)
+        if served is not None:
+            served.published(keys, values, is_base)
+            trainer_metrics().served_changed(None if served.keys is None else len(served.keys), served.admitted,
+                                             served.deleted)
         trainer_metrics().export_done(rec.kind, rec.seconds, rec.rows, rec.id, next_hour.start.timestamp())
-        log.info("%s: exported %s %d after partition %s: %d sparse rows in %.1f s (rows %.1f s, publish %.1f s)",
-                 worker.who, rec.kind, rec.id, last_hour, rec.rows, rec.seconds, rows_s, rec.publish_seconds)
-    # the version is out: a checkpoint now costs the next partition, never this one's freshness
-    if fedrows.agree(worker, int(cadence.checkpoint_due(state.since_checkpoint, cfg.partition_minutes,
-                                                        cfg.checkpoint_every_minutes, last))):
-        _checkpoint(worker, cfg, state, next_hour, ckroot, rec)
+        log.info("%s: exported %s %d after partition %s: %d sparse rows (%d deletions) in %.1f s (rows %.1f s, "
+                 "publish %.1f s)", worker.who, rec.kind, rec.id, last_hour, rec.rows, rec.deleted, rec.seconds, rows_s,
+                 rec.publish_seconds)
     return rec
 
 
 def _checkpoint(worker, cfg: TrainConfig, state: OnlineState, next_hour: partitions.Partition, ckroot: str,
-                rec: Optional[ExportRecord]) -> None:
+                rec: Optional[ExportRecord], since_shrink: int = 0) -> None:
     """Every process: ``Worker.checkpoint`` into ``checkpoints/<next_hour>``; trainer 0 then
-    records it in the state (with its seconds on the export ``rec``) and drops older ones."""
+    records it in the state (with its seconds on the export ``rec``, and the shrink points'
+    clock ``since_shrink``) and drops older ones."""
     name = checkpoint_name(next_hour)
     directory = os.path.join(ckroot, name)
     if worker.chief and os.path.isdir(directory):
@@ -401,6 +426,7 @@ def _checkpoint(worker, cfg: TrainConfig, state: OnlineState, next_hour: partiti
     if not worker.chief:
         return
     state.checkpoint_hour, state.since_checkpoint = str(next_hour), 0
+    state.checkpoint_since_shrink = int(since_shrink)
     if rec is not None:
         rec.checkpoint_seconds = round(seconds, 3)
     state.save(cfg.state_dir)

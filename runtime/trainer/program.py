@@ -8,14 +8,16 @@ from runtime.trainer.config import TrainConfig
 
 
 def strategy(cfg: TrainConfig, continuous: bool = False):
-    """The ``DistributedStrategy``: async and the sparse table's ``shard_num`` (full proto
-    paths: a short key is silently ignored). All table keys in ONE assignment: every
-    assignment to ``sparse_table_configs`` adds a table. ``continuous`` changes nothing
-    today (patches are the fed feasigns' rows, pulled: ``runtime.trainer.fedrows``).
-    ``--ps-mode geo``: ``a_sync_configs = {"k_steps": ...}`` (GEO-SGD) instead."""
+    """The ``DistributedStrategy``: async, the sparse table's ``shard_num`` and its
+    accessor's feature lifecycle (``runtime.trainer.lifecycle``: admission threshold,
+    decay, eviction), as full proto paths (a short key is silently ignored). All table keys
+    in ONE assignment: every assignment to ``sparse_table_configs`` adds a table.
+    ``continuous`` changes nothing today (patches are the fed feasigns' rows, pulled:
+    ``runtime.trainer.fedrows``). ``--ps-mode geo``: ``a_sync_configs = {"k_steps": ...}``
+    (GEO-SGD) instead, with its local table (no lifecycle)."""
     from paddle.distributed import fleet
 
-    from runtime.trainer import model
+    from runtime.trainer import lifecycle, model
 
     s = fleet.DistributedStrategy()
     s.a_sync = True
@@ -23,7 +25,7 @@ def strategy(cfg: TrainConfig, continuous: bool = False):
         s.a_sync_configs = {"k_steps": int(cfg.geo_k_steps)}
         return s
     prefix = f"table_parameters.{model.TABLE_NAME}"
-    table = {f"{prefix}.shard_num": int(cfg.sparse_shards)}
+    table = {f"{prefix}.shard_num": int(cfg.sparse_shards), **lifecycle.Lifecycle.of(cfg).accessor_configs(prefix)}
     s.sparse_table_configs = {model.TABLE_NAME: table}
     return s
 

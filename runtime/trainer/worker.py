@@ -45,6 +45,7 @@ from runtime.trainer.config import TrainConfig
 log = logging.getLogger(__name__)
 
 PREDICT_BATCH = 4096
+VOCAB_FILE = "vocab.npz"  # a single-process checkpoint's vocabulary (``Vocab.state``)
 
 
 def _feed(batch: readers.Batch, ids: np.ndarray) -> dict:
@@ -191,6 +192,15 @@ class Worker:
         ``None`` (parameter servers: only a save reads it)."""
         return None
 
+    def shrink(self, directory: str, decay: float, unseen_limit: int | None) -> tuple[np.ndarray, dict] | None:
+        """A shrink point of the feature lifecycle (``runtime.trainer.lifecycle``): counts
+        times ``decay``, rows unfed for more than ``unseen_limit`` shrink points evicted
+        (None: none), then every row's unseen count ticked. ``directory``: a fresh directory
+        the table may be saved into. Every process calls it, in the same order. Returns on
+        the chief ``(keys uint64[t], rows per pserver {index: count})``: the table's keys
+        after the shrink (admitted or not); ``None`` elsewhere."""
+        raise NotImplementedError
+
     def barrier(self) -> None:
         """Waits for every worker of the job (one process: returns)."""
 
@@ -211,8 +221,10 @@ class Worker:
 
 
 class SingleWorker(Worker):
-    """The network with a local embedding table over ``Vocab`` (row 0 = unseen = zeros),
-    ``Adam(lazy_mode=True)``; no parameter server."""
+    """The network with a local embedding table over ``Vocab`` (row 0 = the default row,
+    zeros: a feasign not admitted), ``Adam(lazy_mode=True)``; no parameter server. The
+    feature lifecycle is the vocabulary's (``Vocab``); a row freed by an eviction is
+    re-initialised (uniform values, zero Adam moments) before it is reused."""
 
     who = "single"
 
@@ -233,7 +245,8 @@ class SingleWorker(Worker):
         self.main = self.net.main
         self.exe = paddle.static.Executor(paddle.CPUPlace())
         self.exe.run(self.net.startup)
-        self.vocab = Vocab(cfg.single_vocab_size)
+        self.vocab = Vocab(cfg.single_vocab_size, cfg.feature_min_count)
+        self._rng = np.random.default_rng(cfg.seed)
         self.collect_keys = cfg.mode == "continuous"  # a patch = the rows fed (runtime.trainer.fedrows)
 
     def id_map(self):
@@ -243,14 +256,38 @@ class SingleWorker(Worker):
         return self.vocab(feasigns, grow=False)
 
     def table_rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """(keys uint64[m], values float32[m, dim]) of every feasign seen, in row order."""
+        """(keys uint64[m], values float32[m, dim]) of every feasign admitted."""
+        keys, rows = self.vocab.items()
+        return keys, self._table()[rows].astype(np.float32)
+
+    def _table(self) -> np.ndarray:
         import paddle
 
         from runtime.trainer import model
 
-        table = np.array(paddle.static.global_scope().find_var(model.TABLE_NAME).get_tensor())
-        keys = self.vocab.keys()
-        return keys, table[1:len(keys) + 1].astype(np.float32)
+        return np.array(paddle.static.global_scope().find_var(model.TABLE_NAME).get_tensor())
+
+    def shrink(self, directory: str, decay: float, unseen_limit: int | None) -> tuple[np.ndarray, dict]:
+        """``Vocab.shrink``; the freed rows get fresh uniform values and zero Adam moments."""
+        import paddle
+
+        from runtime.trainer import model
+
+        freed = self.vocab.shrink(decay, unseen_limit)
+        if len(freed):
+            scope = paddle.static.global_scope()
+            for var in self.main.list_vars():
+                if not var.persistable or not var.name.startswith(model.TABLE_NAME):
+                    continue
+                t = scope.find_var(var.name).get_tensor()
+                a = np.array(t)
+                if a.ndim != 2 or a.shape[0] != self.cfg.single_vocab_size:
+                    continue  # the beta powers: one per parameter, not per row
+                a[freed] = (self._rng.uniform(-model.INIT_RANGE, model.INIT_RANGE, (len(freed), a.shape[1]))
+                            if var.name == model.TABLE_NAME else 0.0)
+                t.set(a, paddle.CPUPlace())
+        known = self.vocab.known()
+        return known, {0: len(known)}
 
     def full_table(self, save_dir: str, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
         return self.table_rows()
@@ -266,26 +303,30 @@ class SingleWorker(Worker):
         keys = fedrows.gather_keys(self)
         table = np.array(paddle.static.global_scope().find_var(model.TABLE_NAME).get_tensor())
         rows = self.vocab(keys.reshape(-1, 1), grow=False).ravel().astype(np.int64)
-        if len(rows) and not rows.all():
-            raise RuntimeError(f"{int((rows == 0).sum())} fed feasigns are not in the single-process vocabulary")
-        return keys, table[rows].astype(np.float32)
+        values = table[rows].astype(np.float32)
+        values[rows == 0] = 0.0  # not admitted: the default row (the program reads row 0 as zeros: padding_idx)
+        return keys, values
 
     def checkpoint(self, directory: str) -> None:
         """``paddle.static.save`` of the training program (table, head, Adam moments) as
-        ``directory/model.*`` and the vocabulary as ``directory/vocab.npy``."""
+        ``directory/model.*`` and the vocabulary with its counts as ``directory/vocab.npz``
+        (``Vocab.state``)."""
         import paddle
 
         os.makedirs(directory, exist_ok=True)
         paddle.static.save(self.main, os.path.join(directory, "model"))
-        np.save(os.path.join(directory, "vocab.npy"), self.vocab.keys())
+        np.savez(os.path.join(directory, VOCAB_FILE), **self.vocab.state())
 
     def restore(self, directory: str) -> None:
         import paddle
 
-        if not os.path.exists(os.path.join(directory, "model.pdparams")):
-            raise RuntimeError(f"checkpoint {directory}: no model.pdparams (not a single-process checkpoint)")
+        for name in ("model.pdparams", VOCAB_FILE):
+            if not os.path.exists(os.path.join(directory, name)):
+                raise RuntimeError(f"checkpoint {directory}: no {name} (not a single-process checkpoint of this "
+                                   "trainer; start from a new --state-dir)")
         paddle.static.load(self.main, os.path.join(directory, "model"), self.exe)
-        self.vocab.restore(np.load(os.path.join(directory, "vocab.npy")))
+        with np.load(os.path.join(directory, VOCAB_FILE)) as z:
+            self.vocab.restore(z)
         self._eval_exe = None
 
 
@@ -400,6 +441,24 @@ class PsWorker(Worker):
         values = fedrows.pull(self, keys) if len(keys) else np.zeros((0, self.cfg.embedding_dim), np.float32)
         log.info("%s: %d rows pulled in %.1f s", self.who, len(keys), time.monotonic() - t0)
         return keys, values
+
+    def shrink(self, directory: str, decay: float, unseen_limit: int | None) -> tuple[np.ndarray, dict] | None:
+        """Every trainer: ``sync``, ``fleet.shrink()`` (the accessor decays the counts and
+        drops the rows unfed for more than ``delete_after_unseen_days`` shrink points: the
+        table's configuration, ``runtime.trainer.lifecycle``; ``decay`` and ``unseen_limit``
+        are its values), then ``fleet.save_one_table(0, directory, 3)``, whose mode 3 ticks
+        every row's ``unseen_days``; trainer 0 reads the saved keys back."""
+        from paddle.distributed import fleet
+
+        from runtime.trainer import export
+
+        self.sync()
+        fleet.shrink()
+        fleet.save_one_table(0, directory, 3)
+        if not self.chief:
+            return None
+        rows: dict[int, int] = {}
+        return export.read_saved_keys(directory, rows), rows
 
     def checkpoint(self, directory: str) -> None:
         """``fleet.save_persistables(exe, directory, main, mode=0)``: every pserver saves

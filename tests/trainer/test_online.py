@@ -32,8 +32,9 @@ def test_table_diff_finds_new_and_changed_rows_bitwise():
     assert online.table_diff(prev_k, prev_v, keys, values).tolist() == [1, 2, 3]
     assert online.table_diff(np.zeros(0, np.uint64), np.zeros((0, 2), np.float32), keys, values).tolist() == [
         0, 1, 2, 3]
-    k, v = online.apply_patch(prev_k, prev_v, keys[[2, 3]], values[[2, 3]])
-    assert k.tolist() == [1, 5, 7, 9] and v[1].tolist() == [1.0, 2.5]
+    # a patch as the cube applies it: 5 replaced; a zero row deletes its key (9), or nothing (7)
+    k, v = online.apply_patch(prev_k, prev_v, keys[[1, 2, 3]], values[[1, 2, 3]])
+    assert k.tolist() == [1, 5] and v[1].tolist() == [1.0, 2.5]
 
 
 def test_state_roundtrip_and_bad_file(tmp_path):
@@ -130,14 +131,18 @@ def test_single_continuous_base_patches_equal_the_trainers_table(hours, tmp_path
     base_id = chain[0][1]
     assert all(r.key == base_id for r in donefile.read(str(out), "patch"))
     keys, values = chain[0][2], chain[0][3]
+    counts = _counts(root, START)  # admission (--feature-min-count 2, the default): fed twice
+    assert np.array_equal(keys, np.array(sorted(k for k, c in counts.items() if c >= 2), np.uint64))
     for i, (_, _, pk, pv) in enumerate(chain[1:], start=1):
         hour = partitions.Hour.parse(START).next(i)
         touched = np.unique(readers.read_all(partitions.files(str(root), hour)).feasigns)
         touched = touched[touched != 0]
+        for k, c in _counts(root, str(hour)).items():
+            counts[k] = counts.get(k, 0) + c
+        admitted = touched[np.array([counts[int(k)] >= 2 for k in touched], bool)]
         assert np.isin(pk, touched).all(), "a patch row the partition never touched"
-        assert 0 < len(pk) <= len(touched)
-        new = np.setdiff1d(touched, keys)
-        assert np.isin(new, pk).all(), "a new feasign missing from the patch"
+        assert np.array_equal(np.sort(pk), admitted), "a patch holds the partition's admitted feasigns, no other"
+        assert pv.any(axis=1).all(), "no eviction here: no deletion"
         keys, values = online.apply_patch(keys, values, pk, pv)
     # the trainer's own table at the last export
     st = online.OnlineState.load(str(state))
@@ -157,6 +162,13 @@ def test_single_continuous_base_patches_equal_the_trainers_table(hours, tmp_path
     assert s2["partitions"][0]["auc_before"] > 0.7  # the restored model, not a fresh one
     ids = [e["id"] for e in s2["exports"]]
     assert ids == sorted(ids) and len(ids) == 4 and s2["exports"][-1]["kind"] == "patch"
+
+
+def _counts(root, hour: str) -> dict:
+    """feasign -> occurrences in the partition ``hour``."""
+    f = readers.read_all(partitions.files(str(root), partitions.Hour.parse(hour))).feasigns.ravel()
+    u, n = np.unique(f[f != 0], return_counts=True)
+    return dict(zip(u.tolist(), n.tolist()))
 
 
 def _chain_table(chain):

@@ -88,9 +88,9 @@ def _part(path, rows):
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt") as f:
         for key, emb in rows:
-            # key, then slot unseen_days delta_score show click embed_w, 4 optimizer values,
-            # embedx_w (dim-1), optimizer state
-            cols = [1, 0, 0, 1, 0, emb[0], 0, 0, 0, 0, *emb[1:], 0.5, 0.5]
+            # key, then slot unseen_days delta_score show click embed_w (unused), 4 optimizer
+            # values, embedx_w (dim: the embedding), optimizer state
+            cols = [1, 0, 0, 1, 0, 0.25, 0, 0, 0, 0, *emb, 0.5, 0.5]
             f.write(f"{key} " + " ".join(str(c) for c in cols) + "\n")
 
 

@@ -97,7 +97,7 @@ class _FakeWorker:
     def load(self, files, keep_rows=False, holdout_every=0):
         from types import SimpleNamespace
 
-        return SimpleNamespace(release_memory=lambda: None), SimpleNamespace(rows=self.rows, holdout=None)
+        return SimpleNamespace(release_memory=lambda: None), SimpleNamespace(rows=self.rows, holdout=None, ids_seen=None)
 
     def train_pass(self, ds, label, expected_rows):
         from runtime.trainer.passes import PassStats
