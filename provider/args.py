@@ -61,8 +61,9 @@ class Deployment(keyed("Deployment")):
     credentials: NotRequired[pulumi.Input[dict[str, str]]]
     """Trust boundary (``cube-control``, ``fileserver-write``, ``fileserver-read``,
     ``tracking``) -> name of the Secret holding its credential: the ``secrets`` output of
-    ``Credentials``, which has every boundary. A pod mounts those its role needs; required
-    by every component but ``Credentials``, ``ObjectStoreAccess`` and ``Monitoring``."""
+    ``Credentials``, which has every boundary. A pod mounts those its role needs: required
+    by the components that run pods (``FileServer``, ``TrackingServer``, ``TrainingJob``,
+    ``CubeCluster``, ``CubeTransfer``, ``Serving``)."""
     scrape_annotations: NotRequired[bool]
     """Put ``prometheus.io/scrape``, ``port`` and ``path`` annotations on the pod templates
     (for ``monitoring: annotations``); default: false."""

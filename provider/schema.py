@@ -84,7 +84,7 @@ def describe(key: str, doc: str | None, rows: dict[str, dict]) -> str:
         parts.append(f"Allowed: {row['allowed']}. Default: {shown}.")
     if doc:
         parts.append(doc.strip())
-    parts.append(f"Stack key `{key}` of the Python program.")
+    parts.append(f"Stack key `{key}`.")
     return " ".join(parts)
 
 

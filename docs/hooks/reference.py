@@ -8,6 +8,10 @@ committed.
   uses: its Pulumi type, default, description, group and what it allows, the rows of
   ``infra.config_reference.config_rows()`` (the component package's input descriptions
   read the same rows).
+- ``reference/package.md``: every component of the component package with its inputs and
+  outputs (type, whether required, plain or secret, description) and its input types, from
+  the committed package schema ``provider/schema.json`` (tests/infra/test_pulumi_package.py
+  keeps it equal to the components' schema).
 
 mkdocs loads this file through ``hooks:`` in ``mkdocs.yml`` and calls ``on_files``;
 ``tests/docs/test_site.py`` imports it by path and checks the pages name every subcommand
@@ -17,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
-from typing import Iterator
+from pathlib import Path
+from typing import Iterator, Optional
 
 # the stack keys' rows: one source, shared with the component package's schema (provider.schema)
 from infra.config_reference import allowed, config_rows  # noqa: F401  (tests/docs/test_site.py calls both)
@@ -26,6 +32,7 @@ from infra.config_reference import allowed, config_rows  # noqa: F401  (tests/do
 #: generated page paths, relative to ``docs/``
 CLI_PAGE = "reference/cli.md"
 CONFIG_PAGE = "reference/configuration.md"
+PACKAGE_PAGE = "reference/package.md"
 #: ``--help`` width in columns (argparse reads ``$COLUMNS``)
 HELP_COLUMNS = 100
 
@@ -34,7 +41,7 @@ def on_files(files, config):
     """mkdocs event: adds the generated pages to the site's files (mkdocs >= 1.6)."""
     from mkdocs.structure.files import File
 
-    for path, text in ((CLI_PAGE, cli_page()), (CONFIG_PAGE, config_page())):
+    for path, text in ((CLI_PAGE, cli_page()), (CONFIG_PAGE, config_page()), (PACKAGE_PAGE, package_page())):
         files.append(File.generated(config, path, content=text))
     return files
 
@@ -137,6 +144,66 @@ def _default(value) -> str:
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     return f"`{value}`"
+
+
+# ---------------------------------------------------------------- component package
+def package_page(schema_file: Optional[Path] = None) -> str:
+    """Markdown: the component package's components (description, then an inputs table and
+    an outputs table: name, type, description) and its input types, from ``schema_file``
+    (default ``provider/schema.json``)."""
+    schema = json.loads((schema_file or Path(__file__).resolve().parents[2] / "provider" / "schema.json").read_text())
+    out = ["# Component package\n\n",
+           f"Generated at build time from `provider/schema.json`, the schema of the `{schema['name']}` package "
+           f"(version {schema['version']}) that `pulumi package add` generates an SDK from "
+           "([Use from another language](../other-languages.md)). Inputs named like a stack key are that key: "
+           "its description, allowed values and default are the [stack configuration](configuration.md)'s. "
+           "**plain**: a value known when the program declares the component (not another resource's output); "
+           "**secret**: kept secret in the state and the SDKs.\n\n"]
+    for token, res in schema["resources"].items():
+        out.append(f"## `{token.rsplit(':', 1)[1]}`\n\n`{token}`: {_cell(res['description'])}\n\n")
+        required = set(res.get("requiredInputs", []))
+        out.append("| input | type | description |\n|---|---|---|\n")
+        out += [_package_row(name, prop, name in required) for name, prop in res["inputProperties"].items()]
+        if res["properties"]:
+            out.append("\n| output | type | description |\n|---|---|---|\n")
+            out += [_package_row(name, prop, False) for name, prop in res["properties"].items()]
+        out.append("\n")
+    out.append("## Input types\n\n")
+    for token, typ in schema["types"].items():
+        required = set(typ.get("required", []))
+        out.append(f"### `{token.rsplit(':', 1)[1]}`\n\n{_cell(typ.get('description', ''))}\n\n"
+                   "| property | type | description |\n|---|---|---|\n")
+        out += [_package_row(name, prop, name in required) for name, prop in typ.get("properties", {}).items()]
+        out.append("\n")
+    return "".join(out)
+
+
+def _package_type(prop: dict) -> str:
+    if prop.get("$ref", "").startswith("pulumi.json#/"):
+        return prop["$ref"].rsplit("/", 1)[1].lower()  # Pulumi's own: any, archive, asset, json
+    if "$ref" in prop:
+        name = prop["$ref"].rsplit(":", 1)[1]
+        return f"[{name}](#{name.lower()})"
+    kind = prop["type"]
+    if kind == "array":
+        return f"list of {_package_type(prop['items'])}"
+    if kind == "object" and "additionalProperties" in prop:
+        return f"map of {_package_type(prop['additionalProperties'])}"
+    return kind
+
+
+def _package_row(name: str, prop: dict, required: bool) -> str:
+    marks = [m for m, on in (("required", required), ("plain", prop.get("plain")), ("secret", prop.get("secret")))
+             if on]
+    kind = _package_type(prop) + (f" ({', '.join(marks)})" if marks else "")
+    return f"| `{name}` | {kind} | {_cell(prop.get('description', ''))} |\n"
+
+
+def _cell(text: str) -> str:
+    """Markdown text (code spans kept) for a table cell: outside code spans, pipes, emphasis
+    and link markers escaped and ``<`` / ``>`` as entities; on one line."""
+    parts = " ".join(text.split()).split("`")
+    return "`".join(p if i % 2 else p.translate(_CELL) for i, p in enumerate(parts))
 
 
 _CELL = str.maketrans({**{c: "\\" + c for c in "\\|*_`[]"}, "<": "&lt;", ">": "&gt;"})

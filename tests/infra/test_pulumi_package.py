@@ -232,3 +232,22 @@ def test_pulumi_package_plugin_serves_the_committed_schema(committed):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_pulumi_package_reference_page_lists_every_component_and_input(committed):
+    """The docs' generated reference page (docs/hooks/reference.py) has a section per
+    component with a row per input and output, and one per input type."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_reference_hook", ROOT / "docs/hooks/reference.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = hook.package_page()
+    for token, res in committed["resources"].items():
+        section = page.split(f"## `{token.rsplit(':', 1)[1]}`\n", 1)[1].split("\n## ", 1)[0]
+        for name in (*res["inputProperties"], *res["properties"]):
+            assert f"| `{name}` |" in section, (token, name)
+    for token, typ in committed["types"].items():
+        assert f"### `{token.rsplit(':', 1)[1]}`" in page
+    assert "| `servingReplicas` | integer (plain) | Serving pods (1-100)" in page
+    assert "| `uploadToken` | string (required, secret) |" in page
