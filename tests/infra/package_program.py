@@ -130,7 +130,8 @@ class YamlProgram:
             inputs = _wire(props)
             self.constructed.append((typ, name, inputs))
             result = self.provider.construct(name, typ, inputs, pulumi.ResourceOptions())
-            outputs = dict(result.state)
+            # the program gets each output property as one Output (a map of Secret names too)
+            outputs = {k: pulumi.Output.from_input(v) for k, v in result.state.items()}
         elif typ.startswith("kubernetes:"):
             outputs = {"resource": _kubernetes(typ, name, props)}
         else:

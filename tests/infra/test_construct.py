@@ -308,3 +308,19 @@ def test_construct_workload_identity_variant_matches_the_python_program():
                                           if not k.startswith(("servingMax", "servingAuto", "servingTarget", "dense"))}
     resources["monitoring"]["properties"].update(monitoring="none", grafanaDashboards=False)
     assert_same(python_program(overrides), package_program(doc, {})[:2])
+
+
+def test_construct_credentials_output_without_a_boundary_is_refused_naming_it():
+    """``deployment.credentials`` given as another resource's output (``Credentials.secrets``)
+    is read per trust boundary; one it lacks fails the deployment, naming the boundary."""
+    import pulumi
+
+    from provider import wiring
+
+    def program():
+        creds = wiring.credentials(pulumi.Output.from_input({"cube-control": "credentials-cube-control"}), "Serving")
+        assert sorted(creds) == ["cube-control", "fileserver-read", "fileserver-write", "tracking"]
+        return {"cube": creds["cube-control"], "tracking": creds["tracking"]}
+
+    with pytest.raises(Exception, match="Serving: deployment.credentials has no Secret for the trust boundary 'tracking'"):
+        run_program({}, set(), "dev", program=program)
