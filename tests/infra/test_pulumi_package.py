@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import difflib
 import json
-import os
 import re
 import signal
 import subprocess
@@ -207,15 +206,16 @@ def test_pulumi_package_plugin_files():
     assert "-e" in reqs and ".[infra]" in reqs and "requirements/constraints.txt" in reqs
 
 
-def test_pulumi_package_plugin_serves_the_committed_schema(committed):
+def test_pulumi_package_plugin_serves_the_committed_schema(committed, tmp_path):
     """The plugin started as Pulumi starts it (``python <repository> <engine address>``,
     PulumiPlugin.yaml) prints its port and answers GetPluginInfo and GetSchema, what
     ``pulumi package add`` asks for."""
     from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
     from google.protobuf import empty_pb2
 
-    proc = subprocess.Popen([sys.executable, str(ROOT), "127.0.0.1:1"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    # as the Python language host runs it: `python <plugin directory> <engine>` from the program's directory
+    proc = subprocess.Popen([sys.executable, str(ROOT), "127.0.0.1:1"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
         port = proc.stdout.readline().strip()
         assert port.isdigit(), proc.stderr.read() if proc.poll() is not None else port
