@@ -1,9 +1,12 @@
-"""``elastic-ctr local --break-hour N --break labels|feature``: the online demo corrupts
+"""``elastic-ctr local --break-hour N --break labels|feature|categorical``: the online demo corrupts
 partition N (0-based, the base's is 0) as it lands, as a broken upstream job would, so that
 the data gate's quarantine shows in the run (``runtime.trainer.data_gate``):
 
 * ``labels``: every label flipped (a logging bug);
-* ``feature``: slot C3 empty in every row (a join that lost a column's values).
+* ``feature``: slot C3 empty in every row (a join that lost a column's values);
+* ``categorical``: slot C3 one value (``DEFAULT_VALUE``) in every row (a join that fell
+  back to a default): no missing-rate, row, click-rate or dense bound moves, the
+  categorical bounds do.
 
 The statistics are compared once ``MIN_BEFORE`` partitions were accepted (the trainer's
 ``--gate-min-history`` default), so N is at least that and before the last hour.
@@ -12,7 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-KINDS = ("labels", "feature")
+KINDS = ("labels", "feature", "categorical")
+DEFAULT_VALUE = "00000000"
 MIN_BEFORE = 3
 SLOT_FIELD = 1 + 13 + 2  # C3 in a Criteo line: label, I1..I13, C1, C2, C3
 
@@ -23,7 +27,8 @@ def add_arguments(p) -> None:
                    help=f"online: corrupt partition N (0-based, {MIN_BEFORE}..hours-1) as it lands; the data gate "
                         "quarantines it (docs/safe-online.md)")
     p.add_argument("--break", dest="break_kind", choices=KINDS, default="labels",
-                   help="online, with --break-hour: flip every label, or empty slot C3 in every row")
+                   help="online, with --break-hour: flip every label, empty slot C3 in every row, or set it "
+                        "to one value in every row")
 
 
 def check(args, hours: int) -> None:
@@ -47,7 +52,7 @@ def corrupt(partition: Path, kind: str) -> int:
             if kind == "labels":
                 fields[0] = "1" if fields[0] == "0" else "0"
             else:
-                fields[SLOT_FIELD] = ""
+                fields[SLOT_FIELD] = "" if kind == "feature" else DEFAULT_VALUE
             out.append("\t".join(fields))
             n += 1
         f.write_text("\n".join(out) + "\n")
