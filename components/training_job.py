@@ -65,7 +65,8 @@ class TrainingJobArgs:
             patch_every_seconds / base_every_minutes / checkpoint_every_minutes: the
             continuous job's export, base and checkpoint cadences (``runtime.trainer.cadence``);
             gate_args: the data gate's flags (``infra.config_gates``; ``--data-schema``,
-            ``--gate-*``). A continuous job
+            ``--gate-*``); lifecycle_args: the feature lifecycle's (``infra.config_lifecycle``;
+            ``--feature-*``, ``--shrink-every-minutes``). A continuous job
             does not complete before its end hour; a failed or evicted pod restarts the
             whole job, which resumes from ``/shared/state`` (``train --state-dir``).
         data_train / data_test: data locations (paths, globs, URLs), or ``("generated",)``
@@ -122,6 +123,7 @@ class TrainingJobArgs:
     tracking_experiment: str = "elastic-ctr"
     tracking_job: Optional[str] = None
     gate_args: Sequence[str] = ()
+    lifecycle_args: Sequence[str] = ()
 
 
 class TrainingJob(pulumi.ComponentResource):
@@ -293,7 +295,7 @@ def _train_args(args: TrainingJobArgs, generated: bool) -> list[pulumi.Input[str
             "--lr", repr(float(args.learning_rate)), "--embedding-dim", str(args.embedding_dim),
             "--sparse-shards", str(args.sparse_shards), "--output", args.output,
             "--table-dir", TABLE_DIR, "--work-dir", WORK_DIR, "--threads", str(args.threads),
-            "--ps-mode", args.ps_mode]
+            "--ps-mode", args.ps_mode, *args.lifecycle_args]
     if args.ps_mode == "geo":
         cmd += ["--geo-k-steps", str(args.geo_k_steps)]
     return cmd

@@ -24,7 +24,8 @@ import pulumi
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from infra import config_gates, config_monitoring, config_security, config_storage, config_tracking, config_versions
+from infra import (config_gates, config_lifecycle, config_monitoring, config_security, config_storage, config_tracking,
+                   config_versions)
 from infra.config_types import check as _check, pulumi_bool as _pulumi_bool
 from runtime import dense_backends
 from runtime.trainer import config as train
@@ -100,7 +101,8 @@ TRAIN_KEYS = {"epochs": "epochs", "batch_size": "batch_size", "learning_rate": "
               "patch_every_seconds": "patch_every_seconds", "base_every_minutes": "base_every_minutes",
               "checkpoint_every_minutes": "checkpoint_every_minutes",
               "trainer_threads": "threads", "data_format": "format", "slot_file": "slot_file",
-              "data_source": "data_train", "data_test_source": "data_test", **config_gates.TRAIN_KEYS}
+              "data_source": "data_train", "data_test_source": "data_test", **config_gates.TRAIN_KEYS,
+              **config_lifecycle.TRAIN_KEYS}
 #: ``TrainConfig`` field -> the stack key that sets it (``state_dir``: the component's volume)
 KEY_OF = {**{v: to_camel(k) for k, v in TRAIN_KEYS.items()}, "data_root": "dataSource",
           "state_dir": "train --state-dir"}
@@ -120,7 +122,8 @@ def _t(key: str):
 
 
 class StackConfig(config_storage.StorageKeys, config_tracking.TrackingKeys, config_monitoring.MonitoringKeys,
-                  config_gates.GateKeys, config_versions.VersionKeys, config_security.SecurityKeys):
+                  config_gates.GateKeys, config_lifecycle.LifecycleKeys, config_versions.VersionKeys,
+                  config_security.SecurityKeys):
     """Every key of the stack (camelCase in Pulumi, snake_case here). Quantities are
     Kubernetes quantity strings (``500m`` CPU, ``512Mi`` memory, ``20Gi`` storage); data
     locations are comma-separated (``data_train()``/``data_test()`` split them). Each
@@ -268,6 +271,9 @@ class StackConfig(config_storage.StorageKeys, config_tracking.TrackingKeys, conf
             errors.append(("dataSource", "generated", "a partition root ROOT (with ROOT/YYYYMMDD/HH/) when "
                                                       "trainingMode is continuous"))
         errors += self._training_problems()
+        errors += self.budget_problems((self.pserver_memory, byte_size(self.pserver_memory)),
+                                       (self.cube_server_memory, byte_size(self.cube_server_memory)),
+                                       self.embedding_dim)
         cores = cpu_cores(self.trainer_cpu)
         if cores is not None and self.trainer_threads > max(1, int(cores)):
             errors.append(("trainerThreads", self.trainer_threads,
@@ -343,9 +349,11 @@ SECRETS: dict[str, tuple[str, int]] = {
 }
 #: secrets required unless ``modelRoot`` is set (the file server is then not deployed)
 REQUIRED_SECRETS = ("uploadToken",)
-#: alias -> (field name, field), in Pulumi.yaml's order: the security, monitoring, then data gate groups last
+#: alias -> (field name, field), in Pulumi.yaml's order: the security, monitoring, data gate, then feature
+#: lifecycle groups last
 FIELDS = dict(sorted(((f.alias, (name, f)) for name, f in StackConfig.model_fields.items()),
-                     key=lambda kv: (kv[1][0] in config_gates.GateKeys.model_fields,
+                     key=lambda kv: (kv[1][0] in config_lifecycle.LifecycleKeys.model_fields,
+                                     kv[1][0] in config_gates.GateKeys.model_fields,
                                      kv[1][0] in config_monitoring.MonitoringKeys.model_fields,
                                      kv[1][0] in config_security.SecurityKeys.model_fields)))
 KEYS = list(FIELDS) + list(SECRETS)

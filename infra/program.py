@@ -12,6 +12,7 @@ that left the program (an old cube layout) are deleted after all of them.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from typing import Any, Optional
 
@@ -25,7 +26,7 @@ from components.credentials import Credentials, CredentialsArgs
 from components.network_policies import NetworkPolicies, NetworkPoliciesArgs, Peers
 from components.training_job import TASK_LABEL
 from components.object_store import ObjectStoreAccess, ObjectStoreAccessArgs
-from infra import config_gates, config_monitoring, config_security, config_tracking
+from infra import config_gates, config_lifecycle, config_monitoring, config_security, config_tracking
 from infra.config import PROJECT, REPO_ROOT, Secrets, StackConfig, load
 from infra.config_storage import annotations
 from runtime import dense_backends
@@ -126,7 +127,8 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         data_format=cfg.data_format, slot_file=cfg.slot_file or None,
         output=root, upload_token_secret=token_secret, upload_token_key=token_key,
         shared_storage_class=cfg.training_shared_storage_class or None,
-        shared_size=cfg.training_shared_size, gate_args=config_gates.gate_argv(cfg.train_config()), **track))
+        shared_size=cfg.training_shared_size, gate_args=config_gates.gate_argv(cfg.train_config()),
+        lifecycle_args=config_lifecycle.lifecycle_argv(cfg.train_config()), **track))
 
     cube = CubeCluster("cube", CubeClusterArgs(
         deployment=dep, image=images.cube, shards=cfg.cube_shards, replicas=cfg.cube_replicas,
@@ -173,7 +175,9 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
         deployment=dep, mode=cfg.monitoring,
         targets=[*(files.scrape_targets if files else []), *cube.scrape_targets, *transfer.scrape_targets,
                  *serving.scrape_targets, *training.scrape_targets],
-        labels=config_monitoring.labels(cfg.monitoring_labels), thresholds=cfg.thresholds(),
+        labels=config_monitoring.labels(cfg.monitoring_labels),
+        thresholds=dataclasses.replace(cfg.thresholds(), pserver_budget_rows=cfg.pserver_budget_rows,
+                                       cube_shard_budget_keys=cfg.cube_shard_budget_keys),
         runbook_url=cfg.monitoring_runbook_url, dashboards=cfg.grafana_dashboards))
 
     return {

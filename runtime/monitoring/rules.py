@@ -39,6 +39,8 @@ class Thresholds:
         unavailable_per_s: serving's 503 answers per second, sustained.
         trainer_stall_s: no partition trained for this long while partitions wait.
         for_s: how long a condition holds before most alerts fire.
+        pserver_budget_rows / cube_shard_budget_keys: the sparse table's budget per
+            parameter server (rows) and per cube shard (keys); 0: no budget, no alert.
     """
 
     freshness_slo_s: float = 3 * 3600
@@ -48,6 +50,8 @@ class Thresholds:
     unavailable_per_s: float = 1.0
     trainer_stall_s: float = 3600
     for_s: float = 300
+    pserver_budget_rows: float = 0
+    cube_shard_budget_keys: float = 0
 
     def __post_init__(self):
         for f in fields(self):
@@ -181,7 +185,34 @@ def alerts(t: Optional[Thresholds] = None) -> list[Alert]:
               "The {{ $labels.job }} of {{ $labels.namespace }} cannot reach its MLflow server; events are kept "
               "and retried, then dropped.", "tracking-unreachable"),
         *gate_alerts(),
+        *budget_alerts(t),
     ]
+
+
+#: the table's trend the budget alerts extrapolate (``predict_linear``), and how far
+BUDGET_TREND, BUDGET_HORIZON_S = "6h", 86400
+
+
+def budget_alerts(t: Thresholds) -> list[Alert]:
+    """The table budget's alerts (``runtime.trainer.lifecycle``: the rows each parameter
+    server holds, ``elastic_ctr_pserver_table_rows``, counted at every shrink point and
+    base; the keys each cube shard serves, ``elastic_ctr_cube_dict_keys``): a ticket when
+    the last ``BUDGET_TREND`` of the table, extrapolated ``BUDGET_HORIZON_S`` ahead, passes
+    the budget, so that memory is planned before it runs out. Only for a budget set."""
+    out, ahead = [], duration(BUDGET_HORIZON_S)
+    for name, metric, by, budget, what in (
+            ("ElasticCtrPserverTableOverBudget", "elastic_ctr_pserver_table_rows", "pserver", t.pserver_budget_rows,
+             "Parameter server {{ $labels.pserver }}"),
+            ("ElasticCtrCubeShardOverBudget", "elastic_ctr_cube_dict_keys", "shard", t.cube_shard_budget_keys,
+             "Cube shard {{ $labels.shard }}")):
+        if budget:
+            out.append(Alert(
+                name, f"max by (namespace, {by}) (predict_linear({metric}[{BUDGET_TREND}], {BUDGET_HORIZON_S})) "
+                      f"> {budget:g}",
+                t.for_s, "ticket", "The sparse table is on course to pass its budget",
+                what + " of {{ $labels.namespace }} is on course to hold {{ $value | humanize }} rows in " + ahead
+                + f" (budget {budget:g}).", "table-over-budget"))
+    return out
 
 
 #: how long a quarantined partition or a held version keeps its gate alert firing
@@ -209,7 +240,8 @@ def gate_alerts() -> list[Alert]:
     ]
 
 
-ALERTS: dict[str, Alert] = {a.name: a for a in alerts()}
+#: every alert the rules may hold (the budget alerts with a budget set)
+ALERTS: dict[str, Alert] = {a.name: a for a in alerts(Thresholds(pserver_budget_rows=1, cube_shard_budget_keys=1))}
 
 
 def rule_groups(t: Optional[Thresholds] = None, runbook: str = RUNBOOK_PAGE,

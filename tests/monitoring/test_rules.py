@@ -16,8 +16,10 @@ from runtime.monitoring import rules
 HERE = Path(__file__).resolve().parent
 
 
-#: the promtool unit test files (the gates' alerts have their own)
-TEST_FILES = ("rules_test.yaml", "gate_rules_test.yaml")
+#: the promtool unit test files (the gates' and the table budget's alerts have their own)
+TEST_FILES = ("rules_test.yaml", "gate_rules_test.yaml", "budget_rules_test.yaml")
+#: the thresholds budget_rules_test.yaml is written for (the others: the defaults)
+BUDGETS = rules.Thresholds(pserver_budget_rows=1_000_000, cube_shard_budget_keys=500_000)
 
 
 def _write(tmp_path: Path, t: rules.Thresholds) -> Path:
@@ -36,7 +38,7 @@ def test_promtool_checks_the_rule_file(promtool, tmp_path):
 
 
 def test_every_alert_has_a_unit_test_that_passes(promtool, tmp_path):
-    _write(tmp_path, rules.Thresholds())
+    _write(tmp_path, BUDGETS)
     tested = {case["alertname"] for name in TEST_FILES for t in yaml.safe_load((tmp_path / name).read_text())["tests"]
               for case in t.get("alert_rule_test", [])}
     assert tested == set(rules.ALERTS), f"alerts without a unit test: {set(rules.ALERTS) - tested}"
@@ -62,6 +64,24 @@ def test_gate_alerts_lifecycle_fire_at_once_and_resolve_an_hour_after_the_last(p
     assert r.returncode != 0 and "ElasticCtrPartitionsQuarantined" in out and "ElasticCtrModelGateHeld" in out
 
 
+def test_lifecycle_table_budget_alerts_fire_a_day_ahead_of_the_budget(promtool, tmp_path):
+    """The table budget's alerts (budget_rules_test.yaml): a table growing 20k rows an hour
+    toward a 1M budget opens a ticket as soon as 6 hours show the trend; a table at its
+    plateau stays silent. With twice the budget the same series stay silent (the tests
+    fail), and a stack without a budget has no such alert."""
+    _write(tmp_path, BUDGETS)
+    r = subprocess.run([promtool, "test", "rules", "budget_rules_test.yaml"], capture_output=True, text=True,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    _write(tmp_path, rules.Thresholds(pserver_budget_rows=2_000_000, cube_shard_budget_keys=1_000_000))
+    r = subprocess.run([promtool, "test", "rules", "budget_rules_test.yaml"], capture_output=True, text=True,
+                       cwd=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "ElasticCtrPserverTableOverBudget" in out and "ElasticCtrCubeShardOverBudget" in out
+    names = {a.name for a in rules.alerts()}
+    assert not names & {"ElasticCtrPserverTableOverBudget", "ElasticCtrCubeShardOverBudget"}
+
+
 def test_the_unit_tests_fail_against_other_thresholds(promtool, tmp_path):
     test_file = _write(tmp_path, rules.Thresholds(freshness_slo_s=4 * 3600, error_ratio=0.1))
     r = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, cwd=tmp_path)
@@ -74,7 +94,7 @@ def test_every_alert_expression_names_catalogued_metrics():
     from runtime.metrics import catalog
 
     known = catalog.series_names()
-    for name, expr in [(a.name, a.expr) for a in rules.alerts()] + [(r["record"], r["expr"])
+    for name, expr in [(a.name, a.expr) for a in rules.ALERTS.values()] + [(r["record"], r["expr"])
                                                                    for r in rules.recording_rules()]:
         missing = catalog.unknown_metrics(expr, known)
         assert not missing, f"{name}: no role exposes {missing}"
