@@ -444,3 +444,29 @@ def test_continuous_job_quarantines_a_broken_hour_and_goes_on(tmp_path, brk):
     assert [e.rows for e in evs] == [200, 400, 600, 800, 1000] and parts[0]["rows"] == 4000 - 200
     assert evs[0].baseline is None and all(e.baseline is not None for e in evs[1:])
     assert all(0.6 < e.candidate.auc < 1 and 0.5 < e.candidate.calibration < 2 for e in evs[1:])
+
+
+def test_schema_drift_replays_partitions_and_names_a_collapsed_categorical_slot(small, tmp_path, capsys):
+    """``elastic-ctr schema drift``: normal partitions exit 0 with each one's distances and
+    the largest over the span; hour 06 with C5 one value in every row exits 1, its line
+    naming the slot and the categorical bounds; ``schema infer`` and ``check`` read the
+    same span."""
+    from runtime.cli import main
+
+    root = tmp_path / "hours"
+    _copy_hours(small, root, 7)
+    span = ["--data-root", str(root), "--start-hour", START, "--end-hour", "20261120/06"]
+    assert main(["schema", "drift", *span]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [ln.split()[0] for ln in out[1:8]] == [str(h) for h in _hours(7)]
+    assert out[-1].startswith("drift linf_max=") and "quarantined=0" in out[-1]
+    linf = float(out[-1].split("linf_max=")[1].split()[0])
+    assert 0 < linf < data_gate.Thresholds().categorical_linf
+    _rewrite(root, _hours(7)[6], _collapse(5, "0badcafe"))
+    assert main(["schema", "drift", *span]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert "categorical drift 1 (C5)" in out[7] and "distinct values 1 (C5)" in out[7] and " C5 " in out[7]
+    assert "quarantined=1" in out[-1]
+    schema = tmp_path / "ctr.yaml"
+    assert main(["schema", "infer", *span[:4], "--end-hour", "20261120/05", "--out", str(schema)]) == 0
+    assert main(["schema", "check", *span, "--schema", str(schema)]) == 0
