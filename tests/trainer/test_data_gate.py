@@ -167,7 +167,8 @@ def test_a_slot_collapsed_to_one_constant_passes_the_other_bounds_and_breaks_the
     assert {a.check for a in bad} <= CATEGORICAL and "distinct_values" in {a.check for a in bad}, bad
     assert {a.feature for a in bad} == {f"C{slot}"}, bad
     got = {a.check: a for a in bad}
-    assert got["distinct_values"].value == 1 and got["distinct_values"].message.startswith(f"distinct values 1 (C{slot})")
+    assert got["distinct_values"].value == 1
+    assert got["distinct_values"].message.startswith(f"distinct values 1 (C{slot})")
     if default:  # a value the window never saw: its whole frequency is the distance
         assert got["categorical_drift"].value > 0.99
 
@@ -406,8 +407,9 @@ BREAKS = {"labels": (lambda f: [str(1 - int(f[0]))] + f[1:], "click_rate", "clic
 @pytest.mark.parametrize("brk", sorted(BREAKS))
 def test_continuous_job_quarantines_a_broken_hour_and_goes_on(tmp_path, brk):
     """(a) and (b) at process level: --single continuous over 6 hours, hour 04 with flipped
-    labels, slot C3 empty, or slot C13 (2000 values) one constant in every row: quarantined (marker, summary, log line naming the anomaly),
-    never trained, the hour after it trained and exported."""
+    labels, slot C3 empty, or slot C13 (2000 values) one constant in every row: quarantined
+    (marker, summary, log line naming the anomaly), never trained, the hour after it
+    trained and exported."""
     rewrite, check, words = BREAKS[brk]
     root = tmp_path / "hours"
     generator.generate_hours(root, 6, START, 4000, seed=6)
