@@ -8,6 +8,7 @@ program (``infra/program.py``) turns the stack configuration into them. Its anno
 attributes are the component's outputs in the schema, each described by the docstring after
 it (the SDK's analyzer reads both: no ``from __future__ import annotations`` here).
 """
+import dataclasses
 from pathlib import Path
 from typing import Any, Optional
 
@@ -16,7 +17,7 @@ import pulumi
 from components import (credentials, cube_cluster, cube_transfer, file_server, images, monitoring, network_policies,
                         object_store, serving, tracking_server, training_job)
 from components.network_policies import Peers
-from infra import config, config_gates, config_monitoring, config_security, config_storage
+from infra import config, config_gates, config_lifecycle, config_monitoring, config_security, config_storage
 from infra.config import REPO_ROOT
 from provider import keys, wiring
 from provider.args import (CredentialsArgs, CubeClusterArgs, CubeTransferArgs, EnvVar, FileServerArgs, ImagesArgs,
@@ -167,7 +168,7 @@ class TrainingJob(training_job.TrainingJob):
     def __init__(self, name: str, args: TrainingJobArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
         cfg = keys.stack_config("TrainingJobArgs", args)
         try:
-            gate_args = config_gates.gate_argv(cfg.train_config())
+            train = cfg.train_config()
         except TrainConfigError as exc:
             errors = [{"property_path": config.KEY_OF.get(p.field, p.field),
                        "reason": p.render(lambda f: config.KEY_OF.get(f, f))} for p in exc.problems]
@@ -189,7 +190,8 @@ class TrainingJob(training_job.TrainingJob):
             output=args["version_root"], upload_token_secret=args.get("upload_token_secret"),
             upload_token_key=args.get("upload_token_key", file_server.TOKEN_KEY),
             shared_storage_class=cfg.training_shared_storage_class or None,
-            shared_size=cfg.training_shared_size, gate_args=gate_args,
+            shared_size=cfg.training_shared_size, gate_args=config_gates.gate_argv(train),
+            lifecycle_args=config_lifecycle.lifecycle_argv(train),
             tracking_uri=args.get("tracking_uri"), tracking_experiment=cfg.tracking_experiment,
             tracking_job=args.get("tracking_job") or f"{dep.instance}-{name}"), opts)
 
@@ -306,7 +308,9 @@ class Monitoring(monitoring.Monitoring):
         dep = wiring.deploy_context(args["deployment"], "Monitoring")
         super().__init__(name, monitoring.MonitoringArgs(
             deployment=dep, mode=cfg.monitoring, targets=wiring.scrape_targets(dep, args["parts"]),
-            labels=config_monitoring.labels(cfg.monitoring_labels), thresholds=cfg.thresholds(),
+            labels=config_monitoring.labels(cfg.monitoring_labels),
+            thresholds=dataclasses.replace(cfg.thresholds(), pserver_budget_rows=cfg.pserver_budget_rows,
+                                           cube_shard_budget_keys=cfg.cube_shard_budget_keys),
             runbook_url=cfg.monitoring_runbook_url, dashboards=cfg.grafana_dashboards), opts)
 
 

@@ -26,7 +26,7 @@ import pulumi
 from pydantic import TypeAdapter, ValidationError
 from pydantic.alias_generators import to_camel
 
-from infra import config, config_gates, config_security
+from infra import config, config_gates, config_lifecycle, config_security
 from infra.config_reference import allowed
 
 #: args class (or input type) name -> the stack keys among its inputs (camelCase, as set
@@ -49,7 +49,8 @@ KEYS: dict[str, tuple[str, ...]] = {
                         "partitionMinutes", "patchEverySeconds", "baseEveryMinutes", "checkpointEveryMinutes",
                         "dataSource", "dataTestSource", "dataFormat", "slotFile", "trainingSharedStorageClass",
                         "trainingSharedSize", "trackingExperiment", "dataSchema",
-                        *(to_camel(k) for k in config_gates.TRAIN_KEYS)),
+                        *(to_camel(k) for k in config_gates.TRAIN_KEYS),
+                        *(to_camel(k) for k in config_lifecycle.TRAIN_KEYS)),
     "CubeClusterArgs": ("cubeShards", "cubeReplicas", "cubeServerCpu", "cubeServerMemory", "cubeAgentCpu",
                         "cubeAgentMemory", "cubeDataSize"),
     "CubeTransferArgs": ("transferCpu", "transferMemory", "transferStorageSize", "storageClass", "servedVersion",
@@ -63,7 +64,8 @@ KEYS: dict[str, tuple[str, ...]] = {
                             "monitoringNamespace", "exposeFileServer", "fileServerSourceRanges"),
     "MonitoringArgs": ("monitoring", "monitoringLabels", "monitoringRunbookUrl", "grafanaDashboards",
                        "freshnessSloSeconds", "rolloutMaxSeconds", "servingErrorRatio", "servingP99Ms",
-                       "servingUnavailablePerSecond", "trainerStallSeconds"),
+                       "servingUnavailablePerSecond", "trainerStallSeconds", "pserverBudgetRows",
+                       "cubeShardBudgetKeys"),
 }
 #: stack keys that are no component's input: what a program in another language does instead
 NOT_INPUTS: dict[str, str] = {

@@ -34,7 +34,8 @@ STORE_OVERRIDES = ["modelRoot=s3://ctr-bucket/model", "storageEndpointUrl=http:/
                    "servingClientNamespaces=frontend,batch", "servingClientPodLabels=app=ranker",
                    "servingClientCidrs=198.51.100.0/24", "trackingUiPodLabels=app=proxy", "monitoringNamespace=prom",
                    "servedVersion=1795929686", "keepVersions=5", "modelGate=false", "modelGateAucDrop=0.1",
-                   "denseBackend=paddle", "cubeShards=3", "imagePullPolicy=Always", "psMode=async-merged", "sparseShards=4"]
+                   "denseBackend=paddle", "cubeShards=3", "imagePullPolicy=Always", "psMode=async-merged", "sparseShards=4",
+                   "featureMinCount=3", "featureTtlHours=72"]
 STORE_SECRETS = {"storageAccessKeyId": "AKIA-write-0123456789", "storageSecretAccessKey": "write-secret-0123456789",
                  "storageReadAccessKeyId": "AKIA-read-0123456789", "storageReadSecretAccessKey": "read-secret-0123456"}
 STORE_PROGRAM = """
@@ -125,6 +126,8 @@ resources:
       dataStartHour: 20261120/00
       dataSchema: s3://ctr-bucket/schemas/ctr.yaml
       gateWindow: 12
+      featureMinCount: 3
+      featureTtlHours: 72
   cube:
     type: elastic-ctr:index:CubeCluster
     properties:
@@ -278,13 +281,17 @@ def test_construct_object_store_variant_matches_the_python_program():
     assert any(t.endswith(":ObjectStoreAccess") for t, _, _ in program.constructed)
     kinds = {m.split("-")[1] for m in manifests(regs)}
     assert "horizontalpodautoscaler" in kinds and "servicemonitor" not in kinds  # inflight HPA; annotations
+    job = json.dumps(manifests(regs)["09-job-ctr-train.yaml"])
+    assert '"--feature-min-count", "3"' in job and "--gate-window" in job  # the lifecycle's and data gate's flags
 
 
 def test_construct_workload_identity_variant_matches_the_python_program():
     overrides = ["modelRoot=s3://ctr-bucket/model", "dataSource=s3://ctr-bucket/hours", "dataTestSource=s3://t/x",
                  "storageServiceAccountAnnotations=eks.amazonaws.com/role-arn=arn:aws:iam::123456789012:role/ctr",
                  "storageReadServiceAccountAnnotations=eks.amazonaws.com/role-arn=arn:aws:iam::123456789012:role/r",
-                 "networkPolicies=false", "monitoring=none", "grafanaDashboards=false", "trackingServer=false"]
+                 "networkPolicies=false", "grafanaDashboards=false", "trackingServer=false",
+                 "monitoring=prometheus-operator", "monitoringLabels=release=kps,team=ctr", "freshnessSloSeconds=7200",
+                 "servingP99Ms=50", "pserverBudgetRows=1000000", "cubeShardBudgetKeys=100000"]
     doc = yaml.safe_load(STORE_PROGRAM)
     deployment = {"namespace": "${ns.metadata.name}", "instance": "${instance}",
                   "credentials": "${credentials.secrets}", "identity": {
@@ -299,15 +306,24 @@ def test_construct_workload_identity_variant_matches_the_python_program():
                                                             "instance": "${instance}"}
     resources["training"]["properties"] = {k: v for k, v in resources["training"]["properties"].items()
                                            if k not in ("trackingUri", "trackingExperiment", "psMode", "sparseShards",
-                                                        "trainingMode", "dataStartHour", "dataSchema", "gateWindow")}
+                                                        "trainingMode", "dataStartHour", "dataSchema", "gateWindow",
+                                                        "featureMinCount", "featureTtlHours")}
     resources["training"]["properties"]["dataTestSource"] = "s3://t/x"
     resources["cube"]["properties"]["cubeShards"] = 2
     resources["transfer"]["properties"] = {k: v for k, v in resources["transfer"]["properties"].items()
                                            if not k.startswith(("tracking", "served", "keep", "modelGate"))}
     resources["serving"]["properties"] = {k: v for k, v in resources["serving"]["properties"].items()
                                           if not k.startswith(("servingMax", "servingAuto", "servingTarget", "dense"))}
-    resources["monitoring"]["properties"].update(monitoring="none", grafanaDashboards=False)
-    assert_same(python_program(overrides), package_program(doc, {})[:2])
+    resources["monitoring"]["properties"] = {
+        "deployment": "${deployment}", "parts": "${parts}", "monitoring": "prometheus-operator",
+        "grafanaDashboards": False, "monitoringLabels": "release=kps,team=ctr", "freshnessSloSeconds": 7200,
+        "servingP99Ms": 50, "pserverBudgetRows": 1000000, "cubeShardBudgetKeys": 100000}
+    regs = package_program(doc, {})[0]
+    assert_same(python_program(overrides), (regs, {}))
+    rule = manifests(regs)["10-prometheusrule-monitoring-rules.yaml"]
+    text = json.dumps(rule)
+    assert "ElasticCtrPserverTableOverBudget" in text and "> 1e+06" in text  # the budgets' alerts
+    assert "ElasticCtrCubeShardOverBudget" in text and rule["metadata"]["labels"]["release"] == "kps"
 
 
 def test_construct_credentials_output_without_a_boundary_is_refused_naming_it():
@@ -322,5 +338,6 @@ def test_construct_credentials_output_without_a_boundary_is_refused_naming_it():
         assert sorted(creds) == ["cube-control", "fileserver-read", "fileserver-write", "tracking"]
         return {"cube": creds["cube-control"], "tracking": creds["tracking"]}
 
-    with pytest.raises(Exception, match="Serving: deployment.credentials has no Secret for the trust boundary 'tracking'"):
+    with pytest.raises(Exception, match="Serving: deployment.credentials has no Secret for the trust boundary "
+                                        "'(tracking|fileserver-write|fileserver-read)' \\(it has \\['cube-control'\\]\\)"):
         run_program({}, set(), "dev", program=program)

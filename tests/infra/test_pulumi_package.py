@@ -251,3 +251,14 @@ def test_pulumi_package_reference_page_lists_every_component_and_input(committed
         assert f"### `{token.rsplit(':', 1)[1]}`" in page
     assert "| `servingReplicas` | integer (plain) | Serving pods (1-100)" in page
     assert "| `uploadToken` | string (required, secret) |" in page
+
+
+def test_pulumi_package_training_job_applies_the_trainers_rules():
+    """The trainer's rules across its settings (``TrainConfig``) refuse a TrainingJob's
+    inputs before anything is declared, naming the inputs as the stack keys they are."""
+    with pytest.raises(Exception, match=r"TrainingJob: psMode 'geo' is invalid; allowed: async or async-merged "
+                                        r"when trainingMode is continuous"):
+        ElasticCtrProvider().construct("ctr-train", "elastic-ctr:index:TrainingJob", {
+            "deployment": {"namespace": "ns", "instance": "elastic-ctr-dev"}, "image": "trainer:dev",
+            "versionRoot": "s3://bucket/model", "psMode": "geo", "trainingMode": "continuous",
+            "dataSource": "s3://bucket/hours", "dataStartHour": "20261120/00"})
