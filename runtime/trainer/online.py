@@ -405,9 +405,10 @@ def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: parti
             trainer_metrics().served_changed(None if served.keys is None else len(served.keys), served.admitted,
                                              served.deleted)
         trainer_metrics().export_done(rec.kind, rec.seconds, rec.rows, rec.id, next_hour.start.timestamp())
-        log.info("%s: exported %s %d after partition %s: %d sparse rows (%d deletions) in %.1f s (rows %.1f s, "
-                 "publish %.1f s)", worker.who, rec.kind, rec.id, last_hour, rec.rows, rec.deleted, rec.seconds, rows_s,
-                 rec.publish_seconds)
+        log.info("%s: exported %s %d after partition %s: %d sparse rows (%d deletions; the served table: %s keys) "
+                 "in %.1f s (rows %.1f s, publish %.1f s)", worker.who, rec.kind, rec.id, last_hour, rec.rows,
+                 rec.deleted, "n/a" if served is None or served.keys is None else len(served.keys), rec.seconds,
+                 rows_s, rec.publish_seconds)
     return rec
 
 
