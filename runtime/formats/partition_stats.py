@@ -215,12 +215,16 @@ def categorical(feasigns: np.ndarray, missing: np.ndarray, k: int = TOP_VALUES,
     slot, values, counts = slot[keep], values[keep], counts[keep]
     distinct = np.bincount(slot, minlength=S)
     present = np.bincount(slot, weights=counts, minlength=S)
-    order = np.lexsort((-counts, slot))  # by slot, then the most frequent first (stable: ties by value)
+    # by slot, then the most frequent first (stable: ties by value, as sorted)
+    order = np.argsort(slot * (m + 1) + (m - counts), kind="stable")
     slot, values, counts = slot[order], values[order], counts[order]
-    rank = np.arange(len(slot)) - np.searchsorted(slot, slot)
+    rank = np.arange(len(slot)) - (np.cumsum(distinct) - distinct)[slot]
+    first_k = rank < k
+    slot, values = slot[first_k], values[first_k]
+    frac = np.round(counts[first_k] / present[slot], 6)
     top = [[] for _ in range(S)]
-    for s, v, c in zip(*(x[rank < k].tolist() for x in (slot, values, counts))):
-        top[s].append((v, round(c / present[s], 6)))
+    for s, v, f in zip(slot.tolist(), values.tolist(), frac.tolist()):
+        top[s].append((v, f))
     return m, top, [int(d) for d in distinct]
 
 
