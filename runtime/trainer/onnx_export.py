@@ -44,8 +44,8 @@ FILE = "model.onnx"
 #: the ONNX opset written (ONNX Runtime, Triton's onnxruntime backend and KServe's
 #: runtimes all read it)
 OPSET = 13
-#: seconds the conversion may take (it takes about 2 s: the child's imports of Paddle and
-#: paddle2onnx, then 0.1 s of conversion)
+#: seconds the conversion may take (3.3 s on 2 loaded cores, most of it the child's imports
+#: of Paddle and paddle2onnx; the conversion itself 0.1 s)
 CONVERT_TIMEOUT_S = 300.0
 #: rows of the check's sample
 CHECK_ROWS = 256
