@@ -145,12 +145,19 @@ class JobTracking:
     def version(self, step: Optional[int], rec: Mapping[str, Any], model_meta: Optional[dict]) -> None:
         """One exported version: ``rec`` = ``{"id", "kind", "base", "hour", "rows",
         "seconds"}`` (``runtime.trainer.online.ExportRecord``; batch: ``hour`` None):
-        ``EXPORT_METRICS`` at ``step``, the ``version.<id>.*`` tags and the artifact."""
+        ``EXPORT_METRICS`` at ``step``, the ``version.<id>.*`` tags (``version.<id>.onnx``:
+        ``model.onnx``, or ``none: <why>``, from ``model_meta``'s ``onnx``) and the artifact
+        (``rec`` with ``model_meta``)."""
         vid = rec["id"]
         self.job.log_metrics({"export_rows": rec.get("rows"), "export_seconds": rec.get("seconds"),
                               "version_id": vid}, step=step)
-        self.job.set_tags({f"version.{vid}.kind": rec.get("kind"), f"version.{vid}.base": rec.get("base"),
-                           f"version.{vid}.hour": rec.get("hour")})
+        tags = {f"version.{vid}.kind": rec.get("kind"), f"version.{vid}.base": rec.get("base"),
+                f"version.{vid}.hour": rec.get("hour")}
+        onnx = (model_meta or {}).get("onnx")
+        if onnx:  # the ONNX copy (runtime.trainer.onnx_export): its file, or why there is none
+            tags[f"version.{vid}.onnx"] = (onnx["file"] if onnx.get("file") else
+                                           f"none: {onnx.get('error')}")[:TAG_MAX]
+        self.job.set_tags(tags)
         self.job.log_dict({**dict(rec), "model_meta": model_meta}, f"versions/{vid}.json")
 
     def totals(self, figures: Mapping[str, Optional[float]]) -> None:

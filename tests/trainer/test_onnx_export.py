@@ -149,3 +149,34 @@ def test_onnx_record_round_trips_through_model_meta_json(exported, tmp_path):
     assert ModelMeta.parse(doc).onnx == ModelMeta.read(dense).onnx
     doc.pop("onnx")  # a version exported without an ONNX copy still reads: Paddle alone
     assert ModelMeta.parse(doc).onnx_file is None
+
+
+class _Run:
+    """A tracker stand-in that keeps what it is given."""
+
+    def __init__(self):
+        self.tags, self.metrics, self.dicts = {}, [], []
+
+    def set_tags(self, tags):
+        self.tags.update(tags)
+
+    def log_metrics(self, metrics, step=None):
+        self.metrics.append((step, metrics))
+
+    def log_dict(self, doc, name):
+        self.dicts.append((name, doc))
+
+
+@pytest.mark.parametrize("onnx, tag", [
+    ({"file": "model.onnx", "error": None}, "model.onnx"),
+    ({"file": None, "error": "check: ONNX Runtime and Paddle Inference differ by 0.3"},
+     "none: check: ONNX Runtime and Paddle Inference differ by 0.3")])
+def test_onnx_outcome_goes_to_the_jobs_run_history(onnx, tag):
+    from runtime import tracking
+
+    job = _Run()
+    tracking.JobTracking(job, _Run()).version(3, {"id": 9, "kind": "base", "base": 9, "hour": None, "rows": 5,
+                                                  "seconds": 1.0}, {"version": 9, "onnx": onnx})
+    assert job.tags["version.9.onnx"] == tag
+    assert job.dicts == [("versions/9.json", {"id": 9, "kind": "base", "base": 9, "hour": None, "rows": 5,
+                                              "seconds": 1.0, "model_meta": {"version": 9, "onnx": onnx}})]
