@@ -6,21 +6,21 @@ written by the trainer's export from the Paddle inference program: the same inpu
 (``dense_input`` float32[n,13], ``emb_1``..``emb_S`` float32[n,dim]) and output (``prob``
 float32[n,1]). Nothing here imports Paddle.
 
-Session options, chosen by measurement (``make bench-dense``; this 2-core machine, the
-trainer's default network, µs of CPU per run at batch 1 / 256):
+Session options, chosen by measurement (``make bench-dense``: the trainer's default
+network on this 2-core machine, µs of CPU per run at batch 1 / 256; docs/benchmarks.md):
 
 * one intra-op thread and one inter-op thread, sequential execution: the run stays on the
-  calling thread (serving scales by worker processes). Two intra-op threads gave the same
-  time at batch 1 and cost 1.6x the CPU at batch 256 (its threads spin while waiting);
-* graph optimization ``ORT_ENABLE_ALL``: 10.4 / 124 (basic and extended the same within
-  noise; none: 23.2 / 148, the converter's Identity and Reshape nodes then run);
-* the CPU memory arena and memory patterns on (ONNX Runtime's defaults): without memory
-  patterns 12.2 at batch 1; without the arena no difference;
+  calling thread (serving scales by worker processes). Two intra-op threads: 11.1 / 229
+  (the wall time at 256 halves, the CPU doubles: the pool's threads spin while waiting);
+* graph optimization ``ORT_ENABLE_ALL``: 10.4 / 122 (extended and basic the same within
+  noise; none: 23.4 / 149, the converter's Identity and Reshape nodes then run);
+* the CPU memory arena and memory patterns on (ONNX Runtime's defaults): memory patterns
+  off 12.4 / 125; the arena off the same CPU, more wall time at batch 1;
 * inputs and the output bound once per batch size (``IOBinding``) to buffers each binding
   owns, which ONNX Runtime reads and writes in place (``bind_cpu_input`` keeps a NumPy
   array's memory, no copy): a run copies the caller's two arrays into them and the output
-  out. The 27 inputs passed to ``InferenceSession.run`` instead: 28.6 / 139; bound anew
-  from the caller's arrays on every run: 34.1 / 147; making a binding costs about 31-36,
+  out. The 27 inputs passed to ``InferenceSession.run`` instead: 29.9 / 139; bound anew
+  from the caller's arrays on every run: 35.2 / 144; making a binding costs about 31-36,
   so each pooled binding keeps the last ``BOUND_SIZES`` batch sizes.
 """
 from __future__ import annotations
