@@ -15,7 +15,7 @@ NCA_PYTHON ?= python3.11
 CHECKOV_VENV ?= .venv-checkov
 PYTEST_ARGS ?=
 
-.PHONY: bench-manifest install browser prometheus constraints demo test test-fast docs bench-train bench-cube bench-rollout bench-serving bench-dense bench-serving-image bench-serving-peers bench-storage bench-tracking bench-metrics bench-online bench-fresh bench render golden pulumi-yaml pulumi-schema clean
+.PHONY: bench-soak bench-lifecycle bench-table-bytes bench-manifest install browser prometheus constraints demo test test-fast docs bench-train bench-cube bench-rollout bench-serving bench-dense bench-serving-image bench-serving-peers bench-storage bench-tracking bench-metrics bench-online bench-fresh bench render golden pulumi-yaml pulumi-schema clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -132,6 +132,19 @@ bench-manifest: install
 
 bench-fresh: install
 	$(BIN)/python bench/bench_fresh.py $(BENCH_FRESH_ARGS)
+
+## The feature lifecycle over days (bench/bench_soak.py): 48 simulated hours of the long-tail stream through the
+## whole pipeline, lifecycle on and off. BENCH_SOAK_ARGS="--hours 6 --day 3 --rows-per-hour 20000": a quick try.
+bench-soak: install
+	$(BIN)/python bench/bench_soak.py $(BENCH_SOAK_ARGS)
+
+## The lifecycle's settings: next-hour AUC against table size per setting (bench/bench_lifecycle.py).
+bench-lifecycle: install
+	$(BIN)/python bench/bench_lifecycle.py $(BENCH_LIFECYCLE_ARGS)
+
+## Bytes of a parameter-server row, admitted or not (bench/bench_table_bytes.py): sizing pserverMemory.
+bench-table-bytes: install
+	$(BIN)/python bench/bench_table_bytes.py $(BENCH_TABLE_BYTES_ARGS)
 
 bench-storage: install
 	$(BIN)/python bench/bench_storage.py

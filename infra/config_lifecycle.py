@@ -32,21 +32,22 @@ from runtime.trainer.lifecycle import lifecycle_argv  # noqa: F401  (the pods' f
 TRAIN_KEYS = {k: k for k in ("feature_min_count", "feature_ttl_hours", "shrink_every_minutes",
                              "feature_count_half_life_hours")}
 
-#: bytes of one parameter-server row, measured (Paddle 3.0.0, SparseAccessor + Adam, dim 9:
-#: docs/training.md "Sizing the table"): an admitted row (embedx and its Adam state) and a
-#: row only counted (not admitted), each with its hash-map entry
-PSERVER_ROW_BYTES = {"admitted": 300, "counted": 120}
-#: fixed resident memory of a pserver process (Paddle, the programs), bytes
-PSERVER_BASE_BYTES = 600 * 2**20
+#: bytes of one parameter-server row at dim 9, and per dimension more, measured by
+#: ``make bench-table-bytes`` (Paddle 3.0.0, SparseAccessor + Adam; the pserver's RSS after
+#: 1M keys pushed once, then again, at dims 9 and 16): an admitted row (embedx and its Adam
+#: state) and a row only counted (not admitted), each with its hash-map entry and allocation
+PSERVER_ROW_BYTES = {"admitted": (344, 26), "counted": (201, 14)}
+#: resident memory of a pserver process before any row (Paddle, the programs), bytes
+PSERVER_BASE_BYTES = 330 * 2**20
 #: fixed resident memory of a cube server (Python, numpy, the kernel), bytes
 CUBE_BASE_BYTES = 120 * 2**20
 
 
 def pserver_memory_for(rows: int, embedding_dim: int) -> int:
-    """Bytes a pserver holding ``rows`` rows needs (every one admitted: the bound),
-    ``embedding_dim`` wide (the measured row scales with it: 12 floats per dimension)."""
-    per_row = PSERVER_ROW_BYTES["admitted"] + 12 * 4 * (int(embedding_dim) - 9)
-    return PSERVER_BASE_BYTES + int(rows) * max(per_row, PSERVER_ROW_BYTES["counted"])
+    """Bytes a pserver holding ``rows`` rows needs, every one admitted (the bound),
+    ``embedding_dim`` wide (``PSERVER_ROW_BYTES``)."""
+    at9, per_dim = PSERVER_ROW_BYTES["admitted"]
+    return PSERVER_BASE_BYTES + int(rows) * (at9 + per_dim * (int(embedding_dim) - 9))
 
 
 def cube_memory_for(keys: int, embedding_dim: int) -> int:
