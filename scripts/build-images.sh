@@ -20,7 +20,9 @@
 #      cache it builds all the stages and the other two targets then come from the cache.
 #   5. Remove the untagged role images that earlier builds of these tags left behind.
 #
-# Usage: build-images.sh [ROLE...]    build these roles (default: trainer cube serving tracking)
+# Usage: build-images.sh [ROLE...]    build these roles (default: trainer cube serving tracking; any other
+#                                     target of the Dockerfile by name, e.g. serving-paddle, serving with
+#                                     Paddle Inference, which make images adds)
 #        build-images.sh --roles      print the roles (Dockerfile targets) it builds by default
 # Environment:
 #   IMAGE_TAG                   tag (default dev): elastic-ctr-<role>:<IMAGE_TAG>
