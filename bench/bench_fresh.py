@@ -6,7 +6,9 @@ partition.
    layout ``ROOT/YYYYMMDD/HHMM/``) are written into ``upstream/`` (not timed): partition 0
    is a warm-up of ``--warmup-rows`` rows of the generator whose present categorical values
    are all distinct (about 22 new feasigns a row, a few slots missing: 245k rows make a base
-   of 5.3M rows, the long tail of a big table, without generating hours of traffic);
+   of 5.3M rows, the long tail of a big table, without generating hours of traffic), each
+   row written ``--feature-min-count`` times (the trainer's default), so that its feasigns
+   are admitted (``runtime.trainer.lifecycle``);
    partitions 1..N hold
    ``--rows-per-hour`` / 60 rows each at the generator's production shape (``--shape
    long-tail``, ``runtime.trainer.generator``);
@@ -71,11 +73,11 @@ def _reset_peak(pid: int) -> bool:
         return False
 
 
-def write_warmup(directory: Path, rows: int, seed: int) -> None:
+def write_warmup(directory: Path, rows: int, seed: int, copies: int = 1) -> None:
     """``directory/part-00000``: ``rows`` rows of the long-tail generator (its labels, dense
     features and missing slots: the data gate sees the same source as in the partitions
     after it) whose present categorical values are replaced by random 32-bit hex tokens,
-    distinct across the file; then ``_SUCCESS``."""
+    distinct across the rows, each row written ``copies`` times; then ``_SUCCESS``."""
     from runtime.formats import features
     from runtime.trainer import generator
 
@@ -95,7 +97,7 @@ def write_warmup(directory: Path, rows: int, seed: int) -> None:
         for line, row in zip(lines, tokens):
             x = line.split("\t")
             x[head:] = [c and f"{t:08x}" for c, t in zip(x[head:], row)]  # a missing slot stays missing
-            f.write("\t".join(x) + "\n")
+            f.write(("\t".join(x) + "\n") * copies)
     partitions.mark_complete(directory)
 
 
@@ -174,7 +176,10 @@ def run(args) -> int:
     parts = [partitions.Partition.parse(START, minutes=1).next(i) for i in range(n + 1)]
     upstream, root = work / "upstream", work / "hours"
     t0 = time.monotonic()
-    write_warmup(Path(parts[0].location(str(upstream))), args.warmup_rows, args.seed)
+    from runtime.trainer.config import FIELDS
+
+    write_warmup(Path(parts[0].location(str(upstream))), args.warmup_rows, args.seed,
+                 copies=int(FIELDS["feature_min_count"].default))
     generator.generate_hours(upstream, n, str(parts[1]), rows, seed=args.seed, shape="long-tail",
                              scale=args.table_scale, minutes=1)
     print(f"wrote a warm-up partition of {args.warmup_rows} rows and {n} one-minute partitions of {rows} rows "

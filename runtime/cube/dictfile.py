@@ -138,6 +138,11 @@ def make_shard_dict(keys: np.ndarray, values: np.ndarray, *, dict_name: str, sha
     return ShardDict(meta, keys, values, index)
 
 
+def _bytes(arr: np.ndarray) -> memoryview:
+    """The bytes of ``arr`` (any shape, an empty one included) as a flat memoryview."""
+    return memoryview(np.ascontiguousarray(arr).reshape(-1)).cast("B")
+
+
 def write_shard_dict(directory: str | os.PathLike, d: ShardDict) -> DictMeta:
     """Writes ``d`` into ``directory`` (created) as the four files; fills and returns its
     meta (``bytes``, per-file ``bytes`` and ``crc32``). ``meta.json`` is written last."""
@@ -145,7 +150,7 @@ def write_shard_dict(directory: str | os.PathLike, d: ShardDict) -> DictMeta:
     directory.mkdir(parents=True, exist_ok=True)
     files = {}
     for name, arr in ((KEYS, d.keys), (VALUES, d.values), (INDEX, d.index)):
-        buf = memoryview(np.ascontiguousarray(arr)).cast("B")
+        buf = _bytes(arr)
         with open(directory / name, "wb") as f:
             f.write(buf)
         files[name] = {"bytes": buf.nbytes, "crc32": zlib.crc32(buf)}
@@ -267,7 +272,7 @@ def load_shard_dict(directory: str | os.PathLike, verify: bool = True, mmap: boo
         else:
             arr = np.fromfile(path, dtype=dtype).reshape(shape)
         if verify:
-            _check_crc(path, meta, zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B")))
+            _check_crc(path, meta, zlib.crc32(_bytes(arr)))
         arrays[name] = arr
     idx = arrays.get(INDEX)
     if verify and idx is not None:

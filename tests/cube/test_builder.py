@@ -146,3 +146,19 @@ def test_build_record_round_trip_and_errors(tmp_path):
     (vdir / "build.json").write_text("{")
     with pytest.raises(BuildRecordError, match="cannot read the build record"):
         BuildRecord.read(vdir)
+
+
+def test_a_shard_with_no_key_builds_and_loads(tmp_path):
+    """A small version (few feasigns admitted) can leave a shard empty: its dict is written
+    and loads as a table holding nothing."""
+    from runtime.cube.table import VersionView
+
+    keys = np.array([2, 4, 6], np.uint64)  # all on shard 0 of 2
+    values = np.ones((3, 4), np.float32)
+    res = build_version(tmp_path, keys, values, version=7, shard_num=2)
+    assert res.count == 3
+    empty = dictfile.load_shard_dict(tmp_path / "out" / DICT / "7" / f"{DICT}_part1")
+    assert len(empty) == 0 and empty.values.shape == (0, 4)
+    view = VersionView.of_base(empty.keys, empty.values, 7)
+    vals, found = view.lookup(keys)
+    assert len(view) == 0 and not found.any() and not vals.any()
