@@ -260,6 +260,8 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
     untrained = [hour]  # the first partition not trained yet (partitions_waiting counts from it)
     gate = data_gate.DataGate(cfg, worker.slots) if worker.chief and data_gate.active(cfg) else None
     ev = model_eval.Collector(EVAL_ROWS, cfg.gate_eval_rows) if worker.chief else None  # each version's evaluation
+    served = ServedKeys() if worker.chief else None
+    shrinks = ShrinkPoints(worker, cfg, since=state.checkpoint_since_shrink if ckpt is not None else 0)
     if worker.chief:
         m.count_waiting(waiting_counter(cfg.data_root, lambda: untrained[0]))
     while (end is None or hour <= end) and not stop.requested:
