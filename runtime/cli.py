@@ -28,6 +28,30 @@ class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpForm
     """``HelpFormatter`` keeping the description's own line breaks."""
 
 
+#: ``--log-level``'s choices (the ``logging`` module's level names)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class Parser(argparse.ArgumentParser):
+    """The parser of ``elastic-ctr`` and of every subcommand (``add_subparsers`` makes its
+    subparsers of the parser's own class). A subcommand's parser refuses arguments it does
+    not know itself, so the error shows that subcommand's usage, not the top level's; the
+    innermost subcommand's ``prog`` is kept in the namespace as ``_prog`` (the name the
+    error of a failed handler starts with)."""
+
+    #: True for the top-level parser only (``build_parser``)
+    top = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if not self.top:
+            if extras:
+                self.error("unrecognized arguments: " + " ".join(extras))
+            if not getattr(namespace, "_prog", None):
+                namespace._prog = self.prog
+        return namespace, extras
+
+
 # Role modules and the top-level subcommands each contributes, in the order they appear in
 # --help.
 _ROLE_MODULES = {
@@ -60,13 +84,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     that contributes it is imported and registered, so a role starts without importing the
     others (e.g. the cube server never imports the trainer's config model); with None, or a
     name no module contributes (argparse then names the choices), every role's."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="elastic-ctr", formatter_class=HelpFormatter,
         description="CTR pipeline: Paddle parameter-server training, the cube sparse-parameter "
-        "service, serving, and the Pulumi program that deploys them.",
+        "service, serving, and the Pulumi program that deploys them. Exit codes: 0 done, 1 the work "
+        "failed (or a check found a problem), 2 bad input or environment (a flag, file, location, "
+        "credential or stack setting; one line names it), 130 interrupted.",
     )
+    parser.top = True
     parser.add_argument(
-        "--log-level",
+        "--log-level", type=str.upper, choices=LOG_LEVELS,
         default=os.environ.get("ELASTIC_CTR_LOG_LEVEL", "INFO"),
         help="logging level (default: $ELASTIC_CTR_LOG_LEVEL, else INFO)",
     )
@@ -93,24 +120,33 @@ def main(argv: list[str] | None = None) -> int:
         StopSignal().install()
     parser = build_parser(command_of(raw))
     args = parser.parse_args(raw)
+    if str(args.log_level).upper() not in LOG_LEVELS:  # a default from the environment
+        parser.error(f"$ELASTIC_CTR_LOG_LEVEL {args.log_level!r}: expected one of {', '.join(LOG_LEVELS)}")
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if str(args.log_level).upper() != "DEBUG":  # libraries' chatter: retries (the final error says
+        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)  # it all), where keys came from
+        for name in ("botocore", "aiobotocore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.error(f"{args.command}: missing subcommand")
-    from runtime.auth import CredentialError
+    from runtime import errors
 
     try:
         rc = handler(args)
-    except CredentialError as exc:  # a role started without the credential it needs
-        print(f"elastic-ctr: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt as exc:  # SIGTERM to a launcher: its roles are stopped, exit 0
         from runtime.proc import Terminated
 
         return 0 if isinstance(exc, Terminated) else 130
+    except Exception as exc:  # noqa: BLE001 - bad input: one line; anything else keeps its traceback
+        if not errors.is_input_error(exc):
+            raise
+        logging.getLogger(__name__).debug("%s", getattr(args, "_prog", "elastic-ctr"), exc_info=True)
+        print(f"{getattr(args, '_prog', 'elastic-ctr')}: error: {errors.one_line(exc)}", file=sys.stderr)
+        return errors.BAD_INPUT
     return int(rc or 0)
 
 

@@ -50,6 +50,10 @@ INSTALL = {"s3": "pip install 'elastic-ctr[s3]'", "s3a": "pip install 'elastic-c
 LOCAL_SCHEMES = ("", "http", "https")
 S3_CONFIG = {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 4, "mode": "standard"}}
 """botocore settings for every S3 client (bounded retries of transient errors)."""
+#: S3_CONFIG's figures, for messages: botocore rewrites the ``retries`` dict it is given, and
+#: its ``max_attempts`` counts the retries after the first request
+_CONNECT_S, _READ_S = S3_CONFIG["connect_timeout"], S3_CONFIG["read_timeout"]
+_ATTEMPTS = S3_CONFIG["retries"]["max_attempts"] + 1
 APPEND_ATTEMPTS = 8
 
 
@@ -103,22 +107,63 @@ def filesystem(location: str):
                          f"webhdfs:// needs neither)") from None
 
 
-def describe(exc: BaseException) -> str:
+def describe(exc: BaseException, location: str = "") -> str:
     """A one-line reason for a store error: what was wrong, for a message that already
-    names the location."""
+    names the location: access denied (with where the credentials came from, for an
+    ``s3://`` ``location``: ``credential_source``, never a secret), no credentials, the
+    endpoint unreachable, a timeout, a missing object or bucket."""
     name = type(exc).__name__
     text = str(exc).splitlines()[0] if str(exc) else name
+    s3 = scheme(location) in ("s3", "s3a")
     if isinstance(exc, StoreError):
         return text
     if isinstance(exc, FileNotFoundError):
         return f"no such object or bucket ({text})"
     if isinstance(exc, PermissionError):
-        return f"access denied: check the credentials ({text})"
+        used = f"; credentials: {credential_source()}" if s3 else ""
+        return f"access denied: check the credentials ({text}{used})"
     if name in ("NoCredentialsError", "PartialCredentialsError"):
         return f"no credentials: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a workload identity ({text})"
-    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ConnectionError"):
-        return f"endpoint unreachable after retries ({text})"
+    if name in ("ConnectTimeoutError", "ReadTimeoutError") or isinstance(exc, TimeoutError):
+        limits = f" (connect {_CONNECT_S} s, read {_READ_S} s, {_ATTEMPTS} attempts)" if s3 else ""
+        return f"timed out{limits}: {text}"
+    if name in ("EndpointConnectionError", "ClientConnectorError", "ConnectionError"):
+        tries = f" after {_ATTEMPTS} attempts" if s3 else " after retries"
+        return f"endpoint unreachable{tries} ({text})"
     return f"{name}: {text}"
+
+
+#: botocore's name of each credential provider -> what an operator knows it as
+CREDENTIAL_SOURCES = {
+    "env": "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY from the environment",
+    "explicit": "keys given to the client",
+    "shared-credentials-file": "the shared credentials file (~/.aws/credentials or $AWS_SHARED_CREDENTIALS_FILE)",
+    "config-file": "the config file (~/.aws/config or $AWS_CONFIG_FILE)",
+    "assume-role": "a role assumed from the config file's profile",
+    "assume-role-with-web-identity": "a web identity token ($AWS_WEB_IDENTITY_TOKEN_FILE: IRSA)",
+    "container-role": "the container credentials endpoint (EKS Pod Identity, ECS task role)",
+    "iam-role": "the instance's IAM role (instance metadata)",
+    "sso": "AWS IAM Identity Center (SSO)",
+    "custom-process": "a credential_process of the config file",
+}
+
+
+def credential_source() -> str:
+    """Which of botocore's credential providers the S3 client's keys come from (the chain
+    s3fs resolves: environment, shared files, web identity, container, instance metadata),
+    with the access key id's last 4 characters; never a secret. ``"none found"`` when the
+    chain finds none."""
+    try:
+        import botocore.session
+
+        creds = botocore.session.get_session().get_credentials()
+    except Exception as exc:  # noqa: BLE001 - a broken config file: say so, do not fail the message
+        return f"unknown ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    if creds is None:
+        return "none found (environment, ~/.aws, web identity, container, instance metadata)"
+    key = getattr(creds, "access_key", "") or ""
+    where = CREDENTIAL_SOURCES.get(creds.method, creds.method)
+    return f"{where}, key id ...{key[-4:]}" if len(key) >= 8 else where
 
 
 def _full(fs, path: str) -> str:

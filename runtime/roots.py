@@ -29,7 +29,9 @@ def check_root(location: str, flag: str, write: bool = False, token: str | None 
     bucket must exist (read) or a ``PROBE`` object is written and deleted (write).
 
     Raises ``storage.LocationError`` (``LocationNotFound`` for a missing directory or
-    bucket) naming ``flag``, the location and what is wrong."""
+    bucket) naming ``flag``, the location and what is wrong; on an object store: the
+    bucket is missing, access is denied (naming where the credentials came from,
+    ``objectstore.credential_source``), the endpoint is unreachable, or it timed out."""
     loc = str(location)
     if storage.is_store(loc):
         _check_store(loc, flag, write)
@@ -74,15 +76,23 @@ def _check_url(loc: str, flag: str, write: bool, token: str | None, timeout_s: f
 def _check_store(loc: str, flag: str, write: bool) -> None:
     try:
         fs, path = objectstore.filesystem(loc)
-        bucket = path.split("/", 1)[0]
+    except objectstore.StoreError as exc:
+        raise storage.LocationError(f"{flag} {loc}: {exc}") from None
+    bucket = path.split("/", 1)[0]
+    try:
+        fs.info(bucket)  # raises what is wrong: no bucket, access denied, unreachable, timed out
+    except FileNotFoundError:
+        raise storage.LocationNotFound(f"{flag} {loc}: no such bucket {bucket!r}") from None
+    except PermissionError as exc:  # HeadBucket refused: other probes of the bucket may still pass
         if not fs.exists(bucket):
-            raise storage.LocationNotFound(f"{flag} {loc}: no such bucket {bucket!r}")
-        if write:
-            probe = f"{path.rstrip('/')}/{PROBE}-{uuid.uuid4().hex[:8]}"
-            fs.pipe_file(probe, b"ok\n")
-            fs.rm_file(probe)
-    except storage.LocationError:
-        raise
+            raise storage.LocationError(f"{flag} {loc}: {objectstore.describe(exc, loc)}") from None
     except Exception as exc:  # noqa: BLE001 - every store error names the location
-        what = "cannot write in it" if write else "unreachable"
-        raise storage.LocationError(f"{flag} {loc}: {what}: {objectstore.describe(exc)}") from None
+        raise storage.LocationError(f"{flag} {loc}: {objectstore.describe(exc, loc)}") from None
+    if not write:
+        return
+    probe = f"{path.rstrip('/')}/{PROBE}-{uuid.uuid4().hex[:8]}"
+    try:
+        fs.pipe_file(probe, b"ok\n")
+        fs.rm_file(probe)
+    except Exception as exc:  # noqa: BLE001 - every store error names the location
+        raise storage.LocationError(f"{flag} {loc}: cannot write in it: {objectstore.describe(exc, loc)}") from None

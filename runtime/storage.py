@@ -69,7 +69,7 @@ def is_remote(location: str) -> bool:
 
 def _store_error(location: str, exc: BaseException, what: str = "") -> LocationError:
     cls = LocationNotFound if isinstance(exc, FileNotFoundError) else LocationError
-    return cls(f"{what}{location}: {objectstore.describe(exc)}")
+    return cls(f"{what}{location}: {objectstore.describe(exc, location)}")
 
 
 def is_url(location: str) -> bool:

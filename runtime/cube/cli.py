@@ -16,7 +16,11 @@ from runtime.webserver import add_drain_seconds
 
 def register(sub: "argparse._SubParsersAction") -> None:
     """Adds ``cube`` and its subcommands to the top-level parser."""
-    cube = sub.add_parser("cube", formatter_class=HelpFormatter, help="the cube sparse-parameter service: build, server, agent, transfer")
+    cube = sub.add_parser("cube", formatter_class=HelpFormatter, help="the cube sparse-parameter service: build, server, agent, transfer",
+                          description="The cube: the sharded (key % shards), replicated sparse-parameter service. "
+                          "A version is built into per-shard dicts (build), published, downloaded and loaded by each "
+                          "replica's agent and server, and rolled out to every shard x replica by the transfer "
+                          "(docs/cube.md).")
     cube_sub = cube.add_subparsers(dest="cube_command", metavar="CUBE_COMMAND")
     cube_sub.required = True
     for fn in _REGISTRARS:
@@ -28,7 +32,12 @@ def register_rollback(sub: "argparse._SubParsersAction") -> None:
     """``elastic-ctr rollback``: pins a version through the transfer's ``POST /rollback``
     and waits until it is served (``runtime.cube.transfer.rollback``)."""
     p = sub.add_parser("rollback", formatter_class=HelpFormatter,
-                       help="serve a chosen version (pin it) or follow training again (--follow)")
+                       help="serve a chosen version (pin it) or follow training again (--follow)",
+                       description="Serve a chosen version (pin it) or follow training again, through the cube "
+                       "transfer's POST /rollback, with the cube-control credential of "
+                       "$ELASTIC_CTR_CREDENTIALS_DIR (on a cluster: port-forward the transfer first; docs: Rollback "
+                       "on a cluster). Exit codes: 0 served (or the pin lifted), 1 refused or not served in time, "
+                       "2 the transfer unreachable or the credential missing or wrong.")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--to", type=int, metavar="VERSION", help="the version id to serve")
     which.add_argument("--follow", action="store_true", help="lift the pin: follow the donefiles again")
@@ -50,7 +59,10 @@ def register_rollback(sub: "argparse._SubParsersAction") -> None:
 
 def register_build(cube_sub: "argparse._SubParsersAction") -> None:
     """``cube build``: SequenceFiles -> per-shard dicts, tars, md5s (runtime/cube/builder.py)."""
-    p = cube_sub.add_parser("build", formatter_class=HelpFormatter, help="build per-shard dicts (base or delta) from SequenceFiles")
+    p = cube_sub.add_parser("build", formatter_class=HelpFormatter, help="build per-shard dicts (base or delta) from SequenceFiles",
+                                description="Build per-shard dicts (base or delta) from the trainer's SequenceFiles "
+                                "(docs/contracts.md): OUTPUT/DICT/VERSION/ with each shard's tar and md5 "
+                                "(runtime/cube/builder.py).")
     p.add_argument("--input", nargs="+", required=True,
                    help="SequenceFiles: paths, directories, globs or URLs (read in this order; last wins)")
     p.add_argument("--output", required=True, help="output root (writes OUTPUT/DICT/VERSION/)")
@@ -70,7 +82,10 @@ def register_build(cube_sub: "argparse._SubParsersAction") -> None:
 
 def register_server(cube_sub: "argparse._SubParsersAction") -> None:
     """``cube server``: one shard over the binary data plane, HTTP control (runtime/cube/server/)."""
-    p = cube_sub.add_parser("server", formatter_class=HelpFormatter, help="serve one shard (binary data plane + HTTP control/metrics)")
+    p = cube_sub.add_parser("server", formatter_class=HelpFormatter, help="serve one shard (binary data plane + HTTP control/metrics)",
+                                description="Serve one shard of the cube: batch lookups of uint64 keys on the binary "
+                                "data plane (--port), the versions it holds, /metrics and the control endpoints on "
+                                "HTTP (--http-port).")
     p.add_argument("--shard", type=int, required=True, help="this server's shard index")
     p.add_argument("--shard-num", type=int, default=1, help="shard count")
     p.add_argument("--dict-name", default=role_specs.DICT_NAME, help="dict name")
@@ -105,7 +120,9 @@ def register_server(cube_sub: "argparse._SubParsersAction") -> None:
 
 def register_agent(cube_sub: "argparse._SubParsersAction") -> None:
     """``cube agent``: downloads, unpacks, reloads and enables versions for one server."""
-    p = cube_sub.add_parser("agent", formatter_class=HelpFormatter, help="agent beside one cube server (download, reload, enable)")
+    p = cube_sub.add_parser("agent", formatter_class=HelpFormatter, help="agent beside one cube server (download, reload, enable)",
+                                description="The agent beside one cube server: downloads a version's shard, checks "
+                                "it, has the server load it and enable it, as the transfer asks.")
     p.add_argument("--host", default="0.0.0.0", help="listen address")
     p.add_argument("--port", type=int, default=role_specs.PORTS["cube-agent"]["agent"], help="HTTP port")
     p.add_argument("--server-http", default=f"http://{role_specs.LOOPBACK}:{role_specs.PORTS['cube-server']['http']}",
@@ -129,7 +146,10 @@ def register_agent(cube_sub: "argparse._SubParsersAction") -> None:
 
 def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
     """``cube transfer``: watches the donefile and rolls versions out to every replica."""
-    p = cube_sub.add_parser("transfer", formatter_class=HelpFormatter, help="watch the donefile, build, publish and roll out versions")
+    p = cube_sub.add_parser("transfer", formatter_class=HelpFormatter, help="watch the donefile, build, publish and roll out versions",
+                                description="The transfer: watches the donefiles under --root, builds each version "
+                                "into per-shard dicts, publishes them and rolls them out to every shard x replica "
+                                "with barriers; /dict/info names the version served, POST /rollback pins one.")
     p.add_argument("--topology", required=True, help="topology JSON file (docs/contracts.md)")
     p.add_argument("--root", required=True,
                    help="version root: a directory or the file server's URL (donefile = ROOT/donefile/)")

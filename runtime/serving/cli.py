@@ -145,6 +145,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p = sub.add_parser(
         "client", formatter_class=HelpFormatter,
         help="demo client: sends test data to serving over the v2 API, reports AUC, QPS, latency",
+        description="Demo client: sends test data to serving over the Open Inference Protocol v2 (REST), by "
+        "--concurrency processes, and reports the AUC of the answers, requests per second and latency percentiles.",
     )
     p.add_argument("--url", required=True, help="serving base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--data", nargs="+", required=True, help="test data: files, globs or URLs")
@@ -171,9 +173,46 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.set_defaults(handler=_client)
 
 
+def check_serve_inputs(args) -> None:
+    """What ``serve`` can tell is wrong before it starts a worker or says it serves: the
+    topology file (it must load: ``runtime.formats.topology``), the model root's form (a
+    local directory that exists, a URL with a host, or a store location whose package is
+    installed; nothing is fetched: a file server or bucket that is not up yet is waited
+    for, serving answers 503 until a version loads), the transfer URL's form and the
+    worker count. Raises ``errors.InputError`` or ``storage.LocationError`` naming the flag."""
+    from urllib.parse import urlparse
+
+    from runtime import objectstore, storage
+    from runtime.errors import InputError
+    from runtime.formats.topology import Topology, TopologyError
+
+    try:
+        Topology.load(args.topology)
+    except TopologyError as exc:
+        raise InputError(f"--topology {exc}") from None
+    root = str(args.model_root)
+    if storage.is_url(root):
+        if not urlparse(root).hostname:
+            raise InputError(f"--model-root {root}: a URL without a host")
+    elif storage.is_store(root):
+        try:
+            objectstore.filesystem(root)
+        except objectstore.StoreError as exc:
+            raise InputError(f"--model-root {root}: {exc}") from None
+    elif not os.path.isdir(root):
+        raise storage.LocationNotFound(f"--model-root {root}: no such directory")
+    if args.transfer_url is not None:
+        url = urlparse(str(args.transfer_url))
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise InputError(f"--transfer-url {args.transfer_url}: expected http(s)://HOST:PORT")
+    if args.workers < 1:
+        raise InputError(f"--workers {args.workers}: at least 1 is needed")
+
+
 def _serve(args) -> int:
     from runtime.serving import launcher
 
+    check_serve_inputs(args)
     return launcher.main(args)
 
 

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 
 from runtime.cli import HelpFormatter
+from runtime.errors import InputError
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -70,18 +71,18 @@ def _read(args):
     span = partitions.span(partitions.Partition.parse(args.start_hour, "--start-hour", m),
                            partitions.Partition.parse(args.end_hour, "--end-hour", m))
     if not span:
-        raise ValueError("--end-hour is before --start-hour")
+        raise InputError(f"--end-hour {args.end_hour} is before --start-hour {args.start_hour}")
     try:
         i, n = (int(x) for x in getattr(args, "shard", "0/1").split("/"))
     except ValueError:
-        raise ValueError(f"--shard {args.shard!r}: expected I/N, e.g. 0/2") from None
+        raise InputError(f"--shard {args.shard!r}: expected I/N, e.g. 0/2") from None
 
     def batches():
         for h in span:
             parts = list(readers.iter_batches(partitions.files(args.data_root, h), args.format, 65536, slots,
                                               shard=(i, n)))
             if not parts:
-                raise ValueError(f"partition {h}: no valid rows in shard {i}/{n}")
+                raise InputError(f"partition {h}: no valid rows in shard {i}/{n}")
             b = readers.Batch(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("labels", "dense",
                                                                                           "feasigns")))
             if args.limit is not None:
@@ -113,7 +114,12 @@ def _check(args) -> int:
     from runtime.formats import data_schema
     from runtime.trainer import data_gate
 
-    schema = data_schema.load(args.schema)
+    from runtime import storage
+
+    try:
+        schema = data_schema.load(args.schema)
+    except storage.LocationError as exc:  # the file, not the partitions: name the flag
+        raise type(exc)(f"--schema {exc}") from None
     slots, stats = _stats(args)
     schema.check_job(args.format, slots, f"--schema {args.schema}")
     bad = 0

@@ -128,8 +128,10 @@ def test_rollback_command(cluster, root, tmp_path, capsys, monkeypatch):
     loop.start()
     try:
         monkeypatch.setenv(role_specs.CREDENTIALS_DIR_ENV, str(tmp_path / "none"))
-        assert rollback.request_rollback(app.url, 11, wait_s=1) == 1
-        assert "refused: HTTP 401" in capsys.readouterr().err and tr.info().pinned is None
+        assert rollback.request_rollback(app.url, 11, wait_s=1) == 2  # the credential missing: bad input
+        err = capsys.readouterr().err
+        assert "refused: HTTP 401" in err and "cube-control credential is read from" in err
+        assert tr.info().pinned is None
         monkeypatch.setenv(role_specs.CREDENTIALS_DIR_ENV, str(creds))
         assert rollback.request_rollback(app.url, 99, wait_s=5) == 1
         assert "refused: HTTP 400: version 99 is in neither donefile" in capsys.readouterr().err

@@ -291,7 +291,7 @@ def request_rollback(transfer_url: str, version: Optional[int], wait_s: float = 
     when it is not configured: an ``--insecure-no-auth`` transfer), None lifting the pin;
     then, for a version, waits up to ``wait_s`` seconds until ``/dict/info`` serves it.
     Prints what happened; returns 0 (done), 1 (refused, failed or not served in time) or 2
-    (the transfer unreachable)."""
+    (the transfer unreachable, or the credential missing or wrong: HTTP 401/403)."""
     import sys
 
     import requests
@@ -304,15 +304,23 @@ def request_rollback(transfer_url: str, version: Optional[int], wait_s: float = 
     try:
         r = storage.session().post(url, json={"version": version}, headers=headers, timeout=10)
     except requests.RequestException as exc:
-        print(f"elastic-ctr rollback: {url}: unreachable ({exc})", file=sys.stderr)
+        from runtime.errors import connection_reason
+
+        print(f"elastic-ctr rollback: error: --transfer-url {transfer_url}: unreachable ({connection_reason(exc)}); "
+              f"on a cluster, port-forward the transfer first (docs: Rollback on a cluster)", file=sys.stderr)
         return 2
     if r.status_code != 202:
         try:
             why = r.json().get("error")
         except ValueError:
             why = r.text[:200]
-        print(f"elastic-ctr rollback: refused: HTTP {r.status_code}: {why}", file=sys.stderr)
-        return 1
+        hint = ""
+        if r.status_code in (401, 403):
+            hint = (f" (the {role_specs.CUBE_CONTROL} credential is read from "
+                    f"{auth.credentials_dir() / role_specs.CUBE_CONTROL}/current: set "
+                    f"${role_specs.CREDENTIALS_DIR_ENV} to the directory holding it)")
+        print(f"elastic-ctr rollback: refused: HTTP {r.status_code}: {why}{hint}", file=sys.stderr)
+        return 2 if r.status_code in (401, 403) else 1
     if version is None:
         print(f"pin lifted: the transfer follows the donefiles again (serving {r.json().get('served')})")
         return 0
