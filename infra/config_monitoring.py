@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Any, Mapping
+from urllib.parse import urlparse
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -26,6 +27,12 @@ _LABEL = re.compile(r"([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?=[A
 
 Labels = Annotated[str, _check(lambda v: all(_LABEL.fullmatch(p.strip()) for p in v.split(",") if p.strip()),
                                "empty or comma-separated key=value labels, e.g. release=kube-prometheus-stack")]
+
+
+def _absolute_url(value: str) -> bool:
+    """True for an absolute http(s) URL with a host, no fragment and no space."""
+    url = urlparse(value)
+    return url.scheme in ("http", "https") and bool(url.hostname) and not url.fragment and " " not in value
 
 
 def _between(lo: float, hi: float, what: str):
@@ -49,9 +56,11 @@ class MonitoringKeys(BaseModel):
     monitoring_labels: Labels = Field(
         "", description="Labels added to the ServiceMonitors, PodMonitors and the PrometheusRule so the cluster's "
                         "Prometheus selects them, comma-separated key=value (e.g. release=kube-prometheus-stack).")
-    monitoring_runbook_url: Annotated[str, _check(lambda v: bool(v.strip()) and " " not in v, "a URL or path")] = Field(
-        RUNBOOK_PAGE, description="The page of the alerts' runbooks (each alert's runbook_url is <it>#<anchor>); the "
-                                  "docs site's monitoring page once published.")
+    monitoring_runbook_url: Annotated[str, _check(_absolute_url, "an absolute http(s) URL without a fragment, "
+                                                                 "e.g. https://docs.example.com/monitoring.html")] = Field(
+        RUNBOOK_PAGE, description="The page of the alerts' runbooks, as an absolute URL (each alert's runbook_url "
+                                  "is <it>#<anchor>, which Alertmanager and Grafana open): the published docs site's "
+                                  "monitoring page, or a copy of it on a site of your own.")
     grafana_dashboards: Annotated[bool, BeforeValidator(_pulumi_bool)] = Field(
         True, description="Ship the Grafana dashboards (pipeline overview, serving, cube, training) as ConfigMaps "
                           "labelled grafana_dashboard: \"1\" for Grafana's dashboard sidecar.")

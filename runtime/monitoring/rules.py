@@ -22,8 +22,11 @@ from typing import Any, Optional
 #: serving's inference endpoints (``runtime.serving``: REST, ``/predict``, gRPC, and the
 #: requests refused by the queue limit before any endpoint ran)
 INFERENCE = "infer|predict|grpc_ModelInfer|overloaded"
-#: the docs page whose sections are the runbooks (relative to the repository)
-RUNBOOK_PAGE = "docs/monitoring.md"
+#: the published documentation site (mkdocs.yml's ``site_url``; .github/workflows/docs.yml)
+DOCS_SITE = "https://elastic-ctr.github.io/elastic-ctr/"
+#: the page whose sections are the runbooks (docs/monitoring.md, as the site publishes it): an
+#: absolute URL, as Alertmanager and Grafana open an alert's ``runbook_url``
+RUNBOOK_PAGE = DOCS_SITE + "monitoring.html"
 
 
 @dataclass(frozen=True)

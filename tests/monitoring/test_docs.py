@@ -27,4 +27,5 @@ def test_every_alert_has_its_runbook_section():
     anchors = set(re.findall(r"\{#([a-z0-9-]+)\}", PAGE.read_text()))
     for alert in rules.alerts():
         assert alert.anchor in anchors, alert.name
-        assert alert.rule()["annotations"]["runbook_url"] == f"docs/monitoring.md#{alert.anchor}"
+        url = alert.rule()["annotations"]["runbook_url"]
+        assert url == f"{rules.DOCS_SITE}monitoring.html#{alert.anchor}" and url.startswith("https://")
