@@ -17,8 +17,13 @@ given, else small normal values). Each figure: CPU time of this process
 * ``paddle-defaults``: Paddle Inference as its ``Config`` comes (IR optimization and oneDNN
   on, the inputs copied per run), one math thread, as a new user runs it.
 
+Then the export's cost with its ONNX copy: ``--exports`` versions (20,000 rows each)
+published by one process (``python -m runtime.trainer.export --repeat``), the seconds of
+the first (the converter child starting) and the median of the others.
+
 Prints the table and ``dense batch1_onnxruntime_us=<x> batch1_paddle_us=<y>
-batch256_onnxruntime_us=<z> batch256_paddle_us=<w> max_abs_diff=<d>``.
+batch256_onnxruntime_us=<z> batch256_paddle_us=<w> max_abs_diff=<d> export_s_first=<s>
+export_s_p50=<s>``.
 """
 from __future__ import annotations
 
@@ -92,6 +97,15 @@ def export_here(tmp: Path) -> tuple[Path, np.ndarray]:
                     "--table", str(tmp / "table.npz"), "--seed", "7"], check=True, capture_output=True, cwd=REPO,
                    env=dict(os.environ, GLOG_minloglevel="2"))
     return tmp / "root" / "versions" / "1" / "dense", values
+
+
+def export_seconds(tmp: Path, n: int) -> list[float]:
+    """Seconds of each of ``n`` versions published by one ``python -m runtime.trainer.export
+    --repeat n`` process (the table of ``export_here``)."""
+    r = subprocess.run([sys.executable, "-m", "runtime.trainer.export", "--root", str(tmp / "root-repeat"), "--version",
+                        "100", "--table", str(tmp / "table.npz"), "--repeat", str(n)], check=True, capture_output=True,
+                       text=True, cwd=REPO, env=dict(os.environ, GLOG_minloglevel="2"))
+    return [float(ln.split()[1]) for ln in r.stdout.splitlines() if ln.startswith("export_seconds ")]
 
 
 def session_options_table(path: Path, meta: ModelMeta, inputs: dict, runs: int) -> None:
@@ -179,6 +193,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=2000, help="runs per pass at batch 1 (a tenth at 256; default 2000)")
     ap.add_argument("--batches", default="1,256", help="batch sizes (default 1,256)")
     ap.add_argument("--no-options", action="store_true", help="skip the session options table")
+    ap.add_argument("--exports", type=int, default=6, help="versions published to time the export (default 6)")
     args = ap.parse_args()
     from runtime.inference import DensePredictor
     from runtime.inference_onnx import OnnxPredictor
@@ -210,10 +225,17 @@ def main() -> int:
             print(f"| {n} | {diff:.1e} | {o:.1f} | {p:.1f} | {p / o:.1f}x | {q:.1f} | {q / o:.1f}x |", flush=True)
         if not args.no_options:
             session_options_table(meta.onnx_in(d), meta, inputs, args.runs)
+        if not args.version_dir:
+            export_s = export_seconds(Path(tmp), args.exports)
+            print(f"\nexport with its ONNX copy, {args.exports} versions of 20,000 rows by one process: the first "
+                  f"{export_s[0]:.2f} s (the converter child starting), then {float(np.median(export_s[1:])):.2f} s "
+                  f"(median)")
     la = os.getloadavg()
     print(f"load average: {la[0]:.1f} {la[1]:.1f} {la[2]:.1f} on {os.cpu_count()} CPUs")
     line = " ".join(f"batch{n}_onnxruntime_us={o:.1f} batch{n}_paddle_us={p:.1f}" for n, (o, p, _) in figures.items())
-    print(f"dense {line} max_abs_diff={max(x[2] for x in figures.values()):.1e}")
+    cost = (f" export_s_first={export_s[0]:.2f} export_s_p50={float(np.median(export_s[1:])):.2f}"
+            if not args.version_dir else "")
+    print(f"dense {line} max_abs_diff={max(x[2] for x in figures.values()):.1e}{cost}")
     return 0
 
 

@@ -236,8 +236,9 @@ def export_version(root: str, *, slots: Sequence[int], fmt: str, dim: int, layer
         stage = Path(tmp)
         (stage / "dense").mkdir()
         (stage / "sparse").mkdir()
-        parts = write_sparse(stage / "sparse", keys, values)
         dense = write_dense(stage / "dense", slots, dim, layers, source_scope, seed)
+        conversion = onnx_export.start_conversion(stage / "dense", *dense["files"], dense["fetch"])
+        parts = write_sparse(stage / "sparse", keys, values)  # while the ONNX copy is converted
         meta = ModelMeta(
             version=vid, created=int(time.time()), features=features.feature_spec(fmt, slots),
             embedding_dim=dim, normalization=features.NORMALIZATION,
@@ -248,7 +249,8 @@ def export_version(root: str, *, slots: Sequence[int], fmt: str, dim: int, layer
                     "kind": "base" if base_id is None else "patch", "base": base_id},
             training=training, metrics=metrics, export_check_max_abs_diff=0.0)
         meta = meta.model_copy(update={"export_check_max_abs_diff": check_dense(stage / "dense", meta)})
-        meta = meta.model_copy(update={"onnx": onnx_export.export_onnx(stage / "dense", meta, values)})
+        meta = meta.model_copy(update={"onnx": onnx_export.export_onnx(stage / "dense", meta, values,
+                                                                       conversion=conversion)})
         meta.write(stage / "dense")
         man = manifest.build(stage, vid, rows={f"sparse/{p['file']}": p["count"] for p in parts})
         vdir = storage.join(root, "versions", str(vid))
@@ -283,12 +285,18 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the head's initialization")
     ap.add_argument("--layers", default="128,64,32", help="hidden layer widths")
     ap.add_argument("--base", type=int, default=None, help="publish a patch of this base version (its rows: the table)")
+    ap.add_argument("--repeat", type=int, default=1, help="publish this many versions (ids from --version, seeds "
+                                                          "from --seed) in this process and print each one's seconds")
     args = ap.parse_args(argv)
     set_paddle_flags()
     table = np.load(args.table)
-    export_version(args.root, slots=features.DEFAULT_SLOTS, fmt="criteo", dim=int(table["values"].shape[1]),
-                   layers=[int(x) for x in args.layers.split(",")], keys=table["keys"], values=table["values"],
-                   metrics={}, training={}, version_id=args.version, seed=args.seed, base_id=args.base)
+    for i in range(args.repeat):
+        t0 = time.monotonic()
+        export_version(args.root, slots=features.DEFAULT_SLOTS, fmt="criteo", dim=int(table["values"].shape[1]),
+                       layers=[int(x) for x in args.layers.split(",")], keys=table["keys"], values=table["values"],
+                       metrics={}, training={}, version_id=args.version + i, seed=args.seed + i, base_id=args.base)
+        if args.repeat > 1:
+            print(f"export_seconds {time.monotonic() - t0:.3f}", flush=True)
     return 0
 
 

@@ -4,11 +4,15 @@ inference program, checked against Paddle Inference before it is published
 
 Conversion: paddle2onnx (``paddle2onnx.export``, its documented Python entry point) turns
 the legacy program and parameters into ONNX (opset ``OPSET``), in a child process
-(``python -m runtime.trainer.onnx_export``, at most ``CONVERT_TIMEOUT_S``): the converter
-translates the program to Paddle's new IR through the executor's global scope and
-switches the IR flags while it runs, which a trainer's process, holding the trained
-parameters in that scope, must not see; and a converter that crashes takes only the child
-with it. Its output is renamed to the program's fetch (``prob``), so the ONNX model's
+(``python -m runtime.trainer.onnx_export --serve``, at most ``CONVERT_TIMEOUT_S`` a
+conversion): the converter translates the program to Paddle's new IR through the
+executor's global scope and switches the IR flags while it runs, which a trainer's
+process, holding the trained parameters in that scope, must not see; and a converter that
+crashes takes only the child with it. The child lives as long as the trainer
+(``Converter``: one per process, started at the first export, started again after a
+failure) and converts one version per request, so its imports of Paddle and paddle2onnx
+(about 3 s) are paid once, not at every export; a conversion runs while the export writes
+the sparse files (``start_conversion``). Its output is renamed to the program's fetch (``prob``), so the ONNX model's
 inputs and output are the ``feeds`` and ``fetches`` of ``model_meta.json``, and the model
 passes ``onnx.checker``. The converter's own graph folding (Polygraphy, which may install
 packages at run time) is not used: ONNX Runtime folds constants when it loads the model.
@@ -26,10 +30,13 @@ logs it, counts it (``elastic_ctr_trainer_onnx_exports_total{result}``) and reco
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -73,25 +80,115 @@ def converter_version() -> str:
         return "paddle2onnx"
 
 
+#: the prefix of the converter child's reply lines (its other output is the libraries')
+REPLY = "ELASTIC_CTR_ONNX_REPLY "
+
+
+class Converter:
+    """The converter child of this process (module docstring): ``request`` sends one
+    conversion and waits for its reply. Thread-safe (one conversion at a time)."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.replies: queue.Queue = queue.Queue()
+        self.lock = threading.Lock()
+
+    def _start(self) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "runtime.trainer.onnx_export", "--serve"], text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, GLOG_minloglevel="2"), bufsize=1)
+        replies, tail = queue.Queue(), []
+
+        def read():  # the child's output: reply lines to the queue, the rest kept for errors
+            for line in proc.stdout:
+                if line.startswith(REPLY):
+                    replies.put(json.loads(line[len(REPLY):]))
+                else:
+                    tail[:] = (tail + [line.strip()])[-3:]
+            replies.put({"ok": False, "error": "the converter exited: " + (" | ".join(tail) or "no output")})
+
+        threading.Thread(target=read, name="onnx-converter", daemon=True).start()
+        self.replies = replies
+        return proc
+
+    def request(self, job: dict, timeout_s: float) -> None:
+        """Converts ``job`` (``_convert_here``'s arguments) in the child, started if need be.
+        Raises ``OnnxExportError`` (``conversion_failed``) with the child's reason, or when
+        it runs past ``timeout_s`` (the child is then stopped; the next request starts
+        another)."""
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None:
+                self.proc = self._start()
+            try:
+                self.proc.stdin.write(json.dumps(job) + "\n")
+                self.proc.stdin.flush()
+                reply = self.replies.get(timeout=timeout_s)
+            except (OSError, queue.Empty) as exc:
+                self.close()
+                why = f"ran past {timeout_s:.0f} s" if isinstance(exc, queue.Empty) else f"cannot be reached ({exc})"
+                raise OnnxExportError(f"conversion: paddle2onnx {why}", "conversion_failed") from None
+            if not reply.get("ok"):
+                if self.proc.poll() is not None:
+                    self.proc = None
+                raise OnnxExportError(f"conversion: paddle2onnx failed: {reply.get('error')}", "conversion_failed")
+
+    def close(self) -> None:
+        """Stops the child (it also ends by itself when this process exits: its stdin closes)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+
+_CONVERTER = Converter()
+
+
 def convert(dense_dir: Path, meta: ModelMeta, opset: int = OPSET, timeout_s: float = CONVERT_TIMEOUT_S) -> Path:
     """Writes ``dense_dir/model.onnx`` from the program and parameters ``meta`` names, in
-    a child process (module docstring). Returns its path. Raises ``OnnxExportError``
-    (``conversion_failed``) with the child's last lines of output when it fails or runs
-    past ``timeout_s``."""
+    the converter child (module docstring). Returns its path. Raises ``OnnxExportError``
+    (``conversion_failed``) with the child's reason when it fails or runs past
+    ``timeout_s``."""
     prog, params = meta.files_in(dense_dir)
+    return convert_files(Path(dense_dir), prog.name, params.name, meta.fetch, opset, timeout_s)
+
+
+def convert_files(dense_dir: Path, program: str, params: str, fetch: str, opset: int = OPSET,
+                  timeout_s: float = CONVERT_TIMEOUT_S) -> Path:
+    """``convert`` from the file names of the program and its parameters in ``dense_dir``
+    and the name of its output (``fetch``)."""
     out = Path(dense_dir) / FILE
-    cmd = [sys.executable, "-m", "runtime.trainer.onnx_export", "--program", str(prog), "--params", str(params),
-           "--out", str(out), "--opset", str(opset), "--output-name", meta.fetch]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                           env=dict(os.environ, GLOG_minloglevel="2"))
-    except subprocess.TimeoutExpired:
-        raise OnnxExportError(f"conversion: paddle2onnx ran past {timeout_s:.0f} s", "conversion_failed") from None
-    if r.returncode != 0 or not out.is_file():
-        tail = " | ".join(ln.strip() for ln in (r.stderr or "").strip().splitlines()[-3:])
-        raise OnnxExportError(f"conversion: paddle2onnx exited with code {r.returncode}: {tail or 'no output'}",
-                              "conversion_failed")
+    _CONVERTER.request({"program": str(Path(dense_dir) / program), "params": str(Path(dense_dir) / params),
+                        "out": str(out), "opset": int(opset), "output_name": fetch}, timeout_s)
+    if not out.is_file():
+        raise OnnxExportError(f"conversion: paddle2onnx wrote no {out.name}", "conversion_failed")
     return out
+
+
+class Conversion:
+    """A conversion running while the export goes on (``start_conversion``): ``wait()``
+    returns ``None`` or the ``OnnxExportError`` it raised."""
+
+    def __init__(self, *args):
+        self.error: Exception | None = None
+        self.thread = threading.Thread(target=self._run, args=args, name="onnx-conversion", daemon=True)
+        self.thread.start()
+
+    def _run(self, *args) -> None:
+        try:
+            convert_files(*args)
+        except Exception as exc:  # noqa: BLE001 - handed to wait()'s caller, which says why
+            self.error = exc
+
+    def wait(self) -> Exception | None:
+        self.thread.join()
+        return self.error
+
+
+def start_conversion(dense_dir: Path, program: str, params: str, fetch: str) -> Conversion:
+    """Starts converting the dense model staged in ``dense_dir`` (the file names of its
+    program and parameters, the name of its output); the caller writes the rest of the
+    version meanwhile and passes the result to ``export_onnx``."""
+    return Conversion(Path(dense_dir), program, params, fetch)
 
 
 def sample_inputs(meta: ModelMeta, values: np.ndarray, rows: int = CHECK_ROWS,
@@ -133,13 +230,14 @@ def check(dense_dir: Path, meta: ModelMeta, dense: np.ndarray, emb: np.ndarray) 
 
 
 def export_onnx(dense_dir: Path, meta: ModelMeta, values: np.ndarray, rows: int = CHECK_ROWS,
-                tolerance: float = model_meta.ONNX_TOLERANCE) -> OnnxExport:
-    """Converts and checks the dense model staged in ``dense_dir`` (``meta``: its metadata,
-    without ``onnx``; ``values``: float32[m, dim], the version's sparse rows the sample
-    draws from). Returns the ``onnx`` record of ``model_meta.json``: ``file`` set when
-    ``model.onnx`` passed the check, else ``error`` (the file removed). Never raises for
-    a failed conversion or check: the version is then published for Paddle Inference
-    alone (module docstring); the outcome is logged and counted."""
+                tolerance: float = model_meta.ONNX_TOLERANCE, conversion: Conversion | None = None) -> OnnxExport:
+    """Converts (or waits for ``conversion``, started by ``start_conversion``) and checks
+    the dense model staged in ``dense_dir`` (``meta``: its metadata, without ``onnx``;
+    ``values``: float32[m, dim], the version's sparse rows the sample draws from). Returns
+    the ``onnx`` record of ``model_meta.json``: ``file`` set when ``model.onnx`` passed the
+    check, else ``error`` (the file removed). Never raises for a failed conversion or
+    check: the version is then published for Paddle Inference alone (module docstring);
+    the outcome is logged and counted."""
     from runtime.metrics.trainer import metrics
 
     t0 = time.monotonic()
@@ -149,7 +247,10 @@ def export_onnx(dense_dir: Path, meta: ModelMeta, values: np.ndarray, rows: int 
         from runtime import inference_onnx
 
         rec["runtime"] = inference_onnx.version()
-        convert(dense_dir, meta)
+        if conversion is None:
+            convert(dense_dir, meta)
+        elif (failed := conversion.wait()) is not None:
+            raise failed
         checked = meta.model_copy(update={"onnx": OnnxExport(file=FILE, converter=rec["converter"], opset=OPSET,
                                                              check_rows=rows, max_abs_diff=0.0)})
         dense, emb = sample_inputs(meta, values, rows)
@@ -196,16 +297,36 @@ def _convert_here(program: str, params: str, out: str, opset: int, output_name: 
     os.replace(tmp, out)
 
 
+def _serve() -> int:
+    """The converter child's loop: one JSON request per line on stdin (``_convert_here``'s
+    arguments), one ``REPLY`` line per request on stdout (``{"ok": true}`` or ``{"ok":
+    false, "error": ...}``), until stdin closes."""
+    for line in sys.stdin:
+        try:
+            _convert_here(**json.loads(line))
+            reply = {"ok": True}
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the reason goes back to the trainer
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        print(REPLY + json.dumps(reply), flush=True)
+    return 0
+
+
 def _main(argv: list[str] | None = None) -> int:
     """``python -m runtime.trainer.onnx_export``: converts a Paddle inference model (legacy
-    program + parameters) to ONNX (what ``convert`` runs in its child)."""
+    program + parameters) to ONNX; ``--serve``: converts one per request line (what
+    ``Converter`` runs as its child)."""
     ap = argparse.ArgumentParser(prog="python -m runtime.trainer.onnx_export", description=_main.__doc__)
-    ap.add_argument("--program", required=True, help="the program (.pdmodel)")
-    ap.add_argument("--params", required=True, help="its parameters (.pdiparams)")
-    ap.add_argument("--out", required=True, help="the ONNX model to write")
+    ap.add_argument("--serve", action="store_true", help="convert the JSON requests read from stdin")
+    ap.add_argument("--program", help="the program (.pdmodel)")
+    ap.add_argument("--params", help="its parameters (.pdiparams)")
+    ap.add_argument("--out", help="the ONNX model to write")
     ap.add_argument("--opset", type=int, default=OPSET, help="ONNX opset")
     ap.add_argument("--output-name", default="prob", help="name of the model's output")
     args = ap.parse_args(argv)
+    if args.serve:
+        return _serve()
+    if not (args.program and args.params and args.out):
+        ap.error("--program, --params and --out are required (or --serve)")
     _convert_here(args.program, args.params, args.out, args.opset, args.output_name)
     return 0
 

@@ -91,9 +91,9 @@ def test_onnx_model_has_the_programs_inputs_and_output_and_answers_as_paddle(exp
 def test_onnx_conversion_failure_publishes_the_version_for_paddle_alone(tmp_path):
     root = tmp_path / "root"
     r = _export_with(root, VERSION, 1, textwrap.dedent("""
-        def convert(dense_dir, meta, **kw):
-            raise onnx_export.OnnxExportError("conversion: paddle2onnx exited with code 1: unsupported op", "conversion_failed")
-        onnx_export.convert = convert
+        def convert_files(dense_dir, program, params, fetch, **kw):
+            raise onnx_export.OnnxExportError("conversion: paddle2onnx failed: unsupported op", "conversion_failed")
+        onnx_export.convert_files = convert_files
     """).replace("\n", "\n        "))
     assert r.returncode == 0, r.stderr[-3000:]
     dense = root / "versions" / str(VERSION) / "dense"
@@ -115,10 +115,10 @@ def test_onnx_model_disagreeing_with_paddle_is_not_published(exported, tmp_path)
     root = tmp_path / "root"
     r = _export_with(root, OTHER, 2, textwrap.dedent(f"""
         import shutil
-        def convert(dense_dir, meta, **kw):
+        def convert_files(dense_dir, program, params, fetch, **kw):
             shutil.copy({str(good / "model.onnx")!r}, dense_dir / "model.onnx")
             return dense_dir / "model.onnx"
-        onnx_export.convert = convert
+        onnx_export.convert_files = convert_files
     """).replace("\n", "\n        "))
     assert r.returncode == 0, r.stderr[-3000:]
     dense = root / "versions" / str(OTHER) / "dense"
@@ -180,3 +180,33 @@ def test_onnx_outcome_goes_to_the_jobs_run_history(onnx, tag):
     assert job.tags["version.9.onnx"] == tag
     assert job.dicts == [("versions/9.json", {"id": 9, "kind": "base", "base": 9, "hour": None, "rows": 5,
                                               "seconds": 1.0, "model_meta": {"version": 9, "onnx": onnx}})]
+
+
+def test_onnx_converter_child_serves_every_export_and_comes_back_after_a_failure(exported, tmp_path):
+    """The converter child lives across exports (one start, then a conversion per
+    request), answers a bad request with its reason and keeps serving, and is started
+    again after it died."""
+    from runtime.trainer import onnx_export
+
+    _, dense = exported
+    meta = ModelMeta.read(dense)
+    prog, params = meta.files_in(dense)
+    conv = onnx_export.Converter()
+    try:
+        pids = []
+        for i in range(2):
+            job = {"program": str(prog), "params": str(params), "out": str(tmp_path / f"m{i}.onnx"),
+                   "opset": onnx_export.OPSET, "output_name": meta.fetch}
+            conv.request(job, 120)
+            assert (tmp_path / f"m{i}.onnx").is_file()
+            pids.append(conv.proc.pid)
+        assert pids[0] == pids[1], "one child for every conversion"
+        with pytest.raises(onnx_export.OnnxExportError, match="paddle2onnx failed"):
+            conv.request(dict(job, program=str(tmp_path / "missing.pdmodel")), 120)
+        assert conv.proc.pid == pids[0] and conv.proc.poll() is None, "a bad request does not stop the child"
+        conv.proc.kill()
+        conv.proc.wait()
+        conv.request(job, 120)  # a new child
+        assert conv.proc.pid != pids[0]
+    finally:
+        conv.close()
