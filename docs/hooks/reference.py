@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -105,9 +106,13 @@ def _fence(text: str) -> str:
 # ---------------------------------------------------------------- stack configuration
 def config_page() -> str:
     """Markdown: a table per group of stack keys (key, type, default, description and
-    what it allows), then the secrets; the page's table of contents is hidden, so the
-    tables get the width."""
+    what it allows; each key its own anchor, ``#<key>``, and every other key a description
+    names a link to it), then the secrets, then the stack outputs (``infra.outputs``); the
+    page's table of contents is hidden, so the tables get the width."""
+    from infra.outputs import STACK_OUTPUTS
+
     rows = config_rows()
+    keys = {r["key"] for r in rows}
     out = ["---\nhide:\n  - toc\n---\n\n# Stack configuration\n\n",
            "Generated at build time from `infra/config.py` (`StackConfig`, the model "
            "`make pulumi-yaml` writes `Pulumi.yaml`'s `config:` block from). Set a key with "
@@ -117,7 +122,9 @@ def config_page() -> str:
            "`elastic-ctr:trainers: 0 is invalid; allowed: an integer in [1, 128]`. "
            "Rules across keys (e.g. `servingMaxReplicas` above `servingReplicas`, "
            "`trainerThreads` at most the trainer's CPUs, the training rules of "
-           "`runtime/trainer/config.py`) are checked the same way.\n\n"]
+           "`runtime/trainer/config.py`) are checked the same way. Each key has its own anchor "
+           "(`configuration.html#cubeShards`); what a stack gives back is under "
+           "[Stack outputs](#stack-outputs).\n\n"]
     groups: dict[str, list[dict]] = {}
     for row in rows:
         groups.setdefault(row["group"], []).append(row)
@@ -128,14 +135,56 @@ def config_page() -> str:
             out.append("Never in `StackConfig`: each must be set with `--secret`, and reaches pods "
                        "only through a Kubernetes Secret. A plain-text value is refused.\n\n"
                        "| key | minimum length | description |\n|---|---:|---|\n")
-            out += [f"| `{r['key']}` | {r['min_length'] or '-'} | {_escape(r['description'])} |\n"
+            out += [f"| {_key_cell(r['key'])} | {r['min_length'] or '-'} | {_linked(_escape(r['description']), keys, r['key'])} |\n"
                     for r in members]
         else:
             out.append("| key | type | default | description and allowed values |\n|---|---|---|---|\n")
-            out += [f"| `{r['key']}` | {r['type']} | {_default(r['default'])} | {_escape(r['description'])}"
-                    f"<br>**Allowed:** {_escape(r['allowed'])} |\n" for r in members]
+            out += [f"| {_key_cell(r['key'])} | {r['type']} | {_default(r['default'])} | "
+                    f"{_linked(_escape(r['description']), keys, r['key'])}"
+                    f"<br>**Allowed:** {_linked(_escape(r['allowed']), keys, r['key'])} |\n" for r in members]
         out.append("\n")
+    out.append("## Stack outputs\n\n"
+               "What `pulumi up` gives back (`infra/program.py`; `pulumi stack output NAME`, with `--json` for "
+               "the structured ones). Without a cluster, `elastic-ctr render` writes the same values, computed "
+               "under mocks, to `outputs.json`.\n\n"
+               "| output | present | what it holds |\n|---|---|---|\n")
+    out += [f"| [`{name}`](#output-{name}){{ #output-{name} }} | {when} | {_linked(what, keys)} |\n"
+            for name, (when, what) in STACK_OUTPUTS.items()]
+    out.append("\n")
     return "".join(out)
+
+
+def _key_cell(key: str) -> str:
+    """A key's cell: its name, linking to itself, with the anchor ``#<key>`` (attr_list)."""
+    return f"[`{key}`](#{key}){{ #{key} }}"
+
+
+#: a camelCase stack key named in running text (single-word keys such as ``trainers`` are
+#: ordinary words too and stay text)
+_KEY_WORD = re.compile(r"(?<![\w./#-])([a-z]+[A-Z]\w*)(?![\w-])")
+_DOC_FILE = re.compile(r"(?<![\w/])docs/([a-z0-9-]+)\.md(#[a-z0-9-]+)?\b")
+DOCS = Path(__file__).resolve().parents[1]
+
+
+def _linked(text: str, keys: set[str], skip: str = "", page: str = "") -> str:
+    """``text`` (Markdown) with every camelCase stack key in it (a code span holding only
+    the key, or the bare word) a link to ``<page>#<key>``, except ``skip`` (the row's own),
+    and every ``docs/<name>.md`` a link to that page."""
+    def key(m: re.Match) -> str:
+        name = m.group(1)
+        return f"[{name}]({page}#{name})" if name in keys and name != skip else m.group(0)
+
+    def code(m: re.Match) -> str:
+        name = m.group(1)
+        return f"[`{name}`]({page}#{name})" if name in keys and name != skip else m.group(0)
+
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # outside code spans
+        parts[i] = _KEY_WORD.sub(key, parts[i])
+    text = "`".join(parts)
+    text = re.sub(r"(?<!\[)`([A-Za-z]+)`(?!\])", code, text)
+    return _DOC_FILE.sub(lambda m: f"[{m.group(0)}](../{m.group(1)}.md{m.group(2) or ''})"
+                         if (DOCS / f"{m.group(1)}.md").is_file() else m.group(0), text)
 
 
 def _default(value) -> str:
@@ -152,6 +201,7 @@ def package_page(schema_file: Optional[Path] = None) -> str:
     an outputs table: name, type, description) and its input types, from ``schema_file``
     (default ``provider/schema.json``)."""
     schema = json.loads((schema_file or Path(__file__).resolve().parents[2] / "provider" / "schema.json").read_text())
+    keys = {r["key"] for r in config_rows()}
     out = ["# Component package\n\n",
            f"Generated at build time from `provider/schema.json`, the schema of the `{schema['name']}` package "
            f"(version {schema['version']}) that `pulumi package add` generates an SDK from "
@@ -160,20 +210,20 @@ def package_page(schema_file: Optional[Path] = None) -> str:
            "**plain**: a value known when the program declares the component (not another resource's output); "
            "**secret**: kept secret in the state and the SDKs.\n\n"]
     for token, res in schema["resources"].items():
-        out.append(f"## `{token.rsplit(':', 1)[1]}`\n\n`{token}`: {_cell(res['description'])}\n\n")
+        out.append(f"## `{token.rsplit(':', 1)[1]}`\n\n`{token}`: {_linked(_cell(res['description']), keys, page=CONFIG)}\n\n")
         required = set(res.get("requiredInputs", []))
         out.append("| input | type | description |\n|---|---|---|\n")
-        out += [_package_row(name, prop, name in required) for name, prop in res["inputProperties"].items()]
+        out += [_package_row(name, prop, name in required, keys) for name, prop in res["inputProperties"].items()]
         if res["properties"]:
             out.append("\n| output | type | description |\n|---|---|---|\n")
-            out += [_package_row(name, prop, False) for name, prop in res["properties"].items()]
+            out += [_package_row(name, prop, False, keys) for name, prop in res["properties"].items()]
         out.append("\n")
     out.append("## Input types\n\n")
     for token, typ in schema["types"].items():
         required = set(typ.get("required", []))
-        out.append(f"### `{token.rsplit(':', 1)[1]}`\n\n{_cell(typ.get('description', ''))}\n\n"
+        out.append(f"### `{token.rsplit(':', 1)[1]}`\n\n{_linked(_cell(typ.get('description', '')), keys, page=CONFIG)}\n\n"
                    "| property | type | description |\n|---|---|---|\n")
-        out += [_package_row(name, prop, name in required) for name, prop in typ.get("properties", {}).items()]
+        out += [_package_row(name, prop, name in required, keys) for name, prop in typ.get("properties", {}).items()]
         out.append("\n")
     return "".join(out)
 
@@ -192,11 +242,18 @@ def _package_type(prop: dict) -> str:
     return kind
 
 
-def _package_row(name: str, prop: dict, required: bool) -> str:
+#: the stack configuration page, from the package page
+CONFIG = "configuration.md"
+
+
+def _package_row(name: str, prop: dict, required: bool, keys: set[str] = frozenset()) -> str:
+    """A table row of an input or output: its name (a link to the stack key it is, if
+    any), type and marks, description (stack keys named in it linked)."""
     marks = [m for m, on in (("required", required), ("plain", prop.get("plain")), ("secret", prop.get("secret")))
              if on]
     kind = _package_type(prop) + (f" ({', '.join(marks)})" if marks else "")
-    return f"| `{name}` | {kind} | {_cell(prop.get('description', ''))} |\n"
+    cell = f"[`{name}`]({CONFIG}#{name})" if name in keys else f"`{name}`"
+    return f"| {cell} | {kind} | {_linked(_cell(prop.get('description', '')), keys, page=CONFIG)} |\n"
 
 
 def _cell(text: str) -> str:

@@ -82,16 +82,45 @@ def test_config_page_has_every_key_as_declared(hook):
     assert set(rows) == set(stack.KEYS) == set(declared)
     page = hook.config_page()
     for key, decl in declared.items():
-        line = next(l for l in page.splitlines() if l.startswith(f"| `{key}` |"))
-        assert hook._escape(decl["description"]) in line, key
+        line = next(l for l in page.splitlines() if l.startswith(f"| [`{key}`](#{key}){{ #{key} }} |"))
+        assert hook._linked(hook._escape(decl["description"]), set(rows), key) in line, key
         if key not in stack.SECRETS:
             assert f"| {decl['type']} | {hook._default(decl['default'])} |" in line, key
-            assert f"**Allowed:** {hook._escape(rows[key]['allowed'])} |" in line, key
-    assert r"| `cubeShards` | integer | `2` |" in page and r"**Allowed:** an integer in \[1, 64\] |" in page
+            assert f"**Allowed:** {hook._linked(hook._escape(rows[key]['allowed']), set(rows), key)} |" in line, key
+    assert (r"| [`cubeShards`](#cubeShards){ #cubeShards } | integer | `2` |" in page
+            and r"**Allowed:** an integer in \[1, 64\] |" in page)
     assert "**Allowed:** async \\| async-merged \\| geo |" in page
-    assert "| `exposeFileServer` | boolean | `false` |" in page and "**Allowed:** true or false |" in page
-    assert "| `uploadToken` | 16 |" in page
+    assert "| [`exposeFileServer`](#exposeFileServer){ #exposeFileServer } | boolean | `false` |" in page
+    assert "**Allowed:** true or false |" in page
+    assert "| [`uploadToken`](#uploadToken){ #uploadToken } | 16 |" in page
     assert page.index("## Secrets") > page.index("## Serving")
+    # a key another key's description names is a link to it; ordinary words are not
+    line = next(l for l in page.splitlines() if l.startswith("| [`servingMaxReplicas`]"))
+    assert "greater than [servingReplicas](#servingReplicas)" in line
+    assert "[trainers](#trainers)" not in page and "[monitoring](#monitoring)" not in page
+
+
+def test_linked_makes_links_of_keys_and_pages_only(hook):
+    keys = {"cubeShards", "servingReplicas", "trainers"}
+    assert hook._linked("with cubeShards and trainers", keys) == "with [cubeShards](#cubeShards) and trainers"
+    assert hook._linked("`cubeShards` x `other`", keys, page="c.md") == "[`cubeShards`](c.md#cubeShards) x `other`"
+    assert hook._linked("cubeShards itself", keys, skip="cubeShards") == "cubeShards itself"
+    assert hook._linked("see docs/security.md#s3-policies.", keys) == \
+        "see [docs/security.md#s3-policies](../security.md#s3-policies)."
+    assert hook._linked("docs/no-such-page.md", keys) == "docs/no-such-page.md"
+
+
+def test_every_stack_output_is_listed(hook):
+    """The outputs the program exports (the dev stack, and with an object store as the
+    model root) are the ones infra/outputs.py describes, and the page lists each."""
+    from infra.outputs import STACK_OUTPUTS
+    from infra.render import render
+
+    exported = set(render("dev").outputs) | set(render("dev", ["modelRoot=s3://ctr-bucket/model"]).outputs)
+    assert exported == set(STACK_OUTPUTS)
+    page = hook.config_page()
+    for name in STACK_OUTPUTS:
+        assert f"| [`{name}`](#output-{name}){{ #output-{name} }} |" in page, name
 
 
 def test_allowed_refuses_a_validator_without_its_text(hook, monkeypatch):
