@@ -80,9 +80,14 @@ def subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[argparse.Argu
 def cli_page() -> str:
     """Markdown: the top-level ``--help``, then one section per subcommand with its
     ``--help``, as the installed ``elastic-ctr`` prints them."""
-    from runtime.cli import build_parser
+    from runtime.cli import _ROLE_MODULES, build_parser
 
     parser = build_parser()
+    listed = {sub.prog.split()[1] for sub, _ in subcommands(parser)}
+    missing = sorted({c for cmds in _ROLE_MODULES.values() for c in cmds} - listed)
+    if missing:  # build_parser leaves out a role whose packages are not installed
+        raise RuntimeError(f"the command line page would lack {missing}: their modules' packages are not installed "
+                           f"(docs/requirements.txt)")
     with _columns(HELP_COLUMNS):
         out = ["# Command line\n\n",
                "Generated at build time from the argparse parsers of `elastic-ctr` "
