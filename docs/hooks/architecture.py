@@ -21,7 +21,7 @@ from runtime.role_specs import PORTS
 IMAGE = "img/architecture.svg"
 
 #: grid geometry (px)
-COL_W, ROW_H, BOX_W, BOX_H, LEFT, TOP = 215, 130, 184, 62, 30, 60
+COL_W, ROW_H, BOX_W, BOX_H, LEFT, TOP = 240, 108, 184, 62, 70, 20
 
 
 class Node(NamedTuple):
@@ -45,21 +45,21 @@ def _ports(role: str, *names: str) -> str:
 
 
 NODES = {n.key: n for n in (
-    Node("data", "partitions", ("ROOT/YYYYMMDD/HH/", "HTTP, S3, HDFS, files"), 0, 1, outside=True),
-    Node("trainer", "trainers", ("Volcano Job task", _ports("trainer", "paddle")), 1.3, 1),
-    Node("pserver", "pservers", ("Volcano Job task", _ports("pserver", "paddle", "gloo")), 1.3, 2.25),
-    Node("tracking", "tracking (MLflow)", ("Deployment", _ports("tracking", "http")), 2.7, 0),
-    Node("fileserver", "file server", ("Deployment (or S3)", _ports("fileserver", "http")), 2.7, 1),
-    Node("transfer", "cube transfer", ("Deployment", _ports("cube-transfer", "http")), 4.1, 0),
+    Node("data", "partitions", ("ROOT/YYYYMMDD/HH/", "HTTP, S3, HDFS, files"), 0, 0, outside=True),
+    Node("trainer", "trainers", ("Volcano Job task", _ports("trainer", "paddle")), 0, 1.35),
+    Node("pserver", "pservers", ("Volcano Job task", _ports("pserver", "paddle", "gloo")), 1.3, 1.35),
+    Node("fileserver", "file server", ("Deployment (or S3)", _ports("fileserver", "http")), 0, 2.7),
+    Node("tracking", "tracking (MLflow)", ("Deployment", _ports("tracking", "http")), 1.3, 2.7),
+    Node("transfer", "cube transfer", ("Deployment", _ports("cube-transfer", "http")), 1.3, 3.85),
     Node("cube", "cube: shard x replica", ("StatefulSet per shard", "server " + _ports("cube-server", "data")
-                                                                    + ", " + _ports("cube-agent", "agent")), 4.1, 1),
-    Node("serving", "serving", ("Deployment (+ HPA)", _ports("serving", "http", "grpc")), 5.4, 1),
-    Node("clients", "clients", ("label elastic-ctr.io/", "serving-client=true"), 6.7, 1, outside=True),
-    Node("monitoring", "Prometheus", ("namespace monitoring:", "every role's metrics port"), 6.7, 2.25, outside=True),
+                                                                    + ", " + _ports("cube-agent", "agent")), 0, 5),
+    Node("serving", "serving", ("Deployment (+ HPA)", _ports("serving", "http", "grpc")), 1.3, 6.15),
+    Node("clients", "clients", ("label elastic-ctr.io/", "serving-client=true"), 1.3, 7.5, outside=True),
+    Node("monitoring", "Prometheus", ("namespace monitoring:", "every role's metrics port"), 2.6, 6.15, outside=True),
 )}
 
 #: who connects to whom: (from, to, what, bend): ``bend`` bows a line that would cross a box; a
-#: pair listed both ways is one line with an arrowhead at each end
+#: pair listed both ways is one line with an arrowhead at each end (the entry with the label)
 FLOWS: tuple[tuple[str, str, str, float], ...] = (
     ("trainer", "data", "reads partitions", 0),
     ("trainer", "pserver", "paddle, gloo", 0),
@@ -74,7 +74,7 @@ FLOWS: tuple[tuple[str, str, str, float], ...] = (
     ("cube", "fileserver", "agent downloads", 0),
     ("serving", "cube", "lookups (data)", 0),
     ("serving", "transfer", "/dict/info", 0),
-    ("serving", "fileserver", "dense model", 90),
+    ("serving", "fileserver", "dense model", -60),
     ("clients", "serving", "v2 REST, gRPC", 0),
     ("monitoring", "serving", "scrapes every role", 0),
 )
@@ -101,11 +101,10 @@ def _edge_point(node: Node, toward: tuple[float, float]) -> tuple[float, float]:
 
 
 def _arrow(a: Node, b: Node, label: str, bend: float, both: bool = False) -> str:
-    if a.key == b.key:  # among the pods of one task: a loop above the box (trainers) or below it
-        x, y = a.center[0] - BOX_W / 4, TOP + a.row * ROW_H + (0 if a.row <= 1 else BOX_H)
-        d = -1 if a.row <= 1 else 1
-        return (f'<path d="M {x - 12} {y} C {x - 30} {y + d * 34}, {x + 30} {y + d * 34}, {x + 12} {y}" class="flow" '
-                f'marker-end="url(#arrow)"/><text x="{x + 26}" y="{y + d * 24 + 4}" class="label">{escape(label)}</text>')
+    if a.key == b.key:  # among the pods of one task: a loop above the box
+        x, y = a.center[0] + BOX_W / 4, TOP + a.row * ROW_H
+        return (f'<path d="M {x - 12} {y} C {x - 30} {y - 34}, {x + 30} {y - 34}, {x + 12} {y}" class="flow" '
+                f'marker-end="url(#arrow)"/><text x="{x + 24}" y="{y - 18}" class="label">{escape(label)}</text>')
     (ax, ay), (bx, by) = a.center, b.center
     mx, my = (ax + bx) / 2, (ay + by) / 2 + bend
     p0, p1 = _edge_point(a, (mx, my)), _edge_point(b, (mx, my))
@@ -132,15 +131,16 @@ def _box(n: Node) -> str:
 def svg(title: Optional[str] = "elastic-ctr: what runs where, and who connects to whom") -> str:
     """The diagram as SVG text (UTF-8): the namespace's frame, the Volcano Job's frame, one
     box per ``NODES`` entry, one arrow per ``FLOWS`` entry."""
-    width = LEFT * 2 + max(n.col for n in NODES.values()) * COL_W + BOX_W
-    height = TOP + 3.25 * ROW_H + 60
+    width = LEFT + max(n.col for n in NODES.values()) * COL_W + BOX_W + 20
+    height = TOP + max(n.row for n in NODES.values()) * ROW_H + BOX_H + 20
     inside = [n for n in NODES.values() if not n.outside]
-    x0 = LEFT + min(n.col for n in inside) * COL_W - 40
-    x1 = LEFT + max(n.col for n in inside) * COL_W + BOX_W + 20
-    y1 = TOP + max(n.row for n in inside) * ROW_H + BOX_H + 20
+    x0 = LEFT + min(n.col for n in inside) * COL_W - 50
+    x1 = LEFT + max(n.col for n in inside) * COL_W + BOX_W + 24
+    y0 = TOP + min(n.row for n in inside) * ROW_H - 70
+    y1 = TOP + max(n.row for n in inside) * ROW_H + BOX_H + 22
     job = [NODES["trainer"], NODES["pserver"]]
-    jx0, jx1 = LEFT + job[0].col * COL_W - 14, LEFT + job[0].col * COL_W + BOX_W + 14
-    jy0, jy1 = TOP + job[0].row * ROW_H - 44, TOP + job[1].row * ROW_H + BOX_H + 44
+    jx0, jx1 = LEFT + job[0].col * COL_W - 14, LEFT + job[1].col * COL_W + BOX_W + 14
+    jy0, jy1 = TOP + job[0].row * ROW_H - 40, TOP + job[0].row * ROW_H + BOX_H + 24
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width:.0f} {height:.0f}" '
            f'width="{width:.0f}" height="{height:.0f}" role="img" aria-label="{escape(title or "")}">',
            "<style>"
@@ -153,16 +153,16 @@ def svg(title: Optional[str] = "elastic-ctr: what runs where, and who connects t
            "</style>",
            '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="8" markerHeight="8" '
            'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#333"/></marker></defs>',
-           f'<rect x="{x0}" y="{TOP - 36}" width="{x1 - x0}" height="{y1 - TOP + 36}" rx="12" class="frame"/>',
-           f'<text x="{x0 + 10}" y="{TOP - 18}" class="frametitle">the stack\'s namespace (Pod Security: restricted; '
-           f'NetworkPolicies admit only these arrows)</text>',
+           f'<rect x="{x0}" y="{y0}" width="{x1 - x0}" height="{y1 - y0}" rx="12" class="frame"/>',
+           f'<text x="{x0 + 10}" y="{y1 - 24}" class="frametitle">the stack\'s namespace: Pod Security restricted,</text>',
+           f'<text x="{x0 + 10}" y="{y1 - 9}" class="frametitle">NetworkPolicies admit only these arrows</text>',
            f'<rect x="{jx0}" y="{jy0}" width="{jx1 - jx0}" height="{jy1 - jy0}" rx="10" class="frame"/>',
-           f'<text x="{jx0 + 6}" y="{jy1 + 14}" class="frametitle">Volcano Job ctr-train</text>']
+           f'<text x="{jx0 + 6}" y="{jy1 - 6}" class="frametitle">Volcano Job ctr-train</text>']
     out += [_box(n) for n in NODES.values()]
     pairs = {(a, b) for a, b, _, _ in FLOWS}
     for a, b, label, bend in FLOWS:
-        if a != b and (b, a) in pairs and (b, a) < (a, b):
-            continue  # drawn with its reverse
+        if a != b and (b, a) in pairs and not label:
+            continue  # drawn with its reverse, which carries the label
         out.append(_arrow(NODES[a], NODES[b], label, bend, both=a != b and (b, a) in pairs))
     out.append("</svg>\n")
     return "".join(out)

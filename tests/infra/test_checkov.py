@@ -13,6 +13,7 @@ import yaml
 
 from infra.config import REPO_ROOT
 from infra.render import write
+from tests import tools
 
 CHECKOV = REPO_ROOT / ".venv-checkov" / "bin" / "checkov"
 BASELINE = Path(__file__).resolve().parent / "checkov-baseline.yaml"
@@ -20,8 +21,7 @@ BASELINE = Path(__file__).resolve().parent / "checkov-baseline.yaml"
 
 def failed_checks(rendering, out: Path) -> set[tuple[str, str]]:
     """``{(check id, "Kind/name")}`` of checkov's failed Kubernetes checks on ``rendering``."""
-    if not CHECKOV.exists():
-        pytest.fail(f"{CHECKOV} is missing: make install creates .venv-checkov (requirements/checkov.txt)")
+    tools.need([CHECKOV], "checkov", "make .venv-checkov/.installed (needs Python 3.11: NCA_PYTHON)")
     write(rendering, out)
     for extra in out.glob("*.json"):  # outputs.json, dependencies.json: not manifests
         extra.unlink()

@@ -24,6 +24,7 @@ import yaml
 from infra.config import REPO_ROOT
 from infra.render import dump
 from runtime.role_specs import PORTS
+from tests import tools
 
 NCA = REPO_ROOT / ".venv-nca" / "bin" / "nca"
 CLIENT_LABEL = {"elastic-ctr.io/serving-client": "true"}
@@ -83,8 +84,7 @@ def connectivity(ns: str, objects: list[dict], tmp_path: Path, inbound: bool = T
     """nca's connectivity map, ``(src, dst) -> ports``, of the connections into ``ns``'s
     pods (``ns/name`` of a workload or pod; an address range as nca prints it); not
     ``inbound``: every connection of the map."""
-    if not NCA.exists():
-        pytest.fail(f"{NCA} is missing: make install creates .venv-nca (requirements/nca.txt)")
+    tools.need([NCA], "network-config-analyzer", "make .venv-nca/.installed (needs Python 3.11: NCA_PYTHON)")
     d = tmp_path / "cluster"
     d.mkdir()
     for i, o in enumerate(objects):

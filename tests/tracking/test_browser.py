@@ -18,6 +18,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _driver():
+    from tests import tools
+
+    tools.need_browser()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
