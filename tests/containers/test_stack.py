@@ -9,6 +9,7 @@ would run it, end to end and through its lifecycle:
 4. lifecycle, with a client sending through every case (``traffic.ServiceLoad``):
    (a) a serving pod deleted the Kubernetes way, (b) a cube pod killed and started empty,
    (c) the transfer pod restarted in the middle of a rollout of a second version,
+   (e) docs/runbooks/rollback-on-a-cluster.md run as written (kubectl played on the harness),
    (d) every pod stopped with SIGTERM: every container exits 0, no traceback.
 
 The tests run in file order on one module-scoped stack; each prints its figures
@@ -333,6 +334,55 @@ def test_c2_transfer_crashing_in_the_middle_of_a_rollout(stack, say):
     rollout half done for the new pod to take over from its persisted state."""
     need(stack, "serving_ok")
     restart_transfer_mid_rollout(stack, say, "c2_transfer_crash", "kill", seed=2)
+
+
+# ----------------------------------------------------------------------------- 4e. rollback, as its runbook says
+@pytest.mark.timeout(600)
+def test_c3_rollback_on_a_cluster_as_its_runbook_says(stack, say, engine):
+    """docs/runbooks/rollback-on-a-cluster.md run as written (its bash blocks in order, kubectl
+    played on the harness: tests/containers/runbook.py): through a port-forward with the
+    credential copied from its Secret, the trained version is served again; from inside the
+    transfer's pod, training is followed again and the newest version comes back; the client
+    sends through both switches without a failed request."""
+    need(stack, "serving_ok", "trained_version")
+    from tests.containers import kubectl_shim, runbook
+
+    c: Cluster = stack["cluster"]
+    newest, target = dict_info(c).get("version"), stack["trained_version"]
+    assert newest is not None and newest != target, (newest, target)
+    work = stack["work"] / "runbook"
+    work.mkdir(exist_ok=True)
+    transfer = c.live_pods("cube-transfer")[0]
+    kubectl_shim.write_state(work / "state.json", c.namespace, {"cube-transfer": transfer.ip},
+                             {"cube-transfer": (transfer.containers[0].id, transfer.ip)}, c.secrets,
+                             {k: v for k, v in engine.env.items() if k.startswith("DOCKER_")})
+    page = REPO / "docs" / "runbooks" / "rollback-on-a-cluster.md"
+    load = start_load(stack, say)
+    t0 = time.monotonic()
+    from runtime.proc import free_port
+
+    r = runbook.run(page, {"NS": c.namespace, "PORT": str(free_port()), "VERSION": str(target)},
+                    work / "state.json", work, timeout_s=540)
+    secs = time.monotonic() - t0
+    out = r.stdout + r.stderr
+    RESULTS["c3_rollback_runbook"] = {"from": newest, "to": target, "seconds": round(secs, 1), "exit_code": r.returncode,
+                                      "output": out.splitlines()[-20:]}
+    say(f"(c3) the rollback runbook: exit {r.returncode} in {secs:.1f} s, {newest} -> {target} -> following again")
+    assert r.returncode == 0, out[-4000:]
+    assert f"version {target} is served (pinned" in out and "pin lifted: the transfer follows the donefiles" in out
+    assert f'"pinned":{target}' in out.replace(" ", ""), out[-3000:]  # step 6's /dict/info
+    c.wait_for(f"version {newest} served again, following training",
+               lambda: (lambda i: i if i.get("version") == newest and i.get("pinned") is None
+                        and i.get("status") == "serving" else None)(dict_info(c)), timeout_s=240, every_s=0.5)
+    c.wait_for(f"serving answers {newest} again", lambda: str(newest) in load.stats.by_version, timeout_s=120)
+    time.sleep(2)
+    stats = stop_load(stack)
+    RESULTS["c3_rollback_runbook"]["load"] = stats.__dict__
+    say(f"(c3) client: {stats.line()}")
+    assert str(target) in stats.by_version, stats.by_version  # the rolled-back version answered
+    assert stats.failed == 0 and stats.ok > 0, stats.line()
+    assert not (work / ".elastic-ctr").exists()  # step 8 removed the copied credential
+    check_no_errors(c)
 
 
 # ----------------------------------------------------------------------------- 4d. everything stops
