@@ -245,12 +245,12 @@ def test_pulumi_package_reference_page_lists_every_component_and_input(committed
     page = hook.package_page()
     for token, res in committed["resources"].items():
         section = page.split(f"## `{token.rsplit(':', 1)[1]}`\n", 1)[1].split("\n## ", 1)[0]
-        for name in (*res["inputProperties"], *res["properties"]):
-            assert f"| `{name}` |" in section, (token, name)
+        for name in (*res["inputProperties"], *res["properties"]):  # a stack key's name links to its row
+            assert f"| `{name}` |" in section or f"| [`{name}`](configuration.md#{name}) |" in section, (token, name)
     for token, typ in committed["types"].items():
         assert f"### `{token.rsplit(':', 1)[1]}`" in page
-    assert "| `servingReplicas` | integer (plain) | Serving pods (1-100)" in page
-    assert "| `uploadToken` | string (required, secret) |" in page
+    assert "| [`servingReplicas`](configuration.md#servingReplicas) | integer (plain) | Serving pods (1-100)" in page
+    assert "| [`uploadToken`](configuration.md#uploadToken) | string (required, secret) |" in page
 
 
 def test_pulumi_package_training_job_applies_the_trainers_rules():
