@@ -72,3 +72,17 @@ def test_this_machine_passes():
                        env={**os.environ, "PYTHON": os.environ.get("PYTHON", "python3")})
     assert r.returncode == 0, r.stderr
     assert "missing" not in r.stderr
+
+
+def test_a_missing_tool_skips_and_fails_under_make_test(tmp_path, monkeypatch):
+    import pytest
+
+    from tests import tools
+
+    monkeypatch.delenv(tools.REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match=r"Chromium is not installed \(.*/nope\): make browser"):
+        tools.need([tmp_path / "nope"], "Chromium", "make browser")
+    monkeypatch.setenv(tools.REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="make test installs it"):
+        tools.need([tmp_path / "nope"], "Chromium", "make browser")
+    tools.need([tmp_path], "a directory", "")  # present: nothing happens
