@@ -246,16 +246,16 @@ def main() -> int:
 
     rows = []
     with ProcessGroup(work / "logs", grace_s=5) as pg:
-        port, hport = free_port(), free_port()
-        spec = role_specs.cube_server(0, 1, role_specs.LOOPBACK, port, hport, dict_name="bench",
+        spec = role_specs.cube_server(0, 1, role_specs.LOOPBACK, 0, 0, dict_name="bench",
                                       extra=["--io-mode", args.io_mode])
         from runtime import auth
 
         creds = auth.write_credentials(work / "credentials")
         headers = auth.Credential(role_specs.CUBE_CONTROL, creds).headers()
         cube = pg.start("cube-server", spec.argv(), cwd=str(Path(__file__).resolve().parent.parent),
-                        env=auth.env_for(creds))
-        wait_for_port("127.0.0.1", hport, 60, cube.proc, "cube-server", cube.log_path)
+                        env=auth.env_for(creds), port_file=True)
+        bound = pg.bound_ports(cube)  # the ports the server bound, both accepting
+        port, hport = bound["data"], bound["http"]
         import requests
         url = f"http://127.0.0.1:{hport}"
         r = requests.post(url + "/bg_load_base", json={"dir": str(Path(res1.output_dir) / "bench_part0"),

@@ -80,29 +80,25 @@ def start_serving(cube, work_dir: Path, workers: int, threads: int, grpc: bool =
     """Starts ``elastic-ctr serve`` on 127.0.0.1 over ``cube`` (a ``LocalCubeCluster``)
     in its process group with ``workers`` worker processes x ``threads`` threads, a cube
     lookup timeout of ``cube_timeout_ms`` (default 2 s: a loaded machine must slow the
-    figures down, not fail requests), gRPC on a free port (``grpc``; else none) and
+    figures down, not fail requests), its ports bound by itself (port 0), gRPC with ``grpc`` (else none) and
     ``extra`` arguments, as the group's role ``name``; ``start_kw`` goes to
     ``ProcessGroup.start`` (env, cwd).
     Returns ``(role, url, grpc_target)`` once ``/v2/health/ready`` answers 200 and the
     gRPC port accepts (``grpc_target`` None without ``grpc``). Raises ``TimeoutError``
     with the log's tail when it is not ready within ``timeout_s`` (s), and what
     ``ProcessGroup.check`` raises when a role of the group exits meanwhile."""
-    port, grpc_port = proc.free_ports(2)
-    url = f"http://127.0.0.1:{port}"
     spec = role_specs.serving(str(cube.topology_path), cube.root_url, cube.transfer_url, str(work_dir),
-                              role_specs.LOOPBACK, port, grpc_port if grpc else 0, workers=workers, threads=threads,
+                              role_specs.LOOPBACK, 0, 0, workers=workers, threads=threads, grpc=grpc,
                               extra=["--cube-timeout-ms", str(cube_timeout_ms), *extra])
-    role = cube.group.start(name, spec.argv(), **start_kw)
+    role = cube.group.start(name, spec.argv(), port_file=True, **start_kw)
     deadline = time.monotonic() + timeout_s
+    bound = cube.group.bound_ports(role, timeout_s)
+    url = f"http://127.0.0.1:{bound['http']}"
     while time.monotonic() < deadline:
         cube.group.check()
         try:
             if storage.session().get(url + "/v2/health/ready", timeout=2).status_code == 200:
-                if not grpc:
-                    return role, url, None
-                proc.wait_for_port("127.0.0.1", grpc_port, max(1.0, deadline - time.monotonic()), role.proc,
-                                   role.name, role.log_path)
-                return role, url, f"127.0.0.1:{grpc_port}"
+                return role, url, f"127.0.0.1:{bound['grpc']}" if grpc else None
         except Exception:  # noqa: BLE001 - not up yet
             pass
         time.sleep(0.2)

@@ -147,6 +147,7 @@ class Role:
     proc: subprocess.Popen
     log_path: Path
     expect_exit: bool = False  # True for jobs that end by themselves (trainers, clients)
+    port_file: Path | None = None  # where the role writes the ports it bound (runtime.bound_ports)
 
 
 @dataclass
@@ -168,13 +169,23 @@ class ProcessGroup:
         env: Mapping[str, str] | None = None,
         expect_exit: bool = False,
         cwd: str | os.PathLike | None = None,
+        port_file: bool = False,
     ) -> Role:
         """Starts ``argv`` as role ``name``; its output goes to ``<log_dir>/<name>.log``.
 
-        ``env`` entries are added to this process's environment. Returns the ``Role``.
+        ``env`` entries are added to this process's environment. With ``port_file``, the
+        role is given ``--port-file <log_dir>/<name>.ports.json`` (``runtime.bound_ports``:
+        start it on port 0 and read its ports with ``bound_ports(role)``). Returns the ``Role``.
         """
+        from runtime import bound_ports
+
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
+        ports_path = None
+        if port_file:
+            ports_path = self.log_dir / f"{name}.ports.json"
+            ports_path.unlink(missing_ok=True)  # a previous run's
+            argv = [*argv, bound_ports.FLAG, str(ports_path)]
         full_env = dict(os.environ)
         full_env.setdefault("PYTHONUNBUFFERED", "1")
         if env:
@@ -190,10 +201,30 @@ class ProcessGroup:
             start_new_session=True,
         )
         logf.close()
-        role = Role(name, proc, log_path, expect_exit)
+        role = Role(name, proc, log_path, expect_exit, ports_path)
         self.roles.append(role)
         log.debug("started %s (pid %d): %s", name, proc.pid, " ".join(argv))
         return role
+
+    def bound_ports(self, role: Role, timeout_s: float = 60.0, poll_s: float = 0.02) -> dict[str, int]:
+        """The ports ``role`` (started with ``port_file``) bound, by name, once it wrote them:
+        every port then accepts connections. Raises ``RoleFailed`` when the role exits first,
+        ``TimeoutError`` after ``timeout_s`` s, ``ValueError`` for a role started without
+        ``port_file``."""
+        from runtime import bound_ports
+
+        if role.port_file is None:
+            raise ValueError(f"{role.name}: started without port_file")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ports = bound_ports.read(role.port_file)
+            if ports is not None:
+                return ports
+            if role.proc.poll() is not None:
+                raise RoleFailed(role.name, role.proc.returncode, tail(role.log_path))
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{role.name}: no ports written to {role.port_file} after {timeout_s:.0f} s")
+            time.sleep(poll_s)
 
     def check(self) -> None:
         """Raises ``RoleFailed`` for the first role that exited non-zero, or a long-running

@@ -19,7 +19,7 @@ of one (a location known only at deploy time): this module never looks inside th
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
 #: the cube dict every role of the pipeline serves (Paddle Serving's cube names a table a dict)
@@ -118,6 +118,11 @@ class RoleSpec:
                 return number
         raise KeyError(f"{self.name}: no port {name!r} (has {[n for n, _ in self.ports]})")
 
+    def with_ports(self, bound: dict[str, int]) -> "RoleSpec":
+        """This spec with the port numbers a role started on port 0 bound
+        (``runtime.bound_ports``: name -> number); its ``args`` unchanged."""
+        return replace(self, ports=tuple((n, int(bound.get(n, number))) for n, number in self.ports))
+
     def argv(self) -> list[str]:
         """The command line of this role as a local process (this interpreter). Raises
         ``TypeError`` when an argument is not a plain string (a deploy-time value)."""
@@ -128,8 +133,10 @@ class RoleSpec:
 
 
 def _ports(role: str, **numbers: Optional[int]) -> tuple[tuple[str, int], ...]:
-    """``role``'s ports in ``PORTS`` order, each number from ``numbers`` when given."""
-    return tuple((name, int(numbers.get(name) or default)) for name, default in PORTS[role].items())
+    """``role``'s ports in ``PORTS`` order, each number from ``numbers`` when given (0:
+    the kernel picks one when the role binds it; ``runtime.bound_ports``)."""
+    return tuple((name, int(default if numbers.get(name) is None else numbers[name]))
+                 for name, default in PORTS[role].items())
 
 
 def _control_probes(port: str) -> dict[str, Probe]:
@@ -181,7 +188,7 @@ def cube_agent(work_dir: str, server_http_port: Optional[int] = None, host: str 
     transfer publishes, ``<root>/cube/``), checks and presents ``CUBE_CONTROL``, reads
     ``FILES_READ`` (a protected file server)."""
     ports = _ports("cube-agent", agent=port)
-    http = int(server_http_port or PORTS["cube-server"]["http"])
+    http = int(PORTS["cube-server"]["http"] if server_http_port is None else server_http_port)
     args: tuple[Any, ...] = ("cube", "agent", "--host", host, "--port", str(ports[0][1]),
                              "--server-http", f"http://{LOOPBACK}:{http}", "--work-dir", str(work_dir))
     for root in version_roots:
@@ -225,17 +232,18 @@ def serving(topology: str, model_root: Any, transfer_url: Any, work_dir: str, ho
             port: Optional[int] = None, grpc_port: Optional[int] = None, workers: Any = 2,
             threads: Optional[int] = None, data_format: Any = "criteo", slot_file: Any = None,
             poll_interval_s: Optional[float] = None, dense_backend: Optional[str] = None,
-            extra: Sequence[str] = ()) -> RoleSpec:
-    """``elastic-ctr serve``: the Open Inference Protocol v2 on port ``http`` (REST) and
-    ``grpc`` (``grpc_port`` 0: no gRPC), ``workers`` processes, over the cube of
-    ``topology`` and the dense models under ``model_root``, following the version
+            extra: Sequence[str] = (), grpc: bool = True) -> RoleSpec:
+    """``elastic-ctr serve``: the Open Inference Protocol v2 on port ``http`` (REST) and,
+    with ``grpc``, on ``grpc`` (``--no-grpc`` without), ``workers`` processes, over the cube
+    of ``topology`` and the dense models under ``model_root``, following the version
     ``transfer_url``'s ``/dict/info`` names; ``dense_backend``: ``--dense-backend``
     (``runtime.dense_backends``; None: serve's default)."""
     ports = _ports("serving", http=port, grpc=grpc_port)
-    if grpc_port == 0:
+    if not grpc:
         ports = ports[:1]
     args = ["serve", "--topology", str(topology), "--model-root", model_root, "--transfer-url", transfer_url,
-            "--host", host, "--port", str(ports[0][1]), "--grpc-port", str(grpc_port if grpc_port == 0 else ports[1][1]),
+            "--host", host, "--port", str(ports[0][1]),
+            *(("--grpc-port", str(ports[1][1])) if grpc else ("--no-grpc",)),
             "--workers", workers if not isinstance(workers, int) else str(workers),
             "--work-dir", str(work_dir), "--format", data_format]
     if threads is not None:

@@ -427,13 +427,18 @@ def add_drain_seconds(parser) -> None:
     parser.add_argument("--drain-seconds", type=float, default=0.0, help=DRAIN_HELP)
 
 
-def serve_forever(server: WebServer, on_stop: Callable[[], None] | None = None, drain_s: float = 0.0) -> int:
+def serve_forever(server: WebServer, on_stop: Callable[[], None] | None = None, drain_s: float = 0.0,
+                  port_file: str | None = None, port_name: str = "http") -> int:
     """Serves ``server`` until SIGTERM or SIGINT, then stops gracefully: readiness turns
     false, ``drain_s`` seconds pass (still answering, while load balancers notice),
-    ``on_stop`` runs, requests in flight finish. Returns the exit code (0). Call from the
-    main thread."""
+    ``on_stop`` runs, requests in flight finish. Once it serves, the bound port is written
+    to ``port_file`` as ``{port_name: port}`` (``runtime.bound_ports``). Returns the exit
+    code (0). Call from the main thread."""
+    from runtime import bound_ports
+
     stop = StopSignal()
     server.start()
+    bound_ports.write(port_file, {port_name: server.port})
     name = stop.wait()
     log.info("%s: %s received, stopping (draining %.1f s)", server.name, name, drain_s)
     server.ready, server.reason = False, "terminating"

@@ -48,6 +48,26 @@ def shared_dir() -> Path:
     return SHARED
 
 
+def clear_store_clients() -> None:
+    """Drops the object-store clients this process cached (fsspec's configuration, s3fs's
+    filesystem instances: an instance keeps the endpoint and keys it was made with, whatever
+    the environment says later)."""
+    import sys
+
+    if "fsspec" in sys.modules:
+        sys.modules["fsspec"].config.conf.clear()
+    if "s3fs" in sys.modules:
+        sys.modules["s3fs"].S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_store_clients():
+    """Every test ends with no object-store client cached, so the next test (or module
+    fixture) reaches the endpoint its own environment names, whatever ran before it."""
+    yield
+    clear_store_clients()
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """One moto S3 server on loopback for the session (tests/s3server.py), stopped by PID."""
@@ -61,12 +81,7 @@ def s3_server(tmp_path_factory):
 def s3_bucket(s3_server, monkeypatch) -> str:
     """A fresh bucket on the session's S3 server, with this process's AWS_* environment
     pointing at it; returns ``s3://<bucket>``."""
-    import fsspec
-
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)
-    fsspec.config.conf.clear()
-    from s3fs import S3FileSystem
-
-    S3FileSystem.clear_instance_cache()
+    clear_store_clients()
     return f"s3://{s3_server.new_bucket()}"

@@ -308,15 +308,35 @@ def cube_serving_lines(tmp: Path, lines: list[str], version: int, shards: int = 
         yield cube, batch
 
 
-def serving_args(cube, work_dir: Path, port: int, grpc_port: int, workers: int, threads: int,
-                 extra: tuple[str, ...] = ()) -> list[str]:
+def serving_args(cube, work_dir: Path, workers: int, threads: int, extra: tuple[str, ...] = (),
+                 port: int = 0, grpc_port: int = 0) -> list[str]:
     """``elastic-ctr serve``'s arguments on 127.0.0.1 over ``cube`` (a ``LocalCubeCluster``),
-    from the role's spec (``runtime.role_specs.serving``)."""
+    from the role's spec (``runtime.role_specs.serving``); ports 0 by default (serving binds
+    them: start it with ``port_file`` and read them with ``ProcessGroup.bound_ports``)."""
     from runtime import role_specs
 
     return list(role_specs.serving(str(cube.topology_path), cube.root_url, cube.transfer_url, str(work_dir),
                                    host="127.0.0.1", port=port, grpc_port=grpc_port, workers=workers,
                                    threads=threads, extra=extra).args)
+
+
+@contextlib.contextmanager
+def refusing_ports(n: int = 1):
+    """``n`` ports of 127.0.0.1 that refuse every connection while the block runs (each
+    bound by a socket that never listens, so no process can take it meanwhile): the
+    address of a peer that is down. Yields the list of port numbers."""
+    import socket
+
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        yield [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def restore_environ(saved: dict) -> None:
@@ -332,15 +352,15 @@ def restore_environ(saved: dict) -> None:
 def start_serving(cube, work_dir: Path, ready=None, workers: int = 1, threads: int = 2,
                   timeout_s: float = 120.0) -> str:
     """Starts ``elastic-ctr serve`` (from its role spec) over ``cube`` (a
-    ``LocalCubeCluster``) in the cube's process group, on free ports, and waits until
-    ``ready(url)`` is true (default: ``/v2/health/ready`` answers 200). Returns its base
-    URL. Raises ``proc.RoleFailed`` when a role exits, ``AssertionError`` after ``timeout_s`` s."""
+    ``LocalCubeCluster``) in the cube's process group, on ports it binds itself, and waits
+    until ``ready(url)`` is true (default: ``/v2/health/ready`` answers 200). Returns its
+    base URL. Raises ``proc.RoleFailed`` when a role exits, ``AssertionError`` after
+    ``timeout_s`` s."""
     from runtime import proc
 
-    port, grpc_port = proc.free_ports(2)
-    cube.group.start("serving", proc.self_command() + serving_args(cube, work_dir, port, grpc_port, workers=workers,
-                                                                    threads=threads))
-    url = f"http://127.0.0.1:{port}"
+    role = cube.group.start("serving", proc.self_command() + serving_args(cube, work_dir, workers=workers,
+                                                                           threads=threads), port_file=True)
+    url = f"http://127.0.0.1:{cube.group.bound_ports(role, timeout_s)['http']}"
     ready = ready or (lambda u: requests.get(u + "/v2/health/ready", timeout=2).status_code == 200)
     deadline = time.monotonic() + timeout_s
     while True:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from runtime import role_specs
+from runtime import bound_ports, role_specs
 from runtime.auth import INSECURE_HELP
 from runtime.cli import HelpFormatter
 from runtime.webserver import add_drain_seconds
@@ -103,6 +103,7 @@ def register_server(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--load-root", action="append", default=None,
                    help="load dicts only from under this directory (repeatable; the agent's work directory)")
     add_drain_seconds(p)
+    bound_ports.add_flag(p)
     p.add_argument("--stop-timeout", type=float, default=10.0,
                    help="on SIGTERM, after the drain: seconds the lookups already received get to be "
                    "answered before the remaining connections are closed")
@@ -135,6 +136,7 @@ def register_agent(cube_sub: "argparse._SubParsersAction") -> None:
                    help="download only URLs under this prefix (repeatable; where the transfer publishes, "
                         "e.g. http://fileserver:8080/cube/); the md5 must be the one published beside the tar")
     add_drain_seconds(p)
+    bound_ports.add_flag(p)
 
     def handler(args: argparse.Namespace) -> int:
         from runtime.cube import agent
@@ -173,6 +175,7 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
                    help="published versions kept under the root; older ones are deleted, never the served "
                         "chain's nor a pinned one's (0 = keep all; the stack's keepVersions)")
     add_drain_seconds(p)
+    bound_ports.add_flag(p)
     p.add_argument("--once", action="store_true", help="roll out what the donefile holds, then exit")
     p.add_argument("--insecure-no-auth", action="store_true",
                    help="no cube-control credential: none presented to the agents (they must run with "

@@ -117,41 +117,50 @@ class LocalCubeCluster:
         if self._own_group:
             self.group.stop_all()
 
-    def _wait(self, role: proc.Role, port: int) -> None:
-        proc.wait_for_port("127.0.0.1", port, self.start_timeout_s, role.proc, role.name, role.log_path)
+    def _start(self, name: str, spec: role_specs.RoleSpec) -> proc.Role:
+        """Starts ``spec`` (its ports 0: the role binds them) as role ``name``."""
+        return self.group.start(name, spec.argv(), env=self.env, port_file=True)
+
+    def _ports(self, role: proc.Role) -> dict[str, int]:
+        """The ports ``role`` bound (``runtime.bound_ports``), once it accepts on them."""
+        return self.group.bound_ports(role, self.start_timeout_s)
 
     def start(self) -> None:
-        """Starts every role and waits until each port answers. Raises ``proc.RoleFailed``
-        (a role exited) or ``TimeoutError``."""
+        """Starts every role, each on ports it binds itself, and waits until each accepts.
+        Raises ``proc.RoleFailed`` (a role exited) or ``TimeoutError``."""
         self.base.mkdir(parents=True, exist_ok=True)
         if not self.store:
             self.root.mkdir(parents=True, exist_ok=True)
-        fs_port, tr_port = proc.free_ports(2)
         auth.write_credentials(self.credentials_dir, values={role_specs.FILES_WRITE: self.token})
-        fs = None
         if self.store:
             self.root_url = str(self.root)
         else:
-            spec = role_specs.file_server(str(self.root), role_specs.LOOPBACK, fs_port)
-            fs = self.group.start("fileserver", spec.argv(), env=self.env)
-            targets.register(spec, "fileserver")
+            spec = role_specs.file_server(str(self.root), role_specs.LOOPBACK, 0)
+            fs = self._start("fileserver", spec)
+            fs_port = self._ports(fs)["http"]
+            targets.register(spec.with_ports({"http": fs_port}), "fileserver")
             self.root_url = f"http://{role_specs.LOOPBACK}:{fs_port}"
         gen = self.start_layout(self.shards, self.replicas, prefix="cube", topology_name="topology.json")
-        if fs is not None:
-            self._wait(fs, fs_port)
         self.topology, self.topology_path = gen.topology, gen.topology_path
         self.servers, self.agents, self.layout = gen.servers, gen.agents, gen
         root_arg = self.root_url if self.root_mode == "url" or self.store else str(self.root)
         publish = self.root_url if self.root_mode != "url" and not self.store else None
         self._transfer_spec = role_specs.cube_transfer(
-            str(self.topology_path), root_arg, str(self.base / "transfer"), role_specs.LOOPBACK, tr_port,
+            str(self.topology_path), root_arg, str(self.base / "transfer"), role_specs.LOOPBACK, 0,
             poll_interval_s=self.poll_interval_s, publish_url=publish,
             extra=["--phase-timeout", "120", *self.extra_transfer_args])
-        self._transfer_port = tr_port
-        self.transfer = self.group.start("cube-transfer", self._transfer_spec.argv(), env=self.env)
+        self.transfer = self._start("cube-transfer", self._transfer_spec)
+        tr_port = self._ports(self.transfer)["http"]
+        # a restart binds the same port again: serving and clients keep the transfer's URL
+        self._transfer_spec = self._with_arg(self._transfer_spec, "--port", str(tr_port)).with_ports({"http": tr_port})
         targets.register(self._transfer_spec, "cube-transfer")
         self.transfer_url = f"http://{role_specs.LOOPBACK}:{tr_port}"
-        self._wait(self.transfer, tr_port)
+
+    @staticmethod
+    def _with_arg(spec: role_specs.RoleSpec, flag: str, value: str) -> role_specs.RoleSpec:
+        args = list(spec.args)
+        args[args.index(flag) + 1] = value
+        return dataclasses.replace(spec, args=tuple(args))
 
     def start_layout(self, shards: int, replicas: int, prefix: str | None = None,
                          topology_name: str | None = None) -> CubeLayout:
@@ -180,32 +189,34 @@ class LocalCubeCluster:
         if replicas <= gen.replicas:
             raise ValueError(f"grow_layout: {replicas} replicas is not more than {gen.replicas}")
         auth.write_credentials(self.credentials_dir, values={role_specs.FILES_WRITE: self.token})  # kept if written
-        ports = iter(proc.free_ports(3 * gen.shards * (replicas - gen.replicas)))
-        started = []
         agent_dir = "agent" if gen.prefix == "cube" else f"{gen.prefix}-agent"
-        for s in range(gen.shards):
-            for r in range(gen.replicas, replicas):
-                dport, hport, aport = next(ports), next(ports), next(ports)
-                work = str(self.base / f"{agent_dir}-{s}-{r}")
-                server = role_specs.cube_server(s, gen.shards, role_specs.LOOPBACK, dport, hport,
-                                                dict_name=self.dict_name, load_roots=[work])
-                root = self.version_root()
-                agent = role_specs.cube_agent(work, hport, role_specs.LOOPBACK, aport,
-                                              version_roots=[root] if root else [])
-                srv = self.group.start(f"{gen.prefix}-server-{s}-{r}", server.argv(), env=self.env)
-                ag = self.group.start(f"{gen.prefix}-agent-{s}-{r}", agent.argv(), env=self.env)
-                for spec, role in ((server, srv), (agent, ag)):
-                    targets.register(spec, role.name, {"replica": str(r)})
-                gen.servers[(s, r)], gen.agents[(s, r)] = srv, ag
-                gen.addresses[(s, r)] = role_specs.replica_addresses(role_specs.LOOPBACK, dport, hport, aport)
-                started += [(srv, dport), (srv, hport), (ag, aport)]
+        new = [(s, r) for s in range(gen.shards) for r in range(gen.replicas, replicas)]
+        servers = {}
+        for s, r in new:  # every server first, each binding its ports; then an agent beside each
+            work = str(self.base / f"{agent_dir}-{s}-{r}")
+            spec = role_specs.cube_server(s, gen.shards, role_specs.LOOPBACK, 0, 0, dict_name=self.dict_name,
+                                          load_roots=[work])
+            servers[(s, r)] = spec, work, self._start(f"{gen.prefix}-server-{s}-{r}", spec)
+        agents = {}
+        for (s, r), (spec, work, srv) in servers.items():
+            bound = self._ports(srv)
+            targets.register(spec.with_ports(bound), srv.name, {"replica": str(r)})
+            root = self.version_root()
+            agent = role_specs.cube_agent(work, bound["http"], role_specs.LOOPBACK, 0,
+                                          version_roots=[root] if root else [])
+            agents[(s, r)] = agent, bound, self._start(f"{gen.prefix}-agent-{s}-{r}", agent)
+            gen.servers[(s, r)] = srv
+        for (s, r), (agent, bound, ag) in agents.items():
+            aport = self._ports(ag)["agent"]
+            targets.register(agent.with_ports({"agent": aport}), ag.name, {"replica": str(r)})
+            gen.agents[(s, r)] = ag
+            gen.addresses[(s, r)] = role_specs.replica_addresses(role_specs.LOOPBACK, bound["data"], bound["http"],
+                                                                 aport)
         gen.replicas = replicas
         gen.topology = Topology.build(self.dict_name, [[gen.addresses[(s, r)] for r in range(replicas)]
                                                        for s in range(gen.shards)])
         gen.topology_path = gen.topology.write(
             self.base / (topology_name or f"topology-{gen.shards}s-{replicas}r.json"))
-        for role, port in started:
-            self._wait(role, port)
         return gen.topology_path
 
     def shrink_layout(self, gen: CubeLayout, replicas: int,
@@ -255,11 +266,9 @@ class LocalCubeCluster:
         self.group.stop(self.transfer)
         self.group.roles.remove(self.transfer)
         if topology_path is not None:
-            args = list(self._transfer_spec.args)
-            args[args.index("--topology") + 1] = str(topology_path)
-            self._transfer_spec = dataclasses.replace(self._transfer_spec, args=tuple(args))
-        self.transfer = self.group.start("cube-transfer", self._transfer_spec.argv(), env=self.env)
-        self._wait(self.transfer, self._transfer_port)
+            self._transfer_spec = self._with_arg(self._transfer_spec, "--topology", str(topology_path))
+        self.transfer = self._start("cube-transfer", self._transfer_spec)
+        self._ports(self.transfer)
 
     def info(self) -> DictInfo:
         """The transfer's ``/dict/info``. Raises ``DictInfoError`` (naming the URL)."""

@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 
-from runtime import role_specs
+from runtime import bound_ports, role_specs
 from runtime.cli import HelpFormatter
 from runtime.webserver import add_drain_seconds
 
@@ -34,6 +34,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--max-upload-bytes", type=int, default=None,
                    help="refuse uploads larger than this many bytes (default: unlimited)")
     add_drain_seconds(p)
+    bound_ports.add_flag(p)
     p.set_defaults(handler=_run)
 
 
@@ -54,4 +55,4 @@ def _run(args) -> int:
     log.info("file server: root %s (uploads %s; reads %s)", os.path.realpath(args.root),
              "enabled: fixed token" if token else f"enabled: {write.dir}" if write else "disabled: no token",
              "need a credential" if read else "open")
-    return serve_forever(server, drain_s=args.drain_seconds)
+    return serve_forever(server, drain_s=args.drain_seconds, port_file=args.port_file)

@@ -213,7 +213,7 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
     trainer = group.start("train", train_argv, expect_exit=True)
     step(f"continuous training started ({args.pservers} pserver, {args.trainers} trainers): a version per "
          f"{minutes}-minute partition, a base every {args.base_every_minutes} minutes of data, patches between")
-    sv_url = svc.serving_url
+    sv_url = None  # serving's, once it started
 
     def new_line(after: int):
         recs = [(k, r) for k in ("base", "patch") for r in donefile.read(svc.root, k) if r.id > after]
@@ -256,6 +256,7 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
         rollout_s = time.monotonic() - t_line
         if bg is None:
             start_serving(args, run_dir, group, svc, "criteo")
+            sv_url = svc.serving_url
             until(lambda: serving_version(sv_url) == rec.id, f"serving ready on {kind} {rec.id}", 120)
             step(f"serving ready on base {rec.id} at {sv_url}; a client keeps sending through every rollout")
             bg = client("client-rollout", evals[0], ["--until-file", str(stop_file), "--rate",

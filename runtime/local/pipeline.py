@@ -228,7 +228,7 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
         step(f"data: generating {args.rows} train + {args.test_rows} test rows (seed {args.seed})")
     # -- 2. file server, 3. cube (started while data is generated) ----------------------------
     svc = start_services(args, run_dir, group)
-    root_url, tok, transfer_url, sv_url = svc.root_url, svc.token_file, svc.transfer_url, svc.serving_url
+    root_url, tok, transfer_url = svc.root_url, svc.token_file, svc.transfer_url
     step(f"file server {root_url}; cube {args.shards} shards x {args.replicas} replicas (server + agent each); "
          f"transfer {transfer_url}")
     if not args.data:
@@ -273,6 +273,7 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
     until(lambda: cube_version(svc.transfer_url) == v1, f"cube rollout of version {v1}", 180)
     step(f"cube serves version {v1} on every shard and replica; starting serving")
     start_serving(args, run_dir, group, svc, fmt, slot_args)
+    sv_url = svc.serving_url
     until(lambda: serving_version(sv_url) == v1, f"serving ready on version {v1}", 120)
     step(f"serving ready on version {v1} at {sv_url} (HTTP) and 127.0.0.1:{svc.grpc_port} (gRPC)")
     # -- 5. client: score the test set, then latency at batch 1 ------------------------------

@@ -17,9 +17,10 @@ class Services:
     ``fs_root`` (the file server's root directory; None with a store ``--model-root``),
     ``root`` (where versions and donefiles are: ``fs_root`` or the store location),
     ``token_file`` (the upload token), ``topology`` (topology.json path), ``transfer_url``,
-    and the ports kept for serving: ``serving_port`` (HTTP), ``grpc_port``; ``serving_url``."""
+    and, once ``start_serving`` started it, the ports serving bound: ``serving_port`` (HTTP),
+    ``grpc_port``, and ``serving_url`` (None before)."""
 
-    def __init__(self, cube, fs_root: Path, serving_port: int, grpc_port: int):
+    def __init__(self, cube, fs_root: Path):
         self.cube = cube
         self.fs_root = None if cube.store else fs_root
         self.root = str(cube.root)
@@ -27,8 +28,9 @@ class Services:
         self.token_file = cube.token_file
         self.topology = cube.topology_path
         self.transfer_url = cube.transfer_url
-        self.serving_port, self.grpc_port = serving_port, grpc_port
-        self.serving_url = f"http://127.0.0.1:{serving_port}"
+        self.serving_port: int | None = None
+        self.grpc_port: int | None = None
+        self.serving_url: str | None = None
 
 
 def start_services(args, run_dir: Path, group) -> Services:
@@ -42,7 +44,7 @@ def start_services(args, run_dir: Path, group) -> Services:
     waits until every port answers. Raises ``proc.RoleFailed`` / ``TimeoutError``."""
     import os
 
-    from runtime import auth, proc
+    from runtime import auth
     from runtime.cube.local_cube import LocalCubeCluster
 
     fs_root = run_dir / "fileserver"
@@ -53,27 +55,27 @@ def start_services(args, run_dir: Path, group) -> Services:
                             dict_name=role_specs.DICT_NAME, poll_interval_s=0.2, start_timeout_s=120.0, group=group,
                             credentials_dir=creds)
     cube.start()
-    sv_port, grpc_port = proc.free_ports(2)
-    return Services(cube, fs_root, sv_port, grpc_port)
+    return Services(cube, fs_root)
 
 
 def start_serving(args, run_dir: Path, group, svc: Services, fmt: str, slot_args: list[str] = ()):
     """Starts ``elastic-ctr serve`` (``args.serving_workers`` workers x
     ``args.serving_threads`` threads, rows in format ``fmt``) following the transfer of
-    ``svc``; waits until its HTTP and gRPC ports answer (120 s each). Returns the
-    ``proc.Role``. Raises ``proc.RoleFailed`` / ``TimeoutError``."""
-    from runtime import proc
-
+    ``svc`` on the ports it binds (the ports of its previous start, if any: its clients keep
+    their URL); waits until its HTTP and gRPC ports accept (120 s) and sets ``svc``'s
+    ``serving_port``, ``grpc_port`` and ``serving_url``. Returns the ``proc.Role``. Raises
+    ``proc.RoleFailed`` / ``TimeoutError``."""
     spec = role_specs.serving(str(svc.topology), svc.root_url, svc.transfer_url, str(run_dir / "serving"),
-                              role_specs.LOOPBACK, svc.serving_port, svc.grpc_port, workers=args.serving_workers,
-                              threads=args.serving_threads, data_format=fmt, poll_interval_s=0.2,
-                              extra=list(slot_args))
-    serving = group.start("serving", spec.argv())
+                              role_specs.LOOPBACK, svc.serving_port or 0, svc.grpc_port or 0,
+                              workers=args.serving_workers, threads=args.serving_threads, data_format=fmt,
+                              poll_interval_s=0.2, extra=list(slot_args))
+    serving = group.start("serving", spec.argv(), port_file=True)
+    bound = group.bound_ports(serving, 120)
     from runtime.monitoring import targets
 
-    targets.register(spec, "serving")
-    for port in (svc.serving_port, svc.grpc_port):
-        proc.wait_for_port("127.0.0.1", port, 120, serving.proc, serving.name, serving.log_path)
+    targets.register(spec.with_ports(bound), "serving")
+    svc.serving_port, svc.grpc_port = bound["http"], bound["grpc"]
+    svc.serving_url = f"http://{role_specs.LOOPBACK}:{svc.serving_port}"
     return serving
 
 

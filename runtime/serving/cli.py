@@ -9,7 +9,7 @@ import math
 
 import os
 
-from runtime import dense_backends
+from runtime import bound_ports, dense_backends, role_specs
 from runtime.cli import HelpFormatter
 
 
@@ -83,9 +83,12 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="cube transfer URL; its /dict/info 'version' is the version served "
                    "(default: follow ROOT/donefile instead)")
     p.add_argument("--host", default="0.0.0.0", help="listen address")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port (REST: v2 protocol, /predict, /metrics)")
-    p.add_argument("--grpc-port", type=int, default=8001,
-                   help="gRPC port (inference.GRPCInferenceService), served by every worker; 0 = no gRPC")
+    p.add_argument("--port", type=int, default=role_specs.PORTS["serving"]["http"],
+                   help="HTTP port (REST: v2 protocol, /predict, /metrics; 0: any free port, see --port-file)")
+    p.add_argument("--grpc-port", type=int, default=role_specs.PORTS["serving"]["grpc"],
+                   help="gRPC port (inference.GRPCInferenceService), served by every worker (0: any free port)")
+    p.add_argument("--no-grpc", action="store_true", help="serve no gRPC")
+    bound_ports.add_flag(p)
     p.add_argument("--grpc-max-connection-age", type=_non_negative_seconds, default=30.0, metavar="SECONDS",
                    help="a gRPC connection older than this is asked to reconnect (GOAWAY; calls in flight "
                    "finish; the client's channel reconnects by itself), so long-lived channels spread over "

@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -124,10 +125,11 @@ class Supervisor:
     """
 
     def __init__(self, workers: int, target: Callable[[int, Callable[[], None]], int], grace_s: float,
-                 on_exit: Callable[[int], None] = lambda pid: None):
+                 on_exit: Callable[[int], None] = lambda pid: None, on_serving: Callable[[], None] = lambda: None):
         if workers < 1:
             raise ValueError(f"workers: {workers}, at least 1 is needed")
         self.workers, self.target, self.grace_s, self.on_exit = workers, target, grace_s, on_exit
+        self.on_serving = on_serving
         self.children: dict[int, tuple[int, int]] = {}  # pid -> (index, read end of its "started" pipe)
         self.started: set[int] = set()  # pids that serve
         self.stop_signal: Optional[int] = None
@@ -198,9 +200,13 @@ class Supervisor:
         for i in range(self.workers):
             self._fork(i)
         restart: dict[int, float] = {}  # index -> monotonic s to start it again
+        serving = False
         while self.stop_signal is None:
             time.sleep(TICK_S)
             self._poll_started()
+            if not serving and len(self.started) >= self.workers:
+                serving = True
+                self.on_serving()
             for pid, index, code, started in self._reap():
                 if not started and self.stop_signal is None:
                     log.error("worker %d (pid %d) exited with code %d before it served: stopping", index, pid, code)
@@ -243,6 +249,25 @@ class Supervisor:
         return 0 if all(c == 0 for c in codes) else 1
 
 
+def reserve_port(host: str, port: int) -> tuple[int, socket.socket | None]:
+    """For ``port`` 0, a port the kernel picks on ``host``, held by a socket bound with
+    ``SO_REUSEPORT`` that never listens (so it takes no connection), kept open while the
+    supervisor runs: every worker then binds that port beside it (``SO_REUSEPORT``, the same
+    user), and no other process can. Returns ``(port, socket)``; ``(port, None)`` for a
+    port given. Raises ``OSError`` when ``host`` cannot be bound."""
+    if port:
+        return port, None
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, 0))
+    except OSError:
+        sock.close()
+        raise
+    return sock.getsockname()[1], sock
+
+
 def limits_of(args) -> ServerLimits:
     """``serve``'s limits on clients from its arguments."""
     return ServerLimits(header_timeout_s=args.header_timeout, idle_timeout_s=args.idle_timeout,
@@ -263,7 +288,7 @@ def make_transports(args, work_dir: str, slots: tuple[int, ...]):
                             cube_timeout_ms=args.cube_timeout_ms, fmt=args.format, slots=slots,
                             dense_backend=args.dense_backend)
     grpc_server = None
-    if args.grpc_port:
+    if not args.no_grpc:
         from runtime.serving.grpc_server import GrpcServer
 
         grpc_server = GrpcServer(plane, args.host, args.grpc_port, threads=args.threads,
@@ -295,14 +320,26 @@ def main(args) -> int:
     master = os.getpid()
     atexit.register(lambda: os.getpid() == master and shutil.rmtree(mp_dir, ignore_errors=True))
     limits = limits_of(args)
+    # port 0: the supervisor picks the port once and holds it; every worker binds it (reserve_port)
+    args.port, http_hold = reserve_port(args.host, args.port)
+    grpc_hold = None
+    if not args.no_grpc:
+        args.grpc_port, grpc_hold = reserve_port(args.host, args.grpc_port)
+    ports = {"http": args.port} if args.no_grpc else {"http": args.port, "grpc": args.grpc_port}
 
     def run_worker(index: int, started: Callable[[], None]) -> int:
         from runtime.serving.worker import serve
 
+        for hold in (http_hold, grpc_hold):
+            if hold is not None:
+                hold.close()  # the supervisor's; the worker binds its own
         return serve(make_transports(args, work_dir, slots), args.host, args.port, limits, started)
 
     log.info("serving on http://%s:%d (pid %d; uvicorn, %d workers x %d threads, queue limit %d, dense backend %s)%s",
              args.host, int(args.port), os.getpid(), args.workers, args.threads, args.max_queue, args.dense_backend,
-             f" and gRPC {args.host}:{int(args.grpc_port)}" if args.grpc_port else "")
+             "" if args.no_grpc else f" and gRPC {args.host}:{int(args.grpc_port)}")
+    from runtime import bound_ports
+
     return Supervisor(args.workers, run_worker, limits.shutdown_timeout_s,
-                      lambda pid: multiprocess.mark_process_dead(pid, mp_dir)).run()
+                      lambda pid: multiprocess.mark_process_dead(pid, mp_dir),
+                      on_serving=lambda: bound_ports.write(args.port_file, ports)).run()

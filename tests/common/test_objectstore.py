@@ -59,14 +59,16 @@ def test_missing_bucket_and_key_are_named(s3_bucket):
 
 
 def test_unreachable_endpoint_fails_within_bounded_retries(s3_bucket, monkeypatch):
-    from runtime.proc import free_port
     from s3fs import S3FileSystem
 
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{free_port()}")
-    S3FileSystem.clear_instance_cache()
-    t0 = time.monotonic()
-    with pytest.raises(storage.LocationError, match=rf"{s3_bucket}/k: endpoint unreachable after 5 attempts"):
-        storage.read_bytes(f"{s3_bucket}/k")
+    from tests.helpers import refusing_ports
+
+    with refusing_ports(1) as (port,):
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{port}")
+        S3FileSystem.clear_instance_cache()
+        t0 = time.monotonic()
+        with pytest.raises(storage.LocationError, match=rf"{s3_bucket}/k: endpoint unreachable after 5 attempts"):
+            storage.read_bytes(f"{s3_bucket}/k")
     assert time.monotonic() - t0 < 60
 
 

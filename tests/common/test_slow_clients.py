@@ -107,11 +107,10 @@ def test_fileserver_process_answers_with_64_slow_clients(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     (root / "donefile").write_text("1\n")
-    port = proc.free_ports(1)[0]
     with proc.ProcessGroup(tmp_path / "logs", grace_s=10) as group:
         role = support.start(group, "fileserver", ["fileserver", "--root", str(root), "--host", "127.0.0.1",
-                                                   "--port", str(port)])
-        u = f"http://127.0.0.1:{port}"
+                                                   "--port", "0"])
+        u = f"http://127.0.0.1:{group.bound_ports(role)['http']}"
         support.wait_ready(role, u + "/readyz", timeout_s=60)
         out = check_answered({"healthz": lambda: latency(u + "/healthz"), "readyz": lambda: latency(u + "/readyz"),
                               "donefile": lambda: latency(u + "/donefile")}, u)

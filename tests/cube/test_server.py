@@ -13,7 +13,7 @@ import requests
 
 from runtime.cube import protocol
 from runtime.formats.topology import shard_of
-from runtime.proc import ProcessGroup, free_ports, wait_for_port
+from runtime.proc import ProcessGroup
 from tests.helpers import (DICT, build_version, enable, http, load, load_and_enable,
                                           make_data, shard_dir, start_server)
 
@@ -290,15 +290,14 @@ def test_cli_server_process(tmp_path, data):
     tmp, keys, values, base = data
     from runtime import auth, role_specs
 
-    port, hport = free_ports(2)
     creds = auth.write_credentials(tmp_path / "credentials")
     headers = auth.Credential(role_specs.CUBE_CONTROL, creds).headers()
     with ProcessGroup(tmp_path / "logs", grace_s=5) as pg:
         role = pg.start("cube-server", [sys.executable, "-m", "runtime.cli", "cube", "server", "--shard", "0",
                                         "--shard-num", "1", "--dict-name", DICT, "--host", "127.0.0.1",
-                                        "--port", str(port), "--http-port", str(hport)], env=auth.env_for(creds))
-        wait_for_port("127.0.0.1", hport, 60, role.proc, "cube-server", role.log_path)
-        wait_for_port("127.0.0.1", port, 10, role.proc, "cube-server", role.log_path)
+                                        "--port", "0", "--http-port", "0"], env=auth.env_for(creds), port_file=True)
+        bound = pg.bound_ports(role)  # both accept from now on
+        port, hport = bound["data"], bound["http"]
         url = f"http://127.0.0.1:{hport}"
         assert requests.get(url + "/healthz").status_code == 200
         assert requests.get(url + "/status").json()["kernel"] == "c"

@@ -14,7 +14,7 @@ from runtime.cube.transfer.app import create_app
 from runtime.formats.dict_info import DictInfo
 from runtime.formats import donefile
 from tests.cube.transfer_harness import DICT, add_version, make_transfer, stub_build
-from tests.helpers import ThreadedApp
+from tests.helpers import ThreadedApp, refusing_ports
 
 
 # ------------------------------------------------------------------------- rollouts
@@ -207,7 +207,6 @@ def test_dict_info_reader_names_the_url_and_the_field(cluster, root, tmp_path):
     (and the field); ``served_version`` is then None."""
     from flask import Flask, jsonify
 
-    from runtime import proc
     from runtime.formats.dict_info import DictInfoError, fetch_dict_info, served_version
 
     add_version(root, 5, 5)
@@ -225,10 +224,11 @@ def test_dict_info_reader_names_the_url_and_the_field(cluster, root, tmp_path):
         msg = str(e.value)
         assert bad.url + "/dict/info" in msg and "version" in msg and "shard_num: Field required" in msg
         assert served_version(bad.url) is None
-        nobody = f"http://127.0.0.1:{proc.free_ports(1)[0]}"
-        with pytest.raises(DictInfoError, match=nobody + "/dict/info"):
-            fetch_dict_info(nobody, timeout_s=1)
-        assert served_version(nobody, timeout_s=1) is None
+        with refusing_ports(1) as (port,):
+            nobody = f"http://127.0.0.1:{port}"
+            with pytest.raises(DictInfoError, match=nobody + "/dict/info"):
+                fetch_dict_info(nobody, timeout_s=1)
+            assert served_version(nobody, timeout_s=1) is None
     finally:
         good.close()
         bad.close()

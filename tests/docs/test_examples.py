@@ -45,9 +45,10 @@ def serving(tmp_path_factory):
                                         + [format(int(rng.integers(0, 30)), "x") for _ in range(26)]) for i in range(31)]
     version = 1_800_000_100
     with cube_serving_lines(tmp, lines, version, shards=2) as (cube, batch):
-        port, grpc_port = proc.free_ports(2)
         role = cube.group.start("serving", proc.self_command() + serving_args(
-            cube, tmp / "sv", port, grpc_port, workers=1, threads=2))
+            cube, tmp / "sv", workers=1, threads=2), port_file=True)
+        bound = cube.group.bound_ports(role, 120)  # every port accepts from now on
+        port, grpc_port = bound["http"], bound["grpc"]
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while True:
@@ -59,7 +60,6 @@ def serving(tmp_path_factory):
                 pass
             assert time.monotonic() < deadline, "serving not ready in 120 s"
             time.sleep(0.2)
-        proc.wait_for_port("127.0.0.1", grpc_port, 30, role.proc, role.name, role.log_path)
         (tmp / "test.txt").write_text("\n".join(lines[:5]) + "\n")
         yield {"port": port, "grpc_port": grpc_port, "dir": tmp, "version": version, "lines": lines}
 

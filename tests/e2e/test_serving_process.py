@@ -26,9 +26,10 @@ def serving(tmp_path_factory):
                        + [format(int(rng.integers(0, 30)), "x") for _ in range(26)]) for i in range(32)]
     version = 1_800_000_000
     with cube_serving_lines(tmp, lines, version, shards=2) as (cube, batch):
-        port, grpc_port = proc.free_ports(2)
         role = cube.group.start("serving", proc.self_command() + serving_args(
-            cube, tmp / "sv", port, grpc_port, workers=2, threads=2))
+            cube, tmp / "sv", workers=2, threads=2), port_file=True)
+        bound = cube.group.bound_ports(role, 120)  # every port accepts from now on
+        port, grpc_port = bound["http"], bound["grpc"]
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -39,7 +40,6 @@ def serving(tmp_path_factory):
             except (requests.ConnectionError, requests.Timeout):  # workers still loading: the backlog holds it
                 pass
             time.sleep(0.2)
-        proc.wait_for_port("127.0.0.1", grpc_port, 30, role.proc, role.name, role.log_path)
         yield {"url": url, "grpc": f"127.0.0.1:{grpc_port}", "lines": lines, "batch": batch, "version": version,
                "role": role, "group": cube.group}
 

@@ -240,15 +240,19 @@ def test_symlink_inside_root_is_served(server):
 
 def test_cli_process(tmp_path):
     """``elastic-ctr fileserver`` as a process: serves, takes an upload, stops on SIGTERM."""
-    from runtime.proc import free_port, wait_for_port
+    from runtime import bound_ports
 
-    port = free_port()
     env = dict(os.environ, ELASTIC_CTR_UPLOAD_TOKEN=TOKEN)
+    ports = tmp_path / "ports.json"
     proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "fileserver", "--root", str(tmp_path / "r"),
-                             "--host", "127.0.0.1", "--port", str(port)], env=env,
+                             "--host", "127.0.0.1", "--port", "0", "--port-file", str(ports)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        wait_for_port("127.0.0.1", port, timeout_s=30, proc=proc)
+        deadline = time.monotonic() + 30
+        while bound_ports.read(ports) is None:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+            time.sleep(0.05)
+        port = bound_ports.read(ports)["http"]
         src = tmp_path / "x"
         src.write_bytes(b"data")
         storage.upload(src, f"http://127.0.0.1:{port}/a/x", token=TOKEN)

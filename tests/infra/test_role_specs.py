@@ -131,4 +131,8 @@ def test_specs_refuse_what_no_role_takes():
         role_specs.file_server("/r").port("grpc")
     with pytest.raises(TypeError, match="not strings"):
         role_specs.cube_transfer("/t", object(), "/w").argv()
-    assert role_specs.serving("/t", "r", "u", "/w", grpc_port=0).ports == (("http", 8000),)
+    no_grpc = role_specs.serving("/t", "r", "u", "/w", grpc=False)
+    assert no_grpc.ports == (("http", 8000),) and "--no-grpc" in no_grpc.args and "--grpc-port" not in no_grpc.args
+    # port 0: the role binds a free port itself (runtime.bound_ports)
+    assert role_specs.serving("/t", "r", "u", "/w", port=0, grpc_port=0).ports == (("http", 0), ("grpc", 0))
+    assert role_specs.cube_agent("/a", 0, port=0).args[2:6] == ("--host", "0.0.0.0", "--port", "0")

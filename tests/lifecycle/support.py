@@ -54,8 +54,10 @@ def credentials(directory) -> tuple[dict[str, str], dict[str, str]]:
 
 def start(group: proc.ProcessGroup, name: str, args: list[str], env: dict[str, str] | None = None) -> proc.Role:
     """Starts ``elastic-ctr ARGS`` as role ``name`` of ``group`` (its output in the
-    group's log directory), ``env`` added to its environment."""
-    return group.start(name, proc.self_command() + args, env={"GLOG_minloglevel": "2", **(env or {})})
+    group's log directory), ``env`` added to its environment, with a port file
+    (``runtime.bound_ports``: read the ports it bound with ``group.bound_ports(role)``)."""
+    return group.start(name, proc.self_command() + args, env={"GLOG_minloglevel": "2", **(env or {})},
+                       port_file=True)
 
 
 def wait_ready(role: proc.Role, url: str, timeout_s: float = 120.0) -> None:

@@ -18,7 +18,7 @@ import requests
 from runtime import proc
 from runtime.cube import protocol
 from runtime.formats.topology import Topology
-from tests.helpers import DICT, build_version, make_data, shard_dir
+from tests.helpers import DICT, build_version, make_data, refusing_ports, shard_dir
 from tests.lifecycle import support
 
 KEYS = 300_000       # keys in the served version
@@ -71,12 +71,13 @@ def _lookups(keys: np.ndarray, values: np.ndarray, seed: int) -> tuple[np.ndarra
 @pytest.mark.parametrize("io_mode", ["epoll", "threads"])
 def test_cube_server_answers_lookups_in_flight_on_sigterm(tmp_path, version, io_mode):
     d, keys, values = version
-    port, hport = proc.free_ports(2)
     env, auth = support.credentials(tmp_path / "credentials")
     with proc.ProcessGroup(tmp_path / "logs", grace_s=10) as group:
         role = support.start(group, "cube-server", [
             "cube", "server", "--shard", "0", "--shard-num", "1", "--dict-name", DICT, "--host", "127.0.0.1",
-            "--port", str(port), "--http-port", str(hport), "--io-mode", io_mode], env)
+            "--port", "0", "--http-port", "0", "--io-mode", io_mode], env)
+        bound = group.bound_ports(role)
+        port, hport = bound["data"], bound["http"]
         url = f"http://127.0.0.1:{hport}"
         support.wait_ready(role, url + "/readyz", timeout_s=60)
         r = requests.post(url + "/bg_load_base", json={"dir": d, "version": VERSION}, timeout=5, headers=auth)
@@ -141,12 +142,13 @@ def test_cube_server_answers_lookups_in_flight_on_sigterm(tmp_path, version, io_
           f"exit after {stop.seconds:.2f} s; probes {[p[1] for p in stop.probes]}")
 
 
-def _drain_stop(group: proc.ProcessGroup, name: str, args: list[str], port: int, busy_path: str,
+def _drain_stop(group: proc.ProcessGroup, name: str, args: list[str], busy_path: str,
                 env: dict[str, str] | None = None) -> support.Stop:
-    """Starts a WebServer role with ``--drain-seconds 1.5``, SIGTERM, and checks that during
-    the drain it is not ready but still answers ``busy_path`` with 200, then exits 0."""
-    role = support.start(group, name, args + ["--host", "127.0.0.1", "--port", str(port), "--drain-seconds", "1.5"],
-                         env)
+    """Starts a control role on a port it binds, with ``--drain-seconds 1.5``, SIGTERM, and
+    checks that during the drain it is not ready but still answers ``busy_path`` with 200,
+    then exits 0."""
+    role = support.start(group, name, args + ["--host", "127.0.0.1", "--port", "0", "--drain-seconds", "1.5"], env)
+    (port,) = group.bound_ports(role).values()
     url = f"http://127.0.0.1:{port}"
     support.wait_ready(role, url + "/readyz", timeout_s=60)
     assert requests.get(url + busy_path, timeout=5).status_code == 200
@@ -168,20 +170,18 @@ def _drain_stop(group: proc.ProcessGroup, name: str, args: list[str], port: int,
 
 
 def test_cube_agent_turns_unready_then_exits_0_on_sigterm(tmp_path):
-    port, server_http = proc.free_ports(2)
-    with proc.ProcessGroup(tmp_path / "logs", grace_s=10) as group:
+    with refusing_ports(1) as (server_http,), proc.ProcessGroup(tmp_path / "logs", grace_s=10) as group:
         _drain_stop(group, "cube-agent", ["cube", "agent", "--server-http", f"http://127.0.0.1:{server_http}",
-                                          "--work-dir", str(tmp_path / "agent")], port, "/status",
+                                          "--work-dir", str(tmp_path / "agent")], "/status",
                     support.credentials(tmp_path / "credentials")[0])
 
 
 def test_cube_transfer_turns_unready_then_exits_0_on_sigterm(tmp_path):
-    ports = proc.free_ports(4)
-    topo = Topology.build(DICT, [[(f"127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}",
-                                   f"http://127.0.0.1:{ports[2]}")]]).write(tmp_path / "topology.json")
     (tmp_path / "root").mkdir()
-    with proc.ProcessGroup(tmp_path / "logs", grace_s=10) as group:
+    with refusing_ports(3) as ports, proc.ProcessGroup(tmp_path / "logs", grace_s=10) as group:
+        topo = Topology.build(DICT, [[(f"127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}",
+                                       f"http://127.0.0.1:{ports[2]}")]]).write(tmp_path / "topology.json")
         _drain_stop(group, "cube-transfer", ["cube", "transfer", "--topology", str(topo), "--root",
                                              str(tmp_path / "root"), "--work-dir", str(tmp_path / "transfer"),
                                              "--poll-interval", "0.2", "--reconcile-interval", "0"],
-                    ports[3], "/dict/info", support.credentials(tmp_path / "credentials")[0])
+                    "/dict/info", support.credentials(tmp_path / "credentials")[0])

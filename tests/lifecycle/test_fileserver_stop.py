@@ -87,11 +87,11 @@ def test_fileserver_finishes_transfers_in_flight_on_sigterm(tmp_path):
     upload = np.random.default_rng(1).bytes(UPLOAD_BYTES)
     token = tmp_path / "token"
     token.write_text(TOKEN)
-    port = proc.free_port()
-    url = f"http://127.0.0.1:{port}"
     with proc.ProcessGroup(tmp_path / "logs", grace_s=10) as group:
         role = support.start(group, "fileserver", ["fileserver", "--root", str(root), "--host", "127.0.0.1",
-                                                   "--port", str(port), "--upload-token-file", str(token)])
+                                                   "--port", "0", "--upload-token-file", str(token)])
+        port = group.bound_ports(role)["http"]
+        url = f"http://127.0.0.1:{port}"
         support.wait_ready(role, url + "/readyz", timeout_s=60)
         go = threading.Event()
         downloads = [_Download(url + "/big.bin") for _ in range(DOWNLOADS)]

@@ -105,8 +105,9 @@ class _Request(threading.Thread):
 
 def _serve(cube, group: proc.ProcessGroup, name: str, workers: int) -> tuple[proc.Role, int, int]:
     c = cube["cluster"]
-    port, grpc_port = proc.free_ports(2)
-    role = support.start(group, name, serving_args(c, cube["tmp"] / f"work-{name}", port, grpc_port, workers, threads=2))
+    role = support.start(group, name, serving_args(c, cube["tmp"] / f"work-{name}", workers, threads=2))
+    bound = group.bound_ports(role, 120)
+    port, grpc_port = bound["http"], bound["grpc"]
     support.wait_ready(role, f"http://127.0.0.1:{port}/v2/health/ready", timeout_s=120)
     return role, port, grpc_port
 

@@ -355,9 +355,9 @@ def test_keepalive_connections_spread_over_the_workers():
     import os
     import signal
 
-    from runtime import proc
+    from runtime.serving.launcher import reserve_port
 
-    port = proc.free_ports(1)[0]
+    port, hold = reserve_port("127.0.0.1", 0)  # as serve's supervisor holds it for its workers
     ctx = multiprocessing.get_context("fork")
     started = ctx.Queue()
     workers = [ctx.Process(target=_pid_worker, args=(port, started), daemon=True) for _ in range(2)]
@@ -382,4 +382,5 @@ def test_keepalive_connections_spread_over_the_workers():
                 os.kill(w.pid, signal.SIGTERM)
         for w in workers:
             w.join(10)
+        hold.close()
     assert [w.exitcode for w in workers] == [0, 0]

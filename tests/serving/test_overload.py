@@ -141,10 +141,9 @@ def serving(tmp_path_factory):
     version = 1_800_000_200
     with cube_serving_lines(tmp, lines, version) as (c, batch), \
             proc.ProcessGroup(tmp / "logs", grace_s=10) as group:
-        port, grpc_port = proc.free_ports(2)
-        role = support.start(group, "serving", serving_args(c, tmp / "work", port, grpc_port, workers=1, threads=1,
+        role = support.start(group, "serving", serving_args(c, tmp / "work", workers=1, threads=1,
                                                             extra=("--max-queue", "2")))
-        url = f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{group.bound_ports(role, 120)['http']}"
         support.wait_ready(role, url + "/v2/health/ready", timeout_s=120)
         yield {"url": url, "lines": lines, "batch": batch, "role": role, "cube": c}
 

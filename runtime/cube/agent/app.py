@@ -83,4 +83,5 @@ def main(args) -> int:
     agent = Agent(args.server_http, args.work_dir, load_timeout_s=args.load_timeout, control=control,
                   version_roots=tuple(args.version_root or ()))
     server = WebServer(create_app(agent, guard), args.host, args.port, threads=8, name="cube-agent")
-    return serve_forever(server, on_stop=agent.shutdown, drain_s=args.drain_seconds)
+    return serve_forever(server, on_stop=agent.shutdown, drain_s=args.drain_seconds, port_file=args.port_file,
+                         port_name="agent")

@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 def main(args) -> int:
     """Serves with ``args`` (the ``cube server`` options) until a stop signal; returns the
     exit code (0)."""
-    from runtime import auth
+    from runtime import auth, bound_ports
     from runtime.webserver import StopSignal
 
     guard = auth.control_guard("cube-server", args.insecure_no_auth)
@@ -26,6 +26,7 @@ def main(args) -> int:
         log.warning("cube server: no --load-root: a load may name any directory this process can read")
     stop = StopSignal()
     srv.start()
+    bound_ports.write(args.port_file, {"data": srv.port, "http": srv.http_port})
     name = stop.wait()
     drain_s, grace_s = float(args.drain_seconds), float(args.stop_timeout)
     log.info("cube server: %s received, stopping (readiness false, draining %.1f s, then up to %.1f s for the "

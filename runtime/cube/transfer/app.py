@@ -111,4 +111,4 @@ def main(args) -> int:
             log.warning("the rollout in progress did not stop within %.0f s; it resumes at the next start",
                         args.stop_timeout)
 
-    return serve_forever(server, on_stop=stop_loop, drain_s=args.drain_seconds)
+    return serve_forever(server, on_stop=stop_loop, drain_s=args.drain_seconds, port_file=args.port_file)
