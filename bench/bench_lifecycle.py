@@ -92,7 +92,7 @@ def run_setting(args, data: Path, work: Path, setting: tuple[int, float, float])
         "--state-dir", str(run / "state"), "--table-dir", str(run / "table"), "--log-dir", str(run / "logs"),
         "--checkpoint-every-minutes", str(60 * args.hours), "--base-every-minutes", str(60 * args.base_every),
         "--feature-min-count", str(min_count), "--feature-ttl-hours", str(ttl),
-        "--feature-count-half-life-hours", str(half)]
+        "--feature-count-half-life-hours", str(half), "--shrink-every-minutes", str(args.shrink_every_minutes)]
     t0 = time.monotonic()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     wall = time.monotonic() - t0
@@ -122,6 +122,7 @@ def main() -> int:
     ap.add_argument("--settings", default="1:0,2:0,2:12,3:12,2:6", help="min_count:ttl_hours[:half_life_hours], ...")
     ap.add_argument("--auc-hours", type=int, default=8, help="the AUC is the mean of the last N hours")
     ap.add_argument("--base-every", type=int, default=24, help="hours between two bases")
+    ap.add_argument("--shrink-every-minutes", type=int, default=60, help="the job's shrink period (data minutes)")
     ap.add_argument("--data", help="partitions to reuse (ROOT/YYYYMMDD/HH/), else generated (seed 5)")
     ap.add_argument("--workdir", help="scratch directory (default: a temp dir, removed unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")

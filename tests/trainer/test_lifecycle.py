@@ -20,7 +20,8 @@ def _cfg(**kw) -> TrainConfig:
 
 
 def test_ttl_and_half_life_become_the_accessors_eviction_and_decay():
-    life = Lifecycle.of(_cfg(feature_min_count=3, feature_ttl_hours=6, feature_count_half_life_hours=12))
+    life = Lifecycle.of(_cfg(feature_min_count=3, feature_ttl_hours=6, feature_count_half_life_hours=12,
+                             shrink_every_minutes=60))
     # evicted at the 6th shrink point after the last feeding: unseen_days 0..5 survive
     assert (life.min_count, life.period_minutes, life.unseen_limit) == (3, 60, 5)
     assert life.decay == pytest.approx(0.5 ** (1 / 12)) and life.evicts and life.shrinks
@@ -36,7 +37,9 @@ def test_ttl_and_half_life_become_the_accessors_eviction_and_decay():
     assert off.unseen_limit is None and off.decay == 1.0 and not off.shrinks and not off.evicts
     assert off.accessor_configs("p")["p.accessor.ctr_accessor_param.delete_after_unseen_days"] == NEVER
     # a ttl that is not a whole number of periods rounds up: 90 minutes at 60 -> 2 periods
-    assert Lifecycle.of(_cfg(feature_ttl_hours=1.5)).unseen_limit == 1
+    assert Lifecycle.of(_cfg(feature_ttl_hours=1.5, shrink_every_minutes=60)).unseen_limit == 1
+    # the defaults: a day at a shrink point every 4 hours
+    assert (Lifecycle.of(_cfg()).min_count, Lifecycle.of(_cfg()).unseen_limit) == (3, 5)
     assert Lifecycle.of(_cfg(feature_ttl_hours=2, shrink_every_minutes=120)).unseen_limit == 0
 
 

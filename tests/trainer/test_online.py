@@ -18,6 +18,7 @@ from runtime.formats.model_meta import ModelMeta
 from runtime.formats.seqfile import read_sequence_file
 from runtime.formats.train_result import SUMMARY, TrainResult
 from runtime.trainer import generator, online, readers
+from runtime.trainer.config import FIELDS
 from tests.helpers import CliProcess
 
 START = "20261120/00"
@@ -122,7 +123,8 @@ def test_single_continuous_base_patches_equal_the_trainers_table(hours, tmp_path
     out, state = tmp_path / "out", tmp_path / "state"
     r = _run(["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START,
               "--end-hour", "20261120/02", "--state-dir", str(state), "--output", str(out), "--base-every-minutes", "180",
-              "--poll-s", "0.2", "--gate-eval-every", "0"], tmp_path)  # every row trained, so every feasign fed
+              "--poll-s", "0.2", "--gate-eval-every", "0",  # every row trained, so every feasign fed
+              "--feature-ttl-hours", "0"], tmp_path)  # no eviction: the export after the restart stays a patch
     s = _summary(r)
     assert [e["kind"] for e in s["exports"]] == ["base", "patch", "patch"]
     assert [p["hour"] for p in s["partitions"]] == ["20261120/00", "20261120/01", "20261120/02"]
@@ -131,15 +133,16 @@ def test_single_continuous_base_patches_equal_the_trainers_table(hours, tmp_path
     base_id = chain[0][1]
     assert all(r.key == base_id for r in donefile.read(str(out), "patch"))
     keys, values = chain[0][2], chain[0][3]
-    counts = _counts(root, START)  # admission (--feature-min-count 2, the default): fed twice
-    assert np.array_equal(keys, np.array(sorted(k for k, c in counts.items() if c >= 2), np.uint64))
+    least = int(FIELDS["feature_min_count"].default)  # admission: fed at least this many times
+    counts = _counts(root, START)
+    assert np.array_equal(keys, np.array(sorted(k for k, c in counts.items() if c >= least), np.uint64))
     for i, (_, _, pk, pv) in enumerate(chain[1:], start=1):
         hour = partitions.Hour.parse(START).next(i)
         touched = np.unique(readers.read_all(partitions.files(str(root), hour)).feasigns)
         touched = touched[touched != 0]
         for k, c in _counts(root, str(hour)).items():
             counts[k] = counts.get(k, 0) + c
-        admitted = touched[np.array([counts[int(k)] >= 2 for k in touched], bool)]
+        admitted = touched[np.array([counts[int(k)] >= least for k in touched], bool)]
         assert np.isin(pk, touched).all(), "a patch row the partition never touched"
         assert np.array_equal(np.sort(pk), admitted), "a patch holds the partition's admitted feasigns, no other"
         assert pv.any(axis=1).all(), "no eviction here: no deletion"
@@ -156,7 +159,7 @@ def test_single_continuous_base_patches_equal_the_trainers_table(hours, tmp_path
     # resumes with the next hour only, exports a patch on the same base
     r2 = _run(["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START,
                "--end-hour", "20261120/03", "--state-dir", str(state), "--output", str(out), "--base-every-minutes", "240",
-               "--poll-s", "0.2"], tmp_path)
+               "--poll-s", "0.2", "--feature-ttl-hours", "0"], tmp_path)
     s2 = _summary(r2)
     assert [p["hour"] for p in s2["partitions"]] == ["20261120/03"]
     assert s2["partitions"][0]["auc_before"] > 0.7  # the restored model, not a fresh one
@@ -208,7 +211,8 @@ def test_single_resume_from_an_older_checkpoint_trains_again_and_exports_every_r
         shutil.copytree(partitions.Hour.parse(h).location(str(src)), partitions.Hour.parse(h).location(str(root)))
     args = ["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START, "--state-dir",
             str(state), "--output", str(out), "--base-every-minutes", "240", "--checkpoint-every-minutes", "120", "--poll-s", "0.2",
-            "--gate-eval-every", "0"]  # every row trained: the patches carry every row fed
+            "--gate-eval-every", "0",  # every row trained: the patches carry every row fed
+            "--feature-ttl-hours", "0"]  # no eviction: the export after the restart stays a patch
     p = CliProcess(["train", *args], tmp_path)
     p.wait_for("waiting for partition 20261120/03")
     p.proc.send_signal(signal.SIGTERM)
