@@ -37,7 +37,6 @@ import argparse
 import gzip
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -160,8 +159,6 @@ def run(args, data: Path, work: Path, label: str, flags: list[str]) -> dict:
         rec["failed"] += int(bg.result()["failed_requests"])
         waiter.wait([trainer], "continuous training")
         rec["trainer"] = summary_line(trainer.log_path)
-        log = (work / "logs" / "train" / "trainer-0.log").read_text(errors="replace")
-        rec["shrink_rows"] = [int(x) for x in re.findall(r"shrink point: (\d+) rows in the table", log)]
     return rec
 
 
@@ -209,11 +206,11 @@ def main() -> int:
     delta = [on["hours"][t]["served_auc_next"] - off["hours"][t]["served_auc_next"] for t in second]
     (work / "bench-soak.json").write_text(json.dumps({"on": on, "off": off, "active_ttl": active,
                                                       "rss_growth_day2": growth}, indent=1))
-    print(f"\nper hour (on | off): served AUC on the next hour, pserver rows (on: after each shrink point)")
+    print("\nper hour (on | off): served AUC on the next hour; on: the pserver rows after a shrink point")
+    shrunk = {p["hour"]: p.get("table_rows") for p in on["trainer"].get("partitions", [])}
     for t in range(args.hours - 1):
         a, b = on["hours"][t], off["hours"][t]
-        rows = on["shrink_rows"][t] if t < len(on["shrink_rows"]) else ""
-        print(f"{a['hour']:>12} {a['served_auc_next']:.4f} | {b['served_auc_next']:.4f} {rows:>10}")
+        print(f"{a['hour']:>12} {a['served_auc_next']:.4f} | {b['served_auc_next']:.4f} {shrunk.get(a['hour']) or '':>10}")
     print("rss MiB day 1 -> day 2 (on): " + ", ".join(f"{k} {d1['rss'][k]:.0f}->{end['rss'][k]:.0f}"
                                                      for k in sorted(growth)))
     print(f"cube keys (on): day 1 {d1['cube_keys']}, end {end['cube_keys']}; (off): end {end_off['cube_keys']}")
