@@ -31,8 +31,9 @@ MODEL_GATE_FLAGS = {"model_gate_auc_drop": ("--model-gate-auc-drop", 0.05),
                     "model_gate_calibration": ("--model-gate-calibration", 2.5)}
 
 
-def _key(name: str, text: str):
-    """A gate key's ``Field``: the trainer's default, the flag's help as description."""
+def trainer_field(name: str, text: str):
+    """A stack key's ``Field`` for the ``TrainConfig`` field ``name``: the trainer's default,
+    ``text`` then the flag and what it allows as the description."""
     return Field(train.FIELDS[name].default, description=f"{text} (train {train.flag(name)}; {train.allowed(name)}).")
 
 
@@ -46,41 +47,41 @@ class GateKeys(BaseModel):
                         "uploaded beside the data) every partition is checked against before training, as a path or URL "
                         "the trainer pods can read; empty = no schema checks (train --data-schema).",
         json_schema_extra={"group": "data gate"})
-    gate_window: train.field_type("gate_window") = _key(
+    gate_window: train.field_type("gate_window") = trainer_field(
         "gate_window", "Continuous: accepted partitions the data gate compares each partition with; 0 = no data gate")
-    gate_min_history: train.field_type("gate_min_history") = _key(
+    gate_min_history: train.field_type("gate_min_history") = trainer_field(
         "gate_min_history", "Accepted partitions needed before the data gate compares statistics")
-    gate_rows_ratio: train.field_type("gate_rows_ratio") = _key(
+    gate_rows_ratio: train.field_type("gate_rows_ratio") = trainer_field(
         "gate_rows_ratio", "Data gate: largest factor between a partition's rows and the recent median, either way")
-    gate_click_ratio: train.field_type("gate_click_ratio") = _key(
+    gate_click_ratio: train.field_type("gate_click_ratio") = trainer_field(
         "gate_click_ratio", "Data gate: largest factor between a partition's click rate and the recent median")
-    gate_missing_shift: train.field_type("gate_missing_shift") = _key(
+    gate_missing_shift: train.field_type("gate_missing_shift") = trainer_field(
         "gate_missing_shift", "Data gate: largest change of a slot's missing rate from the recent median")
-    gate_dense_js: train.field_type("gate_dense_js") = _key(
+    gate_dense_js: train.field_type("gate_dense_js") = trainer_field(
         "gate_dense_js", "Data gate: largest Jensen-Shannon distance of a dense feature's histogram from the recent one")
-    gate_new_feasign_shift: train.field_type("gate_new_feasign_shift") = _key(
+    gate_new_feasign_shift: train.field_type("gate_new_feasign_shift") = trainer_field(
         "gate_new_feasign_shift", "Data gate: largest rise of the new-feasign rate over the recent median")
-    gate_auc_drop: train.field_type("gate_auc_drop") = _key(
+    gate_auc_drop: train.field_type("gate_auc_drop") = trainer_field(
         "gate_auc_drop", "Data gate: largest drop of the served model's AUC on a partition below the recent median")
-    gate_logloss_ratio: train.field_type("gate_logloss_ratio") = _key(
+    gate_logloss_ratio: train.field_type("gate_logloss_ratio") = trainer_field(
         "gate_logloss_ratio", "Data gate: largest ratio of the served model's log loss on a partition to the recent "
                               "median")
-    gate_eval_every: train.field_type("gate_eval_every") = _key(
+    gate_eval_every: train.field_type("gate_eval_every") = trainer_field(
         "gate_eval_every", "Continuous: trainer 0 sets aside every Nth row of its shard (never trained) to evaluate each "
                            "exported version beside the previous one, which the transfer's model gate compares; 0 = "
                            "no evaluation, every version passes the model gate")
-    gate_adapt_after: train.field_type("gate_adapt_after") = _key(
+    gate_adapt_after: train.field_type("gate_adapt_after") = trainer_field(
         "gate_adapt_after", "Data gate: after this many partitions in a row quarantined for drift only, that agree with "
                             "each other, the gate takes them as the new normal and trains the last; 0 = never (the "
                             "shift stays quarantined until the bounds are widened)")
-    gate_categorical_linf: train.field_type("gate_categorical_linf") = _key(
+    gate_categorical_linf: train.field_type("gate_categorical_linf") = trainer_field(
         "gate_categorical_linf", "Data gate: largest L-infinity distance of a slot's top values' frequencies from their "
                                  "recent median")
-    gate_distinct_ratio: train.field_type("gate_distinct_ratio") = _key(
+    gate_distinct_ratio: train.field_type("gate_distinct_ratio") = trainer_field(
         "gate_distinct_ratio", "Data gate: largest fall of a slot's distinct values below the recent median, in count "
                                "and per row (a slot collapsed to a few values); such a partition is never taken as a "
                                "new normal")
-    gate_eval_rows: train.field_type("gate_eval_rows") = _key(
+    gate_eval_rows: train.field_type("gate_eval_rows") = trainer_field(
         "gate_eval_rows", "Continuous: each version is evaluated on the rows set aside from the newest partitions that "
                           "hold at least this many (a rolling window); keep it above the transfer's minimum (500)")
     model_gate: Annotated[bool, BeforeValidator(pulumi_bool)] = Field(

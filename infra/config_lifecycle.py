@@ -24,6 +24,7 @@ from typing import Annotated, Optional
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from infra.config_gates import trainer_field
 from infra.config_types import check as _check
 from runtime.trainer import config as train
 from runtime.trainer.lifecycle import lifecycle_argv  # noqa: F401  (the pods' flags)
@@ -59,12 +60,6 @@ def cube_memory_for(keys: int, embedding_dim: int) -> int:
     return CUBE_BASE_BYTES + int(2.2 * int(keys) / 0.6 * slot)
 
 
-def _key(name: str, text: str):
-    """A lifecycle key's ``Field``: the trainer's default, ``text`` then the flag and what
-    it allows."""
-    return Field(train.FIELDS[name].default, description=f"{text} (train {train.flag(name)}; {train.allowed(name)}).")
-
-
 Budget = Annotated[int, _check(lambda v: 0 <= v <= 10**12, "0 (no budget) or a row count up to 10^12")]
 
 
@@ -79,13 +74,13 @@ class LifecycleKeys(BaseModel):
                     f"before, it reads as zeros in training and serving and is not exported (train "
                     f"--feature-min-count; {train.allowed('feature_min_count')}; 1 = every feasign at once).",
         json_schema_extra={"group": "feature lifecycle"})
-    feature_ttl_hours: train.field_type("feature_ttl_hours") = _key(
+    feature_ttl_hours: train.field_type("feature_ttl_hours") = trainer_field(
         "feature_ttl_hours", "Continuous: a feasign's row is evicted once no trained partition fed it for this many "
                              "hours of data, and the cube drops it with the next version; 0 = never evict")
-    shrink_every_minutes: train.field_type("shrink_every_minutes") = _key(
+    shrink_every_minutes: train.field_type("shrink_every_minutes") = trainer_field(
         "shrink_every_minutes", "Continuous: minutes of trained data between two shrink points (count decay and "
                                 "eviction on the parameter servers)")
-    feature_count_half_life_hours: train.field_type("feature_count_half_life_hours") = _key(
+    feature_count_half_life_hours: train.field_type("feature_count_half_life_hours") = trainer_field(
         "feature_count_half_life_hours", "Continuous: half-life of the feasign counts admission compares with "
                                          "featureMinCount; 0 = counts never decay")
     pserver_budget_rows: Budget = Field(

@@ -70,11 +70,17 @@ class GateFields(BaseModel):
                                        "and per row); a slot that lost more is never taken as a new normal", gt=1)
 
 
-def gate_argv(cfg) -> list[str]:
-    """The gate's flags of ``cfg`` that differ from their defaults (``train_argv``)."""
+def changed_flags(cfg, defaults: dict) -> list[str]:
+    """The ``train`` flags of the fields ``defaults`` names (field -> default) whose value in
+    ``cfg`` differs from it: ``["--gate-window", "3", ...]`` (floats as ``repr``)."""
     out = []
-    for name, default in DEFAULTS.items():
+    for name, default in defaults.items():
         v = getattr(cfg, name)
         if v != default:
             out += ["--" + name.replace("_", "-"), repr(float(v)) if isinstance(v, float) else str(v)]
     return out
+
+
+def gate_argv(cfg) -> list[str]:
+    """The gate's flags of ``cfg`` that differ from their defaults (``train_argv``)."""
+    return changed_flags(cfg, DEFAULTS)

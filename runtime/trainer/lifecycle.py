@@ -51,6 +51,8 @@ from typing import Optional
 
 from pydantic import BaseModel, Field
 
+from runtime.trainer.gate_config import changed_flags
+
 #: field -> default, for ``lifecycle_argv`` (a flag is passed only when it differs). Chosen by
 #: ``make bench-lifecycle`` (docs/training.md, "Choosing the settings"): admission at 3 kept the
 #: next-hour AUC within 0.0004 of no admission with 3.8x fewer rows served; a day's time to
@@ -90,12 +92,7 @@ class LifecycleFields(BaseModel):
 
 def lifecycle_argv(cfg) -> list[str]:
     """The lifecycle's flags of ``cfg`` that differ from their defaults (``train_argv``)."""
-    out = []
-    for name, default in DEFAULTS.items():
-        v = getattr(cfg, name)
-        if v != default:
-            out += ["--" + name.replace("_", "-"), repr(float(v)) if isinstance(v, float) else str(v)]
-    return out
+    return changed_flags(cfg, DEFAULTS)
 
 
 def problems(cfg) -> list[tuple[str, object, str]]:
