@@ -101,3 +101,47 @@ def test_lifecycle_parity_serving_answers_what_the_trainer_used_key_by_key(tmp_p
     others = ~np.isin(everything, admitted)
     assert not got.found[others].any() and not got.values[others].any()
     assert np.isin(counted, everything).all() and np.isin(gone, everything[others]).all()
+
+
+def test_lifecycle_single_process_chain_equals_its_table_bit_for_bit(tmp_path):
+    """The single process's lifecycle (its vocabulary): admission at 2, a shrink point
+    every hour evicting what the last hour did not feed; the base and the patches, their
+    zero rows deleting, equal the trainer's table at the last export bit for bit, and the
+    served feasigns are all fed within the time to live (the last two hours)."""
+    from runtime.trainer import online
+    from runtime.trainer.served import zero_rows
+
+    data, out, state = tmp_path / "hours", tmp_path / "out", tmp_path / "state"
+    generator.generate_hours(data, HOURS, START, 4000, seed=4, shape="long-tail", scale=0.004)
+    hs = [partitions.Hour.parse(START).next(i) for i in range(HOURS)]
+    r = subprocess.run([sys.executable, "-m", "runtime.cli", "train", "--single", "--mode", "continuous",
+                        "--data-root", str(data), "--start-hour", START, "--end-hour", str(hs[-1]),
+                        "--state-dir", str(state), "--output", str(out), "--poll-s", "0.2", "--gate-eval-every", "0",
+                        "--gate-window", "0", "--embedding-dim", str(DIM), "--feature-min-count", "2",
+                        "--feature-ttl-hours", "1", "--shrink-every-minutes", "60"],
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    recs = sorted(donefile.read(str(out), "base") + donefile.read(str(out), "patch"), key=lambda x: x.id)
+    from runtime.formats.seqfile import read_sequence_file
+
+    keys = values = None
+    deleted = 0
+    for rec in recs:
+        kv = [read_sequence_file(p) for p in sorted((out / rec.input).glob("part-*"))]
+        k = np.concatenate([a for a, _ in kv])
+        v = np.concatenate([b.reshape(-1, DIM) for _, b in kv])
+        if keys is None:
+            assert not zero_rows(v).any(), "a base holds no zero row"
+            keys, values = k, v
+        else:
+            deleted += int(zero_rows(v).sum())
+            keys, values = online.apply_patch(keys, values, k, v)
+    assert deleted > 100, "evicted feasigns of the served table deleted by the patches"
+    st = online.OnlineState.load(str(state))
+    with np.load(Path(online.export_dir(str(state), st.exports[-1].id)) / online.SNAPSHOT) as z:
+        order = np.argsort(keys)
+        assert np.array_equal(z["keys"], keys[order])
+        assert np.array_equal(z["values"].view(np.uint32), values[order].view(np.uint32))
+    last_two = np.unique(np.concatenate([_fed(data, h) for h in hs[-2:]]))
+    assert np.isin(keys, last_two).all(), "a served feasign unfed past the time to live"
