@@ -145,3 +145,47 @@ def test_lifecycle_single_process_chain_equals_its_table_bit_for_bit(tmp_path):
         assert np.array_equal(z["values"].view(np.uint32), values[order].view(np.uint32))
     last_two = np.unique(np.concatenate([_fed(data, h) for h in hs[-2:]]))
     assert np.isin(keys, last_two).all(), "a served feasign unfed past the time to live"
+
+
+def test_lifecycle_counts_and_unseen_survive_a_checkpoint_and_resume(tmp_path):
+    """The lifecycle's per-feasign counts and unseen ticks are in the checkpoint (the single
+    process's vocabulary, as the pservers' rows hold theirs): a job stopped after 02 and
+    resumed from its checkpoint evicts and admits as one that ran through, so the chain of
+    its versions (the resumed job's first export a base: the served keys are known again)
+    equals the table the uninterrupted job ends with, key for key."""
+    from runtime.formats.seqfile import read_sequence_file
+    from runtime.trainer import online
+
+    data = tmp_path / "hours"
+    generator.generate_hours(data, HOURS, START, 4000, seed=6, shape="long-tail", scale=0.004)
+    hs = [partitions.Hour.parse(START).next(i) for i in range(HOURS)]
+
+    def train(name: str, end: partitions.Partition) -> Path:
+        r = subprocess.run([sys.executable, "-m", "runtime.cli", "train", "--single", "--mode", "continuous",
+                            "--data-root", str(data), "--start-hour", START, "--end-hour", str(end),
+                            "--state-dir", str(tmp_path / name / "state"), "--output", str(tmp_path / name / "out"),
+                            "--poll-s", "0.2", "--gate-eval-every", "0", "--gate-window", "0", "--embedding-dim",
+                            str(DIM), "--feature-min-count", "2", "--feature-ttl-hours", "1",
+                            "--shrink-every-minutes", "60", "--checkpoint-every-minutes", "60", "--seed", "3"],
+                           capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                           cwd=tmp_path)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return tmp_path / name
+
+    def served(run: Path) -> set:
+        out = run / "out"
+        recs = sorted(donefile.read(str(out), "base") + donefile.read(str(out), "patch"), key=lambda x: x.id)
+        base = max(i for i, r in enumerate(recs) if r.key == r.id)
+        keys = values = None
+        for rec in recs[base:]:
+            kv = [read_sequence_file(p) for p in sorted((out / rec.input).glob("part-*"))]
+            k, v = np.concatenate([a for a, _ in kv]), np.concatenate([b.reshape(-1, DIM) for _, b in kv])
+            keys, values = (k, v) if keys is None else online.apply_patch(keys, values, k, v)
+        return set(keys.tolist())
+
+    through = served(train("through", hs[-1]))
+    train("stopped", hs[2])
+    resumed = train("stopped", hs[-1])
+    st = online.OnlineState.load(str(resumed / "state"))
+    assert [e.kind for e in st.exports][3] == "base"
+    assert served(resumed) == through
