@@ -42,7 +42,7 @@ ANY_HOST = "0.0.0.0"
 #: where a local process listens, and where a cube agent reaches the server beside it
 LOOPBACK = "127.0.0.1"
 
-#: probe paths of the control roles (``runtime.webserver``) and of serving (the v2 protocol)
+#: probe paths of the control roles (``runtime.web.wsgi``) and of serving (the v2 protocol)
 HEALTHZ, READYZ = "/healthz", "/readyz"
 V2_LIVE, V2_READY = "/v2/health/live", "/v2/health/ready"
 #: where every role of the pipeline answers Prometheus' scrape (its text exposition format)

@@ -22,7 +22,7 @@ from runtime.cube.builder import build
 from runtime.cube.server import CubeServer
 from runtime.formats import features
 from runtime.formats.seqfile import read_sequence_file, write_sequence_file
-from runtime.webserver import WebServer
+from runtime.web.wsgi import WebServer
 
 # ----------------------------------------------------------------------------- cube data plane
 DICT = "emb"

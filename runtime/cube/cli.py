@@ -11,7 +11,7 @@ import argparse
 from runtime import bound_ports, role_specs
 from runtime.auth import INSECURE_HELP
 from runtime.cli import HelpFormatter
-from runtime.webserver import add_drain_seconds
+from runtime.web.stop import add_drain_seconds
 
 
 def register(sub: "argparse._SubParsersAction") -> None:

@@ -1,7 +1,7 @@
 """The file server's app: a directory tree over HTTP, with uploads (the storage role of
 the pipeline: the trainer's export and the cube transfer upload to it through
 ``runtime.storage.upload``; the cube agents and serving download from it). Served by
-``runtime.webserver`` (``/healthz`` and ``/readyz`` come from there).
+``runtime.web.wsgi`` (``/healthz`` and ``/readyz`` come from there).
 
 HTTP interface (every path is relative to ``--root``):
 
@@ -63,7 +63,7 @@ from flask import Flask, Response, jsonify, request, send_file
 from runtime import auth
 from runtime.metrics import exposition
 from runtime.metrics.fileserver import FileServerMetrics
-from runtime.webserver import json_errors
+from runtime.web.wsgi import json_errors
 
 log = logging.getLogger(__name__)
 

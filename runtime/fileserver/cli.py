@@ -8,7 +8,7 @@ import os
 
 from runtime import bound_ports, role_specs
 from runtime.cli import HelpFormatter
-from runtime.webserver import add_drain_seconds
+from runtime.web.stop import add_drain_seconds
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
 def _run(args) -> int:
     from runtime import storage
     from runtime.fileserver.app import create_app
-    from runtime.webserver import WebServer, serve_forever
+    from runtime.web.stop import serve_forever
+    from runtime.web.wsgi import WebServer
 
     from runtime import auth, role_specs
 

@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from runtime.limits import ServerLimits
+from runtime.web.limits import ServerLimits
 from runtime.serving.protocol import Overloaded
 from runtime.serving.rest import RestApp
 

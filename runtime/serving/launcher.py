@@ -35,7 +35,7 @@ from typing import Callable, Optional
 
 from runtime import dense_backends
 from runtime.formats import features
-from runtime.limits import ServerLimits
+from runtime.web.limits import ServerLimits
 from runtime.serving.ctr_model import CtrModel
 from runtime.serving.dataplane import DataPlane
 from runtime.serving.metrics import ServingMetrics

@@ -72,7 +72,7 @@ class Unavailable(InferenceError):
 
 class Overloaded(Unavailable):
     """An inference request refused at once by the queue limit (``--max-queue``): HTTP
-    503 with ``Retry-After`` (``runtime.limits.ServerLimits.retry_after_s``), gRPC
+    503 with ``Retry-After`` (``runtime.web.limits.ServerLimits.retry_after_s``), gRPC
     ``RESOURCE_EXHAUSTED`` (``grpc_codec.status_code``)."""
 
 

@@ -1,11 +1,11 @@
 """No HTTP role is wedged by slow clients (issue 21, item 5): with 64 connections open that
 send request headers one line per second, the probes and other requests of the server
 are answered within their usual latency (tests.slow_clients). The file server, the cube
-agent and the cube transfer serve their Flask apps through ``runtime.webserver.WebServer``
+agent and the cube transfer serve their Flask apps through ``runtime.web.wsgi.WebServer``
 (tested here with the real apps, and once as a real file-server process); the cube
 server's control port through the same class inside a real cube server. Also, for
 ``WebServer`` and serving's uvicorn workers (``runtime.serving.asgi.ServingApp``,
-``tests/serving/server.py``) alike, both taking one ``runtime.limits.ServerLimits``: a
+``tests/serving/server.py``) alike, both taking one ``runtime.web.limits.ServerLimits``: a
 connection whose headers do not finish is closed after the header timeout, requests
 beyond the work queue limit are answered 503 with Retry-After at once while probes
 answer, and bad settings are refused by name."""
@@ -19,10 +19,10 @@ import pytest
 import requests
 
 from runtime import proc
-from runtime.limits import ServerLimits
+from runtime.web.limits import ServerLimits
 from runtime.serving.asgi import Inline, ServingApp
 from runtime.serving.metrics import ServingMetrics
-from runtime.webserver import WebServer
+from runtime.web.wsgi import WebServer
 from tests.serving.server import ServingThread
 from tests.slow_clients import SlowClients, check_answered, latency
 
@@ -59,7 +59,7 @@ class _Serving(ServingThread):
 
 def _queued(server) -> int:
     """Work requests waiting for a work thread."""
-    return server.app.queued() if isinstance(server, ServingThread) else len(server.pools.work.queue)
+    return server.app.queued() if isinstance(server, ServingThread) else server.queued()
 
 
 #: the servers with a work queue limit
@@ -190,3 +190,24 @@ def test_bad_pool_settings_are_refused_by_name(kind):
 def test_bad_limits_are_refused_by_name(field, value):
     with pytest.raises(ValueError, match=field):
         ServerLimits(**{field: value})
+
+
+@pytest.mark.parametrize("kind", SERVERS)
+def test_a_head_above_the_limit_is_refused_431_whole_or_still_arriving(kind):
+    import socket
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    limits = ServerLimits(max_head_bytes=4096)
+    with SERVERS[kind](app, threads=1, limits=limits) as w:
+        for head in (b"GET /x HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 8192 + b"\r\n\r\n",  # whole
+                     b"GET /x HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 8192):  # still arriving
+            with socket.create_connection(("127.0.0.1", w.port), timeout=5) as s:
+                s.sendall(head)
+                answer = b""
+                while chunk := s.recv(65536):
+                    answer += chunk
+            assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        assert requests.get(w.url + "/x", headers={"X-Fine": "v" * 1000}, timeout=5).text == "ok"

@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from runtime.webserver import WebServer, json_errors
+from runtime.web.wsgi import WebServer, json_errors
 
 
 def _app(environ, start_response):

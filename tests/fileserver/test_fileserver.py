@@ -1,6 +1,6 @@
 """File server: listing (JSON/HTML), HEAD, Range, ETag/304, PUT auth, digests, path escapes.
 
-Runs the app under ``runtime.webserver`` in a thread (the same server as the CLI), and
+Runs the app under ``runtime.web.wsgi`` in a thread (the same server as the CLI), and
 sends raw HTTP for the path-escape cases so no client normalizes the path first.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import requests
 from runtime import storage
 from runtime.fileserver.app import create_app, expected_digests
 from runtime.formats import donefile
-from runtime.webserver import WebServer
+from runtime.web.wsgi import WebServer
 
 TOKEN = "s3cret-token"
 

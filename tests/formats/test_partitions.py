@@ -8,7 +8,7 @@ from runtime import storage
 from runtime.fileserver.app import create_app
 from runtime.formats import partitions
 from runtime.formats.partitions import Hour, PartitionError
-from runtime.webserver import WebServer
+from runtime.web.wsgi import WebServer
 
 
 def test_hour_parse_format_next():

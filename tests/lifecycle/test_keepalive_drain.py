@@ -17,8 +17,8 @@ import time
 
 import requests
 
-from runtime.limits import ServerLimits
-from runtime.webserver import WebServer
+from runtime.web.limits import ServerLimits
+from runtime.web.wsgi import WebServer
 
 CLIENTS = 8
 GRACE_S = 20.0        # the server's shutdown_timeout_s (serving's --graceful-timeout default)

@@ -95,7 +95,7 @@ def test_version_roots_accept_normalized():
 def test_read_protected_file_server_and_storage_presenting_the_read_credential(tmp_path, monkeypatch):
     from runtime import storage
     from runtime.fileserver.app import create_app
-    from runtime.webserver import WebServer
+    from runtime.web.wsgi import WebServer
 
     d = auth.write_credentials(tmp_path / "c")
     (tmp_path / "root").mkdir()

@@ -1,50 +1,33 @@
-"""Serving's ASGI app served in process as a worker serves it: uvicorn with the worker's
-configuration (``runtime.serving.worker.uvicorn_config``) on a listening socket of its
-own (``worker.listen``), in a daemon thread. Loopback only."""
+"""Serving's ASGI app served in process as a worker serves it (``runtime.serving.worker.
+http_server``: the roles' HTTP server with the head limits, on a listening socket of its
+own), in a thread of its own. Loopback only."""
 from __future__ import annotations
 
-import threading
-import time
-
-from runtime.limits import ServerLimits
-from runtime.serving.worker import uvicorn_server, listen, uvicorn_config
+from runtime.serving.worker import http_server
+from runtime.web.limits import ServerLimits
 
 
 class ServingThread:
-    """``app`` (an ASGI app; serving's ``ServingApp`` or any other) on 127.0.0.1, a free
-    port, under ``limits``; a context manager (``start``/``stop``). ``url``, ``port``.
-    ``stop()``: the worker's graceful stop (its ``on_stop`` first: a ``ServingApp``'s data
-    plane turns draining), returns once uvicorn has stopped."""
+    """``app`` (an ASGI app; serving's ``ServingApp`` or any other) on 127.0.0.1, a port the
+    kernel picks, under ``limits``; a context manager (``start``/``stop``). ``url``, ``port``.
+    ``stop()``: the worker's graceful stop (a ``ServingApp``'s data plane turns draining
+    first), returns once the server has stopped."""
 
     def __init__(self, app, limits: ServerLimits | None = None, host: str = "127.0.0.1"):
         self.app = app
-        self.sock = listen(host, 0)
-        self.port = self.sock.getsockname()[1]
-        self.url = f"http://{host}:{self.port}"
-
-        def on_stop() -> None:
-            plane = getattr(app, "plane", None)
-            if plane is not None:
-                plane.draining = True
-
-        self.server = uvicorn_server()(uvicorn_config(app, limits or ServerLimits()), lambda: None, on_stop)
-        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name="uvicorn",
-                                        daemon=True)
+        self.server = http_server(app, host, 0, limits or ServerLimits(), reuse_port=False)
+        self.port = self.server.port
+        self.url = self.server.url
 
     def start(self) -> "ServingThread":
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.01)
+        self.server.start(timeout_s=10)
         return self
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        if self._thread.is_alive():
-            self.server.handle_exit(15, None)
-            self._thread.join(timeout_s)
-        self.sock.close()
+        plane = getattr(self.app, "plane", None)
+        if plane is not None:
+            plane.draining = True
+        self.server.stop()
 
     def __enter__(self) -> "ServingThread":
         return self.start()

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from runtime.limits import ServerLimits
+from runtime.web.limits import ServerLimits
 from runtime.serving.asgi import Inline, ServingApp
 from runtime.serving.metrics import ServingMetrics
 from tests.lifecycle.test_keepalive_drain import CLIENTS, DRAIN_BOUND_S, GRACE_S, WORK_S, _Client
@@ -110,7 +110,7 @@ def test_requests_and_keep_alive(server):
             r = s.post(server.url + "/a%20b/c?x=1", data=b"z" * (100 + i), headers={"X-Test": "t"}, timeout=5)
             assert r.status_code == 200 and "date" in r.headers and r.headers.get("Connection") != "close"
             assert r.json() == {"method": "POST", "path": "/a b/c", "x": "t", "length": 100 + i, "head": "z" * 16}
-    assert len(server.server.server_state.connections) <= 1  # one connection for the three
+    assert len(server.server.guard.conns) <= 1  # one connection for the three
 
 
 def test_inference_runs_on_a_worker_thread_and_the_rest_on_the_loop(server):
@@ -183,7 +183,7 @@ def test_a_client_that_does_not_read_holds_a_bounded_buffer(server):
                 sent += s.send(req)
             except BlockingIOError:
                 time.sleep(0.01)
-        held = max(c.transport.get_write_buffer_size() for c in server.server.server_state.connections)
+        held = max(c.transport.get_write_buffer_size() for c in server.server.guard.conns.values())
         print(f"answers buffered for a client that reads none: {held} bytes ({sent} bytes of requests sent)")
         assert held < 256 << 10, f"{held} bytes of answers buffered for a client that reads none ({sent} bytes sent)"
     finally:
@@ -220,7 +220,7 @@ def test_bad_requests_are_refused_and_the_app_error_is_a_500(server):
     (status, headers, body), = _raw(server, b"BAD REQUEST LINE\r\n\r\n")
     assert status.startswith(b"HTTP/1.1 400")
     (status, headers, body), = _raw(server, b"GET /h HTTP/1.1\r\nX-Big: " + b"v" * (70 << 10) + b"\r\n\r\n")
-    assert status.startswith(b"HTTP/1.1 400") and headers["connection"] == "close"  # above max_head_bytes
+    assert status.startswith(b"HTTP/1.1 431") and headers["connection"] == "close"  # above max_head_bytes
     r = requests.post(server.url + "/boom", data=b"x", timeout=5)  # on a worker thread, which lives on
     assert r.status_code == 500
     assert requests.get(server.url + "/after", timeout=5).json()["path"] == "/after"  # the server lives on
@@ -326,12 +326,12 @@ def test_stop_lets_go_of_keepalive_clients_that_keep_sending():
 
 
 def _pid_worker(port: int, started) -> None:
-    """A worker process as serving's: its own ``SO_REUSEPORT`` socket on ``port``,
-    uvicorn with the worker's configuration, an app answering its pid."""
+    """A worker process as serving's: its own ``SO_REUSEPORT`` socket on ``port``, the
+    worker's HTTP server, an app answering its pid, until SIGTERM."""
     import os
-    import signal
 
-    from runtime.serving.worker import listen, uvicorn_config, uvicorn_server
+    from runtime.serving.worker import http_server
+    from runtime.web.stop import StopSignal
 
     async def app(scope, receive, send):
         if scope["type"] != "http":
@@ -340,9 +340,11 @@ def _pid_worker(port: int, started) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(body))]})
         await send({"type": "http.response.body", "body": body})
 
-    server = uvicorn_server()(uvicorn_config(app, ServerLimits()), lambda: started.put(os.getpid()), lambda: None)
-    signal.signal(signal.SIGTERM, server.handle_exit)
-    server.run(sockets=[listen("127.0.0.1", port)])
+    stop = StopSignal()
+    server = http_server(app, "127.0.0.1", port, ServerLimits()).start()
+    started.put(os.getpid())
+    stop.wait()
+    server.stop()
 
 
 def test_keepalive_connections_spread_over_the_workers():

@@ -32,7 +32,7 @@ from runtime import proc
 from runtime.serving.grpc_server import GrpcServer
 from runtime.serving.proto import open_inference_pb2 as pb
 from runtime.serving.proto import open_inference_pb2_grpc as pb_grpc
-from runtime.limits import ServerLimits
+from runtime.web.limits import ServerLimits
 from runtime.serving.asgi import Inline, ServingApp
 from runtime.serving.rest import create_app
 from tests.helpers import wait_until

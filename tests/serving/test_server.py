@@ -351,7 +351,7 @@ def test_demo_client_over_http(served, env, tmp_path):
     """The demo client against serving's HTTP server (uvicorn) over HTTP: every row scored once, the
     AUC equals the offline AUC of the rows' served predictions, nothing failed; a
     malformed request body would count as failed (checked by summarize on errors)."""
-    from runtime.limits import ServerLimits
+    from runtime.web.limits import ServerLimits
     from runtime.serving.asgi import ServingApp
     from runtime.serving.client import encode_batches, load_rows, run_load, summarize
     from tests.serving.server import ServingThread

@@ -20,7 +20,7 @@ import pytest
 
 from werkzeug.test import Client
 
-from runtime.limits import ServerLimits
+from runtime.web.limits import ServerLimits
 from runtime.serving.asgi import ServingApp
 from runtime.serving.grpc_server import GrpcServer
 from runtime.serving.rest import create_app

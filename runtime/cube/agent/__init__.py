@@ -26,7 +26,7 @@ unless the agent runs with ``--insecure-no-auth``; the agent presents it to its 
   level) and the server's own status.
 - ``GET /metrics``: Prometheus text format (``runtime.metrics.cube.AgentMetrics``: each
   step's seconds, result and bytes).
-- ``GET /healthz``, ``GET /readyz``: liveness and readiness (``runtime.webserver``).
+- ``GET /healthz``, ``GET /readyz``: liveness and readiness (``runtime.web.wsgi``).
 
 Download and reload run in a background thread (one step at a time): the command answers
 ``202`` while running, ``200`` when done, ``500`` with ``{"step", "error"}`` when failed.
@@ -40,7 +40,7 @@ version, so they load and switch the new files instead of answering ``200`` at o
 ``enable`` switches whenever the server's background slot holds the version loaded, even
 if the server already serves that version id (from another build).
 
-HTTP: a Flask app served by ``runtime.webserver`` (one process, threads): the agent's
+HTTP: a Flask app served by ``runtime.web.wsgi`` (one process, threads): the agent's
 state lives in memory and control traffic is a few requests per rollout.
 
 Modules: ``steps`` (the step machine, ``AgentError``), ``tarsafe`` (checked unpacking),

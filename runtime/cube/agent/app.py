@@ -1,10 +1,10 @@
-"""The cube agent's HTTP layer: a Flask app on ``runtime.webserver`` (one process, threads;
+"""The cube agent's HTTP layer: a Flask app on ``runtime.web.wsgi`` (one process, threads;
 routes in ``runtime/cube/agent``'s package docstring) and ``elastic-ctr cube agent``.
 """
 from __future__ import annotations
 
 from runtime.cube.agent.commands import Agent
-from runtime.webserver import json_errors
+from runtime.web.wsgi import json_errors
 
 
 def create_app(agent: Agent, guard=None):
@@ -71,7 +71,8 @@ def main(args) -> int:
     progress is abandoned (the transfer drives it again, on this agent after its restart or
     on the rollout's retry)."""
     from runtime import auth
-    from runtime.webserver import WebServer, serve_forever
+    from runtime.web.stop import serve_forever
+    from runtime.web.wsgi import WebServer
 
     guard = auth.control_guard("cube-agent", args.insecure_no_auth)
     control = auth.control_client("cube-agent", args.insecure_no_auth)

@@ -5,7 +5,7 @@ Routes (docs/contracts.md): ``GET /status``, ``POST /bg_load_base {"dir", "versi
 ``base_version`` is the served version), ``POST /enable {"version"}`` (409 unless the bg
 slot holds it, loaded; 200 when it is already served), ``POST /bg_unload``, ``GET
 /metrics`` (Prometheus text format: ``runtime.metrics.cube``). ``/healthz`` and
-``/readyz`` come from ``runtime/webserver.py``. Errors are JSON ``{"error"}``: 400 for a bad body, 404, 405, 409.
+``/readyz`` come from ``runtime/web/wsgi.py``. Errors are JSON ``{"error"}``: 400 for a bad body, 404, 405, 409.
 
 Every ``POST`` needs the ``cube-control`` credential when the app has a ``guard``
 (``runtime.auth``: 401 otherwise, counted in ``elastic_ctr_auth_refusals_total``); the
@@ -14,7 +14,7 @@ Every ``POST`` needs the ``cube-control`` credential when the app has a ``guard`
 from __future__ import annotations
 
 from runtime.cube.server.versions import Conflict
-from runtime.webserver import json_errors
+from runtime.web.wsgi import json_errors
 
 
 def create_control_app(server, guard=None):

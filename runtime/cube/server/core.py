@@ -41,7 +41,7 @@ class CubeServer:
         self.versions = Versions(dict_name, shard, shard_num, self.data_dir, verify, load_roots)
         self.lookups = LookupServer(self.versions, host, port, max_keys, io_mode)
         self.guard = guard
-        self._http = None  # runtime.webserver.WebServer of the control app
+        self._http = None  # runtime.web.wsgi.WebServer of the control app
         self.started = time.time()
 
     @property
@@ -52,7 +52,7 @@ class CubeServer:
     def start(self) -> None:
         """Binds both ports, starts serving, then reloads the recorded chain (if any).
         Raises ``OSError`` when a port cannot be bound."""
-        from runtime.webserver import WebServer
+        from runtime.web.wsgi import WebServer
 
         self.lookups.listen()
         self._http = WebServer(create_control_app(self, self.guard), self.host, self.http_port, threads=4, name="cube-server")

@@ -15,7 +15,7 @@ def main(args) -> int:
     """Serves with ``args`` (the ``cube server`` options) until a stop signal; returns the
     exit code (0)."""
     from runtime import auth, bound_ports
-    from runtime.webserver import StopSignal
+    from runtime.web.stop import StopSignal
 
     guard = auth.control_guard("cube-server", args.insecure_no_auth)
     srv = CubeServer(args.shard, args.shard_num, args.dict_name, host=args.host, port=args.port,

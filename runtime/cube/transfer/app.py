@@ -2,7 +2,7 @@
 
 Routes (docs/contracts.md): ``GET /dict/info`` (serving follows its ``version``),
 ``GET /instance/status``, ``GET /dict/deploy/history``, ``GET /metrics``; ``/healthz`` and
-``/readyz`` come with ``runtime.webserver``. Control (mutating) calls: ``POST /rollback``
+``/readyz`` come with ``runtime.web.wsgi``. Control (mutating) calls: ``POST /rollback``
 (``runtime.cube.transfer.rollback``).
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import threading
 
 from runtime import storage
 from runtime.cube.transfer.service import Transfer
-from runtime.webserver import json_errors
+from runtime.web.wsgi import json_errors
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,8 @@ def main(args) -> int:
     after the step in progress (its state is persisted, so an interrupted rollout resumes
     at the next start), requests in flight finish, and it returns the exit code (0)."""
     from runtime import auth
-    from runtime.webserver import WebServer, serve_forever
+    from runtime.web.stop import serve_forever
+    from runtime.web.wsgi import WebServer
 
     control = auth.control_client("cube-transfer", args.insecure_no_auth)
     token = storage.read_token(args.upload_token_file)

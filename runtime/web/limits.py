@@ -1,9 +1,8 @@
-"""What a client may hold of an HTTP server, defined once: ``ServerLimits``, taken by the
-roles' waitress server (``runtime.webserver.WebServer``) and by serving's uvicorn workers
-(``runtime.serving.worker``), each applying every limit its server has (the docstring of
-each field says where it applies), and the answer to a request refused by the queue
-limit (``overloaded_message``); and what both stops share: the drain constants and
-``readable_now``.
+"""What a client may hold of an HTTP server, defined once: ``ServerLimits``, taken by every
+role's server (``runtime.web.server.HttpServer``: the control roles through
+``runtime.web.wsgi.WebServer``, serving's workers through ``runtime.serving.worker``), each
+limit applied where its field says, and the answer to a request refused by the queue limit
+(``overloaded_message``); and what a stop shares: ``ACCEPT_DRAIN_S`` and ``readable_now``.
 """
 from __future__ import annotations
 
@@ -11,13 +10,9 @@ import math
 import select
 from dataclasses import dataclass, fields
 
-#: seconds a stopping waitress server still accepts the connections already in its listen
-#: backlog (``WebServer``; serving's uvicorn workers stop accepting at once)
+#: seconds a stopping server still accepts the connections already in its listen backlog
+#: (``runtime.web.server.HttpServer.stop``): a client that connected before the stop is served
 ACCEPT_DRAIN_S = 2.0
-#: seconds a keep-alive connection must stay idle while a waitress server stops before it is
-#: closed: a client sending request after request sends its next one within this and is
-#: answered (with ``Connection: close``) instead of meeting a connection closed under it
-DRAIN_IDLE_S = 0.5
 
 
 def readable_now(sock) -> bool:
@@ -37,30 +32,28 @@ class ServerLimits:
 
     Attributes:
         header_timeout_s: s a request's head (request line and headers) may take to
-            arrive, from its first byte, before the connection is closed (slowloris).
-            waitress: ``WebServer``'s loop; serving: its uvicorn protocol
-            (``runtime.serving.worker``: uvicorn has no such timeout).
+            arrive, from its first byte, before the connection is closed (slowloris;
+            ``runtime.web.heads``: uvicorn has no such timeout).
         max_head_bytes: bytes of a request's head accepted; beyond, the request is
-            refused (waitress: 431; serving: 400) and the connection closed.
+            refused 431 and the connection closed (``runtime.web.heads``).
         idle_timeout_s: s a connection may stay without sending anything before it is
-            closed: a new connection, a keep-alive connection between requests (uvicorn's
-            ``timeout_keep_alive``), a stalled body (serving: 408; waitress's
-            ``channel_timeout`` covers all three).
+            closed: a new connection (``runtime.web.heads``), a keep-alive connection
+            between requests (uvicorn's ``timeout_keep_alive``), a stalled body (408: serving's
+            app, ``runtime.web.wsgi``).
         max_body_bytes: bytes of a request body accepted; a larger one is answered 413
             (``Content-Length`` above it: before the body is read).
         max_queue: work requests that may wait for a work thread; one more is answered at
             once 503 with ``Retry-After: retry_after_s`` and a JSON ``{"error"}``
             (``overloaded_message``). None: unbounded.
-        connection_limit: connections held open at once; beyond it new ones wait in the
-            listen backlog (waitress) or are answered 503 (uvicorn's ``limit_concurrency``,
-            which also counts requests in flight).
-        max_buffered_bytes: bytes of request bodies being received, over every
+        connection_limit: connections and requests held at once; beyond, new ones are
+            answered 503 (uvicorn's ``limit_concurrency``).
+        max_buffered_bytes: bytes of request bodies being received in memory, over every
             connection, held at most; a body that would go beyond is answered 503 and its
             connection closed (many large uploads at once cannot exhaust the memory).
-            Serving only (waitress spools bodies above 512 KiB to temporary files). None:
-            4 x ``max_body_bytes``, within 256 MiB .. 1 GiB (``buffered_limit``).
+            Serving; the control roles spool bodies above 512 KiB to temporary files.
+            None: 4 x ``max_body_bytes``, within 256 MiB .. 1 GiB (``buffered_limit``).
         shutdown_timeout_s: s a stop gives the requests in flight before the connections
-            still busy are closed (serving: ``--graceful-timeout``).
+            still busy are closed (uvicorn's ``timeout_graceful_shutdown``).
         retry_after_s: s a refused client is asked to wait (``Retry-After``).
 
     Raises ``ValueError`` naming the field for a negative, non-finite or zero (where at
