@@ -97,7 +97,7 @@ def start_serving(cube, work_dir: Path, workers: int, threads: int, grpc: bool =
     while time.monotonic() < deadline:
         cube.group.check()
         try:
-            if storage.session().get(url + "/v2/health/ready", timeout=2).status_code == 200:
+            if storage.session().get(url + role_specs.V2_READY, timeout=2).status_code == 200:
                 return role, url, f"127.0.0.1:{bound['grpc']}" if grpc else None
         except Exception:  # noqa: BLE001 - not up yet
             pass

@@ -104,11 +104,8 @@ class TrackingServer(pulumi.ComponentResource):
                 for var, key in role_specs.TRACKING_SERVER_ENV]
             users = f"{STORE}/basic_auth.db" if mounts else f"{common.TMP_DIR}/basic_auth.db"
             cm_name = f"{name}-auth"
-            cm = k8s.core.v1.ConfigMap(cm_name, metadata=common.metadata(dep, cm_name, lbls), data={AUTH_INI: (
-                "[mlflow]\ndefault_permission = READ\n"
-                f"database_uri = sqlite:///{users}\n"
-                "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
-                "auth_cache_ttl_seconds = 60\n")}, opts=common.child(self))
+            cm = k8s.core.v1.ConfigMap(cm_name, metadata=common.metadata(dep, cm_name, lbls),
+                                       data={AUTH_INI: role_specs.tracking_auth_config(users)}, opts=common.child(self))
             volumes.append(k8s.core.v1.VolumeArgs(name="auth", config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(
                 name=cm.metadata.apply(lambda m: m.name))))
             mounts.append(k8s.core.v1.VolumeMountArgs(name="auth", mount_path=AUTH_DIR, read_only=True))

@@ -238,7 +238,7 @@ class TrainingJob(pulumi.ComponentResource):
                 image=args.image,
                 image_pull_policy=dep.image_pull_policy,
                 # writes DATA_DIR/train.txt and test.txt (same seed in every pod: same data)
-                args=["data", "generate", "--out", DATA_DIR],
+                args=list(role_specs.data_generate(DATA_DIR)),
                 env=[common.home_env()],
                 resources=resources,
                 security_context=common.container_security(),

@@ -2,7 +2,7 @@
 probes and its fixed environment.
 
 The Pulumi components (``components/``: each pod's container), the local pipeline and the
-local cube cluster (``runtime.local``, ``runtime.cube.local_cluster``: processes on
+local cube cluster (``runtime.local``, ``runtime.cube.local_cube``: processes on
 127.0.0.1), the benchmarks and the tests build every role from a ``RoleSpec`` made here,
 so a flag, a port number, a probe path or the dict name is written once. A spec's
 ``args`` are what follows ``elastic-ctr`` (a pod's container ``args``; a process's argv
@@ -42,9 +42,11 @@ ANY_HOST = "0.0.0.0"
 #: where a local process listens, and where a cube agent reaches the server beside it
 LOOPBACK = "127.0.0.1"
 
-#: probe paths of the control roles (``runtime.web.wsgi``) and of serving (the v2 protocol)
+#: probe paths of the control roles (``runtime.web.wsgi``), of serving (the v2 protocol) and of
+#: the MLflow server
 HEALTHZ, READYZ = "/healthz", "/readyz"
 V2_LIVE, V2_READY = "/v2/health/live", "/v2/health/ready"
+TRACKING_HEALTH = "/health"
 #: where every role of the pipeline answers Prometheus' scrape (its text exposition format)
 METRICS_PATH = "/metrics"
 #: the training processes' metrics port (``runtime.metrics.trainer``; 0 or unset: none) and
@@ -259,27 +261,113 @@ def serving(topology: str, model_root: Any, transfer_url: Any, work_dir: str, ho
 
 
 def tracking_server(host: str = ANY_HOST, port: Optional[int] = None, workers: int = 1,
-                    basic_auth: bool = False) -> RoleSpec:
-    """``mlflow server`` (the tracking image's entrypoint is ``mlflow``, not ``elastic-ctr``):
-    artifacts served through the server, ``workers`` workers; with ``basic_auth``, MLflow's
-    own authentication (``--app-name basic-auth``: every request but ``/health`` and the
-    static files needs a login; its admin and CSRF secret from the environment
-    ``TRACKING_SERVER_ENV``, filled from the ``TRACKING`` Secret's keys, and its config file
-    from ``TRACKING_AUTH_CONFIG_ENV``)."""
+                    basic_auth: bool = False, backend_store_uri: Optional[str] = None,
+                    artifacts_destination: Optional[str] = None) -> RoleSpec:
+    """``mlflow server`` (the tracking image's entrypoint is ``mlflow``, not ``elastic-ctr``;
+    a local process runs ``python -m mlflow``: ``mlflow_argv``): artifacts served through
+    the server, ``workers`` workers; the store and the artifacts where the flags say (a pod
+    has them from its environment: a database URI is a secret); with ``basic_auth``,
+    MLflow's own authentication (``--app-name basic-auth``: every request but ``/health``
+    and the static files needs a login; its admin and CSRF secret from the environment
+    ``TRACKING_SERVER_ENV``, filled from the ``TRACKING`` Secret's keys, and its config file,
+    ``tracking_auth_config``, from ``TRACKING_AUTH_CONFIG_ENV``)."""
     ports = _ports("tracking", http=port)
-    args: tuple[str, ...] = ("server", "--serve-artifacts", "--host", host, "--port", str(ports[0][1]),
-                             "--workers", str(workers))
+    args: tuple[str, ...] = ()
+    if backend_store_uri:
+        args += ("--backend-store-uri", backend_store_uri)
+    if artifacts_destination:
+        args += ("--artifacts-destination", artifacts_destination)
+    args = ("server", *args, "--serve-artifacts", "--host", host, "--port", str(ports[0][1]), "--workers", str(workers))
     if basic_auth:
         args += ("--app-name", "basic-auth")
-    return RoleSpec("mlflow", args, ports, readiness=Probe("http", "/health"), liveness=Probe("http", "/health"),
+    return RoleSpec("mlflow", args, ports, readiness=Probe("http", TRACKING_HEALTH), liveness=Probe("http", TRACKING_HEALTH),
                     credentials=(TRACKING,) if basic_auth else ())
+
+
+def mlflow_argv(spec: RoleSpec) -> list[str]:
+    """The command line of the MLflow server ``spec`` (``tracking_server``) as a local process
+    of this interpreter. Raises ``TypeError`` for a deploy-time argument."""
+    return [sys.executable, "-m", "mlflow", *spec.argv()[3:]]
+
+
+def tracking_auth_config(users_db: str) -> str:
+    """The MLflow server's basic-auth config file (``basic_auth.ini``, at
+    ``TRACKING_AUTH_CONFIG_ENV``): logged-in users may read, its users in the SQLite file
+    ``users_db``, a login checked once a minute per worker rather than a password hash per
+    request (``auth_cache_ttl_seconds``)."""
+    return ("[mlflow]\ndefault_permission = READ\n"
+            f"database_uri = sqlite:///{users_db}\n"
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+            "auth_cache_ttl_seconds = 60\n")
+
+
+def data_generate(out: Any, rows: Optional[int] = None, test_rows: Optional[int] = None, seed: Optional[int] = None,
+                  hours: Optional[int] = None, start: Optional[str] = None, partition_minutes: Optional[int] = None,
+                  extra_days: Optional[int] = None) -> tuple[Any, ...]:
+    """``elastic-ctr data generate``'s arguments (``runtime.trainer.generator``): ``rows``
+    training and ``test_rows`` test rows into ``out``; with ``hours``, that many partitions
+    of ``partition_minutes`` from ``start`` (``YYYYMMDD/HH``); ``extra_days`` more days of
+    traffic; flags left None take the command's defaults."""
+    args: tuple[Any, ...] = ("data", "generate")
+    for name, value in (("--hours", hours), ("--start", start), ("--partition-minutes", partition_minutes),
+                        ("--rows", rows), ("--test-rows", test_rows), ("--seed", seed), ("--extra-days", extra_days)):
+        if value is not None:
+            args += (name, str(value))
+    return args + ("--out", out)
+
+
+def train_argv(cfg: Any, launch: Sequence[str] = (), **deploy_time: Any) -> list[Any]:
+    """``elastic-ctr train``'s arguments running ``cfg`` (a ``runtime.trainer.config.TrainConfig``):
+    ``train``, the ``launch`` flags (how it runs, outside the training settings:
+    ``--local-cluster --pservers P --trainers T --log-dir D``, ``--single``,
+    ``--tracking-uri U``; a pod's process takes none), then a flag per setting (the data,
+    model, cadence and output; the data gate's and the lifecycle's where they differ from
+    their defaults). ``deploy_time``: settings known only when the stack deploys (a
+    ``pulumi.Input`` each, e.g. ``output``), written in place of ``cfg``'s value. The
+    one builder of the command line: the components, the local runs, the local cluster's
+    children, the benches and the tests use it; ``elastic-ctr train`` parses it back into
+    an equal ``TrainConfig``."""
+    from runtime.trainer.config import flag
+    from runtime.trainer.gate_config import gate_argv
+    from runtime.trainer.lifecycle import lifecycle_argv
+
+    def value(name: str) -> Any:
+        return deploy_time[name] if name in deploy_time else getattr(cfg, name)
+
+    argv: list[Any] = ["train", *launch]
+    if cfg.data_train:
+        argv += ["--data-train", *cfg.data_train]
+    if cfg.data_test:
+        argv += ["--data-test", *cfg.data_test]
+    argv += ["--format", cfg.format, "--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size),
+             "--lr", repr(float(cfg.lr)), "--embedding-dim", str(cfg.embedding_dim),
+             "--layers", ",".join(str(x) for x in cfg.layers), "--sparse-shards", str(cfg.sparse_shards),
+             "--log-every-s", str(cfg.log_every_s), "--seed", str(cfg.seed), "--threads", str(cfg.threads),
+             "--mode", cfg.mode, "--ps-mode", cfg.ps_mode]
+    if cfg.ps_mode == "geo":
+        argv += ["--geo-k-steps", str(cfg.geo_k_steps), "--geo-table-rows", str(cfg.geo_table_rows)]
+    if cfg.mode == "continuous" or cfg.data_root:
+        argv += ["--poll-s", str(cfg.poll_s), "--partition-minutes", str(cfg.partition_minutes),
+                 "--patch-every-seconds", str(cfg.patch_every_seconds),
+                 "--base-every-minutes", str(cfg.base_every_minutes),
+                 "--checkpoint-every-minutes", str(cfg.checkpoint_every_minutes)]
+    if cfg.max_bad_lines is not None:
+        argv += ["--max-bad-lines", str(cfg.max_bad_lines)]
+    if cfg.max_bad_fraction is not None:
+        argv += ["--max-bad-fraction", str(cfg.max_bad_fraction)]
+    for name in ("slot_file", "output", "upload_token_file", "test_limit", "dump_predictions", "table_dir",
+                 "work_dir", "data_root", "start_hour", "end_hour", "state_dir"):
+        v = value(name)
+        if v is not None:
+            argv += [flag(name), v if name in deploy_time else str(v)]
+    return argv + gate_argv(cfg) + lifecycle_argv(cfg)
 
 
 def ps_role(task: str, paddle_port: Optional[int] = None, gloo_port: Optional[int] = None,
             args: Sequence[Any] = (), metrics_port: Optional[int] = None,
             metrics_host: Optional[str] = None) -> RoleSpec:
     """A training process, ``task`` ``pserver`` or ``trainer``, running ``elastic-ctr``
-    ``args`` (``train ...``: ``runtime.trainer.config.train_argv``) with the environment
+    ``args`` (``train ...``: ``train_argv``) with the environment
     contract's fixed part (``TRAINING_ROLE``, ``PADDLE_PORT``, ``PADDLE_GLOO_PORT``;
     ``runtime.trainer.roles`` derives the rest) and its metrics port
     (``METRICS_PORT_ENV``: ``runtime.metrics.trainer`` serves ``/metrics`` there, on

@@ -20,11 +20,12 @@ Page addresses of the MLflow UI (a JavaScript app): ``run_url`` (the run's overv
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
 import requests
+
+from runtime.role_specs import TRACKING_HEALTH
 
 START_TIMEOUT_S = 120.0  # measured: /health answers after ~21 s on a cold 2-core machine
 
@@ -79,22 +80,19 @@ class MlflowServer:
         ini = self.root / "basic_auth.ini"
         fd = os.open(ini, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write("[mlflow]\ndefault_permission = READ\n"
-                    f"database_uri = sqlite:///{(self.root / 'basic_auth.db').resolve()}\n"
-                    "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
-                    # a login checked once a minute per worker, not a password hash per request
-                    "auth_cache_ttl_seconds = 60\n")
+            f.write(role_specs.tracking_auth_config(str((self.root / "basic_auth.db").resolve())))
         env = {role_specs.TRACKING_AUTH_CONFIG_ENV: str(ini.resolve())}
         for var, key in role_specs.TRACKING_SERVER_ENV:
             env[var] = (d / key).read_text().strip()
         return env
     def argv(self) -> list[str]:
-        """The server's command line."""
-        return [sys.executable, "-m", "mlflow", "server",
-                "--backend-store-uri", f"sqlite:///{self.root.resolve() / 'mlflow.db'}",
-                "--artifacts-destination", str((self.root / "artifacts").resolve()),
-                "--serve-artifacts", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-                *(["--app-name", "basic-auth"] if self.credentials_dir else [])]
+        """The server's command line (``runtime.role_specs.tracking_server``)."""
+        from runtime import role_specs
+
+        return role_specs.mlflow_argv(role_specs.tracking_server(
+            role_specs.LOOPBACK, self.port, basic_auth=bool(self.credentials_dir),
+            backend_store_uri=f"sqlite:///{self.root.resolve() / 'mlflow.db'}",
+            artifacts_destination=str((self.root / "artifacts").resolve())))
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> "MlflowServer":
         """Starts the server and waits until ``/health`` answers 200 (``launch`` +
@@ -128,7 +126,7 @@ class MlflowServer:
                 raise MlflowServerError(f"mlflow server exited with code {rc}; log {self.role.log_path}:\n"
                                         + proc.tail(self.role.log_path))
             try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                if requests.get(self.url + TRACKING_HEALTH, timeout=2).status_code == 200:
                     return self
             except requests.RequestException:
                 pass

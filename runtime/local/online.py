@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime import role_specs
 from runtime.local import breaks, demo_tracking, plot
 from runtime.local import prometheus as local_prometheus
 from runtime.local.services import start_client, start_serving, start_services
@@ -162,10 +163,9 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
     hs = [partitions.Partition.parse(first, minutes=minutes).next(i) for i in range(H + 1)]
     t_run = time.time()
 
-    gen = group.start("datagen", cli + ["data", "generate", "--hours", str(H + 1), "--start", first,
-                                        "--partition-minutes", str(minutes), "--rows",
-                                        str(args.rows_per_hour), "--seed", str(args.seed), "--out", str(upstream)],
-                      expect_exit=True)
+    gen = group.start("datagen", cli + list(role_specs.data_generate(
+        str(upstream), rows=args.rows_per_hour, seed=args.seed, hours=H + 1, start=first, partition_minutes=minutes)),
+        expect_exit=True)
     step(f"data: generating {H + 1} partitions of {minutes} minutes, {args.rows_per_hour} rows each, from {first} "
          "(drifting hour to hour); they land one by one while the job trains")
     from runtime import tracking

@@ -196,7 +196,7 @@ def main(args) -> int:
 
 
 def _pipeline(args, run_dir: Path, group, step) -> int:
-    from runtime import proc
+    from runtime import proc, role_specs
     from runtime.local.services import start_client, start_serving, start_services
     from runtime.formats.dict_info import served_version as cube_version
     from runtime.local.status import Waiter, serving_version, summary_line
@@ -221,10 +221,9 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
                  "it only shows the pipeline runs on these rows")
     else:
         fmt = "criteo"
-        g = group.start("datagen", cli + ["data", "generate", "--rows", str(args.rows), "--test-rows",
-                                          str(args.test_rows), "--out", str(data_dir), "--seed", str(args.seed),
-                                          "--extra-days", "1" if args.rounds == 2 else "0"],
-                        expect_exit=True)
+        g = group.start("datagen", cli + list(role_specs.data_generate(
+            str(data_dir), rows=args.rows, test_rows=args.test_rows, seed=args.seed,
+            extra_days=1 if args.rounds == 2 else 0)), expect_exit=True)
         step(f"data: generating {args.rows} train + {args.test_rows} test rows (seed {args.seed})")
     # -- 2. file server, 3. cube (started while data is generated) ----------------------------
     svc = start_services(args, run_dir, group)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from runtime import role_specs
+
 
 class Waiter:
     """Polling with the run's deadline: ``until(cond, what, timeout_s)`` returns the first
@@ -46,7 +48,7 @@ def serving_version(serving_url: str) -> int | None:
     import requests
 
     try:
-        r = requests.get(serving_url + "/v2/health/ready", timeout=2)
+        r = requests.get(serving_url + role_specs.V2_READY, timeout=2)
         return int(r.json()["model_version"]) if r.status_code == 200 else None
     except (requests.RequestException, ValueError, KeyError):
         return None

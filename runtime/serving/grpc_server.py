@@ -28,6 +28,7 @@ from runtime.serving.dataplane import DataPlane
 from runtime.serving.proto import open_inference_pb2 as pb
 from runtime.serving.proto import open_inference_pb2_grpc as pb_grpc
 from runtime.serving.protocol import InferenceError, Overloaded
+from runtime.role_specs import ANY_HOST, PORTS
 
 #: handler threads beyond those of ModelInfer: health, metadata, refusals
 CONTROL_THREADS = 2
@@ -132,7 +133,7 @@ class GrpcServer:
     replicas added since (gRPC's ``GRPC_ARG_MAX_CONNECTION_AGE_MS``). Raises ``RuntimeError``
     when the port cannot be bound."""
 
-    def __init__(self, plane: DataPlane, host: str = "0.0.0.0", port: int = 8001, threads: int = 4,
+    def __init__(self, plane: DataPlane, host: str = ANY_HOST, port: int = PORTS["serving"]["grpc"], threads: int = 4,
                  max_message_bytes: int = 64 << 20, max_queue: int | None = None,
                  max_connection_age_s: float | None = None):
         handlers = threads + (max_queue if max_queue is not None else 2 * threads) + CONTROL_THREADS

@@ -36,6 +36,7 @@ from werkzeug.routing import Map, Rule
 from runtime.serving.dataplane import DataPlane
 from runtime.serving.protocol import BadRequest, InferenceError, PayloadTooLarge
 from runtime.serving.rest_codec import HEADER_LENGTH, decode_rest_request, encode_response
+from runtime.role_specs import V2_LIVE, V2_READY
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,8 @@ _STATUS = {200: "200 OK", 400: "400 Bad Request", 404: "404 Not Found", 405: "40
 
 _RULES = [
     Rule("/v2", endpoint="server_metadata", methods=["GET"]),
-    Rule("/v2/health/live", endpoint="live", methods=["GET"]),
-    Rule("/v2/health/ready", endpoint="ready", methods=["GET"]),
+    Rule(V2_LIVE, endpoint="live", methods=["GET"]),
+    Rule(V2_READY, endpoint="ready", methods=["GET"]),
     Rule("/v2/models/<name>/ready", endpoint="model_ready", methods=["GET"]),
     Rule("/v2/models/<name>/versions/<version>/ready", endpoint="model_ready", methods=["GET"]),
     Rule("/v2/models/<name>", endpoint="model_metadata", methods=["GET"]),

@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from runtime import role_specs
 from tests.containers.kube import Cluster, UnsupportedField, dns, env, volumes
 from tests.containers.kube.containerspec import docker_run_args, rewrite_value
 from tests.containers.kube.manifests import REDACTED
@@ -93,9 +94,12 @@ def test_docker_command_line_of_a_cube_pod(cluster, monkeypatch):
     agent = pod.container("cube-agent")
     args, client_env = docker_run_args(cluster.store, cluster.docker, pod, agent, vols, dns.hosts(cluster.store))
     image_at = args.index("elastic-ctr-cube:dev")
-    assert args[image_at + 1:] == ["cube", "agent", "--host", pod.ip, "--port", "8902", "--server-http",
-                                   f"http://{pod.ip}:8901", "--work-dir", "/data/agent", "--version-root",
-                                   "http://fileserver.elastic-ctr-dev.svc.cluster.local:8080/cube/"]
+    ports = role_specs.PORTS
+    assert args[image_at + 1:] == ["cube", "agent", "--host", pod.ip, "--port", str(ports["cube-agent"]["agent"]),
+                                   "--server-http", f"http://{pod.ip}:{ports['cube-server']['http']}", "--work-dir",
+                                   "/data/agent", "--version-root",
+                                   f"http://fileserver.elastic-ctr-dev.svc.cluster.local:{ports['fileserver']['http']}"
+                                   "/cube/"]
     assert ["--network", "host"] == args[args.index("--network"):args.index("--network") + 2]
     assert "--read-only" in args and ["--user", "10001:10001"] == args[args.index("--user"):args.index("--user") + 2]
     assert "--group-add" in args and "no-new-privileges" in args and "ALL" in args

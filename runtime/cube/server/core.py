@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from runtime.cube import protocol
+from runtime.role_specs import ANY_HOST, PORTS
 from runtime.cube.kernel import KERNEL
 from runtime.cube.server.app import create_control_app
 from runtime.cube.server.lookups import LookupServer, warm_kernel
@@ -28,8 +29,9 @@ class CubeServer:
     ``ValueError`` for a shard out of range or another ``io_mode``. ``start()`` binds both
     ports and starts the threads; ``stop()`` closes them."""
 
-    def __init__(self, shard: int, shard_num: int, dict_name: str, host: str = "0.0.0.0",
-                 port: int = 8900, http_port: int = 8901, data_dir: str | None = None,
+    def __init__(self, shard: int, shard_num: int, dict_name: str, host: str = ANY_HOST,
+                 port: int = PORTS["cube-server"]["data"], http_port: int = PORTS["cube-server"]["http"],
+                 data_dir: str | None = None,
                  max_keys: int = protocol.DEFAULT_MAX_KEYS, verify: bool = True, io_mode: str = "epoll",
                  guard=None, load_roots=None):
         if not 0 <= shard < shard_num:
