@@ -111,9 +111,10 @@ def start_role(tree: Path, role: str, work: Path) -> Role:
     if role == "cube-agent":
         return Role(tree, role, ["cube", "agent", "--server-http", "http://127.0.0.1:9", "--work-dir", str(d / "w"),
                                  "--insecure-no-auth"], "--port", d)
-    topo = d / "topology.json"
-    topo.write_text(json.dumps({"dict_name": "ctr_embedding", "shards": [[{
-        "server": "127.0.0.1:9", "http": "http://127.0.0.1:9", "agent": "http://127.0.0.1:9"}]]}))
+    from runtime.formats.topology import Topology
+
+    topo = Topology.build("ctr_embedding", [[("127.0.0.1:9", "http://127.0.0.1:9", "http://127.0.0.1:9")]]).write(
+        d / "topology.json")
     (d / "root").mkdir()
     return Role(tree, role, ["cube", "transfer", "--topology", str(topo), "--root", str(d / "root"), "--work-dir",
                              str(d / "w"), "--poll-interval", "1", "--reconcile-interval", "0", "--insecure-no-auth"],

@@ -104,12 +104,19 @@ def continuous_job(work: Path, svc, data_root: Path, *extra: str) -> list[str]:
     """argv of the online benches' continuous PS job (the local cluster: 1 pserver, 2
     trainers) on the partitions under ``data_root``, its state, table and logs under
     ``work``, exporting to ``svc``'s file server (``runtime.local.services.start_services``);
-    ``extra``: the bench's own flags (start, cadences, polling)."""
-    return proc.self_command() + [
-        "train", "--local-cluster", "--pservers", "1", "--trainers", "2", "--mode", "continuous",
-        "--data-root", str(data_root), "--state-dir", str(work / "train-state"), "--table-dir", str(work / "table"),
-        "--output", svc.root_url, "--upload-token-file", str(svc.token_file), "--log-dir", str(work / "logs" / "train"),
-        *extra]
+    ``extra``: the bench's own ``train`` flags (start, cadences, polling), read into the job's
+    ``TrainConfig`` by the trainer's own parser, whose command line ``role_specs.train_argv``
+    writes."""
+    from runtime import role_specs
+    from runtime.cli import build_parser
+    from runtime.trainer.config import config_from_args
+
+    cfg = config_from_args(build_parser().parse_args([
+        "train", "--mode", "continuous", "--data-root", str(data_root), "--state-dir", str(work / "train-state"),
+        "--table-dir", str(work / "table"), "--output", svc.root_url, "--upload-token-file", str(svc.token_file),
+        *extra]))
+    launch = ["--local-cluster", "--pservers", "1", "--trainers", "2", "--log-dir", str(work / "logs" / "train")]
+    return proc.self_command() + role_specs.train_argv(cfg, launch)
 
 
 def run_online(args) -> int:

@@ -37,12 +37,13 @@ START = "20261120/00"
 
 def run_job(root: Path, work: Path, hours: int, uri: str | None) -> tuple[float, float]:
     """(wall seconds, examples/s) of one continuous job over ``hours`` partitions."""
-    end = generator_hour(hours - 1)
-    args = [sys.executable, "-m", "runtime.cli", "train", "--single", "--mode", "continuous", "--data-root",
-            str(root), "--start-hour", START, "--end-hour", end, "--state-dir", str(work / "state"), "--output",
-            str(work / "out"), "--poll-s", "0.2", "--threads", "1"]
-    if uri:
-        args += ["--tracking-uri", uri]
+    from runtime import role_specs
+    from runtime.trainer.config import TrainConfig
+
+    cfg = TrainConfig(mode="continuous", data_root=str(root), start_hour=START, end_hour=generator_hour(hours - 1),
+                      state_dir=str(work / "state"), output=str(work / "out"), poll_s=0.2, threads=1)
+    launch = ["--single", *(["--tracking-uri", uri] if uri else [])]
+    args = [sys.executable, "-m", "runtime.cli", *role_specs.train_argv(cfg, launch)]
     t0 = time.monotonic()
     r = subprocess.run(args, capture_output=True, text=True, cwd=REPO,
                        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})

@@ -6,9 +6,7 @@ connections to the pserver port, sampled with iproute2's ``ss -ti`` every 0.25 s
 
 examples/s: examples trained / seconds in ``train_from_dataset`` (the PS job: every
 trainer's examples over the slowest trainer's time); "with load" adds the time to parse
-and load the data. The old path's figure (per-batch ``exe.run`` with a dense pull after
-every batch, commit b16fb5e) was measured on this machine by this benchmark's settings
-before the dataset path replaced it; pass ``--old-ps-examples-s`` to compare with another.
+and load the data.
 
 Usage: .venv/bin/python bench/bench_train.py [--rows 1000000] [--epochs 1]
 """
@@ -30,14 +28,13 @@ sys.path.insert(0, str(REPO))
 from runtime.formats import signal  # noqa: E402
 from runtime.formats.train_result import RESULT, SUMMARY, TrainResult  # noqa: E402
 
-#: PS 1x2 examples/s of the per-batch loop at these settings (b16fb5e, measured 2026-11-23)
-OLD_PS_EXAMPLES_S = 7383.0
+def _run_single(cfg) -> dict:
+    """The single-process run of ``cfg`` (a ``TrainConfig``): its summary record and ``wall_s``."""
+    from runtime import role_specs
 
-
-def _run_single(args: list[str]) -> dict:
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "runtime.cli", "train", "--single", *args], capture_output=True,
-                       text=True, cwd=REPO)
+    r = subprocess.run([sys.executable, "-m", "runtime.cli", *role_specs.train_argv(cfg, ["--single"])],
+                       capture_output=True, text=True, cwd=REPO)
     wall = time.monotonic() - t0
     found = TrainResult.find(r.stdout, SUMMARY, source="train --single stdout")
     if found is not None:
@@ -136,8 +133,6 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="dataset threads per trainer (and single)")
     ap.add_argument("--ps-modes", default="async,async-merged,geo",
                     help="comma-separated --ps-mode values to run (the first is the headline row)")
-    ap.add_argument("--old-ps-examples-s", type=float, default=OLD_PS_EXAMPLES_S,
-                    help="the old path's PS examples/s to report the speed-up against")
     a = ap.parse_args()
     data = REPO / ".bench" / f"train-{a.rows}-{a.test_rows}"
     if not (data / "signal.json").exists():
@@ -146,11 +141,12 @@ def main() -> None:
         print(f"generating {a.rows} rows into {data} ...", flush=True)
         generator.generate(data, a.rows, a.test_rows, seed=1)
     sig = signal.read_split(data)
-    common = ["--data-train", str(data / "train.txt"), "--data-test", str(data / "test.txt"),
-              "--epochs", str(a.epochs), "--threads", str(a.threads)]
+    from runtime.trainer.config import TrainConfig
+
     out = Path(tempfile.mkdtemp(prefix="bench-train-"))
     try:
-        single = _run_single([*common, "--output", str(out / "single")])
+        single = _run_single(TrainConfig(data_train=[str(data / "train.txt")], data_test=[str(data / "test.txt")],
+                                         epochs=a.epochs, threads=a.threads, output=str(out / "single")))
         runs = {m: _run_ps(data, out / f"ps-{m}", a.epochs, a.threads, m) for m in a.ps_modes.split(",")}
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -168,8 +164,6 @@ def main() -> None:
     headline = a.ps_modes.split(",")[0]
     ps = runs[headline][0]
     ps_rate, single_rate = ps["examples_per_s_total"], single["examples_per_s"]
-    print(f"PS ({headline}) speed-up over the old per-batch path ({a.old_ps_examples_s:.0f} examples/s, b16fb5e): "
-          f"{ps_rate / a.old_ps_examples_s:.2f}x")
     print("\nPS traffic per trainer (TCP payload to/from the pserver port, whole job incl. start, "
           "trainer 0's test evaluation and the save):")
     if not shutil.which("ss"):

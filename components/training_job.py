@@ -271,31 +271,24 @@ class TrainingJob(pulumi.ComponentResource):
 
 
 def _train_args(args: TrainingJobArgs, generated: bool) -> list[pulumi.Input[str]]:
-    """The ``train`` command line both tasks run (``runtime.trainer.cli``'s flags)."""
+    """The ``train`` command line both tasks run: the job's ``TrainConfig`` written by
+    ``runtime.role_specs.train_argv`` (``output`` known at deploy time), then the data
+    gate's flags (continuous jobs) and the lifecycle's."""
+    from runtime.trainer.config import TrainConfig
+
     data_train = [f"{DATA_DIR}/train.txt"] if generated else list(args.data_train)
     data_test = [f"{DATA_DIR}/test.txt"] if generated else list(args.data_test)
-    if args.start_hour:
-        cmd = ["train", "--mode", args.mode, "--data-root", data_train[0], "--start-hour", args.start_hour,
-               "--partition-minutes", str(args.partition_minutes)]
-        if args.end_hour:
-            cmd += ["--end-hour", args.end_hour]
-        if data_test and not generated:
-            cmd += ["--data-test", *data_test]
-        if args.mode == "continuous":
-            cmd += ["--state-dir", STATE_DIR, "--patch-every-seconds", str(args.patch_every_seconds),
-                    "--base-every-minutes", str(args.base_every_minutes),
-                    "--checkpoint-every-minutes", str(args.checkpoint_every_minutes), *args.gate_args]
-        cmd += ["--format", args.data_format]
-    else:
-        cmd = ["train", "--data-train", *data_train, "--data-test", *data_test,
-               "--format", args.data_format]
-    if args.slot_file:
-        cmd += ["--slot-file", args.slot_file]
-    cmd += ["--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-            "--lr", repr(float(args.learning_rate)), "--embedding-dim", str(args.embedding_dim),
-            "--sparse-shards", str(args.sparse_shards), "--output", args.output,
-            "--table-dir", TABLE_DIR, "--work-dir", WORK_DIR, "--threads", str(args.threads),
-            "--ps-mode", args.ps_mode, *args.lifecycle_args]
-    if args.ps_mode == "geo":
-        cmd += ["--geo-k-steps", str(args.geo_k_steps)]
-    return cmd
+    hourly = bool(args.start_hour)
+    continuous = hourly and args.mode == "continuous"
+    cfg = TrainConfig(
+        data_train=[] if hourly else data_train, data_test=[] if hourly and generated else data_test,
+        data_root=data_train[0] if hourly else None, start_hour=args.start_hour or None,
+        end_hour=(args.end_hour or None) if hourly else None, partition_minutes=args.partition_minutes,
+        mode="continuous" if continuous else "batch", state_dir=STATE_DIR if continuous else None,
+        patch_every_seconds=args.patch_every_seconds, base_every_minutes=args.base_every_minutes,
+        checkpoint_every_minutes=args.checkpoint_every_minutes, format=args.data_format, slot_file=args.slot_file,
+        epochs=args.epochs, batch_size=args.batch_size, lr=args.learning_rate, embedding_dim=args.embedding_dim,
+        sparse_shards=args.sparse_shards, table_dir=TABLE_DIR, work_dir=WORK_DIR, threads=args.threads,
+        ps_mode=args.ps_mode, geo_k_steps=args.geo_k_steps)
+    extra = [*(args.gate_args if continuous else ()), *args.lifecycle_args]
+    return role_specs.train_argv(cfg, output=args.output) + extra

@@ -195,22 +195,20 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
 
     land(hs[0])
     step(f"partition {hs[0]} landed")
-    train_argv = cli + ["train", "--local-cluster", "--pservers", str(args.pservers), "--trainers",
-                        str(args.trainers), "--mode", "continuous", "--data-root", hours_root,
-                        "--start-hour", first, "--end-hour", str(hs[H - 1]), "--state-dir",
-                        str(run_dir / "train-state"), "--output", svc.root_url, "--upload-token-file",
-                        str(svc.token_file), "--poll-s", "0.2", "--partition-minutes", str(minutes),
-                        "--base-every-minutes", str(args.base_every_minutes), "--seed", str(args.seed),
-                        "--log-dir", str(logs / "train")]
+    from runtime.trainer.config import TrainConfig
+
+    sizes = {k: v for k, v in (("embedding_dim", args.embedding_dim), ("batch_size", args.batch_size_train)) if v}
+    cfg = TrainConfig(mode="continuous", data_root=hours_root, start_hour=first, end_hour=str(hs[H - 1]),
+                      state_dir=str(run_dir / "train-state"), output=svc.root_url,
+                      upload_token_file=str(svc.token_file), poll_s=0.2, partition_minutes=minutes,
+                      base_every_minutes=args.base_every_minutes, seed=args.seed, **sizes)
+    launch = ["--local-cluster", "--pservers", str(args.pservers), "--trainers", str(args.trainers),
+              "--log-dir", str(logs / "train")]
     if server is not None:
         server.wait_ready()
-        train_argv += ["--tracking-uri", server.url]
+        launch += ["--tracking-uri", server.url]
         step(f"MLflow server {server.url} (store {server.root}); the job logs to it")
-    if args.embedding_dim:
-        train_argv += ["--embedding-dim", str(args.embedding_dim)]
-    if args.batch_size_train:
-        train_argv += ["--batch-size", str(args.batch_size_train)]
-    trainer = group.start("train", train_argv, expect_exit=True)
+    trainer = group.start("train", cli + role_specs.train_argv(cfg, launch), expect_exit=True)
     step(f"continuous training started ({args.pservers} pserver, {args.trainers} trainers): a version per "
          f"{minutes}-minute partition, a base every {args.base_every_minutes} minutes of data, patches between")
     sv_url = None  # serving's, once it started

@@ -240,18 +240,17 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
         step(f"data ready; the generator's true-logit test AUC is {signal_auc}")
 
     def train_round(i: int, epochs: int | None, seed: int, data_train: list) -> "proc.Role":
-        argv = cli + ["train", "--local-cluster", "--pservers", str(args.pservers), "--trainers", str(args.trainers),
-                      "--data-train", *map(str, data_train), "--data-test", str(test), "--format", fmt,
-                      "--output", root_url, "--upload-token-file", str(tok), "--seed", str(seed),
-                      "--log-dir", str(logs / f"train{i}")] + slot_args
-        if epochs:
-            argv += ["--epochs", str(epochs)]
-        if args.batch_size_train:
-            argv += ["--batch-size", str(args.batch_size_train)]
-        if args.embedding_dim:
-            argv += ["--embedding-dim", str(args.embedding_dim)]
+        from runtime.trainer.config import TrainConfig
+
+        sizes = {k: v for k, v in (("epochs", epochs), ("batch_size", args.batch_size_train),
+                                    ("embedding_dim", args.embedding_dim)) if v}
+        cfg = TrainConfig(data_train=[str(d) for d in data_train], data_test=[str(test)], format=fmt,
+                          output=root_url, upload_token_file=str(tok), seed=seed,
+                          slot_file=str(args.slot_file) if slot_args else None, **sizes)
+        launch = ["--local-cluster", "--pservers", str(args.pservers), "--trainers", str(args.trainers),
+                  "--log-dir", str(logs / f"train{i}")]
         step(f"round {i}: training ({args.pservers} pserver, {args.trainers} trainers), exporting to the file server")
-        return group.start(f"train{i}", argv, expect_exit=True)
+        return group.start(f"train{i}", cli + role_specs.train_argv(cfg, launch), expect_exit=True)
 
     def client(name: str, extra: list[str], concurrency: int, batch: int, wait: bool = True):
         c = start_client(run_dir, group, name, sv_url, test, fmt, concurrency, batch, extra, slot_args)

@@ -20,9 +20,9 @@ from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, Validat
 
 from runtime.formats import features, partitions
 from runtime.trainer import readers
-from runtime.trainer.gate_config import GateFields, gate_argv
+from runtime.trainer.gate_config import GateFields
 from runtime.trainer import lifecycle
-from runtime.trainer.lifecycle import LifecycleFields, lifecycle_argv
+from runtime.trainer.lifecycle import LifecycleFields
 
 MODES = ("batch", "continuous")
 #: the parameter-server flavours (runtime.trainer.program.strategy)
@@ -459,32 +459,3 @@ def config_from_args(args) -> TrainConfig:
         if v is not None:
             values[k] = v
     return TrainConfig(**values)
-
-
-def train_argv(cfg: TrainConfig) -> list[str]:
-    """Flags reproducing ``cfg`` for a child ``elastic-ctr train`` process."""
-    argv = ["--data-train", *cfg.data_train] if cfg.data_train else []
-    if cfg.data_test:
-        argv += ["--data-test", *cfg.data_test]
-    argv += ["--format", cfg.format, "--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size),
-             "--lr", repr(float(cfg.lr)), "--embedding-dim", str(cfg.embedding_dim),
-             "--layers", ",".join(str(x) for x in cfg.layers), "--sparse-shards", str(cfg.sparse_shards),
-             "--log-every-s", str(cfg.log_every_s), "--seed", str(cfg.seed), "--threads", str(cfg.threads),
-             "--mode", cfg.mode, "--ps-mode", cfg.ps_mode]
-    if cfg.ps_mode == "geo":
-        argv += ["--geo-k-steps", str(cfg.geo_k_steps), "--geo-table-rows", str(cfg.geo_table_rows)]
-    if cfg.mode == "continuous" or cfg.data_root:
-        argv += ["--poll-s", str(cfg.poll_s), "--partition-minutes", str(cfg.partition_minutes),
-                 "--patch-every-seconds", str(cfg.patch_every_seconds),
-                 "--base-every-minutes", str(cfg.base_every_minutes),
-                 "--checkpoint-every-minutes", str(cfg.checkpoint_every_minutes)]
-    if cfg.max_bad_lines is not None:
-        argv += ["--max-bad-lines", str(cfg.max_bad_lines)]
-    if cfg.max_bad_fraction is not None:
-        argv += ["--max-bad-fraction", str(cfg.max_bad_fraction)]
-    for name in ("slot_file", "output", "upload_token_file", "test_limit", "dump_predictions", "table_dir",
-                 "work_dir", "data_root", "start_hour", "end_hour", "state_dir"):
-        v = getattr(cfg, name)
-        if v is not None:
-            argv += [flag(name), str(v)]
-    return argv + gate_argv(cfg) + lifecycle_argv(cfg)

@@ -19,7 +19,7 @@ from runtime import proc, role_specs
 from runtime.monitoring import targets
 from runtime.formats.train_result import RESULT, TrainResult, TrainResultError
 from runtime.trainer import PADDLE_FLAGS
-from runtime.trainer.config import TrainConfig, check_inputs, train_argv
+from runtime.trainer.config import TrainConfig, check_inputs
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def run_local_ps(cfg: TrainConfig, pservers: int = 1, trainers: int = 2,
     common = {**PADDLE_FLAGS, "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(endpoints), "PADDLE_TRAINERS_NUM": str(trainers),
               "POD_IP": "127.0.0.1", "OMP_NUM_THREADS": "1", "CPU_NUM": "1",
               tracking.JOB_ENV: tracking.job_name(cfg)}  # one job name for every process (its runs)
-    args = ["train"] + train_argv(cfg)
+    args = role_specs.train_argv(cfg)
     log.info("local cluster: %d pserver(s) %s, %d trainer(s); logs in %s", pservers, endpoints, trainers, logs)
     with proc.ProcessGroup(logs) as group:
         ps_roles = []

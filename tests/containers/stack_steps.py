@@ -14,8 +14,14 @@ from pathlib import Path
 import pytest
 import requests
 
+from runtime import role_specs
 from tests.containers.kube import Cluster
 from tests.containers.traffic import LoadStats, ServiceLoad
+
+#: the pods' port (``runtime.role_specs.PORTS``)
+FILES_PORT = role_specs.PORTS["fileserver"]["http"]
+CONTROL_PORT = role_specs.PORTS["cube-server"]["http"]
+TRANSFER_PORT = role_specs.PORTS["cube-transfer"]["http"]
 
 REPO = Path(__file__).resolve().parents[2]
 #: every case's figures, written to ``<tmp>/stack-results.json`` at the end
@@ -47,7 +53,7 @@ def need(state: dict, *keys: str) -> None:
 
 
 def transfer_url(c: Cluster) -> str:
-    return f"http://{c.live_pods('cube-transfer')[0].ip}:8910"
+    return f"http://{c.live_pods('cube-transfer')[0].ip}:{TRANSFER_PORT}"
 
 
 def dict_info(c: Cluster) -> dict:
@@ -67,7 +73,7 @@ def cube_versions(c: Cluster) -> dict[str, object]:
     for w in ("cube-2s-shard-0", "cube-2s-shard-1"):
         for p in c.live_pods(w):
             try:
-                out[p.name] = requests.get(f"http://{p.ip}:8901/status", timeout=3).json().get("version")
+                out[p.name] = requests.get(f"http://{p.ip}:{CONTROL_PORT}/status", timeout=3).json().get("version")
             except (requests.RequestException, ValueError):
                 out[p.name] = None
     return out
@@ -106,7 +112,7 @@ def stop_load(state: dict) -> LoadStats:
 
 def answers(ip: str) -> bool:
     try:
-        return requests.get(f"http://{ip}:8901/status", timeout=2).status_code == 200
+        return requests.get(f"http://{ip}:{CONTROL_PORT}/status", timeout=2).status_code == 200
     except requests.RequestException:
         return False
 
@@ -149,7 +155,7 @@ def publish(c: Cluster, stack: dict, seed: int) -> tuple[int, float]:
     src = c.volume_dir(fs.name, "files") / "versions" / str(stack["trained_version"])
     token = c.secrets["fileserver-upload-token"]["token"]
     t0 = time.monotonic()
-    pub = subprocess.run([sys.executable, "-c", PUBLISH, str(src), f"http://{fs.ip}:8080", str(EXTRA_KEYS), str(seed)],
+    pub = subprocess.run([sys.executable, "-c", PUBLISH, str(src), f"http://{fs.ip}:{FILES_PORT}", str(EXTRA_KEYS), str(seed)],
                          input=token, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert pub.returncode == 0, pub.stdout[-2000:] + pub.stderr[-3000:]
     return int(re.search(r"PUBLISHED (\d+) (\d+)", pub.stdout).group(1)), time.monotonic() - t0

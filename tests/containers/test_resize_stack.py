@@ -31,11 +31,15 @@ from pathlib import Path
 
 import pytest
 
+from runtime import role_specs
 from tests.containers.kube import Cluster
 from tests.containers.stack_steps import PROPAGATION_S, check_no_errors, dict_info, forbidden_log_lines, terminal_lines
 from tests.containers.traffic import ServiceLoad
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow]
+
+#: the pods' port (``runtime.role_specs.PORTS``)
+FILES_PORT = role_specs.PORTS["fileserver"]["http"]
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = {"pservers": "1", "trainers": "2", "cubeShards": "2", "cubeReplicas": "2", "servingReplicas": "2",
@@ -84,7 +88,7 @@ def publish(c: Cluster, rows: Path, seed: int) -> int:
     """Publishes a base version into the file server pod from the host; returns its id."""
     fs = c.live_pods("fileserver")[0]
     token = c.secrets["fileserver-upload-token"]["token"]
-    pub = subprocess.run([sys.executable, "-c", PUBLISH, str(rows), f"http://{fs.ip}:8080", str(seed)],
+    pub = subprocess.run([sys.executable, "-c", PUBLISH, str(rows), f"http://{fs.ip}:{FILES_PORT}", str(seed)],
                          input=token, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert pub.returncode == 0, pub.stdout[-2000:] + pub.stderr[-3000:]
     return int(re.search(r"PUBLISHED (\d+) (\d+)", pub.stdout).group(1))

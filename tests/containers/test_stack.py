@@ -28,10 +28,16 @@ from pathlib import Path
 import pytest
 import requests
 
+from runtime import role_specs
 from tests.containers.kube import Cluster
 from tests.containers.stack_steps import (MAX_ROLLOUT_ATTEMPTS, RESULTS, answers, check_no_errors, cube_versions, terminal_lines,
                                           dict_info, forbidden_log_lines, need, restart_transfer_mid_rollout,
                                           start_load, stop_load, transfer_url)
+
+#: the pods' port (``runtime.role_specs.PORTS``)
+FILES_PORT = role_specs.PORTS["fileserver"]["http"]
+SERVING_PORT = role_specs.PORTS["serving"]["http"]
+CONTROL_PORT = role_specs.PORTS["cube-server"]["http"]
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow]
 
@@ -106,7 +112,7 @@ def test_training_job_completes_and_exports_a_version(stack, say):
     rec = res.to_dict()
     version, auc = int(rec["version"]), float(rec["test_auc"][-1])
     fs = c.live_pods("fileserver")[0]
-    base = requests.get(f"http://{fs.ip}:8080/donefile/base.txt", timeout=5)
+    base = requests.get(f"http://{fs.ip}:{FILES_PORT}/donefile/base.txt", timeout=5)
     assert base.status_code == 200 and str(version) in base.text, base.text
     # the test rows trainer 0 evaluated on: its /data emptyDir (the pod is Completed, not deleted)
     test_rows = c.volume_dir(f"{JOB}-trainer-0", "data") / "test.txt"
@@ -158,8 +164,6 @@ def test_transfer_rolls_the_version_out_to_every_cube_pod(stack, say):
 # ----------------------------------------------------------------------------- 2b. tracking
 def _mlflow_login(c: Cluster) -> tuple[str, str]:
     """The stack's tracking login (MLflow's basic auth: the ``credentials-tracking`` Secret)."""
-    from runtime import role_specs
-
     login = c.secrets[f"credentials-{role_specs.TRACKING}"]
     return login[role_specs.TRACKING_USERNAME], login[role_specs.TRACKING_PASSWORD]
 
@@ -228,7 +232,7 @@ def test_both_serving_pods_score_the_test_rows_with_the_trainers_auc(stack, say)
     procs = []
     for i, p in enumerate(pods):
         out = stack["work"] / f"client-{i}.json"
-        cmd = [str(VENV_BIN / "elastic-ctr"), "client", "--url", f"http://{p.ip}:8000", "--data",
+        cmd = [str(VENV_BIN / "elastic-ctr"), "client", "--url", f"http://{p.ip}:{SERVING_PORT}", "--data",
                str(stack["test_rows"]), "--format", "criteo", "--batch-size", "256", "--concurrency", "2",
                "--json-out", str(out)]
         procs.append((p, out, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
@@ -301,7 +305,7 @@ def test_b_a_cube_pod_killed_comes_back_empty_and_is_reloaded(stack, say):
     new = c.pods[term.replacement]
     c.wait_for("cube-2s-shard-0-0 running", lambda: new.phase == "Running", timeout_s=120)
     c.wait_for("cube-2s-shard-0-0 answering", lambda: answers(new.ip), timeout_s=60)
-    empty = requests.get(f"http://{new.ip}:8901/status", timeout=5).json()
+    empty = requests.get(f"http://{new.ip}:{CONTROL_PORT}/status", timeout=5).json()
     c.wait_for(f"cube-2s-shard-0-0 back on version {v}",
                       lambda: cube_versions(c).get("cube-2s-shard-0-0") == v, timeout_s=150, every_s=0.5)
     reloaded = time.monotonic() - t0

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime import role_specs
 from runtime import storage
 from runtime.formats import donefile
 from tests.containers.kube import Cluster
@@ -35,6 +36,9 @@ from tests.containers.stack_steps import cube_versions, dict_info, forbidden_log
 from tests.containers.test_stack import OVERRIDES, VENV_BIN
 from tests.helpers import restore_environ
 from tests.s3server import S3Server
+
+#: the pods' port (``runtime.role_specs.PORTS``)
+SERVING_PORT = role_specs.PORTS["serving"]["http"]
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow]
 
@@ -68,7 +72,7 @@ def _rendering(endpoint: str, bucket: str, tag: str):
 def _client_report(ip: str, rows, out: Path) -> dict:
     """``elastic-ctr client`` (host, .venv) scoring ``rows`` against the serving pod at ``ip``
     (batch 256, 2 workers): its JSON report, written to ``out``."""
-    proc = subprocess.run([str(VENV_BIN / "elastic-ctr"), "client", "--url", f"http://{ip}:8000", "--data", str(rows),
+    proc = subprocess.run([str(VENV_BIN / "elastic-ctr"), "client", "--url", f"http://{ip}:{SERVING_PORT}", "--data", str(rows),
                            "--format", "criteo", "--batch-size", "256", "--concurrency", "2", "--json-out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -87,8 +91,9 @@ def s3_stack(engine, images, tmp_path_factory):
         try:
             bucket = s3.new_bucket("ctr-stack")
             data = work / "data"
-            subprocess.run([str(VENV_BIN / "elastic-ctr"), "data", "generate", "--rows", "40000", "--test-rows",
-                            "5000", "--out", str(data)], check=True, capture_output=True, timeout=300)
+            subprocess.run([str(VENV_BIN / "elastic-ctr"), *role_specs.data_generate(str(data), rows=40000,
+                                                                             test_rows=5000)],
+                           check=True, capture_output=True, timeout=300)
             for name in ("train.txt", "test.txt"):
                 storage.upload(data / name, f"s3://{bucket}/data/{name}")
             rendering = _rendering(s3.endpoint, bucket, images.tag)

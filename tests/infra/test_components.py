@@ -147,7 +147,8 @@ def test_continuous_training_job(rendered):
         assert flag(a, "--base-every-minutes") == "720" and flag(a, "--checkpoint-every-minutes") == "1440"
         assert "--data-train" not in a
     batch = rendered("dev").get("Job", "ctr-train")["spec"]
-    assert batch["maxRetry"] == 3 and "--mode" not in batch["tasks"][1]["template"]["spec"]["containers"][0]["args"]
+    assert batch["maxRetry"] == 3 and flag(batch["tasks"][1]["template"]["spec"]["containers"][0]["args"],
+                                           "--mode") == "batch"
 
 
 @pytest.mark.parametrize("args", [("dev",), ("prod",), ("dev", "trainingSharedStorageClass=nfs-client",

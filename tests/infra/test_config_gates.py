@@ -8,7 +8,7 @@ import pytest
 
 from infra import config_gates
 from infra.config import ConfigError, parse
-from runtime.trainer import config as train
+from runtime import role_specs
 
 OK = {"uploadToken": "t" * 32, "trainingMode": "continuous", "dataSource": "http://fs/hours",
       "dataStartHour": "20261120/00"}
@@ -28,7 +28,7 @@ def test_keys_reach_the_trainer_and_the_transfer():
     assert (tc.data_schema, tc.gate_window, tc.gate_click_ratio, tc.gate_eval_every) == (
         "http://fs/schemas/ctr.yaml", 12, 2.0, 20)
     assert (tc.gate_categorical_linf, tc.gate_distinct_ratio, tc.gate_eval_rows) == (0.6, 3.0, 5000)
-    argv = train.train_argv(tc)
+    argv = role_specs.train_argv(tc)
     assert argv[argv.index("--gate-window") + 1] == "12" and argv[argv.index("--data-schema") + 1].endswith(".yaml")
     assert argv[argv.index("--gate-categorical-linf") + 1] == "0.6" and "--gate-distinct-ratio" not in argv
     assert argv[argv.index("--gate-eval-rows") + 1] == "5000"

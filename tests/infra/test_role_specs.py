@@ -8,7 +8,7 @@ import pytest
 from components import common, cube_transfer, file_server, training_job
 from runtime import role_specs
 from runtime.cli import build_parser
-from runtime.trainer.config import TrainConfig, train_argv
+from runtime.trainer.config import TrainConfig
 
 STACKS = [("dev",), ("prod",), ("dev", "cubeShards=3", "cubeReplicas=1")]
 
@@ -102,8 +102,7 @@ def _local_specs(tmp) -> list[role_specs.RoleSpec]:
         role_specs.serving(str(tmp / "topology.json"), "http://127.0.0.1:18080", "http://127.0.0.1:18910",
                            str(tmp / "s"), role_specs.LOOPBACK, 18000, 0, workers=2, threads=1, poll_interval_s=0.2,
                            extra=["--slot-file", str(tmp / "slots")]),
-        role_specs.ps_role("pserver", 18200, 18210, ["train", *train_argv(TrainConfig(data_train=(str(tmp / "x"),),
-                                                                                    data_test=(str(tmp / "y"),)))]),
+        role_specs.ps_role("pserver", 18200, 18210, role_specs.train_argv(TrainConfig(data_train=(str(tmp / "x"),), data_test=(str(tmp / "y"),)))),
     ]
 
 

@@ -7,6 +7,7 @@ import argparse
 
 import pytest
 
+from runtime import role_specs
 from runtime.trainer import cli, config
 from runtime.trainer.config import TrainConfig, TrainConfigError
 
@@ -80,11 +81,11 @@ def test_child_flags_rebuild_the_same_config(tmp_path):
     cfg = TrainConfig(mode="continuous", data_root="/d", start_hour="20261120/00", state_dir=str(tmp_path),
                       patch_every_seconds=5, base_every_minutes=360, checkpoint_every_minutes=120,
                       layers=(32, 16), lr=0.01, ps_mode="async-merged")
-    assert _train(config.train_argv(cfg)) == cfg
+    assert _train(role_specs.train_argv(cfg)[1:]) == cfg
     cfg = TrainConfig(mode="continuous", data_root="/d", start_hour="20261120/0005", end_hour="20261120/0130",
                       partition_minutes=5, state_dir=str(tmp_path))
     assert [str(p) for p in cfg.hours()] == ["20261120/0005", "20261120/0130"]
-    assert _train(config.train_argv(cfg)) == cfg
+    assert _train(role_specs.train_argv(cfg)[1:]) == cfg
 
 
 def test_only_the_exporting_process_checks_the_version_root_writable():

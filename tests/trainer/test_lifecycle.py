@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.trainer.config import TrainConfig, TrainConfigError, train_argv
+from runtime.role_specs import train_argv
+from runtime.trainer.config import TrainConfig, TrainConfigError
 from runtime.trainer.idmap import Vocab
 from runtime.trainer.lifecycle import NEVER, Lifecycle, lifecycle_argv
 from runtime.trainer.served import ServedKeys

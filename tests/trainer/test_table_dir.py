@@ -13,6 +13,7 @@ import tempfile
 import numpy as np
 import pytest
 
+from runtime import role_specs
 from runtime.trainer import cli, config, export, publish
 
 
@@ -25,12 +26,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def test_flag_reaches_the_config_and_the_child_roles():
     cfg = config.config_from_args(_parse(["--data-train", "x.txt", "--table-dir", "/shared/table"]))
     assert cfg.table_dir == "/shared/table"
-    argv = config.train_argv(cfg)
+    argv = role_specs.train_argv(cfg)[1:]
     assert argv[argv.index("--table-dir") + 1] == "/shared/table"
     # the child parses back to the same value (what --local-cluster starts)
     assert config.config_from_args(_parse(argv)).table_dir == "/shared/table"
     default = config.config_from_args(_parse(["--data-train", "x.txt"]))
-    assert default.table_dir is None and "--table-dir" not in config.train_argv(default)
+    assert default.table_dir is None and "--table-dir" not in role_specs.train_argv(default)
 
 
 def test_config_yaml_key_and_flag_precedence(tmp_path):

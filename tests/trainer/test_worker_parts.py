@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from runtime import role_specs
 from runtime.evaluation import auc
 from runtime.trainer import config as tconfig
 from runtime.trainer.idmap import geo_rows
@@ -83,7 +84,7 @@ def test_train_argv_roundtrips_new_flags(tmp_path):
     from runtime.cli import build_parser
 
     cfg = _cfg(tmp_path, threads=2, ps_mode="geo", geo_k_steps=7, geo_table_rows=1234, work_dir="/w")
-    args = build_parser().parse_args(["train", *tconfig.train_argv(cfg)])
+    args = build_parser().parse_args(role_specs.train_argv(cfg))
     again = tconfig.config_from_args(args)
     for k in ("threads", "ps_mode", "geo_k_steps", "geo_table_rows", "work_dir", "mode"):
         assert getattr(again, k) == getattr(cfg, k), k
