@@ -197,7 +197,8 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
     step(f"partition {hs[0]} landed")
     from runtime.trainer.config import TrainConfig
 
-    sizes = {k: v for k, v in (("embedding_dim", args.embedding_dim), ("batch_size", args.batch_size_train)) if v}
+    sizes = {k: v for k, v in (("embedding_dim", args.embedding_dim), ("batch_size", args.batch_size_train),
+                               ("shrink_every_minutes", args.shrink_every_minutes)) if v}
     cfg = TrainConfig(mode="continuous", data_root=hours_root, start_hour=first, end_hour=str(hs[H - 1]),
                       state_dir=str(run_dir / "train-state"), output=svc.root_url,
                       upload_token_file=str(svc.token_file), poll_s=0.2, partition_minutes=minutes,

@@ -78,6 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="online: rows of the next hour each version is scored on")
     p.add_argument("--base-every-minutes", type=int, default=1440,
                    help="online: minutes of data between two bases (the job's --base-every-minutes)")
+    p.add_argument("--shrink-every-minutes", type=int, default=None,
+                   help="online: minutes of data between two shrink points, count decay and eviction (the "
+                        "job's --shrink-every-minutes; default the job's)")
     p.add_argument("--partition-minutes", type=int, default=60,
                    help="online: the partitions' period in minutes (60: hourly; 1..30 dividing 60: minute "
                         "partitions ROOT/YYYYMMDD/HHMM/, docs/freshness.md); --hours and --rows-per-hour then "

@@ -35,7 +35,7 @@ STORE_OVERRIDES = ["modelRoot=s3://ctr-bucket/model", "storageEndpointUrl=http:/
                    "servingClientCidrs=198.51.100.0/24", "trackingUiPodLabels=app=proxy", "monitoringNamespace=prom",
                    "servedVersion=1795929686", "keepVersions=5", "modelGate=false", "modelGateAucDrop=0.1",
                    "denseBackend=paddle", "cubeShards=3", "imagePullPolicy=Always", "psMode=async-merged", "sparseShards=4",
-                   "featureMinCount=3", "featureTtlHours=72"]
+                   "featureMinCount=5", "featureTtlHours=72"]
 STORE_SECRETS = {"storageAccessKeyId": "AKIA-write-0123456789", "storageSecretAccessKey": "write-secret-0123456789",
                  "storageReadAccessKeyId": "AKIA-read-0123456789", "storageReadSecretAccessKey": "read-secret-0123456"}
 STORE_PROGRAM = """
@@ -126,7 +126,7 @@ resources:
       dataStartHour: 20261120/00
       dataSchema: s3://ctr-bucket/schemas/ctr.yaml
       gateWindow: 12
-      featureMinCount: 3
+      featureMinCount: 5
       featureTtlHours: 72
   cube:
     type: elastic-ctr:index:CubeCluster
@@ -282,7 +282,7 @@ def test_construct_object_store_variant_matches_the_python_program():
     kinds = {m.split("-")[1] for m in manifests(regs)}
     assert "horizontalpodautoscaler" in kinds and "servicemonitor" not in kinds  # inflight HPA; annotations
     job = json.dumps(manifests(regs)["09-job-ctr-train.yaml"])
-    assert '"--feature-min-count", "3"' in job and "--gate-window" in job  # the lifecycle's and data gate's flags
+    assert '"--feature-min-count", "5"' in job and "--gate-window" in job  # the lifecycle's and data gate's flags
 
 
 def test_construct_workload_identity_variant_matches_the_python_program():

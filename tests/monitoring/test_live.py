@@ -146,6 +146,7 @@ def test_prometheus_scrapes_the_live_pipeline_and_the_freshness_alert_fires(tmp_
     args = build_parser().parse_args([
         "local", "--hours", "4", "--rows-per-hour", "12000", "--eval-rows", "2000", "--latency-requests", "200",
         "--rollout-rate", "100", "--no-tracking", "--no-wait", "--prometheus",
+        "--shrink-every-minutes", "60",  # a shrink point after the first partition, for its panel
         "--start-hour", online.start_hour("now", 3),
         "--run-dir", str(run_dir)])
     # the variables the run sets for its roles, restored after the test

@@ -282,7 +282,8 @@ def test_a_restart_before_the_base_keeps_it_due(tmp_path):
 
     def cfg(state, end):
         return TrainConfig(mode="continuous", data_root=str(tmp_path / "data"), start_hour=START, end_hour=end,
-                           state_dir=str(state), table_dir=str(tmp_path / "table"))
+                           state_dir=str(state), table_dir=str(tmp_path / "table"),
+                           feature_ttl_hours=0)  # no eviction: a restart would force a base by itself
 
     state = tmp_path / "state"
     online.run(Worker(), cfg(state, "20261120/00"), [], {})
