@@ -42,6 +42,12 @@ class ShrinkPoints:
         self.since = int(since)
         self.fed = np.zeros(0, np.uint64)
         self.table_keys: Optional[np.ndarray] = None
+        if self.life.decay < 1.0 and worker.chief:
+            log.warning("%s: feature counts decay (--feature-count-half-life-hours %g): a row whose decayed count "
+                        "falls below --feature-min-count %d keeps its embedding on the parameter servers but "
+                        "leaves the served table (the accessor saves embedx only at or above the threshold), so "
+                        "serving answers zeros for it until its count is back (docs/training.md, Choosing the "
+                        "settings)", worker.who, cfg.feature_count_half_life_hours, self.life.min_count)
 
     def trained(self, fed: Optional[np.ndarray]) -> None:
         """A partition was trained; ``fed``: its distinct feasigns on this process (uint64[m]
