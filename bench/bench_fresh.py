@@ -197,7 +197,7 @@ def run(args) -> int:
     with proc.ProcessGroup(work / "logs", grace_s=10.0) as group:
         waiter = Waiter(group, args.timeout)
         svc = start_services(ns, work, group)
-        argv = continuous_job(work, svc, root, "--partition-minutes", "1", "--start-hour", START, "--poll-s", "0.1",
+        argv = continuous_job(work, svc, root, "--partition-minutes", "1", "--start-hour", START, "--poll-seconds", "0.1",
                               "--patch-every-seconds", "0", "--base-every-minutes", "525600",
                               "--checkpoint-every-minutes", "525600")
         trainer = group.start("train", argv, expect_exit=False)

@@ -117,7 +117,7 @@ def start_role(tree: Path, role: str, work: Path) -> Role:
         d / "topology.json")
     (d / "root").mkdir()
     return Role(tree, role, ["cube", "transfer", "--topology", str(topo), "--root", str(d / "root"), "--work-dir",
-                             str(d / "w"), "--poll-interval", "1", "--reconcile-interval", "0", "--insecure-no-auth"],
+                             str(d / "w"), "--poll-seconds", "1", "--reconcile-every-seconds", "0", "--insecure-no-auth"],
                 "--port", d)
 
 

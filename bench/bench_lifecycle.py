@@ -88,7 +88,7 @@ def run_setting(args, data: Path, work: Path, setting: tuple[int, float, float])
     end = partitions.Hour.parse(START).next(args.hours - 1)
     cmd = proc.self_command() + [
         "train", "--local-cluster", "--pservers", "1", "--trainers", "2", "--mode", "continuous",
-        "--data-root", str(data), "--start-hour", START, "--end-hour", str(end), "--poll-s", "0.2",
+        "--data-root", str(data), "--start-hour", START, "--end-hour", str(end), "--poll-seconds", "0.2",
         "--state-dir", str(run / "state"), "--table-dir", str(run / "table"), "--log-dir", str(run / "logs"),
         "--checkpoint-every-minutes", str(60 * args.hours), "--base-every-minutes", str(60 * args.base_every),
         "--feature-min-count", str(min_count), "--feature-ttl-hours", str(ttl),

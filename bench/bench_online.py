@@ -97,7 +97,7 @@ def _stage_seconds(log: Path) -> list[float]:
 
 
 #: the local services of the online benches: cube 2 shards x 2 replicas, serving 1 worker x 2 threads
-SERVICES = SimpleNamespace(shards=2, replicas=2, model_root=None, serving_workers=1, serving_threads=2)
+SERVICES = SimpleNamespace(cube_shards=2, cube_replicas=2, model_root=None, serving_workers=1, serving_threads=2)
 
 
 def continuous_job(work: Path, svc, data_root: Path, *extra: str) -> list[str]:
@@ -142,7 +142,7 @@ def run_online(args) -> int:
     with proc.ProcessGroup(work / "logs", grace_s=10.0) as group:
         waiter = Waiter(group, args.timeout)
         svc = start_services(ns, work, group)
-        argv = continuous_job(work, svc, hours_root, "--start-hour", START, "--end-hour", str(hs[-1]), "--poll-s",
+        argv = continuous_job(work, svc, hours_root, "--start-hour", START, "--end-hour", str(hs[-1]), "--poll-seconds",
                               "0.2", "--base-every-minutes", str(60 * args.base_every),
                               "--checkpoint-every-minutes", str(60 * args.checkpoint_every))
         trainer = group.start("train", argv, expect_exit=True)

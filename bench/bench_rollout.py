@@ -7,7 +7,7 @@ agents download over HTTP). Writes one version of ``--keys`` random uint64 keys 
 ``--dim`` float32 as SequenceFiles (the trainer's export layout), then appends its
 donefile line and measures the wall time (s) until the transfer's ``/dict/info`` reports
 that version served by every instance. The transfer polls the donefile every
-``--poll-interval`` s, which is part of the measured time.
+``--poll-seconds`` s, which is part of the measured time.
 
 Then, in the same run, a patch: ``--patch-fraction`` of the keys (1%: half of them new
 values for existing keys, half new keys) as the next version's SequenceFiles and a
@@ -272,7 +272,7 @@ def main() -> int:
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--parts", type=int, default=4, help="SequenceFile part files (default 4)")
-    ap.add_argument("--poll-interval", type=float, default=0.2, help="transfer donefile poll (s)")
+    ap.add_argument("--poll-seconds", type=float, default=0.2, help="transfer donefile poll (s)")
     ap.add_argument("--patch-fraction", type=float, default=0.01, help="keys in the patch / keys in the base")
     ap.add_argument("--relayout-shards", type=int, default=None,
                     help="shard count of the re-layout (default --shards + 1; 0: none)")
@@ -280,7 +280,7 @@ def main() -> int:
                     help="comma-separated patch row counts: the patch series (RSS ratio) instead")
     args = ap.parse_args()
     sizes = [int(x) for x in args.patch_sizes.split(",") if x.strip()]
-    r = run_rollout_bench(args.keys, args.dim, args.shards, args.replicas, args.parts, args.poll_interval,
+    r = run_rollout_bench(args.keys, args.dim, args.shards, args.replicas, args.parts, args.poll_seconds,
                           patch_fraction=args.patch_fraction, relayout_shards=args.relayout_shards,
                           patch_sizes=sizes)
     if sizes:

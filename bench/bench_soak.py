@@ -103,7 +103,7 @@ def run(args, data: Path, work: Path, label: str, flags: list[str]) -> dict:
     with proc.ProcessGroup(work / "logs", grace_s=10.0) as group:
         waiter = Waiter(group, args.timeout)
         svc = start_services(SERVICES, work, group)
-        argv = continuous_job(work, svc, hours_root, "--start-hour", START, "--end-hour", str(hs[-1]), "--poll-s",
+        argv = continuous_job(work, svc, hours_root, "--start-hour", START, "--end-hour", str(hs[-1]), "--poll-seconds",
                               "0.2", "--base-every-minutes", str(60 * args.base_every),
                               "--checkpoint-every-minutes", str(60 * day), *flags)
         trainer = group.start("train", argv, expect_exit=True)

@@ -41,7 +41,7 @@ def run_job(root: Path, work: Path, hours: int, uri: str | None) -> tuple[float,
     from runtime.trainer.config import TrainConfig
 
     cfg = TrainConfig(mode="continuous", data_root=str(root), start_hour=START, end_hour=generator_hour(hours - 1),
-                      state_dir=str(work / "state"), output=str(work / "out"), poll_s=0.2, threads=1)
+                      state_dir=str(work / "state"), output=str(work / "out"), poll_seconds=0.2, threads=1)
     launch = ["--single", *(["--tracking-uri", uri] if uri else [])]
     args = [sys.executable, "-m", "runtime.cli", *role_specs.train_argv(cfg, launch)]
     t0 = time.monotonic()

@@ -124,7 +124,7 @@ def scrape_annotations(dep: DeployContext, spec: RoleSpec) -> dict[str, str]:
     if not dep.scrape_annotations or spec.metrics is None:
         return {}
     return {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.port(spec.metrics.port)),
-            "prometheus.io/path": spec.metrics.path or "/metrics"}
+            "prometheus.io/path": spec.metrics.path}
 
 
 def resources(cpu: str, memory: str) -> k8s.core.v1.ResourceRequirementsArgs:

@@ -61,7 +61,7 @@ def scrape_target(spec: RoleSpec, selector: Mapping[str, str], kind: str = "serv
         raise ValueError(f"{spec.name}: the role spec has no metrics endpoint")
     if kind not in ("service", "pod"):
         raise ValueError(f"scrape target kind {kind!r}: service or pod")
-    return ScrapeTarget(spec.name, spec.metrics.port, spec.metrics.path or "/metrics", kind, dict(selector))
+    return ScrapeTarget(spec.name, spec.metrics.port, spec.metrics.path, kind, dict(selector))
 
 
 @dataclass(frozen=True)

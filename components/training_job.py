@@ -57,7 +57,7 @@ class TrainingJobArgs:
             their sum. The training flags and data locations are plain values too: they
             are the pods' command line.
         pserver_cpu / pserver_memory / trainer_cpu / trainer_memory: requests = limits.
-        epochs, batch_size, learning_rate, embedding_dim, sparse_shards, ps_mode,
+        epochs, batch_size, learning_rate, embedding_dim, pserver_table_shards, ps_mode,
             geo_k_steps, threads: training flags (``train --ps-mode``, ``--threads``, ...).
         mode: ``batch`` | ``continuous``; start_hour / end_hour (``YYYYMMDD/HH`` or None):
             with a start hour ``data_train[0]`` is a partition root (``--data-root``);
@@ -98,7 +98,7 @@ class TrainingJobArgs:
     batch_size: int
     learning_rate: float
     embedding_dim: int
-    sparse_shards: int
+    pserver_table_shards: int
     data_train: Sequence[str]
     data_test: Sequence[str]
     data_format: str
@@ -288,7 +288,7 @@ def _train_args(args: TrainingJobArgs, generated: bool) -> list[pulumi.Input[str
         patch_every_seconds=args.patch_every_seconds, base_every_minutes=args.base_every_minutes,
         checkpoint_every_minutes=args.checkpoint_every_minutes, format=args.data_format, slot_file=args.slot_file,
         epochs=args.epochs, batch_size=args.batch_size, lr=args.learning_rate, embedding_dim=args.embedding_dim,
-        sparse_shards=args.sparse_shards, table_dir=TABLE_DIR, work_dir=WORK_DIR, threads=args.threads,
+        pserver_table_shards=args.pserver_table_shards, table_dir=TABLE_DIR, work_dir=WORK_DIR, threads=args.threads,
         ps_mode=args.ps_mode, geo_k_steps=args.geo_k_steps)
     extra = [*(args.gate_args if continuous else ()), *args.lifecycle_args]
     return role_specs.train_argv(cfg, output=args.output) + extra

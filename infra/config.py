@@ -95,7 +95,7 @@ HourText = Annotated[str, _check(lambda v: v == "" or train.hour_ok(v), "empty o
 
 #: stack training key (snake_case field) -> the ``TrainConfig`` field it sets
 TRAIN_KEYS = {"epochs": "epochs", "batch_size": "batch_size", "learning_rate": "lr",
-              "embedding_dim": "embedding_dim", "sparse_shards": "sparse_shards", "ps_mode": "ps_mode",
+              "embedding_dim": "embedding_dim", "pserver_table_shards": "pserver_table_shards", "ps_mode": "ps_mode",
               "geo_k_steps": "geo_k_steps", "training_mode": "mode", "data_start_hour": "start_hour",
               "data_end_hour": "end_hour", "partition_minutes": "partition_minutes",
               "patch_every_seconds": "patch_every_seconds", "base_every_minutes": "base_every_minutes",
@@ -173,8 +173,8 @@ class StackConfig(config_storage.StorageKeys, config_tracking.TrackingKeys, conf
     learning_rate: _t("learning_rate") = _train(
         "learning_rate", "Adam learning rate, " + train.allowed("lr") + ".")
     embedding_dim: _t("embedding_dim") = _train("embedding_dim", "Embedding dimension of each sparse slot ({range}).")
-    sparse_shards: _t("sparse_shards") = _train(
-        "sparse_shards", "Shards of the parameter servers' sparse table ({range}; its shard_num): "
+    pserver_table_shards: _t("pserver_table_shards") = _train(
+        "pserver_table_shards", "Shards of the parameter servers' sparse table ({range}; its shard_num): "
                          "the save writes one part file per shard. Independent of cubeShards.")
     ps_mode: _t("ps_mode") = _train(
         "ps_mode", "Parameter-server mode: async (every batch pushes; the default), async-merged "

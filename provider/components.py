@@ -180,7 +180,7 @@ class TrainingJob(training_job.TrainingJob):
             pserver_cpu=cfg.pserver_cpu, pserver_memory=cfg.pserver_memory,
             trainer_cpu=cfg.trainer_cpu, trainer_memory=cfg.trainer_memory,
             epochs=cfg.epochs, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
-            embedding_dim=cfg.embedding_dim, sparse_shards=cfg.sparse_shards,
+            embedding_dim=cfg.embedding_dim, pserver_table_shards=cfg.pserver_table_shards,
             ps_mode=cfg.ps_mode, geo_k_steps=cfg.geo_k_steps, threads=cfg.trainer_threads,
             mode=cfg.training_mode, start_hour=cfg.data_start_hour or None, end_hour=cfg.data_end_hour or None,
             partition_minutes=cfg.partition_minutes, patch_every_seconds=cfg.patch_every_seconds,

@@ -44,7 +44,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "TrackingServerArgs": ("trackingCpu", "trackingMemory", "trackingStorageSize", "storageClass",
                            "trackingBackendStoreUri", "trackingArtifactsDestination"),
     "TrainingJobArgs": ("volcanoQueue", "pservers", "trainers", "pserverCpu", "pserverMemory", "trainerCpu",
-                        "trainerMemory", "epochs", "batchSize", "learningRate", "embeddingDim", "sparseShards",
+                        "trainerMemory", "epochs", "batchSize", "learningRate", "embeddingDim", "pserverTableShards",
                         "psMode", "geoKSteps", "trainerThreads", "trainingMode", "dataStartHour", "dataEndHour",
                         "partitionMinutes", "patchEverySeconds", "baseEveryMinutes", "checkpointEveryMinutes",
                         "dataSource", "dataTestSource", "dataFormat", "slotFile", "trainingSharedStorageClass",

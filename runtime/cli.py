@@ -115,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     """Parses ``argv`` and runs the chosen subcommand; returns the process exit code."""
     raw = sys.argv[1:] if argv is None else list(argv)
     if raw[:1] == ["train"] and "--local-cluster" not in raw and os.environ.get("TRAINING_ROLE") != "PSERVER":
-        from runtime.trainer.stop import StopSignal  # before any import starts a thread
+        from runtime.trainer.stop import StopRequest  # before any import starts a thread
 
-        StopSignal().install()
+        StopRequest().install()
     parser = build_parser(command_of(raw))
     args = parser.parse_args(raw)
     if str(args.log_level).upper() not in LOG_LEVELS:  # a default from the environment

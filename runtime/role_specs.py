@@ -89,6 +89,14 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class MetricsEndpoint:
+    """Where Prometheus scrapes a role: a GET of ``path`` on the port named ``port``."""
+
+    port: str
+    path: str = "/metrics"
+
+
+@dataclass(frozen=True)
 class RoleSpec:
     """How one role runs.
 
@@ -110,7 +118,7 @@ class RoleSpec:
     readiness: Optional[Probe] = None
     liveness: Optional[Probe] = None
     env: tuple[tuple[str, str], ...] = field(default=())
-    metrics: Optional[Probe] = None
+    metrics: Optional[MetricsEndpoint] = None
     credentials: tuple[str, ...] = ()
 
     def port(self, name: str) -> int:
@@ -217,7 +225,7 @@ def cube_transfer(topology: str, root: Any, work_dir: str, host: str = ANY_HOST,
     training); ``keep_versions``: published versions kept (``--keep-versions``; 0: all)."""
     ports = _ports("cube-transfer", http=port)
     args = ["cube", "transfer", "--topology", str(topology), "--root", root, "--work-dir", str(work_dir),
-            "--host", host, "--port", str(ports[0][1]), "--poll-interval", _number(poll_interval_s)]
+            "--host", host, "--port", str(ports[0][1]), "--poll-seconds", _number(poll_interval_s)]
     if upload_token_file:
         args += ["--upload-token-file", str(upload_token_file)]
     if publish_url:
@@ -253,11 +261,11 @@ def serving(topology: str, model_root: Any, transfer_url: Any, work_dir: str, ho
     if slot_file:
         args += ["--slot-file", slot_file]
     if poll_interval_s is not None:
-        args += ["--poll-interval", _number(poll_interval_s)]
+        args += ["--poll-seconds", _number(poll_interval_s)]
     if dense_backend is not None:
         args += ["--dense-backend", dense_backend]
     return RoleSpec("serving", tuple(args) + tuple(extra), ports, readiness=Probe("http", V2_READY),
-                    liveness=Probe("http", V2_LIVE), metrics=Probe("http", METRICS_PATH), credentials=(FILES_READ,))
+                    liveness=Probe("http", V2_LIVE), metrics=MetricsEndpoint("http", METRICS_PATH), credentials=(FILES_READ,))
 
 
 def tracking_server(host: str = ANY_HOST, port: Optional[int] = None, workers: int = 1,
@@ -341,13 +349,13 @@ def train_argv(cfg: Any, launch: Sequence[str] = (), **deploy_time: Any) -> list
         argv += ["--data-test", *cfg.data_test]
     argv += ["--format", cfg.format, "--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size),
              "--lr", repr(float(cfg.lr)), "--embedding-dim", str(cfg.embedding_dim),
-             "--layers", ",".join(str(x) for x in cfg.layers), "--sparse-shards", str(cfg.sparse_shards),
+             "--layers", ",".join(str(x) for x in cfg.layers), "--pserver-table-shards", str(cfg.pserver_table_shards),
              "--log-every-s", str(cfg.log_every_s), "--seed", str(cfg.seed), "--threads", str(cfg.threads),
              "--mode", cfg.mode, "--ps-mode", cfg.ps_mode]
     if cfg.ps_mode == "geo":
         argv += ["--geo-k-steps", str(cfg.geo_k_steps), "--geo-table-rows", str(cfg.geo_table_rows)]
     if cfg.mode == "continuous" or cfg.data_root:
-        argv += ["--poll-s", str(cfg.poll_s), "--partition-minutes", str(cfg.partition_minutes),
+        argv += ["--poll-seconds", str(cfg.poll_seconds), "--partition-minutes", str(cfg.partition_minutes),
                  "--patch-every-seconds", str(cfg.patch_every_seconds),
                  "--base-every-minutes", str(cfg.base_every_minutes),
                  "--checkpoint-every-minutes", str(cfg.checkpoint_every_minutes)]
@@ -386,7 +394,7 @@ def ps_role(task: str, paddle_port: Optional[int] = None, gloo_port: Optional[in
     # reads the data a trainer gives it and nothing else
     creds = (FILES_WRITE, FILES_READ, TRACKING) if task == "trainer" else ()
     return RoleSpec(task, tuple(args), ports, readiness=probe, liveness=probe, env=env,
-                    metrics=Probe("metrics", METRICS_PATH), credentials=creds)
+                    metrics=MetricsEndpoint("metrics", METRICS_PATH), credentials=creds)
 
 
 def _number(value: float) -> str:

@@ -11,7 +11,7 @@ import argparse
 from runtime import bound_ports, role_specs
 from runtime.auth import INSECURE_HELP
 from runtime.cli import HelpFormatter
-from runtime.web.stop import add_drain_seconds
+from runtime.web.stop import add_prestop_seconds
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -102,10 +102,10 @@ def register_server(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--insecure-no-auth", action="store_true", help=INSECURE_HELP)
     p.add_argument("--load-root", action="append", default=None,
                    help="load dicts only from under this directory (repeatable; the agent's work directory)")
-    add_drain_seconds(p)
+    add_prestop_seconds(p)
     bound_ports.add_flag(p)
-    p.add_argument("--stop-timeout", type=float, default=10.0,
-                   help="on SIGTERM, after the drain: seconds the lookups already received get to be "
+    p.add_argument("--grace-period-seconds", type=float, default=10.0,
+                   help="on SIGTERM, after the preStop delay: seconds the lookups already received get to be "
                    "answered before the remaining connections are closed")
 
     def handler(args: argparse.Namespace) -> int:
@@ -129,13 +129,13 @@ def register_agent(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--server-http", default=f"http://{role_specs.LOOPBACK}:{role_specs.PORTS['cube-server']['http']}",
                    help="the cube server's HTTP control URL")
     p.add_argument("--work-dir", required=True, help="directory for downloaded and unpacked versions")
-    p.add_argument("--load-timeout", type=float, default=300.0,
+    p.add_argument("--load-timeout-seconds", type=float, default=300.0,
                    help="seconds to wait for the server's background load")
     p.add_argument("--insecure-no-auth", action="store_true", help=INSECURE_HELP + "; presents none to the server")
     p.add_argument("--version-root", action="append", default=None,
                    help="download only URLs under this prefix (repeatable; where the transfer publishes, "
                         "e.g. http://fileserver:8080/cube/); the md5 must be the one published beside the tar")
-    add_drain_seconds(p)
+    add_prestop_seconds(p)
     bound_ports.add_flag(p)
 
     def handler(args: argparse.Namespace) -> int:
@@ -160,7 +160,7 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--port", type=int, default=role_specs.PORTS["cube-transfer"]["http"], help="HTTP port")
     p.add_argument("--upload-token-file", default=None,
                    help="file holding the upload bearer token")
-    p.add_argument("--poll-interval", type=float, default=5.0, help="donefile poll interval in s")
+    p.add_argument("--poll-seconds", type=float, default=5.0, help="donefile poll interval in s")
     p.add_argument("--publish-url", default=None,
                    help="URL at which agents download ROOT/cube/ (default: ROOT itself, a URL or a path "
                         "the agents can read)")
@@ -174,7 +174,7 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--keep-versions", type=int, default=0,
                    help="published versions kept under the root; older ones are deleted, never the served "
                         "chain's nor a pinned one's (0 = keep all; the stack's keepVersions)")
-    add_drain_seconds(p)
+    add_prestop_seconds(p)
     bound_ports.add_flag(p)
     p.add_argument("--once", action="store_true", help="roll out what the donefile holds, then exit")
     p.add_argument("--insecure-no-auth", action="store_true",
@@ -185,13 +185,13 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
                         "(runtime/cube/transfer/model_gate.py; versions without an evaluation pass)")
     # the rollout's time limits and retries, and the model gate's thresholds
     for flag, kind, default, text in (
-            ("--phase-timeout", float, 300.0, "seconds allowed for each of download, reload and enable"),
+            ("--phase-timeout-seconds", float, 300.0, "seconds allowed for each of download, reload and enable"),
             ("--retries", int, 3, "attempts per replica and phase before the rollout aborts"),
             ("--max-rollout-attempts", int, 3, "rollouts of one version before it is given up"),
-            ("--rollout-backoff", float, 10.0, "seconds before a failed rollout is retried, doubled per attempt, <= 300"),
-            ("--reconcile-interval", float, 30.0, "seconds between checks for replicas lagging behind the served "
+            ("--rollout-backoff-seconds", float, 10.0, "seconds before a failed rollout is retried, doubled per attempt, <= 300"),
+            ("--reconcile-every-seconds", float, 30.0, "seconds between checks for replicas lagging behind the served "
                                                   "version, which are then brought up to it (0 = never)"),
-            ("--stop-timeout", float, 20.0, "on SIGTERM, seconds to wait for the step in progress before exiting "
+            ("--grace-period-seconds", float, 20.0, "on SIGTERM, seconds to wait for the step in progress before exiting "
                                             "(its rollout resumes at the next start)"),
             ("--model-gate-auc-drop", float, 0.05, "model gate: largest AUC drop below the previous version's"),
             ("--model-gate-logloss-ratio", float, 1.25,

@@ -148,7 +148,7 @@ class LocalCubeCluster:
         self._transfer_spec = role_specs.cube_transfer(
             str(self.topology_path), root_arg, str(self.base / "transfer"), role_specs.LOOPBACK, 0,
             poll_interval_s=self.poll_interval_s, publish_url=publish,
-            extra=["--phase-timeout", "120", *self.extra_transfer_args])
+            extra=["--phase-timeout-seconds", "120", *self.extra_transfer_args])
         self.transfer = self._start("cube-transfer", self._transfer_spec)
         tr_port = self._ports(self.transfer)["http"]
         # a restart binds the same port again: serving and clients keep the transfer's URL

@@ -8,7 +8,7 @@ import os
 
 from runtime import bound_ports, role_specs
 from runtime.cli import HelpFormatter
-from runtime.web.stop import add_drain_seconds
+from runtime.web.stop import add_prestop_seconds
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +31,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="GET/HEAD of files and listings need the fileserver-read (or -write) credential "
                         "(probes and /metrics stay open)")
     p.add_argument("--threads", type=int, default=8, help="worker threads")
-    p.add_argument("--max-upload-bytes", type=int, default=None,
+    p.add_argument("--max-body-bytes", type=int, default=None,
                    help="refuse uploads larger than this many bytes (default: unlimited)")
-    add_drain_seconds(p)
+    add_prestop_seconds(p)
     bound_ports.add_flag(p)
     p.set_defaults(handler=_run)
 
@@ -51,9 +51,9 @@ def _run(args) -> int:
     if token or write.current() is None:
         write = None  # a fixed token (or none: uploads disabled)
     read = auth.Credential(role_specs.FILES_READ).require("fileserver") if args.read_auth else None
-    server = WebServer(create_app(args.root, token, args.max_upload_bytes, write=write, read=read), args.host,
+    server = WebServer(create_app(args.root, token, args.max_body_bytes, write=write, read=read), args.host,
                        args.port, threads=args.threads, name="fileserver")
     log.info("file server: root %s (uploads %s; reads %s)", os.path.realpath(args.root),
              "enabled: fixed token" if token else f"enabled: {write.dir}" if write else "disabled: no token",
              "need a credential" if read else "open")
-    return serve_forever(server, drain_s=args.drain_seconds, port_file=args.port_file)
+    return serve_forever(server, prestop_s=args.prestop_seconds, port_file=args.port_file)

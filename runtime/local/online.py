@@ -174,7 +174,7 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
     server = demo_tracking.launch(args, run_dir, group)
     svc = start_services(args, run_dir, group)
     step(f"{'file server' if svc.fs_root else 'version root (no file server)'} {svc.root_url}; "
-         f"cube {args.shards} shards x {args.replicas} replicas; "
+         f"cube {args.cube_shards} shards x {args.cube_replicas} replicas; "
          f"transfer {svc.transfer_url}")
     waiter.wait([gen], "data generation")
     sig = signal.read_hourly(upstream)
@@ -201,7 +201,7 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
                                ("shrink_every_minutes", args.shrink_every_minutes)) if v}
     cfg = TrainConfig(mode="continuous", data_root=hours_root, start_hour=first, end_hour=str(hs[H - 1]),
                       state_dir=str(run_dir / "train-state"), output=svc.root_url,
-                      upload_token_file=str(svc.token_file), poll_s=0.2, partition_minutes=minutes,
+                      upload_token_file=str(svc.token_file), poll_seconds=0.2, partition_minutes=minutes,
                       base_every_minutes=args.base_every_minutes, seed=args.seed, **sizes)
     launch = ["--local-cluster", "--pservers", str(args.pservers), "--trainers", str(args.trainers),
               "--log-dir", str(logs / "train")]

@@ -54,8 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             ("--embedding-dim", None, "embedding width (default: the trainer's)"),
             ("--pservers", 1, "parameter servers"),
             ("--trainers", 2, "trainers"),
-            ("--shards", 2, "cube shards"),
-            ("--replicas", 2, "cube replicas per shard"),
+            ("--cube-shards", 2, "cube shards (the stack key cubeShards)"),
+            ("--cube-replicas", 2, "cube replicas per shard (the stack key cubeReplicas)"),
             ("--serving-workers", 2, "serving worker processes"),
             ("--serving-threads", 2, "serving threads per worker"),
             ("--concurrency", 4, "demo client workers"),
@@ -231,7 +231,7 @@ def _pipeline(args, run_dir: Path, group, step) -> int:
     # -- 2. file server, 3. cube (started while data is generated) ----------------------------
     svc = start_services(args, run_dir, group)
     root_url, tok, transfer_url = svc.root_url, svc.token_file, svc.transfer_url
-    step(f"file server {root_url}; cube {args.shards} shards x {args.replicas} replicas (server + agent each); "
+    step(f"file server {root_url}; cube {args.cube_shards} shards x {args.cube_replicas} replicas (server + agent each); "
          f"transfer {transfer_url}")
     if not args.data:
         wait_roles([g], "data generation")

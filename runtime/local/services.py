@@ -39,7 +39,7 @@ def start_services(args, run_dir: Path, group) -> Services:
     points this process's environment at them (``$ELASTIC_CTR_CREDENTIALS_DIR``), so every
     role the run starts reads them; starts the file server (root ``run_dir/fileserver``; none when
     ``args.model_root`` is an object-store location: versions go there),
-    ``args.shards`` x ``args.replicas`` cube servers with their agents, and the cube
+    ``args.cube_shards`` x ``args.cube_replicas`` cube servers with their agents, and the cube
     transfer (work dirs under ``run_dir/cube``), each a process of ``group`` on 127.0.0.1;
     waits until every port answers. Raises ``proc.RoleFailed`` / ``TimeoutError``."""
     import os
@@ -51,7 +51,7 @@ def start_services(args, run_dir: Path, group) -> Services:
     model_root = getattr(args, "model_root", None)
     creds = auth.write_credentials(run_dir / "credentials")
     os.environ.update(auth.env_for(creds))  # the trainer, serving and clients this run starts inherit it
-    cube = LocalCubeCluster(run_dir / "cube", model_root or fs_root, shards=args.shards, replicas=args.replicas,
+    cube = LocalCubeCluster(run_dir / "cube", model_root or fs_root, shards=args.cube_shards, replicas=args.cube_replicas,
                             dict_name=role_specs.DICT_NAME, poll_interval_s=0.2, start_timeout_s=120.0, group=group,
                             credentials_dir=creds)
     cube.start()

@@ -26,7 +26,7 @@ an ASGI 3 app, served by uvicorn in each worker (``runtime.serving.worker``).
   the tries) once, when the cube turns slow while the worker was idle;
 - everything else (probes, metadata, ``/metrics``) is answered on the event loop, so it
   answers while every thread is busy;
-- once the data plane is draining (``DataPlane.draining``: the worker is stopping) every
+- once the data plane is stopping (``DataPlane.stopping``: the worker is stopping) every
   answer says ``Connection: close``, so a keep-alive client learns from the answer itself
   not to send on that connection again.
 """
@@ -217,7 +217,7 @@ class ServingApp:
                 self.admitted -= 1
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in out]
         raw.append((b"content-length", str(len(data)).encode()))
-        if self.plane.draining:
+        if self.plane.stopping:
             raw.append(_CLOSE)
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": data})
@@ -245,7 +245,7 @@ class ServingApp:
         self.metrics.error(503)
         exc = Overloaded(self.limits.overloaded_message(method, path, waiting))
         extra = [(b"retry-after", str(self.limits.retry_after_s).encode())]
-        await self._send_error(send, exc.status, str(exc), extra, close=self.plane.draining)
+        await self._send_error(send, exc.status, str(exc), extra, close=self.plane.stopping)
 
     async def _refuse(self, send, status: int, message: str) -> None:
         """Answers ``status`` with ``{"error": message}`` and closes the connection (the

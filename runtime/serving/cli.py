@@ -89,7 +89,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="gRPC port (inference.GRPCInferenceService), served by every worker (0: any free port)")
     p.add_argument("--no-grpc", action="store_true", help="serve no gRPC")
     bound_ports.add_flag(p)
-    p.add_argument("--grpc-max-connection-age", type=_non_negative_seconds, default=30.0, metavar="SECONDS",
+    p.add_argument("--grpc-max-connection-age-seconds", type=_non_negative_seconds, default=30.0, metavar="SECONDS",
                    help="a gRPC connection older than this is asked to reconnect (GOAWAY; calls in flight "
                    "finish; the client's channel reconnects by itself), so long-lived channels spread over "
                    "the workers and over replicas added later (default 30; 0 = never)")
@@ -119,17 +119,17 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    "(saves the hand-off, about 60 us of CPU per request); a small request taking over 20 ms sends "
                    "inference to the threads for 10 s, so a slow cube replica holds the loop once "
                    "(docs/serving-servers.md); 0: every inference on the threads")
-    p.add_argument("--header-timeout", type=_positive_seconds, default=10.0, metavar="SECONDS",
+    p.add_argument("--header-timeout-seconds", type=_positive_seconds, default=10.0, metavar="SECONDS",
                    help="seconds a client may take to send a request's headers, from their first byte, before "
                    "its connection is closed (uvicorn has no such timeout: serving adds it to uvicorn's "
                    "httptools protocol, runtime/serving/worker.py)")
-    p.add_argument("--idle-timeout", type=_positive_seconds, default=30.0, metavar="SECONDS",
+    p.add_argument("--idle-timeout-seconds", type=_positive_seconds, default=30.0, metavar="SECONDS",
                    help="seconds a connection may stay without sending anything before it is closed: between "
                    "requests (uvicorn's timeout_keep_alive), a new connection, a stalled body (408)")
-    p.add_argument("--graceful-timeout", type=int, default=20,
+    p.add_argument("--grace-period-seconds", type=_positive_seconds, default=20.0, metavar="SECONDS",
                    help="on SIGTERM, seconds the requests and gRPC calls in flight get to finish before "
                    "a worker is killed (keep it below the pod's terminationGracePeriodSeconds)")
-    p.add_argument("--poll-interval", type=float, default=0.5,
+    p.add_argument("--poll-seconds", type=float, default=0.5,
                    help="seconds between checks for a new version")
     p.add_argument("--cube-timeout-ms", type=float, default=200.0,
                    help="cube lookup timeout per try, ms")

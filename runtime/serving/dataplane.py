@@ -75,7 +75,7 @@ class DataPlane:
             raise ValueError("a data plane needs at least one model")
         self.metrics = metrics or ServingMetrics()
         #: set once the process is stopping: readiness false from then on
-        self.draining = False
+        self.stopping = False
 
     @property
     def default(self) -> Model:
@@ -92,8 +92,8 @@ class DataPlane:
 
     # -- health and metadata ---------------------------------------------------------------
     def ready(self) -> tuple[bool, str]:
-        """``(ready, reason)``: not draining, and every model ready."""
-        if self.draining:
+        """``(ready, reason)``: not stopping, and every model ready."""
+        if self.stopping:
             return False, "shutting down"
         for m in self.models.values():
             ok, why = m.ready()

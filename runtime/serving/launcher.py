@@ -270,9 +270,9 @@ def reserve_port(host: str, port: int) -> tuple[int, socket.socket | None]:
 
 def limits_of(args) -> ServerLimits:
     """``serve``'s limits on clients from its arguments."""
-    return ServerLimits(header_timeout_s=args.header_timeout, idle_timeout_s=args.idle_timeout,
+    return ServerLimits(header_timeout_s=args.header_timeout_seconds, idle_timeout_s=args.idle_timeout_seconds,
                         max_body_bytes=args.max_body_bytes,
-                        max_queue=args.max_queue, shutdown_timeout_s=float(args.graceful_timeout))
+                        max_queue=args.max_queue, grace_period_s=float(args.grace_period_seconds))
 
 
 def make_transports(args, work_dir: str, slots: tuple[int, ...]):
@@ -284,7 +284,7 @@ def make_transports(args, work_dir: str, slots: tuple[int, ...]):
 
     plane = build_dataplane(args.topology, args.model_root, args.transfer_url,
                             os.path.join(work_dir, f"w{os.getpid()}"), threads=args.threads,
-                            max_batch=args.max_batch, poll_interval_s=args.poll_interval,
+                            max_batch=args.max_batch, poll_interval_s=args.poll_seconds,
                             cube_timeout_ms=args.cube_timeout_ms, fmt=args.format, slots=slots,
                             dense_backend=args.dense_backend)
     grpc_server = None
@@ -293,7 +293,7 @@ def make_transports(args, work_dir: str, slots: tuple[int, ...]):
 
         grpc_server = GrpcServer(plane, args.host, args.grpc_port, threads=args.threads,
                                  max_message_bytes=args.max_body_bytes, max_queue=args.max_queue,
-                                 max_connection_age_s=args.grpc_max_connection_age)
+                                 max_connection_age_s=args.grpc_max_connection_age_seconds)
     app = ServingApp(create_app(plane, args.max_body_bytes), limits_of(args), threads=args.threads,
                      inline=Inline(args.inline_max_bytes))
     return Transports(plane, app, grpc_server)
@@ -340,6 +340,6 @@ def main(args) -> int:
              "" if args.no_grpc else f" and gRPC {args.host}:{int(args.grpc_port)}")
     from runtime import bound_ports
 
-    return Supervisor(args.workers, run_worker, limits.shutdown_timeout_s,
+    return Supervisor(args.workers, run_worker, limits.grace_period_s,
                       lambda pid: multiprocess.mark_process_dead(pid, mp_dir),
                       on_serving=lambda: bound_ports.write(args.port_file, ports)).run()

@@ -14,12 +14,12 @@ on the one worker that happened to be first). The gRPC server listens the same w
 process that forks afterwards).
 
 Stopping (SIGTERM from the launcher, or SIGINT; ``runtime.web.stop.StopSignal``):
-readiness turns false (``DataPlane.draining``: ``/v2/health/ready`` and gRPC
+readiness turns false (``DataPlane.stopping``: ``/v2/health/ready`` and gRPC
 ``ServerReady`` answer not ready, answers from then on say ``Connection: close``), gRPC
 takes no new call, and the HTTP server stops gracefully (``HttpServer.stop``: the
 connections in its listen backlog accepted and what they sent read, then uvicorn's own
-graceful shutdown, the requests in flight getting ``ServerLimits.shutdown_timeout_s``: the
-``--graceful-timeout``); then the gRPC calls in flight finish (same grace) and the worker
+graceful shutdown, the requests in flight getting ``ServerLimits.grace_period_s``: the
+``--grace-period-seconds``); then the gRPC calls in flight finish (same grace) and the worker
 ends (``runtime.serving.launcher.exit_now``).
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ def serve(t: Transports, host: str, port: int, limits: ServerLimits,
 
     stop = StopSignal()  # ours from now on, whatever was imported before
     http = http_server(t.app, host, port, limits)
-    grace_s = limits.shutdown_timeout_s
+    grace_s = limits.grace_period_s
     if t.grpc is not None:
         t.grpc.start()
     http.start()
@@ -75,7 +75,7 @@ def serve(t: Transports, host: str, port: int, limits: ServerLimits,
     name = stop.wait()
     log.info("serving worker: %s received, stopping (readiness false; %.0f s for the requests in flight)", name,
              grace_s)
-    t.plane.draining = True  # readiness false first (REST and gRPC)
+    t.plane.stopping = True  # readiness false first (REST and gRPC)
     if t.grpc is not None:  # no new calls; those in flight get the grace (waited for below)
         t.grpc.stop(grace_s, wait=False)
     http.stop()

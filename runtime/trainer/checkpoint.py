@@ -6,7 +6,7 @@ every pserver writes its part of every table under ``dir/<table id>/`` on the sh
 ``--state-dir`` volume (Paddle 3.0.0, ``MemorySparseTable::Save`` / ``MemoryDenseTable::Save``):
 
 * sparse table (``000``): ``part-<pserver>-<shard>.gz``, one file per table shard
-  (``--sparse-shards``, key ``% shard_num``), gzip text lines ``<uint64 key> <floats>``
+  (``--pserver-table-shards``, key ``% shard_num``), gzip text lines ``<uint64 key> <floats>``
   with every column the accessor keeps (slot, unseen_days, delta_score, show, click,
   embed_w and its Adam state, embedx_w and its Adam state; ``runtime.trainer.export``),
   6 significant digits;
@@ -74,7 +74,7 @@ class CheckpointError(RuntimeError):
 
 class CheckpointInfo(BaseModel):
     """``checkpoint.json``: the job shape a parameter-server checkpoint was written with
-    (``pservers``, ``trainers``, ``sparse_shards``: the sparse table's shard_num,
+    (``pservers``, ``trainers``, ``pserver_table_shards``: the sparse table's shard_num,
     ``embedding_dim``)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -82,7 +82,7 @@ class CheckpointInfo(BaseModel):
     schema_version: int = 1
     pservers: int = Field(ge=1)
     trainers: int = Field(ge=1)
-    sparse_shards: int = Field(ge=1)
+    pserver_table_shards: int = Field(ge=1)
     embedding_dim: int = Field(ge=1)
 
 
@@ -101,29 +101,29 @@ def read_info(directory: str) -> Optional[CheckpointInfo]:
 
 
 @dataclass(frozen=True)
-class Layout:
+class CheckpointLayout:
     """What a checkpoint's files say: ``pservers`` that wrote it, the sparse table's
-    ``sparse_shards``, and the table directories (``sparse``: ``{table: [file names]}``
+    ``pserver_table_shards``, and the table directories (``sparse``: ``{table: [file names]}``
     sorted, ``dense`` likewise)."""
 
     pservers: int
-    sparse_shards: int
+    pserver_table_shards: int
     sparse: dict
     dense: dict
     recorded: bool = True  # False: no checkpoint.json (written before it existed)
 
-    def describe_change(self, pservers: int, sparse_shards: int) -> Optional[str]:
+    def describe_change(self, pservers: int, pserver_table_shards: int) -> Optional[str]:
         """``"pservers 1 -> 2"`` (and/or ``"sparse shards 8 -> 16"``) when a job with
-        ``pservers`` and ``sparse_shards`` would hold the tables in another layout."""
+        ``pservers`` and ``pserver_table_shards`` would hold the tables in another layout."""
         parts = []
         if self.pservers != pservers:
             parts.append(f"pservers {self.pservers} -> {pservers}")
-        if self.sparse_shards != sparse_shards:
-            parts.append(f"sparse shards {self.sparse_shards} -> {sparse_shards}")
+        if self.pserver_table_shards != pserver_table_shards:
+            parts.append(f"sparse shards {self.pserver_table_shards} -> {pserver_table_shards}")
         return ", ".join(parts) or None
 
 
-def scan(directory: str) -> Layout:
+def scan(directory: str) -> CheckpointLayout:
     """Reads a parameter-server checkpoint's layout from its files and ``checkpoint.json``.
 
     Raises ``CheckpointError`` naming ``directory`` when it is missing, holds no sparse
@@ -162,8 +162,8 @@ def scan(directory: str) -> Layout:
     dense_counts = {len(v) for v in dense.values()}
     if info is not None:
         pservers = info.pservers
-        if info.sparse_shards != shards:
-            raise CheckpointError(f"checkpoint {directory}: {INFO_FILE} says {info.sparse_shards} sparse shards, "
+        if info.pserver_table_shards != shards:
+            raise CheckpointError(f"checkpoint {directory}: {INFO_FILE} says {info.pserver_table_shards} sparse shards, "
                                   f"the files {shards}")
     elif dense_counts:
         pservers = max(dense_counts)  # every pserver writes one file of each dense table
@@ -172,7 +172,7 @@ def scan(directory: str) -> Layout:
     if max(pservers_seen) >= pservers or any(c != pservers for c in dense_counts):
         raise CheckpointError(f"checkpoint {directory}: written by {pservers} pserver(s), but part files of "
                               f"pservers {sorted(pservers_seen)} and dense file counts {sorted(dense_counts)}")
-    return Layout(pservers, shards, sparse, dense, info is not None)
+    return CheckpointLayout(pservers, shards, sparse, dense, info is not None)
 
 
 def _lines(path: str) -> list[str]:
@@ -190,7 +190,7 @@ def read_dense_lines(table_dir: str) -> list[str]:
     return out
 
 
-def _sparse_lines(directory: str, table: str, layout: Layout) -> list[str]:
+def _sparse_lines(directory: str, table: str, layout: CheckpointLayout) -> list[str]:
     return [ln for n in layout.sparse.get(table, []) for ln in _lines(os.path.join(directory, table, n))]
 
 
@@ -222,9 +222,9 @@ def compare(expected_dir: str, loaded_dir: str) -> dict:
     return rep
 
 
-def relayout(src: str, dst: str, sparse_shards: int) -> Layout:
-    """Writes ``src``'s tables into ``dst`` for ``sparse_shards`` table shards: each sparse
-    row's line, verbatim, into ``dst/<table>/part-000-<key % sparse_shards>.gz``; dense
+def relayout(src: str, dst: str, pserver_table_shards: int) -> CheckpointLayout:
+    """Writes ``src``'s tables into ``dst`` for ``pserver_table_shards`` table shards: each sparse
+    row's line, verbatim, into ``dst/<table>/part-000-<key % pserver_table_shards>.gz``; dense
     tables copied as they are (any file count loads). Returns the new layout. The gzip
     level is 1: the files live until the pservers have loaded them."""
     lay = scan(src)
@@ -232,9 +232,9 @@ def relayout(src: str, dst: str, sparse_shards: int) -> Layout:
         shutil.rmtree(dst)
     os.makedirs(dst)
     for table in lay.sparse:
-        buckets: list[list[str]] = [[] for _ in range(sparse_shards)]
+        buckets: list[list[str]] = [[] for _ in range(pserver_table_shards)]
         for ln in _sparse_lines(src, table, lay):
-            buckets[int(ln[:ln.index(" ")]) % sparse_shards].append(ln)
+            buckets[int(ln[:ln.index(" ")]) % pserver_table_shards].append(ln)
         os.makedirs(os.path.join(dst, table))
         for i, lines in enumerate(buckets):
             with gzip.open(os.path.join(dst, table, f"part-000-{i:05d}.gz"), "wt", compresslevel=1) as f:
@@ -249,21 +249,21 @@ def relayout(src: str, dst: str, sparse_shards: int) -> Layout:
 def restore_ps(worker, directory: str) -> Optional[str]:
     """Loads the checkpoint ``directory`` into the job's pservers (every trainer calls it,
     in the same order: it holds barriers), then pulls the dense parameters. Returns the
-    layout change (``Layout.describe_change``) when the checkpoint was written by another
+    layout change (``CheckpointLayout.describe_change``) when the checkpoint was written by another
     pserver or shard count, else ``None``. Raises ``CheckpointError`` when the checkpoint
     is incomplete or the loaded tables differ from it (module docstring)."""
     from paddle.distributed import fleet
 
     layout = scan(directory)
-    pservers, shards = len(worker.role.pservers), int(worker.cfg.sparse_shards)
+    pservers, shards = len(worker.role.pservers), int(worker.cfg.pserver_table_shards)
     change = layout.describe_change(pservers, shards)
     work = os.path.join(worker.cfg.state_dir, RESIZED)
     source = directory
-    if layout.sparse_shards != shards and not layout.recorded:
+    if layout.pserver_table_shards != shards and not layout.recorded:
         # the last shard files missing look the same as fewer shards: no guess without the record
-        raise CheckpointError(f"checkpoint {directory}: {layout.sparse_shards} sparse shard files, the job has "
-                              f"{shards} (--sparse-shards) and no {INFO_FILE} says which count it was written with")
-    if layout.sparse_shards != shards:
+        raise CheckpointError(f"checkpoint {directory}: {layout.pserver_table_shards} sparse shard files, the job has "
+                              f"{shards} (--pserver-table-shards) and no {INFO_FILE} says which count it was written with")
+    if layout.pserver_table_shards != shards:
         source = os.path.join(work, "relayout")
         if worker.chief:
             t0 = time.monotonic()
@@ -275,7 +275,7 @@ def restore_ps(worker, directory: str) -> Optional[str]:
     fleet.load_model(source, 0)
     worker.sync()
     log.info("%s: checkpoint %s (%d pserver(s), %d shards) loaded into %d pserver(s) in %.1f s", worker.who,
-             directory, layout.pservers, layout.sparse_shards, pservers, time.monotonic() - t0)
+             directory, layout.pservers, layout.pserver_table_shards, pservers, time.monotonic() - t0)
     if change is not None:
         _verify(worker, directory, work, change)
     if source != directory and worker.chief:

@@ -60,7 +60,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
                           "minute layout)")
     gen.add_argument("--start", default="20261120/00",
                      help="first partition of --hours, YYYYMMDD/HH (or YYYYMMDD/HHMM under an hour)")
-    gen.add_argument("--every-s", type=float, default=0.0,
+    gen.add_argument("--every-seconds", type=float, default=0.0,
                      help="with --hours: seconds between two partitions (data landing while a job runs)")
     gen.add_argument("--shape", choices=("small", "long-tail"), default="small",
                      help="with --hours: vocabularies of ~22k feasigns in all (small, make demo's) or the production "
@@ -88,7 +88,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     tr.add_argument("--pservers", type=int, default=1, help="--local-cluster: pservers")
     tr.add_argument("--trainers", type=int, default=2, help="--local-cluster: trainers")
     tr.add_argument("--log-dir", help="--local-cluster: directory for the roles' logs (default: a temp dir)")
-    tr.add_argument("--timeout-s", type=float, help="--local-cluster: give up after this many seconds")
+    tr.add_argument("--timeout-seconds", type=float, help="--local-cluster: give up after this many seconds")
     tr.add_argument("--tracking-uri", default=None,
                     help="MLflow tracking URI to log the job to (runtime/tracking.py); default: "
                          "$MLFLOW_TRACKING_URI; none: no tracking")
@@ -113,7 +113,7 @@ def _generate(args) -> int:
     if args.hours:
         _setup_logging(getattr(args, "log_level", "INFO"))
         try:
-            rec = generator.generate_hours(args.out, args.hours, args.start, args.rows, args.seed, args.every_s,
+            rec = generator.generate_hours(args.out, args.hours, args.start, args.rows, args.seed, args.every_seconds,
                                            shape=args.shape, scale=args.table_scale, minutes=args.partition_minutes)
         except ValueError as exc:
             print(f"elastic-ctr data generate: {exc}", file=sys.stderr)
@@ -167,7 +167,7 @@ def _train(args) -> int:
         if args.local_cluster:
             from runtime.trainer.local_ps import run_local_ps
 
-            rec = run_local_ps(cfg, args.pservers, args.trainers, args.log_dir, args.timeout_s)
+            rec = run_local_ps(cfg, args.pservers, args.trainers, args.log_dir, args.timeout_seconds)
         else:
             set_paddle_flags()  # this process trains: before Paddle is imported
             rec = train.run_single(cfg) if args.single else train.run_role(cfg)

@@ -155,7 +155,7 @@ class TrainConfig(GateFields, LifecycleFields):
     embedding_dim: int = _f(9, "embedding width", ge=1, le=512)
     layers: Annotated[tuple[Annotated[int, at.Ge(1)], ...], BeforeValidator(_layers)] = _f(
         (128, 64, 32), "hidden layer widths, comma-separated", min_length=1, allowed=LAYERS)
-    sparse_shards: int = _f(8, "sparse table shard_num", ge=1, le=256)
+    pserver_table_shards: int = _f(8, "sparse table shard_num", ge=1, le=256)
     output: Optional[str] = _f(None, "version root: a directory or the file server's URL (export if set)")
     upload_token_file: Optional[str] = _f(None, "file holding the upload token (else $ELASTIC_CTR_UPLOAD_TOKEN)")
     max_bad_lines: Optional[int] = _f(100, "malformed lines allowed before training stops")
@@ -197,7 +197,7 @@ class TrainConfig(GateFields, LifecycleFields):
     start_hour: Hour = _f(None, "first partition of --data-root", metavar="YYYYMMDD/HH[MM]", allowed=REAL_HOUR)
     end_hour: Hour = _f(None, "last partition (included); continuous mode without it follows the data",
                         metavar="YYYYMMDD/HH[MM]", allowed=REAL_HOUR)
-    poll_s: float = _f(30.0, "continuous: seconds between looks for the next partition", gt=0)
+    poll_seconds: float = _f(30.0, "continuous: seconds between looks for the next partition", gt=0)
     patch_every_seconds: int = _f(
         0, "continuous: least seconds between two exported versions: a version is exported after the first "
              "partition trained at least this long after the previous export (0: after every partition)",

@@ -174,15 +174,15 @@ def _wait_for(cfg: TrainConfig, hour: partitions.Partition, stop) -> bool:
     """Waits until ``hour`` is complete; False if a stop was requested meanwhile. Logs the
     wait at once, then once a minute (an hourly job would otherwise log every few seconds)."""
     waited = 0
-    every = max(1, round(60.0 / cfg.poll_s))
+    every = max(1, round(60.0 / cfg.poll_seconds))
     while not partitions.is_complete(cfg.data_root, hour):
         if stop.requested:
             return False
         if waited % every == 0:
             log.info("waiting for partition %s: no %s in %s yet (polling every %g s)", hour,
-                     partitions.DONE_MARKER, hour.location(cfg.data_root), cfg.poll_s)
+                     partitions.DONE_MARKER, hour.location(cfg.data_root), cfg.poll_seconds)
         waited += 1
-        time.sleep(cfg.poll_s)
+        time.sleep(cfg.poll_seconds)
     return True
 
 
@@ -194,9 +194,9 @@ def checkpoint_name(hour: partitions.Partition) -> str:
 def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
     """Runs the continuous job on ``worker`` (module docstring); every process of the job
     calls it. Returns the result record (``partitions``, ``exports``...)."""
-    from runtime.trainer.stop import StopSignal
+    from runtime.trainer.stop import StopRequest
 
-    stop = StopSignal.current()
+    stop = StopRequest.current()
     state = OnlineState.load(cfg.state_dir)
     start = cfg.partition(cfg.start_hour, "--start-hour")
     end = cfg.partition(cfg.end_hour, "--end-hour") if cfg.end_hour else None
@@ -267,7 +267,7 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
     while (end is None or hour <= end) and not stop.requested:
         if not _wait_for(cfg, hour, stop):
             break
-        landed = int(time.time())  # found complete now (within --poll-s of its _SUCCESS when waited for)
+        landed = int(time.time())  # found complete now (within --poll-seconds of its _SUCCESS when waited for)
         untrained[0] = hour.next()
         files = partitions.files(cfg.data_root, hour)
         t_load = time.monotonic()

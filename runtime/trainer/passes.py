@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from runtime.trainer.metrics import bucket_auc
+from runtime.trainer.auc import bucket_auc
 
 log = logging.getLogger("runtime.trainer.worker")
 

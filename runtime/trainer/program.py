@@ -25,7 +25,7 @@ def strategy(cfg: TrainConfig, continuous: bool = False):
         s.a_sync_configs = {"k_steps": int(cfg.geo_k_steps)}
         return s
     prefix = f"table_parameters.{model.TABLE_NAME}"
-    table = {f"{prefix}.shard_num": int(cfg.sparse_shards), **lifecycle.Lifecycle.of(cfg).accessor_configs(prefix)}
+    table = {f"{prefix}.shard_num": int(cfg.pserver_table_shards), **lifecycle.Lifecycle.of(cfg).accessor_configs(prefix)}
     s.sparse_table_configs = {model.TABLE_NAME: table}
     return s
 

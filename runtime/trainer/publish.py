@@ -53,7 +53,7 @@ def export_metadata(cfg: TrainConfig, rec: dict) -> tuple[dict, dict]:
     if rec.get("evaluation") is not None:  # runtime.formats.version_eval (continuous jobs)
         metrics["evaluation"] = rec["evaluation"]
     training = {"epochs": cfg.epochs, "batch_size": cfg.batch_size, "lr": cfg.lr, "threads": cfg.threads,
-                "sparse_shards": cfg.sparse_shards, "data_train": list(cfg.data_train)}
+                "pserver_table_shards": cfg.pserver_table_shards, "data_train": list(cfg.data_train)}
     return metrics, training
 
 

@@ -1,7 +1,7 @@
 """Stopping a training process as Kubernetes stops a pod: a trainer finishes what it has in
-hand (``StopSignal``), a pserver exits 0 at once (``exit_on_signal``, through the C helper
+hand (``StopRequest``), a pserver exits 0 at once (``exit_on_signal``, through the C helper
 ``runtime/trainer/_signals.c``). Imports nothing heavy: ``runtime.cli`` installs
-``StopSignal`` before numpy or Paddle start any thread."""
+``StopRequest`` before numpy or Paddle start any thread."""
 from __future__ import annotations
 
 import logging
@@ -11,7 +11,7 @@ import threading
 log = logging.getLogger(__name__)
 
 
-class StopSignal:
+class StopRequest:
     """SIGTERM/SIGINT, as Kubernetes stops a pod: sets ``requested``; the training loops
     finish the pass or partition in hand, then stop (``runtime.trainer.online`` for the
     continuous job); a pserver exits 0 at once (``run_pserver``).
@@ -27,19 +27,19 @@ class StopSignal:
     records it), and a Python handler runs only when the main thread is back in Python,
     which a pserver's ``run_server`` or a gloo rendezvous never is."""
 
-    _current: "StopSignal | None" = None
+    _current: "StopRequest | None" = None
 
     def __init__(self):
         self.requested = False
         self.on_signal = None  # called on the watcher thread after ``requested`` is set
 
     @classmethod
-    def current(cls) -> "StopSignal":
+    def current(cls) -> "StopRequest":
         """The installed instance (a never-set one where none was installed, e.g. a test
         calling the loops in-process)."""
-        return cls._current or StopSignal()
+        return cls._current or StopRequest()
 
-    def install(self) -> "StopSignal":
+    def install(self) -> "StopRequest":
         """Blocks SIGTERM/SIGINT on the calling (main) thread and starts the watcher."""
         sigs = {signal.SIGTERM, signal.SIGINT}
         signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
@@ -53,7 +53,7 @@ class StopSignal:
                     self.on_signal()
 
         threading.Thread(target=watch, name="stop-signal", daemon=True).start()
-        StopSignal._current = self
+        StopRequest._current = self
         return self
 
 

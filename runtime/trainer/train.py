@@ -34,7 +34,7 @@ from runtime import tracking
 from runtime.formats.train_result import RESULT, TrainResult
 from runtime.trainer import readers, roles
 from runtime.trainer.publish import publish, table_save_dir
-from runtime.trainer.stop import StopSignal
+from runtime.trainer.stop import StopRequest
 from runtime.trainer.config import TrainConfig, check_inputs
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def _run_batch(worker, cfg: TrainConfig, train_files: list[str], test_files: lis
     load_s = time.monotonic() - t_start
     test = load_test(cfg, test_files, worker.slots) if worker.chief else None
     aucs, passes = [], []
-    stop = StopSignal.current()
+    stop = StopRequest.current()
     for epoch in range(cfg.epochs):
         if stop.requested:  # a batch job stopped half way exports nothing; its pods are going
             log.warning("%s: stopped by a signal after %d of %d passes; nothing exported", worker.who, epoch,

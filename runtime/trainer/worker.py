@@ -3,7 +3,7 @@ table it exports. ``PsWorker`` is a Fleet parameter-server trainer (async); ``Si
 trains the same network alone with a local embedding table. The batch job
 (``runtime.trainer.train``) and the continuous job (``runtime.trainer.online``) drive them
 through the same methods. Beside it: ``runtime.trainer.program`` (the PS programs),
-``runtime.trainer.idmap`` (feasign -> row maps), ``runtime.trainer.metrics`` (AUC from the
+``runtime.trainer.idmap`` (feasign -> row maps), ``runtime.trainer.auc`` (AUC from the
 auc op's buckets), ``runtime.trainer.geo`` (GEO's table at an export point).
 
 A pass: the worker's shard of the input is staged as MultiSlot files
@@ -38,7 +38,7 @@ import numpy as np
 from runtime.evaluation import auc
 from runtime.trainer import dataset, readers
 from runtime.trainer.idmap import Vocab, geo_rows
-from runtime.trainer.metrics import bucket_auc
+from runtime.trainer.auc import bucket_auc
 from runtime.trainer.passes import PassProgress, PassStats, scratch_cwd
 from runtime.trainer.config import TrainConfig
 
@@ -476,7 +476,7 @@ class PsWorker(Worker):
 
             checkpoint.write_info(directory, checkpoint.CheckpointInfo(
                 pservers=len(self.role.pservers), trainers=self.role.trainers,
-                sparse_shards=self.cfg.sparse_shards, embedding_dim=self.cfg.embedding_dim))
+                pserver_table_shards=self.cfg.pserver_table_shards, embedding_dim=self.cfg.embedding_dim))
 
     def restore(self, directory: str) -> str | None:
         """``fleet.load_model`` (the pservers load every table), then every trainer pulls

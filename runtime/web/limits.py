@@ -52,7 +52,7 @@ class ServerLimits:
             connection closed (many large uploads at once cannot exhaust the memory).
             Serving; the control roles spool bodies above 512 KiB to temporary files.
             None: 4 x ``max_body_bytes``, within 256 MiB .. 1 GiB (``buffered_limit``).
-        shutdown_timeout_s: s a stop gives the requests in flight before the connections
+        grace_period_s: s a stop gives the requests in flight before the connections
             still busy are closed (uvicorn's ``timeout_graceful_shutdown``).
         retry_after_s: s a refused client is asked to wait (``Retry-After``).
 
@@ -67,7 +67,7 @@ class ServerLimits:
     max_queue: int | None = None
     connection_limit: int = 1000
     max_buffered_bytes: int | None = None
-    shutdown_timeout_s: float = 10.0
+    grace_period_s: float = 10.0
     retry_after_s: int = 1
 
     def __post_init__(self):

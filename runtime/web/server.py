@@ -12,7 +12,7 @@ socket closed (asyncio's ``Server.close`` of uvicorn's ``servers``), and what th
 connections have already sent is read (at most ``ACCEPT_DRAIN_S``; ``HeadGuard.unread``), so
 a request sent before the stop, whole or in part, is in flight; then uvicorn's graceful
 shutdown: idle connections closed, the requests in flight finished and answered with
-``Connection: close``, for at most ``ServerLimits.shutdown_timeout_s``; then the thread ends.
+``Connection: close``, for at most ``ServerLimits.grace_period_s``; then the thread ends.
 """
 from __future__ import annotations
 
@@ -58,13 +58,13 @@ def uvicorn_config(app, limits: ServerLimits, http: Optional[Callable] = None):
     proxy headers (no ``X-Forwarded-*`` trusted), no access log and no logging setup of its
     own (the process's), keep-alive connections closed after ``idle_timeout_s`` idle,
     ``connection_limit`` connections and requests at once (beyond: 503),
-    ``shutdown_timeout_s`` for the requests in flight at a stop."""
+    ``grace_period_s`` for the requests in flight at a stop."""
     import uvicorn
 
     return uvicorn.Config(app, http=http or "httptools", interface="asgi3", lifespan="off", access_log=False,
                           log_config=None, ws="none", proxy_headers=False,
                           timeout_keep_alive=limits.idle_timeout_s, limit_concurrency=limits.connection_limit,
-                          timeout_graceful_shutdown=limits.shutdown_timeout_s, backlog=BACKLOG,
+                          timeout_graceful_shutdown=limits.grace_period_s, backlog=BACKLOG,
                           server_header=False)
 
 
@@ -153,10 +153,10 @@ class HttpServer:
 
     def stop(self) -> None:
         """Graceful stop (module docstring); returns once the server has stopped (at most
-        ``ACCEPT_DRAIN_S`` + ``shutdown_timeout_s`` + a few seconds). Idempotent."""
+        ``ACCEPT_DRAIN_S`` + ``grace_period_s`` + a few seconds). Idempotent."""
         self.request_stop()
         if self._thread is not None:
-            self._thread.join(ACCEPT_DRAIN_S + self.limits.shutdown_timeout_s + 5)
+            self._thread.join(ACCEPT_DRAIN_S + self.limits.grace_period_s + 5)
             if self._thread.is_alive():
                 log.warning("%s: the HTTP server still runs after its grace", self.name)
         self.sock.close()

@@ -3,10 +3,10 @@ SIGINT), the preStop delay and the grace period.
 
 A role's process catches SIGTERM and SIGINT from its start (``StopSignal``, created before
 it listens, so an early signal is not lost). At the first one: readiness turns false, the
-role keeps answering for the preStop delay (``--drain-seconds``, 0 by default: time for
+role keeps answering for the preStop delay (``--prestop-seconds``, 0 by default: time for
 load balancers and clients to notice; a pod's ``preStop`` hook gives the same delay from
 outside), its own work stops (``on_stop``), then its HTTP server stops gracefully (the
-requests in flight get ``ServerLimits.shutdown_timeout_s``, the grace period) and the
+requests in flight get ``ServerLimits.grace_period_s``, the grace period) and the
 process exits 0. ``serve_forever`` is that sequence for a ``runtime.web.wsgi.WebServer``;
 serving's workers (``runtime.serving.worker``) and the cube server's data plane follow it
 with what they add (gRPC, lookups in flight).
@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 log = logging.getLogger(__name__)
 
-DRAIN_HELP = ("on SIGTERM, keep answering this long with readiness false before stopping "
+PRESTOP_HELP = ("on SIGTERM, keep answering this long with readiness false before stopping "
               "(time for load balancers and clients to notice)")
 
 
@@ -53,16 +53,16 @@ class StopSignal:
         return signal.Signals(self._received[0]).name
 
 
-def add_drain_seconds(parser) -> None:
-    """Adds ``--drain-seconds`` (float seconds, default 0: the preStop delay) to the
+def add_prestop_seconds(parser) -> None:
+    """Adds ``--prestop-seconds`` (float seconds, default 0: the preStop delay) to the
     ``argparse`` ``parser`` of a role that stops gracefully."""
-    parser.add_argument("--drain-seconds", type=float, default=0.0, help=DRAIN_HELP)
+    parser.add_argument("--prestop-seconds", type=float, default=0.0, help=PRESTOP_HELP)
 
 
-def serve_forever(server, on_stop: Optional[Callable[[], None]] = None, drain_s: float = 0.0,
+def serve_forever(server, on_stop: Optional[Callable[[], None]] = None, prestop_s: float = 0.0,
                   port_file: Optional[str] = None, port_name: str = "http") -> int:
     """Serves ``server`` (a ``runtime.web.wsgi.WebServer``) until SIGTERM or SIGINT, then
-    stops as the module docstring says: readiness false, ``drain_s`` seconds still
+    stops as the module docstring says: readiness false, ``prestop_s`` seconds still
     answering, ``on_stop``, the requests in flight finished. Once it serves, the bound port
     is written to ``port_file`` as ``{port_name: port}`` (``runtime.bound_ports``). Returns
     the exit code (0). Call from the main thread."""
@@ -72,10 +72,10 @@ def serve_forever(server, on_stop: Optional[Callable[[], None]] = None, drain_s:
     server.start()
     bound_ports.write(port_file, {port_name: server.port})
     name = stop.wait()
-    log.info("%s: %s received, stopping (draining %.1f s)", server.name, name, drain_s)
+    log.info("%s: %s received, stopping (preStop delay %.1f s)", server.name, name, prestop_s)
     server.ready, server.reason = False, "terminating"
-    if drain_s > 0:
-        time.sleep(drain_s)
+    if prestop_s > 0:
+        time.sleep(prestop_s)
     if on_stop is not None:
         on_stop()
     server.stop()

@@ -232,7 +232,7 @@ class WebServer:
 
     def stop(self) -> None:
         """Graceful stop: readiness false, no new connections, requests in flight finish
-        (up to ``shutdown_timeout_s``); returns once the server stopped. Idempotent."""
+        (up to ``grace_period_s``); returns once the server stopped. Idempotent."""
         self.ready = False
         self.reason = self.reason or "stopping"
         self.stopping = True

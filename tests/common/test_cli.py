@@ -42,13 +42,13 @@ def test_serve_reads_its_durations_and_refuses_a_bad_one(capsys):
     from runtime.cli import build_parser
 
     base = ["serve", "--topology", "t.yaml", "--model-root", "r", "--transfer-url", "http://x"]
-    args = build_parser("serve").parse_args(base + ["--idle-timeout", "5.5", "--grpc-max-connection-age", "0"])
-    assert args.idle_timeout == 5.5 and args.grpc_max_connection_age == 0.0
-    assert build_parser("serve").parse_args(base).header_timeout == 10.0
-    for flag, value, unit in (("--idle-timeout", "-1", "seconds"),
-                              ("--header-timeout", "nan", "seconds"),
-                              ("--header-timeout", "0", "seconds"),
-                              ("--grpc-max-connection-age", "soon", "seconds")):
+    args = build_parser("serve").parse_args(base + ["--idle-timeout-seconds", "5.5", "--grpc-max-connection-age-seconds", "0"])
+    assert args.idle_timeout_seconds == 5.5 and args.grpc_max_connection_age_seconds == 0.0
+    assert build_parser("serve").parse_args(base).header_timeout_seconds == 10.0
+    for flag, value, unit in (("--idle-timeout-seconds", "-1", "seconds"),
+                              ("--header-timeout-seconds", "nan", "seconds"),
+                              ("--header-timeout-seconds", "0", "seconds"),
+                              ("--grpc-max-connection-age-seconds", "soon", "seconds")):
         with pytest.raises(SystemExit):
             build_parser("serve").parse_args(base + [flag, value])
         err = capsys.readouterr().err

@@ -31,7 +31,7 @@ class _Wsgi:
     """A WSGI ``app`` as serving's ``ServingApp`` takes its REST endpoints (``respond``)."""
 
     class _Plane:
-        draining = False
+        stopping = False
 
     def __init__(self, app):
         self.app, self.plane, self.metrics = app, self._Plane(), ServingMetrics()

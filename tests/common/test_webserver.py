@@ -115,5 +115,5 @@ def test_every_graceful_role_takes_drain_seconds():
     for argv in (["fileserver", "--root", "r"], ["cube", "server", "--shard", "0"],
                  ["cube", "agent", "--work-dir", "w"], ["cube", "transfer", "--topology", "t", "--root", "r",
                                                           "--work-dir", "w"]):
-        assert parser.parse_args(argv).drain_seconds == 0.0
-        assert parser.parse_args(argv + ["--drain-seconds", "1.5"]).drain_seconds == 1.5
+        assert parser.parse_args(argv).prestop_seconds == 0.0
+        assert parser.parse_args(argv + ["--prestop-seconds", "1.5"]).prestop_seconds == 1.5

@@ -334,7 +334,7 @@ def test_c_transfer_restarted_in_the_middle_of_a_rollout(stack, say):
 @pytest.mark.timeout(480)
 def test_c2_transfer_crashing_in_the_middle_of_a_rollout(stack, say):
     """A restart the Kubernetes way lets the transfer finish the step in progress
-    (``--stop-timeout``); a crash (SIGKILL, e.g. an OOM kill or a node loss) leaves the
+    (``--grace-period-seconds``); a crash (SIGKILL, e.g. an OOM kill or a node loss) leaves the
     rollout half done for the new pod to take over from its persisted state."""
     need(stack, "serving_ok")
     restart_transfer_mid_rollout(stack, say, "c2_transfer_crash", "kill", seed=2)

@@ -38,8 +38,8 @@ def test_pulumi_yaml_is_generated_from_the_model():
 
 def test_training_defaults_are_the_trainers():
     train, cfg = TrainConfig(), StackConfig()
-    assert (cfg.epochs, cfg.batch_size, cfg.learning_rate, cfg.embedding_dim, cfg.sparse_shards, cfg.data_format) == (
-        train.epochs, train.batch_size, train.lr, train.embedding_dim, train.sparse_shards, train.format)
+    assert (cfg.epochs, cfg.batch_size, cfg.learning_rate, cfg.embedding_dim, cfg.pserver_table_shards, cfg.data_format) == (
+        train.epochs, train.batch_size, train.lr, train.embedding_dim, train.pserver_table_shards, train.format)
 
 
 def test_defaults_parse_to_a_typed_frozen_config_without_secrets():
@@ -70,7 +70,7 @@ def test_string_values_from_pulumi_are_coerced():
     ("epochs", "0", "elastic-ctr:epochs: 0 is invalid; allowed: an integer in [1, 1000]"),
     ("batchSize", "70000", "elastic-ctr:batchSize: 70000 is invalid; allowed: an integer in [1, 65536]"),
     ("embeddingDim", "0", "elastic-ctr:embeddingDim: 0 is invalid"),
-    ("sparseShards", "0", "elastic-ctr:sparseShards: 0 is invalid"),
+    ("pserverTableShards", "0", "elastic-ctr:pserverTableShards: 0 is invalid"),
     ("servingTargetCpuUtilization", "5", "elastic-ctr:servingTargetCpuUtilization: 5 is invalid"),
     ("servingWorkers", "0", "elastic-ctr:servingWorkers: 0 is invalid"),
     ("trainers", "two", "elastic-ctr:trainers: 'two' is not an integer"),

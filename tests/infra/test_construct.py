@@ -34,7 +34,7 @@ STORE_OVERRIDES = ["modelRoot=s3://ctr-bucket/model", "storageEndpointUrl=http:/
                    "servingClientNamespaces=frontend,batch", "servingClientPodLabels=app=ranker",
                    "servingClientCidrs=198.51.100.0/24", "trackingUiPodLabels=app=proxy", "monitoringNamespace=prom",
                    "servedVersion=1795929686", "keepVersions=5", "modelGate=false", "modelGateAucDrop=0.1",
-                   "denseBackend=paddle", "cubeShards=3", "imagePullPolicy=Always", "psMode=async-merged", "sparseShards=4",
+                   "denseBackend=paddle", "cubeShards=3", "imagePullPolicy=Always", "psMode=async-merged", "pserverTableShards=4",
                    "featureMinCount=5", "featureTtlHours=72"]
 STORE_SECRETS = {"storageAccessKeyId": "AKIA-write-0123456789", "storageSecretAccessKey": "write-secret-0123456789",
                  "storageReadAccessKeyId": "AKIA-read-0123456789", "storageReadSecretAccessKey": "read-secret-0123456"}
@@ -120,7 +120,7 @@ resources:
       trainerCpu: "1"
       trainerMemory: 2Gi
       psMode: async-merged
-      sparseShards: 4
+      pserverTableShards: 4
       trainingMode: continuous
       dataSource: s3://ctr-bucket/hours
       dataStartHour: 20261120/00
@@ -305,7 +305,7 @@ def test_construct_workload_identity_variant_matches_the_python_program():
     resources["credentials"]["properties"]["deployment"] = {"namespace": "${ns.metadata.name}",
                                                             "instance": "${instance}"}
     resources["training"]["properties"] = {k: v for k, v in resources["training"]["properties"].items()
-                                           if k not in ("trackingUri", "trackingExperiment", "psMode", "sparseShards",
+                                           if k not in ("trackingUri", "trackingExperiment", "psMode", "pserverTableShards",
                                                         "trainingMode", "dataStartHour", "dataSchema", "gateWindow",
                                                         "featureMinCount", "featureTtlHours")}
     resources["training"]["properties"]["dataTestSource"] = "s3://t/x"

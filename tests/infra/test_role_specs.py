@@ -56,7 +56,7 @@ def test_every_rendered_role_runs_its_spec(rendered, stack):
         (c,) = _containers(dep.body)
         if c["name"] == "cube-transfer":
             _check(c, role_specs.cube_transfer(common.TOPOLOGY_FILE, root, cube_transfer.STATE_DIR,
-                                               poll_interval_s=float(c["args"][c["args"].index("--poll-interval") + 1])))
+                                               poll_interval_s=float(c["args"][c["args"].index("--poll-seconds") + 1])))
         elif c["name"] == "fileserver":
             _check(c, role_specs.file_server(file_server.ROOT))
         elif c["name"] == "serving":
@@ -98,7 +98,7 @@ def _local_specs(tmp) -> list[role_specs.RoleSpec]:
         role_specs.cube_agent(str(tmp / "a"), 18901, role_specs.LOOPBACK, 18902),
         role_specs.cube_transfer(str(tmp / "topology.json"), "http://127.0.0.1:18080", str(tmp / "w"),
                                  role_specs.LOOPBACK, 18910, poll_interval_s=0.2, upload_token_file=str(tmp / "t"),
-                                 publish_url="http://127.0.0.1:18080", extra=["--phase-timeout", "120"]),
+                                 publish_url="http://127.0.0.1:18080", extra=["--phase-timeout-seconds", "120"]),
         role_specs.serving(str(tmp / "topology.json"), "http://127.0.0.1:18080", "http://127.0.0.1:18910",
                            str(tmp / "s"), role_specs.LOOPBACK, 18000, 0, workers=2, threads=1, poll_interval_s=0.2,
                            extra=["--slot-file", str(tmp / "slots")]),

@@ -29,7 +29,7 @@ def _two_of_each() -> dict:
         TrainingJob(f"train-{tag}", TrainingJobArgs(
             deployment=dep, image=images.trainer, queue="default", pservers=1, trainers=2, pserver_cpu="1",
             pserver_memory="1Gi", trainer_cpu="1", trainer_memory="1Gi", epochs=1, batch_size=512, learning_rate=0.002,
-            embedding_dim=9, sparse_shards=8, data_train=["generated"], data_test=[], data_format="criteo",
+            embedding_dim=9, pserver_table_shards=8, data_train=["generated"], data_test=[], data_format="criteo",
             output=files.url, upload_token_secret=files.token_secret, upload_token_key=files.token_key))
         cube = CubeCluster(f"cube-{tag}", CubeClusterArgs(
             deployment=dep, image=images.cube, shards=2, replicas=2, server_cpu="1", server_memory="1Gi",

@@ -2,7 +2,7 @@
 the cube server (batch lookups in flight on the data plane are answered: frames half sent
 at the signal, and pipelined frames whose large replies the client has not read yet),
 the agent and the transfer (readiness false while they still answer, during
-``--drain-seconds``). Each exits 0 within the bound, with its start line (host, port, pid)
+``--prestop-seconds``). Each exits 0 within the bound, with its start line (host, port, pid)
 and no traceback in its output.
 """
 from __future__ import annotations
@@ -144,10 +144,10 @@ def test_cube_server_answers_lookups_in_flight_on_sigterm(tmp_path, version, io_
 
 def _drain_stop(group: proc.ProcessGroup, name: str, args: list[str], busy_path: str,
                 env: dict[str, str] | None = None) -> support.Stop:
-    """Starts a control role on a port it binds, with ``--drain-seconds 1.5``, SIGTERM, and
+    """Starts a control role on a port it binds, with ``--prestop-seconds 1.5``, SIGTERM, and
     checks that during the drain it is not ready but still answers ``busy_path`` with 200,
     then exits 0."""
-    role = support.start(group, name, args + ["--host", "127.0.0.1", "--port", "0", "--drain-seconds", "1.5"], env)
+    role = support.start(group, name, args + ["--host", "127.0.0.1", "--port", "0", "--prestop-seconds", "1.5"], env)
     (port,) = group.bound_ports(role).values()
     url = f"http://127.0.0.1:{port}"
     support.wait_ready(role, url + "/readyz", timeout_s=60)
@@ -183,5 +183,5 @@ def test_cube_transfer_turns_unready_then_exits_0_on_sigterm(tmp_path):
                                        f"http://127.0.0.1:{ports[2]}")]]).write(tmp_path / "topology.json")
         _drain_stop(group, "cube-transfer", ["cube", "transfer", "--topology", str(topo), "--root",
                                              str(tmp_path / "root"), "--work-dir", str(tmp_path / "transfer"),
-                                             "--poll-interval", "0.2", "--reconcile-interval", "0"],
+                                             "--poll-seconds", "0.2", "--reconcile-every-seconds", "0"],
                     "/dict/info", support.credentials(tmp_path / "credentials")[0])

@@ -3,7 +3,7 @@ given while draining says ``Connection: close`` and the connection is closed aft
 a client learns from the answer itself not to send on that connection again (before, an
 answer kept the connection open and the client's next request could meet the drain
 closing it, unanswered) and the stop ends soon after the last request in flight, well
-before ``shutdown_timeout_s``.
+before ``grace_period_s``.
 
 Clients: ``CLIENTS`` threads, each a ``requests.Session`` POSTing continuously until a
 connection is refused (the listening socket closed). Every request gets its answer 200
@@ -21,7 +21,7 @@ from runtime.web.limits import ServerLimits
 from runtime.web.wsgi import WebServer
 
 CLIENTS = 8
-GRACE_S = 20.0        # the server's shutdown_timeout_s (serving's --graceful-timeout default)
+GRACE_S = 20.0        # the server's grace_period_s (serving's --grace-period-seconds default)
 DRAIN_BOUND_S = 8.0   # generous: the requests in flight take ~20 ms each
 WORK_S = 0.02
 
@@ -66,7 +66,7 @@ class _Client(threading.Thread):
 
 
 def test_stop_lets_go_of_keepalive_clients_that_keep_sending():
-    server = WebServer(_app, threads=4, name="keepalive", limits=ServerLimits(shutdown_timeout_s=GRACE_S),
+    server = WebServer(_app, threads=4, name="keepalive", limits=ServerLimits(grace_period_s=GRACE_S),
                        probes=True).start()
     clients = [_Client(server.url, time.monotonic() + GRACE_S + 15) for _ in range(CLIENTS)]
     for c in clients:

@@ -172,7 +172,7 @@ def test_two_workers_finish_requests_in_flight_on_sigterm_every_time(cube, tmp_p
 
 
 KEEPALIVE_CLIENTS = 8
-#: a serving pod's drain bound under keep-alive traffic: well below --graceful-timeout (20 s)
+#: a serving pod's drain bound under keep-alive traffic: well below --grace-period-seconds (20 s)
 KEEPALIVE_DRAIN_BOUND_S = 8.0
 
 

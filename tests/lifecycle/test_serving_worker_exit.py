@@ -2,7 +2,7 @@
 with stand-in workers (no model, no server):
 
 - a worker ends at once (``exit_now``): no interpreter finalization (Paddle's and gRPC's
-  C-level teardown can outlast ``--graceful-timeout``), its buffered output flushed first;
+  C-level teardown can outlast ``--grace-period-seconds``), its buffered output flushed first;
 - SIGTERM to the supervisor: every worker gets SIGTERM, and the supervisor exits 0 once
   they all exited 0 (1 when one did not); a worker still running after the grace is
   SIGKILLed;

@@ -26,7 +26,7 @@ class ServingThread:
     def stop(self, timeout_s: float = 30.0) -> None:
         plane = getattr(self.app, "plane", None)
         if plane is not None:
-            plane.draining = True
+            plane.stopping = True
         self.server.stop()
 
     def __enter__(self) -> "ServingThread":

@@ -43,7 +43,7 @@ def test_finds_models_by_name_and_dispatches():
     assert plane.model_ready("a", "8") == (False, "model 'a' version '8' is not being served")
     b.ok = True
     assert plane.ready() == (True, "ready") and plane.model_ready("a", "7") == (True, "ready")
-    plane.draining = True  # the server stops: its readiness turns false, a model's is its own (KServe's)
+    plane.stopping = True  # the server stops: its readiness turns false, a model's is its own (KServe's)
     assert plane.ready() == (False, "shutting down") and plane.model_ready("a") == (True, "ready")
     assert a.routes() == {} and not hasattr(a, "predict_lines")  # raw rows are the CTR model's
     assert np.array_equal(plane.infer("b", None, req).outputs[0].data, [1.0, 2.0])

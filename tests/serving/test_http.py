@@ -304,7 +304,7 @@ def test_stop_lets_go_of_keepalive_clients_that_keep_sending():
     while draining says ``Connection: close``, the listening socket closes, the requests in
     flight finish, each client ends refused having lost at most one request (one sent on a
     connection closed while idle)."""
-    st, _ = _serve(Echo(delay_s=WORK_S), threads=4, max_body_bytes=1 << 20, shutdown_timeout_s=GRACE_S)
+    st, _ = _serve(Echo(delay_s=WORK_S), threads=4, max_body_bytes=1 << 20, grace_period_s=GRACE_S)
     st.start()
     clients = [_Client(st.url, time.monotonic() + GRACE_S + 15, path="/slow") for _ in range(CLIENTS)]
     for c in clients:

@@ -41,7 +41,7 @@ def test_the_run_page_shows_the_auc_chart(mlflow_server, tmp_path):
     generator.generate_hours(tmp_path / "hours", 3, START, 2000, seed=7)
     state = tmp_path / "state"
     _summary(_run(["--single", "--mode", "continuous", "--data-root", str(tmp_path / "hours"), "--start-hour",
-                   START, "--end-hour", "20261120/02", "--state-dir", str(state), "--poll-s", "0.2",
+                   START, "--end-hour", "20261120/02", "--state-dir", str(state), "--poll-seconds", "0.2",
                    "--threads", "1", "--tracking-uri", mlflow_server.url], tmp_path))
     rec = tracking.RunIdFile(str(state), "job").record()  # the job's run holds auc_before
     url = mlflow_server.metrics_url(rec["experiment_id"], rec["run_id"])

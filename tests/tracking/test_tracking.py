@@ -122,7 +122,7 @@ def hours4(tmp_path_factory):
 def _online(root, tmp, out, state, end, uri=None, extra=()):
     args = ["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START,
             "--end-hour", end, "--state-dir", str(state), "--output", str(out), "--base-every-minutes", "180",
-            "--poll-s", "0.2", "--threads", "1", *extra]
+            "--poll-seconds", "0.2", "--threads", "1", *extra]
     if uri:
         args += ["--tracking-uri", uri]
     return _run(args, tmp)
@@ -221,7 +221,7 @@ def test_server_stopped_mid_job_same_model_and_a_warning(hours4, tmp_path):
 
         p = CliProcess(["train", "--single", "--mode", "continuous", "--data-root", str(late), "--start-hour",
                         START, "--end-hour", "20261120/02", "--state-dir", str(state), "--output", str(out),
-                        "--base-every-minutes", "180", "--poll-s", "0.2", "--threads", "1", "--tracking-uri", server.url],
+                        "--base-every-minutes", "180", "--poll-seconds", "0.2", "--threads", "1", "--tracking-uri", server.url],
                        tmp_path)
         try:
             p.wait_for("waiting for partition 20261120/01")

@@ -417,7 +417,7 @@ def test_continuous_job_quarantines_a_broken_hour_and_goes_on(tmp_path, brk):
     out, state = tmp_path / "out", tmp_path / "state"
     r = subprocess.run([sys.executable, "-m", "runtime.cli", "train", "--single", "--mode", "continuous",
                         "--data-root", str(root), "--start-hour", START, "--end-hour", "20261120/05",
-                        "--state-dir", str(state), "--output", str(out), "--poll-s", "0.2", "--gate-eval-every", "20"],
+                        "--state-dir", str(state), "--output", str(out), "--poll-seconds", "0.2", "--gate-eval-every", "20"],
                        capture_output=True, text=True, timeout=400, cwd=tmp_path,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     rec = TrainResult.find(r.stdout, SUMMARY, source="train stdout")

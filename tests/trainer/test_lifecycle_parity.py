@@ -66,7 +66,7 @@ def test_lifecycle_parity_serving_answers_what_the_trainer_used_key_by_key(tmp_p
                         "--trainers", "2", "--mode", "continuous", "--data-root", str(data), "--start-hour", START,
                         "--end-hour", str(hs[-1]), "--state-dir", str(state), "--output", str(out),
                         "--table-dir", str(tmp_path / "table"), "--log-dir", str(tmp_path / "logs"),
-                        "--embedding-dim", str(DIM), "--poll-s", "0.2", "--gate-eval-every", "0", "--gate-window", "0",
+                        "--embedding-dim", str(DIM), "--poll-seconds", "0.2", "--gate-eval-every", "0", "--gate-window", "0",
                         "--feature-min-count", "2", "--feature-ttl-hours", "2", "--shrink-every-minutes", "120"],
                        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -116,7 +116,7 @@ def test_lifecycle_single_process_chain_equals_its_table_bit_for_bit(tmp_path):
     hs = [partitions.Hour.parse(START).next(i) for i in range(HOURS)]
     r = subprocess.run([sys.executable, "-m", "runtime.cli", "train", "--single", "--mode", "continuous",
                         "--data-root", str(data), "--start-hour", START, "--end-hour", str(hs[-1]),
-                        "--state-dir", str(state), "--output", str(out), "--poll-s", "0.2", "--gate-eval-every", "0",
+                        "--state-dir", str(state), "--output", str(out), "--poll-seconds", "0.2", "--gate-eval-every", "0",
                         "--gate-window", "0", "--embedding-dim", str(DIM), "--feature-min-count", "2",
                         "--feature-ttl-hours", "1", "--shrink-every-minutes", "60"],
                        capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"),
@@ -164,7 +164,7 @@ def test_lifecycle_counts_and_unseen_survive_a_checkpoint_and_resume(tmp_path):
         r = subprocess.run([sys.executable, "-m", "runtime.cli", "train", "--single", "--mode", "continuous",
                             "--data-root", str(data), "--start-hour", START, "--end-hour", str(end),
                             "--state-dir", str(tmp_path / name / "state"), "--output", str(tmp_path / name / "out"),
-                            "--poll-s", "0.2", "--gate-eval-every", "0", "--gate-window", "0", "--embedding-dim",
+                            "--poll-seconds", "0.2", "--gate-eval-every", "0", "--gate-window", "0", "--embedding-dim",
                             str(DIM), "--feature-min-count", "2", "--feature-ttl-hours", "1",
                             "--shrink-every-minutes", "60", "--checkpoint-every-minutes", "60", "--seed", "3"],
                            capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"),

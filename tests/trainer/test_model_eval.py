@@ -141,7 +141,7 @@ def test_minute_partitions_a_model_broken_by_one_minute_is_held_until_it_recover
     r = subprocess.run([sys.executable, "-m", "runtime.cli", "train", "--single", "--mode", "continuous",
                         "--data-root", str(root), "--start-hour", "20261120/0000", "--end-hour", "20261120/0009",
                         "--partition-minutes", "1", "--state-dir", str(tmp_path / "state"), "--output", str(out),
-                        "--poll-s", "0.2", "--gate-window", "0"],
+                        "--poll-seconds", "0.2", "--gate-window", "0"],
                        capture_output=True, text=True, timeout=400, cwd=tmp_path,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"

@@ -123,7 +123,7 @@ def test_single_continuous_base_patches_equal_the_trainers_table(hours, tmp_path
     out, state = tmp_path / "out", tmp_path / "state"
     r = _run(["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START,
               "--end-hour", "20261120/02", "--state-dir", str(state), "--output", str(out), "--base-every-minutes", "180",
-              "--poll-s", "0.2", "--gate-eval-every", "0",  # every row trained, so every feasign fed
+              "--poll-seconds", "0.2", "--gate-eval-every", "0",  # every row trained, so every feasign fed
               "--feature-ttl-hours", "0"], tmp_path)  # no eviction: the export after the restart stays a patch
     s = _summary(r)
     assert [e["kind"] for e in s["exports"]] == ["base", "patch", "patch"]
@@ -159,7 +159,7 @@ def test_single_continuous_base_patches_equal_the_trainers_table(hours, tmp_path
     # resumes with the next hour only, exports a patch on the same base
     r2 = _run(["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START,
                "--end-hour", "20261120/03", "--state-dir", str(state), "--output", str(out), "--base-every-minutes", "240",
-               "--poll-s", "0.2", "--feature-ttl-hours", "0"], tmp_path)
+               "--poll-seconds", "0.2", "--feature-ttl-hours", "0"], tmp_path)
     s2 = _summary(r2)
     assert [p["hour"] for p in s2["partitions"]] == ["20261120/03"]
     assert s2["partitions"][0]["auc_before"] > 0.7  # the restored model, not a fresh one
@@ -210,7 +210,7 @@ def test_single_resume_from_an_older_checkpoint_trains_again_and_exports_every_r
     for h in ("20261120/00", "20261120/01", "20261120/02"):
         shutil.copytree(partitions.Hour.parse(h).location(str(src)), partitions.Hour.parse(h).location(str(root)))
     args = ["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START, "--state-dir",
-            str(state), "--output", str(out), "--base-every-minutes", "240", "--checkpoint-every-minutes", "120", "--poll-s", "0.2",
+            str(state), "--output", str(out), "--base-every-minutes", "240", "--checkpoint-every-minutes", "120", "--poll-seconds", "0.2",
             "--gate-eval-every", "0",  # every row trained: the patches carry every row fed
             "--feature-ttl-hours", "0"]  # no eviction: the export after the restart stays a patch
     p = CliProcess(["train", *args], tmp_path)
@@ -247,7 +247,7 @@ def test_continuous_waits_for_the_done_marker(tmp_path):
     src = Path(partitions.files(str(root), partitions.Hour.parse(START))[0])
     (d / "part-00000").write_bytes(src.read_bytes())  # data there, marker not yet
     p = CliProcess(["train", "--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START,
-                    "--end-hour", str(late), "--state-dir", str(tmp_path / "state"), "--poll-s", "0.2"], tmp_path)
+                    "--end-hour", str(late), "--state-dir", str(tmp_path / "state"), "--poll-seconds", "0.2"], tmp_path)
     p.wait_for(f"waiting for partition {late}: no _SUCCESS")
     partitions.mark_complete(d)
     assert p.wait() == 0
@@ -269,7 +269,7 @@ def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
     root, _ = hours
     out, state = tmp_path / "out", tmp_path / "state"
     cfg = TrainConfig(mode="continuous", data_root=str(root), start_hour=START, end_hour="20261120/03",
-                      state_dir=str(state), output=str(out), base_every_minutes=180, checkpoint_every_minutes=120, poll_s=0.2,
+                      state_dir=str(state), output=str(out), base_every_minutes=180, checkpoint_every_minutes=120, poll_seconds=0.2,
                       gate_eval_every=0)  # every row trained: the examples are every row of the hours
     logs = tmp_path / "logs1"
     killed = {}
@@ -327,7 +327,7 @@ def test_sigterm_while_waiting_exits_0_with_the_exports_done(tmp_path):
     generator.generate_hours(root, 1, START, 2000, seed=2)
     state = tmp_path / "state"
     p = CliProcess(["train", "--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START,
-                    "--state-dir", str(state), "--poll-s", "0.2"], tmp_path)
+                    "--state-dir", str(state), "--poll-seconds", "0.2"], tmp_path)
     p.wait_for("waiting for partition 20261120/01")
     p.proc.send_signal(signal.SIGTERM)
     assert p.wait(60) == 0, p.text()[-3000:]
@@ -346,7 +346,7 @@ def test_single_continuous_job_on_minute_partitions(tmp_path):
     r = _run(["--single", "--mode", "continuous", "--data-root", str(root), "--partition-minutes", "1",
               "--start-hour", "20261120/2359", "--end-hour", "20261121/0001", "--state-dir", str(state),
               "--output", str(out), "--base-every-minutes", "2", "--checkpoint-every-minutes", "60",
-              "--poll-s", "0.1"], tmp_path)
+              "--poll-seconds", "0.1"], tmp_path)
     s = _summary(r)
     assert [p["hour"] for p in s["partitions"]] == ["20261120/2359", "20261121/0000", "20261121/0001"]
     assert [(e["kind"], e["hour"]) for e in s["exports"]] == [
@@ -358,5 +358,5 @@ def test_single_continuous_job_on_minute_partitions(tmp_path):
     assert (st.partition_minutes, st.next_hour, st.checkpoint_hour) == (1, "20261121/0002", "20261121/0002")
     # the same state directory refuses another period
     r = _run(["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", "20261120/23",
-              "--state-dir", str(state), "--output", str(out), "--poll-s", "0.1"], tmp_path)
+              "--state-dir", str(state), "--output", str(out), "--poll-seconds", "0.1"], tmp_path)
     assert r.returncode != 0 and "holds the state of another job" in (r.stdout + r.stderr)

@@ -37,7 +37,7 @@ def test_ps_patch_is_the_hours_fed_rows_and_chains_bit_for_bit(tmp_path):
     generator.generate_hours(root, 3, START, 3000, seed=5)
     out, state = tmp_path / "out", tmp_path / "state"
     cfg = TrainConfig(mode="continuous", data_root=str(root), start_hour=START, end_hour="20261120/02",
-                      state_dir=str(state), output=str(out), base_every_minutes=120, poll_s=0.2, table_dir=str(tmp_path / "t"),
+                      state_dir=str(state), output=str(out), base_every_minutes=120, poll_seconds=0.2, table_dir=str(tmp_path / "t"),
                       gate_eval_every=0,  # every row trained: the patch is every feasign the hour fed
                       feature_min_count=1)  # every feasign admitted at once (admission: test_lifecycle_parity)
     rec = run_local_ps(cfg, 1, 2, log_dir=str(tmp_path / "logs"), timeout_s=300)

@@ -37,7 +37,7 @@ def _write_ckpt(d: Path, rows: dict[int, str], dense: list[list[str]], shards: i
             f.writelines(x + "\n" for x in lines)
     if info:
         checkpoint.write_info(str(d), checkpoint.CheckpointInfo(pservers=pservers, trainers=2,
-                                                                 sparse_shards=shards, embedding_dim=2))
+                                                                 pserver_table_shards=shards, embedding_dim=2))
     return d
 
 
@@ -49,7 +49,7 @@ DENSE = ["-0.0335503 0.000382447 6.83803e-08", "-0.0407084 3.65461e-05 8.84807e-
 def test_scan_reads_the_layout_and_rejects_incomplete_checkpoints(tmp_path):
     one = _write_ckpt(tmp_path / "one", ROWS, [DENSE], shards=4, pservers=1)
     lay = checkpoint.scan(str(one))
-    assert (lay.pservers, lay.sparse_shards) == (1, 4)
+    assert (lay.pservers, lay.pserver_table_shards) == (1, 4)
     assert lay.describe_change(2, 4) == "pservers 1 -> 2" and lay.describe_change(1, 4) is None
     assert lay.describe_change(2, 8) == "pservers 1 -> 2, sparse shards 4 -> 8"
     # without the record, the count comes from the files (one dense file per pserver)
@@ -63,7 +63,7 @@ def test_scan_reads_the_layout_and_rejects_incomplete_checkpoints(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="says 4 sparse shards, the files 3"):
         checkpoint.scan(str(three))
     # the record and the files disagree
-    checkpoint.write_info(str(one), checkpoint.CheckpointInfo(pservers=2, trainers=2, sparse_shards=4,
+    checkpoint.write_info(str(one), checkpoint.CheckpointInfo(pservers=2, trainers=2, pserver_table_shards=4,
                                                               embedding_dim=2))
     with pytest.raises(checkpoint.CheckpointError, match="written by 2 pserver"):
         checkpoint.scan(str(one))
@@ -98,7 +98,7 @@ def test_compare_counts_every_missing_extra_and_changed_row(tmp_path):
 def test_relayout_puts_every_row_verbatim_into_its_new_shard(tmp_path):
     src = _write_ckpt(tmp_path / "src", ROWS, [DENSE[:2], DENSE[2:]], shards=4, pservers=2)
     lay = checkpoint.relayout(str(src), str(tmp_path / "dst"), 3)
-    assert lay.sparse_shards == 3 and lay.pservers == 2  # dense files copied as they are
+    assert lay.pserver_table_shards == 3 and lay.pservers == 2  # dense files copied as they are
     for s in range(3):
         with gzip.open(tmp_path / "dst" / "000" / f"part-000-{s:05d}.gz", "rt") as f:
             got = dict(ln.rstrip("\n").split(" ", 1) for ln in f)
@@ -143,7 +143,7 @@ def _cfg(root, state, out, end, **kw):
     from runtime.trainer.config import TrainConfig
 
     return TrainConfig(mode="continuous", data_root=str(root), start_hour=START, end_hour=end,
-                       state_dir=str(state), output=str(out), base_every_minutes=1440, poll_s=0.2, **kw)
+                       state_dir=str(state), output=str(out), base_every_minutes=1440, poll_seconds=0.2, **kw)
 
 
 def _assert_owners(loaded: Path, shards: int, pservers: int) -> None:
@@ -242,7 +242,7 @@ def test_continuous_job_resized_1_to_2_to_1_pservers_loses_no_row(tmp_path):
     shutil.copytree(state / online.CHECKPOINTS / "20261120-04", kept3)
 
     # 2 pservers and 4 table shards: the rows re-laid out by key % 4, then loaded
-    d = run_local_ps(_cfg(root, state, out, "20261120/04", sparse_shards=4), 2, 2,
+    d = run_local_ps(_cfg(root, state, out, "20261120/04", pserver_table_shards=4), 2, 2,
                           log_dir=str(tmp_path / "logs-d"), timeout_s=300)
     assert d["exports"][-1]["kind"] == "base" and d["exports"][-1]["id"] > c["exports"][-1]["id"]
     report = json.loads((state / checkpoint.RESIZED / "report.json").read_text())

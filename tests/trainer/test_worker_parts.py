@@ -14,7 +14,7 @@ from runtime import role_specs
 from runtime.evaluation import auc
 from runtime.trainer import config as tconfig
 from runtime.trainer.idmap import geo_rows
-from runtime.trainer.metrics import bucket_auc
+from runtime.trainer.auc import bucket_auc
 
 
 def test_bucket_auc_matches_rank_auc():

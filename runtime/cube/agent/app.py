@@ -67,7 +67,7 @@ def main(args) -> int:
     """``elastic-ctr cube agent``: serves the agent until SIGTERM (every ``POST`` checked for
     the ``cube-control`` credential, which it presents to its server too, unless
     ``--insecure-no-auth``; ``runtime.auth.CredentialError`` when it is not configured), then readiness false,
-    ``--drain-seconds`` still answering, requests in flight finish, exit code 0; a step in
+    ``--prestop-seconds`` still answering, requests in flight finish, exit code 0; a step in
     progress is abandoned (the transfer drives it again, on this agent after its restart or
     on the rollout's retry)."""
     from runtime import auth
@@ -81,8 +81,8 @@ def main(args) -> int:
     if not args.version_root:
         logging.getLogger(__name__).warning(
             "cube agent: no --version-root: any http(s) or object-store URL with its published md5 is downloaded")
-    agent = Agent(args.server_http, args.work_dir, load_timeout_s=args.load_timeout, control=control,
+    agent = Agent(args.server_http, args.work_dir, load_timeout_s=args.load_timeout_seconds, control=control,
                   version_roots=tuple(args.version_root or ()))
     server = WebServer(create_app(agent, guard), args.host, args.port, threads=8, name="cube-agent")
-    return serve_forever(server, on_stop=agent.shutdown, drain_s=args.drain_seconds, port_file=args.port_file,
+    return serve_forever(server, on_stop=agent.shutdown, prestop_s=args.prestop_seconds, port_file=args.port_file,
                          port_name="agent")

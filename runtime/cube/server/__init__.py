@@ -29,9 +29,9 @@ Modules:
 - ``core.py``: ``CubeServer``, the three put together; ``run.py``: ``main``, the command.
 
 Stopping (SIGTERM, ``main``): readiness (``GET /readyz`` on the HTTP port) turns false,
-the data plane keeps answering for ``--drain-seconds``, then accepts no new connection,
+the data plane keeps answering for ``--prestop-seconds``, then accepts no new connection,
 answers every request it has received (a frame partly received included) and closes each
-connection once nothing on it is unanswered (``--stop-timeout`` at most; a client then
+connection once nothing on it is unanswered (``--grace-period-seconds`` at most; a client then
 reconnects to another replica), stops the HTTP port (its requests in flight finish), and
 the process exits 0.
 """

@@ -1,6 +1,6 @@
 """``elastic-ctr cube server``: runs one ``CubeServer`` until SIGTERM/SIGINT, then stops it
-gracefully (the package docstring: readiness false, ``--drain-seconds``, lookups received
-are answered within ``--stop-timeout``). Options: ``runtime/cube/cli.py``."""
+gracefully (the package docstring: readiness false, ``--prestop-seconds``, lookups received
+are answered within ``--grace-period-seconds``). Options: ``runtime/cube/cli.py``."""
 from __future__ import annotations
 
 import logging
@@ -28,12 +28,12 @@ def main(args) -> int:
     srv.start()
     bound_ports.write(args.port_file, {"data": srv.port, "http": srv.http_port})
     name = stop.wait()
-    drain_s, grace_s = float(args.drain_seconds), float(args.stop_timeout)
-    log.info("cube server: %s received, stopping (readiness false, draining %.1f s, then up to %.1f s for the "
-             "lookups in flight)", name, drain_s, grace_s)
+    prestop_s, grace_s = float(args.prestop_seconds), float(args.grace_period_seconds)
+    log.info("cube server: %s received, stopping (readiness false, preStop delay %.1f s, then up to %.1f s for the "
+             "lookups in flight)", name, prestop_s, grace_s)
     srv.unready("terminating")
-    if drain_s > 0:
-        time.sleep(drain_s)
+    if prestop_s > 0:
+        time.sleep(prestop_s)
     srv.stop(grace_s=max(grace_s, 0.001))
     log.info("cube server stopped")
     return 0

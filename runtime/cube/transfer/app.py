@@ -81,7 +81,7 @@ def model_gate_of(args):
 
 def main(args) -> int:
     """``elastic-ctr cube transfer``: polls in a thread and serves HTTP until SIGTERM; then
-    readiness turns false, ``--drain-seconds`` pass still answering, the poll loop stops
+    readiness turns false, ``--prestop-seconds`` pass still answering, the poll loop stops
     after the step in progress (its state is persisted, so an interrupted rollout resumes
     at the next start), requests in flight finish, and it returns the exit code (0)."""
     from runtime import auth
@@ -91,9 +91,9 @@ def main(args) -> int:
     control = auth.control_client("cube-transfer", args.insecure_no_auth)
     token = storage.read_token(args.upload_token_file)
     tr = Transfer(args.topology, args.root, args.work_dir, publish_url=args.publish_url, token=token,
-                  poll_interval_s=args.poll_interval, phase_timeout_s=args.phase_timeout,
+                  poll_interval_s=args.poll_seconds, phase_timeout_s=args.phase_timeout_seconds,
                   retries=args.retries, max_rollout_attempts=args.max_rollout_attempts,
-                  rollout_backoff_s=args.rollout_backoff, reconcile_interval_s=args.reconcile_interval,
+                  rollout_backoff_s=args.rollout_backoff_seconds, reconcile_interval_s=args.reconcile_every_seconds,
                   dict_name=args.dict_name, control=control, model_gate=model_gate_of(args),
                   pin_version=args.pin_version, keep_versions=args.keep_versions, coalesce=not args.no_coalesce)
     if args.once:
@@ -107,9 +107,9 @@ def main(args) -> int:
 
     def stop_loop() -> None:
         tr.stop.set()
-        loop.join(timeout=args.stop_timeout)
+        loop.join(timeout=args.grace_period_seconds)
         if loop.is_alive():
             log.warning("the rollout in progress did not stop within %.0f s; it resumes at the next start",
-                        args.stop_timeout)
+                        args.grace_period_seconds)
 
-    return serve_forever(server, on_stop=stop_loop, drain_s=args.drain_seconds, port_file=args.port_file)
+    return serve_forever(server, on_stop=stop_loop, prestop_s=args.prestop_seconds, port_file=args.port_file)

@@ -1,7 +1,7 @@
 """The transfer's reconcile: a replica that lags behind the served version (a server
 restarted empty, a replica added by a resize) is driven alone through the links of the
 served chain it lacks, from the tars already published (``Transfer.reconcile``, every
-``--reconcile-interval`` seconds and at start)."""
+``--reconcile-every-seconds`` seconds and at start)."""
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,4 @@
-"""Training metrics from Paddle's ``auc`` op: the op keeps per-threshold bucket counts of
+"""Train AUC from Paddle's ``auc`` op: the op keeps per-threshold bucket counts of
 positives and negatives (``runtime.trainer.model.add_auc``); the worker reads them after a
 pass (examples trained, train AUC) and its progress handler during one."""
 from __future__ import annotations
