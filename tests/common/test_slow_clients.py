@@ -21,7 +21,7 @@ import requests
 from runtime import proc
 from runtime.web.limits import ServerLimits
 from runtime.serving.asgi import Inline, ServingApp
-from runtime.serving.metrics import ServingMetrics
+from runtime.metrics.serving import ServingMetrics
 from runtime.web.wsgi import WebServer
 from tests.serving.server import ServingThread
 from tests.slow_clients import SlowClients, check_answered, latency

@@ -165,7 +165,7 @@ class _Run:
 @contextlib.contextmanager
 def _one_pod_serving(tmp_path, name: str):
     """``_Run`` of one pod ``name`` ready on PATCH; stopped (and the cube with it) at the end."""
-    from runtime.cube.local_cube import LocalCubeCluster
+    from runtime.local.cube import LocalCubeCluster
 
     root = tmp_path / "root"
     expected = _versions(root)

@@ -83,7 +83,7 @@ def _publish(root: str, version: int, table: dict, seed: int, token: str, kind: 
 
 @pytest.mark.parametrize("where", ["file_server", "s3"])
 def test_damaged_versions_are_refused_and_serving_keeps_answering(tmp_path, request, where):
-    from runtime.cube.local_cube import LocalCubeCluster
+    from runtime.local.cube import LocalCubeCluster
 
     lines = _lines()
     b = features.parse_criteo_lines(lines)

@@ -53,7 +53,7 @@ def _wait_served(url: str, lines: list[str], version: int, group, timeout_s: flo
 
 
 def test_rollback_and_pin_under_load(tmp_path):
-    from runtime.cube.local_cube import LocalCubeCluster
+    from runtime.local.cube import LocalCubeCluster
 
     lines = _lines()
     b = features.parse_criteo_lines(lines)

@@ -167,7 +167,7 @@ def test_continuous_job_resized_1_to_2_to_1_pservers_loses_no_row(tmp_path):
     """1 pserver (00, 01) -> 2 (02: killed after scoring it, then again) -> 1 (03) -> 2 with
     4 sparse shards instead of 8 (04, the re-layout path)."""
     from runtime import proc
-    from runtime.trainer.local_ps import run_local_ps
+    from runtime.local.ps import run_local_ps
 
     root = tmp_path / "data"
     generator.generate_hours(root, 5, START, 6000, seed=4)
