@@ -15,7 +15,7 @@ values for existing keys, half new keys) as the next version's SequenceFiles and
 servers apply it over the base); the patched and untouched keys are checked.
 
 Then a shard-count change of the served chain (base + patch), as ``pulumi up`` with a new
-``cubeShards`` does it (issue 17): a layout of ``--relayout-shards`` shards x R
+``cubeShards`` does it: a layout of ``--relayout-shards`` shards x R
 replicas is started beside the serving one (empty), the transfer restarted on its
 topology with the same work dir; ``relayout_seconds`` is the wall time from the restart
 until ``/dict/info`` announces the served version laid out for the new shard count (the

@@ -1,4 +1,4 @@
-"""Stack keys for monitoring (issue 39): how Prometheus finds the roles' metrics
+"""Stack keys for monitoring: how Prometheus finds the roles' metrics
 (``monitoring``: none, scrape annotations, or the Prometheus Operator's ServiceMonitors,
 PodMonitors and PrometheusRule), the SLO thresholds of the alerts
 (``runtime.metrics.rules.Thresholds``), the Grafana dashboards, and serving's

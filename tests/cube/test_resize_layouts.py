@@ -1,4 +1,4 @@
-"""Resizes with zero failed requests, as processes on 127.0.0.1 (issue 17): the steps
+"""Resizes with zero failed requests, as processes on 127.0.0.1: the steps
 ``pulumi up`` takes, played with ``LocalCubeCluster``; clients send throughout.
 
 Shard count: a 2-shard layout serves a base and a patch. A 3-shard layout is

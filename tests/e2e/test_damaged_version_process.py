@@ -1,4 +1,4 @@
-"""A damaged version never reaches users (issue 37, item 0), at process level on a local
+"""A damaged version never reaches users, at process level on a local
 root (through the file server) and on the S3 test server: the trainer's export publishes
 a good base, then versions damaged in the root (a sparse SequenceFile cut exactly
 between two records, the dense parameters cut by 40 bytes or altered, the manifest

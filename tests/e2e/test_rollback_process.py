@@ -1,4 +1,4 @@
-"""Rollback and pinning at process level (issue 37, test d): the trainer's export
+"""Rollback and pinning at process level: the trainer's export
 publishes a base and patches, a local cube (file server, transfer, 2 shards x 2
 replicas) rolls them out, ``elastic-ctr serve`` answers a client load throughout. Then
 ``elastic-ctr rollback --to`` an older patch, a newer patch held back while pinned, a pin

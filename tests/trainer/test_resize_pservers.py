@@ -1,4 +1,4 @@
-"""A continuous job resized to another pserver count (issue 17, item 3): the checkpoint's
+"""A continuous job resized to another pserver count: the checkpoint's
 layout and record (runtime.trainer.checkpoint), and, at process level, a job checkpointed
 with 1 pserver resumed with 2, then 1 again, then 2 with another table shard count: every
 row of the checkpoint in the new job's tables bit for bit, the next partition's AUC as the
