@@ -15,7 +15,7 @@ NCA_PYTHON ?= python3.11
 CHECKOV_VENV ?= .venv-checkov
 PYTEST_ARGS ?=
 
-.PHONY: bench-soak bench-lifecycle bench-table-bytes bench-manifest install install-all prereqs prereqs-all optional-tools browser prometheus constraints demo test test-fast docs bench-train bench-cube bench-rollout bench-serving bench-dense bench-serving-image bench-serving-peers bench-storage bench-tracking bench-metrics bench-online bench-fresh bench render golden pulumi-yaml pulumi-schema clean
+.PHONY: bench-soak bench-lifecycle bench-table-bytes bench-manifest install install-all prereqs prereqs-all optional-tools browser prometheus constraints demo test test-fast docs layout bench-train bench-cube bench-rollout bench-serving bench-dense bench-serving-image bench-serving-peers bench-storage bench-tracking bench-metrics bench-online bench-fresh bench render golden pulumi-yaml pulumi-schema clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -105,6 +105,10 @@ $(DOCS_VENV)/.installed: docs/requirements.txt
 	$(DOCS_VENV)/bin/pip install -q --upgrade pip
 	$(DOCS_VENV)/bin/pip install -q -c requirements/constraints.txt -r docs/requirements.txt
 	touch $@
+
+## docs/layout.md from the packages' docstrings (tests/docs/test_layout.py checks it is up to date).
+layout:
+	$(PYTHON) tools/layout.py
 
 docs: $(DOCS_VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 PYTHONPATH=$(CURDIR) $(DOCS_VENV)/bin/mkdocs build --strict

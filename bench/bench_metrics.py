@@ -1,5 +1,5 @@
 """What serving's per-request metrics cost, in isolation (``make bench-metrics``): the
-updates one inference request makes (``runtime.serving.metrics.ServingMetrics``: the
+updates one inference request makes (``runtime.metrics.serving.ServingMetrics``: the
 request counter and latency histogram it always had, and the in-flight gauge and the
 samples-per-request and per-model-run histograms added for monitoring), timed in one
 process and in prometheus_client's multiprocess mode (serving's: every update writes a
@@ -34,7 +34,7 @@ def _time(fn, n: int) -> float:
 
 def measure(n: int) -> dict[str, float]:
     """``{"old", "added"}``: microseconds per request in this process's mode."""
-    from runtime.serving.metrics import ServingMetrics
+    from runtime.metrics.serving import ServingMetrics
 
     m = ServingMetrics()
 

@@ -266,7 +266,7 @@ def run_rollout_check(args) -> int:
     """Patches of 10k, 100k, 1M rows over a ``--keys`` base on a 2 x 2 cube (module docstring)."""
     import requests
 
-    from runtime.cube.local_cube import LocalCubeCluster
+    from runtime.local.cube import LocalCubeCluster
     from runtime.formats.seqfile import write_sequence_file
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_online_rollout_"))

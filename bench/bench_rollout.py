@@ -1,7 +1,7 @@
 """Rollout time: donefile line -> every instance of S shards x R replicas enabled.
 
 Starts, as processes on 127.0.0.1, a file server, S x R cube servers + agents and the
-transfer (``runtime.cube.local_cube.LocalCubeCluster``; the transfer reads ROOT
+transfer (``runtime.local.cube.LocalCubeCluster``; the transfer reads ROOT
 through the file server: JSON listing, input download, token PUT of the shard tars;
 agents download over HTTP). Writes one version of ``--keys`` random uint64 keys x
 ``--dim`` float32 as SequenceFiles (the trainer's export layout), then appends its
@@ -15,7 +15,7 @@ values for existing keys, half new keys) as the next version's SequenceFiles and
 servers apply it over the base); the patched and untouched keys are checked.
 
 Then a shard-count change of the served chain (base + patch), as ``pulumi up`` with a new
-``cubeShards`` does it (issue 17): a layout of ``--relayout-shards`` shards x R
+``cubeShards`` does it: a layout of ``--relayout-shards`` shards x R
 replicas is started beside the serving one (empty), the transfer restarted on its
 topology with the same work dir; ``relayout_seconds`` is the wall time from the restart
 until ``/dict/info`` announces the served version laid out for the new shard count (the
@@ -57,7 +57,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime.cube.local_cube import LocalCubeCluster  # noqa: E402
+from runtime.local.cube import LocalCubeCluster  # noqa: E402
 from runtime.cube.client import CubeClient  # noqa: E402
 from runtime.formats.seqfile import write_sequence_file  # noqa: E402
 

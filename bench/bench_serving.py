@@ -1,7 +1,7 @@
 """Serving benchmark (``make bench-serving``): requests/s and p50/p99 latency of
 ``POST /v2/models/ctr/infer`` at batch 1 and 256, with 1 and 4 concurrent clients,
 against a local cube of 2 shards (file server + transfer + cube servers/agents as
-processes, ``runtime.cube.local_cube.LocalCubeCluster``) and ``elastic-ctr serve``.
+processes, ``runtime.local.cube.LocalCubeCluster``) and ``elastic-ctr serve``.
 
 The version served is synthetic but shaped like the trainer's export: a dense model with
 the trainer's default widths (embedding 9, layers 128-64-32) and an embedding for every

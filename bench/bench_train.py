@@ -98,7 +98,7 @@ class SocketSampler:
 
 
 def _run_ps(data: Path, out: Path, epochs: int, threads: int, ps_mode: str) -> tuple[dict, list]:
-    from runtime.trainer.local_ps import run_local_ps
+    from runtime.local.ps import run_local_ps
     from runtime.trainer.config import TrainConfig
 
     cfg = TrainConfig(data_train=[str(data / "train.txt")], data_test=[str(data / "test.txt")], epochs=epochs,

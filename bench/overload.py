@@ -1,4 +1,4 @@
-"""The overload row of the serving benchmark (issue 21, item 4): more connections than the
+"""The overload row of the serving benchmark: more connections than the
 workers can serve, at batch 256, and what each client sees.
 
 ``overload_row(url, payloads)`` opens ``connections`` keep-alive connections (threads in

@@ -59,7 +59,7 @@ def served_version(prefix: str, test_rows: int = 4096, rollout_timeout_s: float 
     with that version rolled out, in a temporary directory named ``prefix``*; yields a
     ``ServedVersion`` and removes it all on exit. Raises ``TimeoutError`` when the rollout
     takes longer than ``rollout_timeout_s`` (s). ``exporter``: ``make_version``'s."""
-    from runtime.cube.local_cube import LocalCubeCluster
+    from runtime.local.cube import LocalCubeCluster
     from runtime.trainer import generator
 
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:

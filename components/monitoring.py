@@ -10,8 +10,8 @@ the stack's namespace (type token ``elastic-ctr:index:Monitoring``):
   the transfer, serving) and a PodMonitor per training task (pserver, trainer: Volcano's
   pods have no Service of ours), ``monitoring.coreos.com/v1``, each endpoint relabelled
   with ``job`` = the role spec's name, so the rules and dashboards read the same ``job``
-  as on one machine (``runtime.monitoring.targets``);
-* a PrometheusRule with the recording rules and SLO alerts (``runtime.monitoring.rules``);
+  as on one machine (``runtime.local.targets``);
+* a PrometheusRule with the recording rules and SLO alerts (``runtime.metrics.rules``);
 
 and, with ``grafanaDashboards``, one ConfigMap per dashboard (``monitoring/dashboards``)
 labelled ``grafana_dashboard: "1"`` for Grafana's dashboard sidecar, with every mode.
@@ -29,7 +29,7 @@ import pulumi_kubernetes as k8s
 
 from components import common
 from components.common import DeployContext
-from runtime.monitoring import dashboards, rules
+from runtime.metrics import dashboards, rules
 from runtime.role_specs import RoleSpec
 
 API_VERSION = "monitoring.coreos.com/v1"

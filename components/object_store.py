@@ -1,5 +1,5 @@
 """ObjectStoreAccess: how the pods reach an object store holding the data and the versions
-(``modelRoot: s3://...``, issue 18), with readers and writers kept apart (issue 36).
+(``modelRoot: s3://...``), with readers and writers kept apart.
 
 Named after the component (``<name>``): with access keys (stack secrets), two Secrets,
 ``<name>-credentials`` (the read-write pair: the trainer and the transfer) and

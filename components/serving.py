@@ -26,7 +26,7 @@ from components import common
 from components.common import DeployContext
 from components.monitoring import scrape_target
 from runtime import dense_backends, role_specs
-from runtime.serving.metrics import INFLIGHT
+from runtime.metrics.serving import INFLIGHT
 
 #: seconds a deleted serving pod keeps answering before its SIGTERM (preStop), while the
 #: endpoints controller and every node's kube-proxy stop routing new connections to it;

@@ -1,4 +1,4 @@
-"""Stack keys of the data gate (issue 37; ``runtime.trainer.data_gate``): the schema every
+"""Stack keys of the data gate (``runtime.trainer.data_gate``): the schema every
 partition of a continuous job is checked against and the bounds of its statistics; and of
 the cube transfer's model gate (``runtime.cube.transfer.model_gate``: ``modelGate*``, the
 transfer's ``--model-gate*`` flags, ``transfer_argv``). Each data-gate key is

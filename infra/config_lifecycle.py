@@ -8,7 +8,7 @@ defaults, so a stack that leaves them alone renders the same job).
 
 The budget keys plan memory: ``pserverBudgetRows`` (rows of the sparse table per
 parameter server, admitted feasigns or not) and ``cubeShardBudgetKeys`` (keys per cube
-shard) feed the ``ElasticCtrTableOverBudget`` alert (``runtime.monitoring.rules``: the table
+shard) feed the ``ElasticCtrTableOverBudget`` alert (``runtime.metrics.rules``: the table
 on course to pass its budget within a day), and when set the stack refuses a
 ``pserverMemory`` or ``cubeServerMemory`` below what the budget needs
 (``pserver_memory_for`` / ``cube_memory_for``: bytes per row measured here,

@@ -1,7 +1,7 @@
-"""Stack keys for monitoring (issue 39): how Prometheus finds the roles' metrics
+"""Stack keys for monitoring: how Prometheus finds the roles' metrics
 (``monitoring``: none, scrape annotations, or the Prometheus Operator's ServiceMonitors,
 PodMonitors and PrometheusRule), the SLO thresholds of the alerts
-(``runtime.monitoring.rules.Thresholds``), the Grafana dashboards, and serving's
+(``runtime.metrics.rules.Thresholds``), the Grafana dashboards, and serving's
 autoscaler metric (CPU, or in-flight requests per pod through the Prometheus adapter).
 
 ``MonitoringKeys`` is a base of ``infra.config.StackConfig`` (its keys are stack keys like
@@ -18,7 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from infra.config_types import check as _check, pulumi_bool as _pulumi_bool
-from runtime.monitoring.rules import RUNBOOK_PAGE, Thresholds
+from runtime.metrics.rules import RUNBOOK_PAGE, Thresholds
 
 PROJECT = "elastic-ctr"
 MODES = ("none", "annotations", "prometheus-operator")

@@ -1,4 +1,4 @@
-"""Stack keys for who may reach what (issue 36): the NetworkPolicies (on by default) and the
+"""Stack keys for who may reach what: the NetworkPolicies (on by default) and the
 peers they admit (serving's clients, the tracking UI, the monitoring namespace), the file
 server's LoadBalancer source ranges, and the per-boundary credentials a user may set
 instead of the generated ones (``components.credentials``).

@@ -1,4 +1,4 @@
-"""Stack keys for data and versions on an object store (issue 18): the version root, the
+"""Stack keys for data and versions on an object store: the version root, the
 store's endpoint and region, and the credentials, either as Pulumi secrets (rendered into a
 Kubernetes Secret the pods read as ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``) or as
 a workload identity (a ServiceAccount with the cloud's annotation, no keys at all).

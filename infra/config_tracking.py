@@ -1,4 +1,4 @@
-"""Stack keys for MLflow tracking (issue 20): the tracking server in the stack (on by default,
+"""Stack keys for MLflow tracking: the tracking server in the stack (on by default,
 off with ``trackingServer: false``), its resources and stores, or an external server's URI,
 and the experiment the training job and the cube transfer log to (``runtime.tracking``).
 

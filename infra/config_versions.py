@@ -1,4 +1,4 @@
-"""Stack keys for the served version (issue 37): a pin (``servedVersion``: roll back to a
+"""Stack keys for the served version: a pin (``servedVersion``: roll back to a
 version, or stay on one, until it is unset) and the retention of published versions
 (``keepVersions``), both passed to the cube transfer (``--pin-version``,
 ``--keep-versions``; ``runtime.cube.transfer.rollback`` and ``retention``).

@@ -43,7 +43,7 @@ INPUT_ERRORS = frozenset({
     "runtime.trainer.config.TrainConfigError",  # train's flags, checked together
     "runtime.trainer.roles.RoleError",          # the parameter-server environment contract
     "runtime.cube.transfer.rollback.RollbackError",
-    "runtime.monitoring.server.PrometheusError",  # --prometheus without Prometheus installed
+    "runtime.local.prometheus_server.PrometheusError",  # --prometheus without Prometheus installed
     "runtime.local.mlflow_server.MlflowServerError",
     "infra.config.ConfigError",                 # a stack setting
     "infra.render.RenderError",

@@ -2,7 +2,7 @@
 probes and its fixed environment.
 
 The Pulumi components (``components/``: each pod's container), the local pipeline and the
-local cube cluster (``runtime.local``, ``runtime.cube.local_cube``: processes on
+local cube cluster (``runtime.local``, ``runtime.local.cube``: processes on
 127.0.0.1), the benchmarks and the tests build every role from a ``RoleSpec`` made here,
 so a flag, a port number, a probe path or the dict name is written once. A spec's
 ``args`` are what follows ``elastic-ctr`` (a pod's container ``args``; a process's argv
@@ -13,7 +13,7 @@ Ports: each role's default port numbers are the pods' (``PORTS``); local process
 free ones. A role's ``metrics`` names where Prometheus scrapes it (a named port and
 ``/metrics``): the ServiceMonitors, PodMonitors and scrape annotations of the stack
 (``components/monitoring.py``) and the local Prometheus's targets
-(``runtime.monitoring.targets``) are built from it. Every value of ``args`` is a ``str``, or, from a component, a ``pulumi.Input``
+(``runtime.local.targets``) are built from it. Every value of ``args`` is a ``str``, or, from a component, a ``pulumi.Input``
 of one (a location known only at deploy time): this module never looks inside them.
 """
 from __future__ import annotations

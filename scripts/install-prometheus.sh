@@ -2,7 +2,7 @@
 # Prometheus and promtool (Debian's `prometheus` package: /usr/bin/prometheus, /usr/bin/promtool)
 # for the alert rules' unit tests (`promtool check rules`, `promtool test rules`:
 # tests/monitoring) and the live test and `make demo DEMO_ARGS=--prometheus`, where the
-# project starts its own Prometheus on 127.0.0.1 (runtime/monitoring/server.py). The
+# project starts its own Prometheus on 127.0.0.1 (runtime/local/prometheus_server.py). The
 # package's own service (prometheus.service, :9090) is not used: on a host run by systemd the
 # install starts it, so this script stops and disables it again (a container has none).
 # Does nothing when both binaries are there. Needs root (or sudo) for apt-get.

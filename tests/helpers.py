@@ -297,8 +297,8 @@ def make_table(rows_feasigns: np.ndarray, seed: int, dim: int = SERVING_DIM, dro
 def cube_serving_lines(tmp: Path, lines: list[str], version: int, shards: int = 1):
     """A version exported from the Criteo ``lines`` (``make_table``'s embeddings for their
     feasigns) rolled out to a local cube of ``shards`` x 1 replica under ``tmp``: yields
-    ``(cube, batch)`` (``runtime.cube.local_cube.LocalCubeCluster``, the parsed lines)."""
-    from runtime.cube.local_cube import LocalCubeCluster
+    ``(cube, batch)`` (``runtime.local.cube.LocalCubeCluster``, the parsed lines)."""
+    from runtime.local.cube import LocalCubeCluster
 
     batch = features.parse_criteo_lines(lines)
     root = tmp / "root"

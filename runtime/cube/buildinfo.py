@@ -8,7 +8,7 @@ reference is Paddle Serving's cube-builder, which names a shard ``<dict>_part<i>
     <version dir>/<dict_name>_part<i>.tar.md5   hex md5 of the tar     (md5_name)
     <version dir>/build.json                    the BuildRecord        (FILE)
 
-Written by the cube builder (``runtime/cube/builder.py``); ``build.json`` is read by
+Written by the cube builder (``runtime/cube/builder/``); ``build.json`` is read by
 the transfer (``runtime/cube/transfer/build.py``), and the agent recovers the dict name
 from a downloaded tar's name with ``parse_shard_tar_name``.
 """

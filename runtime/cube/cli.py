@@ -58,11 +58,11 @@ def register_rollback(sub: "argparse._SubParsersAction") -> None:
 
 
 def register_build(cube_sub: "argparse._SubParsersAction") -> None:
-    """``cube build``: SequenceFiles -> per-shard dicts, tars, md5s (runtime/cube/builder.py)."""
+    """``cube build``: SequenceFiles -> per-shard dicts, tars, md5s (runtime/cube/builder/)."""
     p = cube_sub.add_parser("build", formatter_class=HelpFormatter, help="build per-shard dicts (base or delta) from SequenceFiles",
                                 description="Build per-shard dicts (base or delta) from the trainer's SequenceFiles "
                                 "(docs/contracts.md): OUTPUT/DICT/VERSION/ with each shard's tar and md5 "
-                                "(runtime/cube/builder.py).")
+                                "(runtime/cube/builder/).")
     p.add_argument("--input", nargs="+", required=True,
                    help="SequenceFiles: paths, directories, globs or URLs (read in this order; last wins)")
     p.add_argument("--output", required=True, help="output root (writes OUTPUT/DICT/VERSION/)")

@@ -11,7 +11,7 @@
 #include "kernel.h"
 
 /* ---------------------------------------------------------------------------------------
- * The cube client's request path (runtime/cube/client.py: CubeClient.seek's common case).
+ * The cube client's request path (runtime/cube/client/: CubeClient.seek's common case).
  *
  * One batch seek over shard_num shards, one connection per shard already chosen by the
  * caller (fds[s]: a connected, non-blocking TCP socket to a replica of shard s): split the

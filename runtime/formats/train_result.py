@@ -2,7 +2,7 @@
 
 * ``ELASTIC_CTR_RESULT {json}``: every trainer process (``elastic-ctr train`` in a PS
   role or ``--single``) prints its own record at the end (``runtime.trainer.train``).
-  Read by the local-cluster launcher (``runtime.trainer.local_ps``), the container stack
+  Read by the local-cluster launcher (``runtime.local.ps``), the container stack
   test (trainer 0's pod log) and the training benchmark.
 * ``ELASTIC_CTR_SUMMARY {json}``: ``train --local-cluster`` / ``--single`` prints the job's
   record once it is done (``runtime.trainer.cli``): trainer 0's record plus the launcher's

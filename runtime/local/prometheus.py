@@ -1,9 +1,9 @@
 """Prometheus in the local pipeline (``elastic-ctr local --prometheus``; ``make demo
-DEMO_ARGS=--prometheus``): a Prometheus on 127.0.0.1 (``runtime.monitoring.server``)
+DEMO_ARGS=--prometheus``): a Prometheus on 127.0.0.1 (``runtime.local.prometheus_server``)
 scraping every role the run starts (each launcher writes its processes' targets:
-``runtime.monitoring.targets``), evaluating the stack's rules, its URL printed; at the end
+``runtime.local.targets``), evaluating the stack's rules, its URL printed; at the end
 the chart of the served data's age and the AUC drawn from its query API
-(``runtime.monitoring.chart``, ``<run dir>/freshness-auc.png``). Like the MLflow server, it
+(``runtime.local.chart``, ``<run dir>/freshness-auc.png``). Like the MLflow server, it
 stays up for browsing after the demo when the demo runs from a terminal.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from runtime.monitoring.rules import Thresholds
+from runtime.metrics.rules import Thresholds
 
 
 def add_arguments(p) -> None:
@@ -33,8 +33,8 @@ def launch(args, run_dir: Path, group):
     ``--prometheus``. Raises ``FileNotFoundError`` (not installed), ``TimeoutError``."""
     if not getattr(args, "prometheus", False):
         return None
-    from runtime.monitoring import targets
-    from runtime.monitoring.server import PrometheusServer
+    from runtime.local import targets
+    from runtime.local.prometheus_server import PrometheusServer
 
     server = PrometheusServer(run_dir / "prometheus", group, scrape_interval_s=1.0, evaluation_interval_s=1.0,
                               thresholds=Thresholds(freshness_slo_s=float(args.freshness_slo)))
@@ -50,7 +50,7 @@ def report(server, run_dir: Path, start: float) -> Optional[Path]:
     s) and prints where it is; returns it (None without a server)."""
     if server is None:
         return None
-    from runtime.monitoring import chart
+    from runtime.local import chart
 
     time.sleep(2 * server.scrape_interval_s)  # the last scrapes of the roles still running
     path = chart.write_chart(run_dir / chart.CHART, chart.fetch(server, start, time.time()),

@@ -1,6 +1,6 @@
 """The long-running roles of ``elastic-ctr local`` and its clients, started the same way by
 both flows (``runtime.local.pipeline`` rounds, ``runtime.local.online``): the file server,
-the cube and the transfer (``runtime.cube.local_cube.LocalCubeCluster`` in the run's process
+the cube and the transfer (``runtime.local.cube.LocalCubeCluster`` in the run's process
 group), serving, and the demo client (``elastic-ctr client``).
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ def start_services(args, run_dir: Path, group) -> Services:
     import os
 
     from runtime import auth
-    from runtime.cube.local_cube import LocalCubeCluster
+    from runtime.local.cube import LocalCubeCluster
 
     fs_root = run_dir / "fileserver"
     model_root = getattr(args, "model_root", None)
@@ -71,7 +71,7 @@ def start_serving(args, run_dir: Path, group, svc: Services, fmt: str, slot_args
                               poll_interval_s=0.2, extra=list(slot_args))
     serving = group.start("serving", spec.argv(), port_file=True)
     bound = group.bound_ports(serving, 120)
-    from runtime.monitoring import targets
+    from runtime.local import targets
 
     targets.register(spec.with_ports(bound), "serving")
     svc.serving_port, svc.grpc_port = bound["http"], bound["grpc"]

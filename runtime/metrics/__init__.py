@@ -12,10 +12,14 @@ Owners (docs/monitoring.md lists every metric):
 * ``runtime.metrics.transfer``: the cube transfer (``TransferMetrics``);
 * ``runtime.metrics.fileserver``: the file server (``FileServerMetrics``);
 * ``runtime.metrics.tracking``: what any role's MLflow client did (``TrackingCollector``);
-* ``runtime.serving.metrics``: serving (``ServingMetrics``, aggregated over its workers).
+* ``runtime.metrics.serving``: serving (``ServingMetrics``, aggregated over its workers).
 
-``runtime.metrics.catalog`` gathers every family for the docs and the tests that check
-that every dashboard panel and alert names metrics that exist.
+Every other Prometheus definition of the project lives here too: the recording rules and
+SLO alerts (``runtime.metrics.rules``) and the Grafana dashboards (``runtime.metrics.dashboards``,
+data files under ``monitoring/dashboards/``). ``runtime.metrics.catalog`` gathers every
+family for the docs and the tests that check that every dashboard panel and alert names
+metrics that exist. The Kubernetes objects that carry them are declared by
+``components/monitoring.py``; the Prometheus run on one machine is ``runtime.local``'s.
 """
 from __future__ import annotations
 

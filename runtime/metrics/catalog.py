@@ -25,7 +25,7 @@ def _registries() -> dict[str, object]:
     from runtime.metrics.fileserver import FileServerMetrics
     from runtime.metrics.trainer import TrainerMetrics
     from runtime.metrics.transfer import TransferMetrics
-    from runtime.serving import metrics as serving_metrics
+    from runtime.metrics import serving as serving_metrics
 
     serving_cls = getattr(serving_metrics, "ServingMetrics", None) or getattr(serving_metrics, "Metrics")
     pserver = CollectorRegistry()
@@ -67,7 +67,7 @@ def series(name: str, typ: str) -> tuple[str, ...]:
 
 def series_names() -> set[str]:
     """Every series name a query may name: the roles', Prometheus' own, the recording rules'."""
-    from runtime.monitoring.rules import recording_rules
+    from runtime.metrics.rules import recording_rules
 
     names = {s for _, name, typ, _ in families() for s in series(name, typ)}
     return names | set(SYNTHETIC) | {r["record"] for r in recording_rules()}

@@ -24,7 +24,7 @@ from runtime import dense_backends
 from runtime.formats import features
 from runtime.serving.batching import Combiner
 from runtime.serving.dataplane import Model
-from runtime.serving.metrics import ServingMetrics
+from runtime.metrics.serving import ServingMetrics
 from runtime.serving.model import DenseModel, VersionWatcher
 from runtime.serving.protocol import BadRequest, InferOutput, InferRequest, InferResponse, NotFound, Unavailable
 

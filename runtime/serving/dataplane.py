@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 from typing import Any, Callable, Iterable, Optional
 
-from runtime.serving.metrics import ServingMetrics
+from runtime.metrics.serving import ServingMetrics
 from runtime.serving.protocol import InferRequest, InferResponse, NotFound
 
 SERVER_NAME = "elastic-ctr"

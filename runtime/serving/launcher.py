@@ -38,7 +38,7 @@ from runtime.formats import features
 from runtime.web.limits import ServerLimits
 from runtime.serving.ctr_model import CtrModel
 from runtime.serving.dataplane import DataPlane
-from runtime.serving.metrics import ServingMetrics
+from runtime.metrics.serving import ServingMetrics
 from runtime.serving.model import VersionWatcher
 
 log = logging.getLogger(__name__)

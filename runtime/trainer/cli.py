@@ -165,7 +165,7 @@ def _train(args) -> int:
         cfg = config.config_from_args(args)
         config.check_inputs(cfg)  # a bad flag or a missing file fails before anything starts
         if args.local_cluster:
-            from runtime.trainer.local_ps import run_local_ps
+            from runtime.local.ps import run_local_ps
 
             rec = run_local_ps(cfg, args.pservers, args.trainers, args.log_dir, args.timeout_seconds)
         else:

@@ -1,4 +1,4 @@
-"""No HTTP role is wedged by slow clients (issue 21, item 5): with 64 connections open that
+"""No HTTP role is wedged by slow clients: with 64 connections open that
 send request headers one line per second, the probes and other requests of the server
 are answered within their usual latency (tests.slow_clients). The file server, the cube
 agent and the cube transfer serve their Flask apps through ``runtime.web.wsgi.WebServer``
@@ -21,7 +21,7 @@ import requests
 from runtime import proc
 from runtime.web.limits import ServerLimits
 from runtime.serving.asgi import Inline, ServingApp
-from runtime.serving.metrics import ServingMetrics
+from runtime.metrics.serving import ServingMetrics
 from runtime.web.wsgi import WebServer
 from tests.serving.server import ServingThread
 from tests.slow_clients import SlowClients, check_answered, latency

@@ -242,7 +242,7 @@ def test_a_new_shard_count_creates_before_it_deletes(node):
     rep = c.apply(render("cubeShards=3"), timeout_s=60)
     new_sts = {n for n, w in c.workloads.items() if w.kind == "StatefulSet"}
     actions = [s.change.action for s in rep.steps]
-    if new_sts.isdisjoint(old_sts):  # layouts side by side (issue 17)
+    if new_sts.isdisjoint(old_sts):  # layouts side by side
         first_delete = actions.index("delete")
         assert all(a == "delete" for a in actions[first_delete:])
         assert {s.change.name for s in rep.steps if s.change.action == "delete" and s.change.kind == "StatefulSet"} \

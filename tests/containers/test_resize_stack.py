@@ -1,5 +1,4 @@
-"""Resizing the running dev stack the way ``pulumi config set`` + ``pulumi up`` would (issue 17's
-container "Must show"): renderings of the dev stack applied one after the other to the
+"""Resizing the running dev stack the way ``pulumi config set`` + ``pulumi up`` would: renderings of the dev stack applied one after the other to the
 stack running as containers (``Cluster.apply``, which plays ``pulumi up``: steps in
 dependency order, each awaited as pulumi-kubernetes awaits it, deletions last):
 
@@ -16,7 +15,7 @@ to ``<tmp>/resize-results.json``.
 The training job is left out of the renderings: the served version is published from the
 host into the file server pod, as trainer 0 would publish it (``export_version``: a seeded
 dense head and an embedding for every feasign of the test rows), which takes seconds
-instead of a training run. Training resize is tested at process level (issue 17 item 3).
+instead of a training run. Training resize is tested at process level.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The rendered dev stack with its data and version root in an S3 bucket (issue 18), run as
+"""The rendered dev stack with its data and version root in an S3 bucket, run as
 containers by ``tests/containers/kube/``: ``modelRoot=s3://...``, ``dataSource`` /
 ``dataTestSource`` in the same bucket, ``storageEndpointUrl`` and the access keys as stack
 secrets (a Secret the pods read as ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``).

@@ -106,7 +106,7 @@ def test_coalesced_rollout_serves_the_patches_applied_in_order(tmp_path):
     """Process level: 2 shards x 2 replicas; three patches whose keys overlap land at once
     (one donefile write); one rollout serves every key as base + patch 1 + 2 + 3."""
     from runtime.cube.client import CubeClient
-    from runtime.cube.local_cube import LocalCubeCluster
+    from runtime.local.cube import LocalCubeCluster
     from tests.helpers import check_all, table_from_files, write_version
 
     dim, n = 4, 20_000

@@ -1,4 +1,4 @@
-"""Cube client while a resize brings replicas through the served chain (issue 17): a
+"""Cube client while a resize brings replicas through the served chain: a
 replica added empty, or restarted, is driven by the transfer's reconcile through the
 base and each patch, so for a while it serves an older link than its shard's other
 replica. Unpinned lookups must still answer from one version for the whole batch, and a

@@ -23,7 +23,7 @@ BASE, PATCH = 2001, 2002
 
 
 def test_resize_relayouts_the_served_version(tmp_path):
-    from runtime.cube.local_cube import LocalCubeCluster
+    from runtime.local.cube import LocalCubeCluster
     from runtime.cube.client import CubeClient
 
     rng = np.random.default_rng(7)

@@ -1,4 +1,4 @@
-"""Resizes with zero failed requests, as processes on 127.0.0.1 (issue 17): the steps
+"""Resizes with zero failed requests, as processes on 127.0.0.1: the steps
 ``pulumi up`` takes, played with ``LocalCubeCluster``; clients send throughout.
 
 Shard count: a 2-shard layout serves a base and a patch. A 3-shard layout is
@@ -165,7 +165,7 @@ class _Run:
 @contextlib.contextmanager
 def _one_pod_serving(tmp_path, name: str):
     """``_Run`` of one pod ``name`` ready on PATCH; stopped (and the cube with it) at the end."""
-    from runtime.cube.local_cube import LocalCubeCluster
+    from runtime.local.cube import LocalCubeCluster
 
     root = tmp_path / "root"
     expected = _versions(root)

@@ -58,7 +58,7 @@ def _wait(cond, what, c, timeout_s=90.0):
 
 
 def test_serving_planes_across_a_shard_change(tmp_path):
-    from runtime.cube.local_cube import LocalCubeCluster
+    from runtime.local.cube import LocalCubeCluster
     from runtime.serving.launcher import build_dataplane
 
     root = tmp_path / "root"

@@ -1,4 +1,4 @@
-"""A new shard count as a cube layout beside the serving one (issue 17), in-process:
+"""A new shard count as a cube layout beside the serving one, in-process:
 the transfer lays the served chain out on the new layout while the old one keeps
 serving untouched, holds what is published meanwhile, announces on ``/dict/info`` only
 complete layouts (``DictInfo.version_for``), goes back to the old layout without

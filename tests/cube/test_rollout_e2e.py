@@ -1,5 +1,5 @@
 """End to end: transfer + 2 shards x 2 replicas (cube server + agent each) + file server,
-as processes on 127.0.0.1 (``runtime.cube.local_cube.LocalCubeCluster``).
+as processes on 127.0.0.1 (``runtime.local.cube.LocalCubeCluster``).
 
 The transfer reads ROOT through the file server (JSON listing, token PUT of the shard
 tars); agents download the tars over HTTP. Rolls out a base, then a patch, and checks
@@ -26,7 +26,7 @@ BASE1, PATCH1, BASE2 = 1001, 1002, 1003
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from runtime.cube.local_cube import LocalCubeCluster
+    from runtime.local.cube import LocalCubeCluster
 
     base = tmp_path_factory.mktemp("cube_e2e")
     with LocalCubeCluster(base / "run", base / "root", shards=2, replicas=2, poll_interval_s=0.1) as c:

@@ -1,5 +1,5 @@
 """Versioned reads at process level: 2 real cube server processes (shards of one dict,
-started by ``runtime.cube.local_cube.LocalCubeCluster.start_layout``), patches landing
+started by ``runtime.local.cube.LocalCubeCluster.start_layout``), patches landing
 back to back through the control calls the transfer makes (``bg_load_patch`` on every
 shard, then ``enable`` on every shard), while reader threads seek through
 ``CubeClient``: batches pinned to a version they name, and batches on whatever version
@@ -70,7 +70,7 @@ def wait_loaded(addr: str, version: int, timeout_s: float = 30.0) -> None:
 def test_readers_see_exactly_the_version_they_name_while_patches_land(tmp_path):
     from runtime import auth, role_specs
     from runtime.cube.client import CubeClient, CubeVersionUnavailable
-    from runtime.cube.local_cube import LocalCubeCluster
+    from runtime.local.cube import LocalCubeCluster
 
     rng = np.random.default_rng(11)
     keys, values = make_data(N, DIM, seed=11)

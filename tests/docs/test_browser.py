@@ -140,7 +140,7 @@ def test_stack_keys_do_not_wrap_and_have_their_own_anchor(browser, site, shots):
 
 
 def test_a_runbook_anchor_opens_at_its_section(browser, site, shots):
-    from runtime.monitoring import rules
+    from runtime.metrics import rules
 
     anchor = "served-data-stale"  # the freshness alert's runbook
     assert anchor in {a.anchor for a in rules.ALERTS.values()}

@@ -1,6 +1,6 @@
 """The site is published where the alerts link: .github/workflows/docs.yml builds it with
 `make docs` (the docs' own packages only) on pushes to main and deploys it to GitHub Pages;
-mkdocs.yml's site_url is the runbooks' base (runtime/monitoring/rules.py)."""
+mkdocs.yml's site_url is the runbooks' base (runtime/metrics/rules.py)."""
 from __future__ import annotations
 
 import re
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from runtime.monitoring import rules
+from runtime.metrics import rules
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github/workflows/docs.yml"

@@ -1,7 +1,9 @@
 """The documentation site (mkdocs.yml, docs/): it builds with ``mkdocs build --strict``
 (a broken page, nav entry, link or anchor fails), its generated reference pages
 (docs/hooks/reference.py) name every ``elastic-ctr`` subcommand and every stack key with
-what the code says, and the README stays a short page without dates or commit hashes."""
+what the code says, and the README, the docs and the code (docstrings and comments) hold no
+history: no dates, commit hashes, issue numbers or accounts of earlier states (CHANGELOG.md is
+the one place history belongs)."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +22,17 @@ from pydantic import AfterValidator
 ROOT = Path(__file__).resolve().parents[2]
 #: a date (2026-11-27) or a commit hash (7-40 hex digits with a letter and a digit)
 DATED = re.compile(r"20\d\d-[01]\d-[0-3]\d|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+#: an account of history: an issue number, or an earlier state of the code or of the tree
+HISTORY = re.compile(r"(?i)\bissue \d|\bpreviously\b|\bformerly\b|\bwas replaced\b|\bbefore (?:this|the) change\b"
+                     r"|\btoday's main\b|\bnow uses\b|\bused to be\b|\bearlier state\b|\bdeleting commit\b"
+                     r"|\bthis tree\b|\bold tree\b")
+#: the code scanned for history (every .py file, docstrings and comments alike)
+CODE_DIRS = ("runtime", "infra", "components", "provider", "bench", "tools")
+#: data that the patterns match: (path, text on the line)
+CODE_DATA = {("infra/render.py", "_SECRET_SIG = "), ("infra/render.py", "_SIG_KEY = "),
+             ("runtime/cube/agent/sources.py", '"0123456789abcdef"'),
+             ("runtime/formats/features.py", 'b"0123456789abcdef"'),
+             ("runtime/trainer/generator.py", 'b"0123456789abcdef"')}
 README_MAX_LINES = 300
 
 
@@ -152,10 +165,44 @@ def test_readme_is_short_and_undated():
 
 def test_docs_are_undated():
     dated = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "docs").glob("*.md"))
-             for i, line in enumerate(p.read_text().splitlines(), 1) if DATED.search(line)]
+             for i, line in enumerate(p.read_text().splitlines(), 1) if DATED.search(line) or HISTORY.search(line)]
     assert dated == []
+
+
+def historic_lines(root: Path = ROOT) -> list[str]:
+    """``path:line`` of every line of the code under ``CODE_DIRS`` that dates itself or tells
+    history, but for the data in ``CODE_DATA``."""
+    out = []
+    for d in CODE_DIRS:
+        for p in sorted((root / d).rglob("*.py")):
+            rel = p.relative_to(root).as_posix()
+            if "__pycache__" in p.parts or "_pb2" in p.name:
+                continue
+            for i, line in enumerate(p.read_text().splitlines(), 1):
+                if (DATED.search(line) or HISTORY.search(line)) and not any(
+                        rel == path and text in line for path, text in CODE_DATA):
+                    out.append(f"{rel}:{i}: {line.strip()}")
+    return out
+
+
+def test_code_holds_no_history():
+    assert historic_lines() == []
+
+
+def test_code_scan_finds_a_planted_line(tmp_path):
+    for d in CODE_DIRS:
+        (tmp_path / d).mkdir()
+    (tmp_path / "runtime/a.py").write_text('"""A module."""\n# the loader previously read it twice\n')
+    (tmp_path / "bench/b.py").write_text('X = 1  # measured 2026-11-27 at 24bfae1\n')
+    (tmp_path / "infra/render.py").write_text('_SIG_KEY = "4dabf18193072939515e22adb298388d"\n')
+    (tmp_path / "tools/c.py").write_text('"""Hour 20261120/00, as issue 12 asked."""\n')
+    assert sorted(historic_lines(tmp_path)) == ["bench/b.py:1: X = 1  # measured 2026-11-27 at 24bfae1",
+                                        "runtime/a.py:2: # the loader previously read it twice",
+                                        'tools/c.py:1: """Hour 20261120/00, as issue 12 asked."""']
 
 
 def test_dated_pattern_catches_dates_and_hashes():
     assert DATED.search("measured 2026-11-27") and DATED.search("at `24bfae1`")
     assert not DATED.search("hour 20261120/00, 1048576 rows, deadbeef")
+    assert HISTORY.search("as issue 37 asks") and HISTORY.search("uvicorn, this tree")
+    assert not HISTORY.search("a feasign the trainer no longer holds")

@@ -1,4 +1,4 @@
-"""A damaged version never reaches users (issue 37, item 0), at process level on a local
+"""A damaged version never reaches users, at process level on a local
 root (through the file server) and on the S3 test server: the trainer's export publishes
 a good base, then versions damaged in the root (a sparse SequenceFile cut exactly
 between two records, the dense parameters cut by 40 bytes or altered, the manifest
@@ -83,7 +83,7 @@ def _publish(root: str, version: int, table: dict, seed: int, token: str, kind: 
 
 @pytest.mark.parametrize("where", ["file_server", "s3"])
 def test_damaged_versions_are_refused_and_serving_keeps_answering(tmp_path, request, where):
-    from runtime.cube.local_cube import LocalCubeCluster
+    from runtime.local.cube import LocalCubeCluster
 
     lines = _lines()
     b = features.parse_criteo_lines(lines)

@@ -1,4 +1,4 @@
-"""Rollback and pinning at process level (issue 37, test d): the trainer's export
+"""Rollback and pinning at process level: the trainer's export
 publishes a base and patches, a local cube (file server, transfer, 2 shards x 2
 replicas) rolls them out, ``elastic-ctr serve`` answers a client load throughout. Then
 ``elastic-ctr rollback --to`` an older patch, a newer patch held back while pinned, a pin
@@ -53,7 +53,7 @@ def _wait_served(url: str, lines: list[str], version: int, group, timeout_s: flo
 
 
 def test_rollback_and_pin_under_load(tmp_path):
-    from runtime.cube.local_cube import LocalCubeCluster
+    from runtime.local.cube import LocalCubeCluster
 
     lines = _lines()
     b = features.parse_criteo_lines(lines)

@@ -12,7 +12,7 @@ import pytest
 
 from infra import config
 from runtime import role_specs
-from runtime.monitoring import dashboards, rules
+from runtime.metrics import dashboards, rules
 
 
 def _matches(selector: dict, labels: dict) -> bool:

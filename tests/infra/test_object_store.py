@@ -1,4 +1,4 @@
-"""The stack with its data and versions on an object store (issue 18): ``modelRoot`` moves
+"""The stack with its data and versions on an object store: ``modelRoot`` moves
 the version root off the file server (not deployed), the pods that read or write
 locations get the store's endpoint and region, and credentials reach them either from a
 Secret made of Pulumi secrets (redacted in the render) or through workload-identity

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from infra.config import ConfigError, parse
-from runtime.monitoring import rules
+from runtime.metrics import rules
 
 ROOT = Path(__file__).resolve().parents[2]
 OK = {"uploadToken": "t" * 32}

@@ -1,4 +1,4 @@
-"""Least privilege in the rendered stack (issue 36): a ServiceAccount per workload with no API
+"""Least privilege in the rendered stack: a ServiceAccount per workload with no API
 token, the namespace enforcing the restricted Pod Security Standard, a Secret per trust
 boundary (generated, or the user's; the previous one kept during a rotation) mounted exactly
 where a role's spec lists it, and nothing exposed without source ranges."""

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from runtime.metrics import catalog
-from runtime.monitoring import dashboards
+from runtime.metrics import dashboards
 
 
 def test_every_dashboard_loads_and_has_queries():

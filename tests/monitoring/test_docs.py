@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from runtime.metrics import catalog
-from runtime.monitoring import rules
+from runtime.metrics import rules
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "monitoring.md"
 

@@ -1,5 +1,5 @@
 """A real Prometheus (Debian's package, started and stopped by the project's code:
-``runtime.local.prometheus`` / ``runtime.monitoring.server``) scraping the local pipeline
+``runtime.local.prometheus`` / ``runtime.local.prometheus_server``) scraping the local pipeline
 (``elastic-ctr local --prometheus``'s online loop, 4 hourly partitions from three hours
 before the current one, so the versions' data times are recent: the base's data ends two
 hours before the current hour began, within the default 3 h freshness SLO) while it runs:
@@ -26,8 +26,8 @@ import pytest
 from runtime import proc, tracking
 from runtime.cli import build_parser
 from runtime.formats import donefile
-from runtime.monitoring import dashboards, rules
-from runtime.monitoring.targets import SCRAPE_DIR_ENV
+from runtime.metrics import dashboards, rules
+from runtime.local.targets import SCRAPE_DIR_ENV
 
 STALE = "ElasticCtrServedDataStale"
 

@@ -15,7 +15,7 @@ from runtime.formats import partitions
 from runtime.metrics.cube import AgentMetrics, server_registry
 from runtime.metrics.trainer import TrainerMetrics, waiting_counter
 from runtime.metrics.transfer import TransferMetrics
-from runtime.monitoring import targets
+from runtime.local import targets
 
 
 def _table(nbytes: int):

@@ -1,4 +1,4 @@
-"""The Prometheus rules (``runtime.monitoring.rules``): ``promtool check rules`` accepts the
+"""The Prometheus rules (``runtime.metrics.rules``): ``promtool check rules`` accepts the
 rule file, and ``promtool test rules`` runs a unit test per alert (``rules_test.yaml``: it
 fires on the series that should fire it and stays silent on a healthy one). The unit
 tests discriminate: with other thresholds they fail."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runtime.monitoring import rules
+from runtime.metrics import rules
 
 HERE = Path(__file__).resolve().parent
 

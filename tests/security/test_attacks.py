@@ -98,7 +98,7 @@ class Lookups:
 
 @pytest.fixture(scope="module")
 def cube(tmp_path_factory):
-    from runtime.cube.local_cube import LocalCubeCluster
+    from runtime.local.cube import LocalCubeCluster
 
     base = tmp_path_factory.mktemp("attacks")
     with LocalCubeCluster(base / "run", base / "root", shards=1, replicas=2, poll_interval_s=0.1) as c:

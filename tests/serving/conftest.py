@@ -9,7 +9,7 @@ from werkzeug.test import Client
 from runtime.formats import features
 from runtime.serving.ctr_model import CtrModel
 from runtime.serving.dataplane import DataPlane
-from runtime.serving.metrics import ServingMetrics
+from runtime.metrics.serving import ServingMetrics
 from runtime.serving.model import VersionWatcher
 from runtime.serving.rest import create_app
 from tests.helpers import V1, V2, FakeCube, export_version, make_table, publish

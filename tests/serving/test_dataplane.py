@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from runtime.serving.dataplane import DataPlane, Model
-from runtime.serving.metrics import ServingMetrics
+from runtime.metrics.serving import ServingMetrics
 from runtime.serving.protocol import InferInput, InferOutput, InferRequest, InferResponse, NotFound
 
 

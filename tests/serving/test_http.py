@@ -19,7 +19,7 @@ import requests
 
 from runtime.web.limits import ServerLimits
 from runtime.serving.asgi import Inline, ServingApp
-from runtime.serving.metrics import ServingMetrics
+from runtime.metrics.serving import ServingMetrics
 from tests.lifecycle.test_keepalive_drain import CLIENTS, DRAIN_BOUND_S, GRACE_S, WORK_S, _Client
 from tests.serving.server import ServingThread
 from tests.slow_clients import check_answered, latency

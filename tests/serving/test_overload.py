@@ -1,4 +1,4 @@
-"""Serving under overload and slow clients (issue 21, items 4 and 5).
+"""Serving under overload and slow clients.
 
 In process, with the data plane's inference held: beyond the queue limit a REST inference
 request (served as serving's workers serve it: ``runtime.serving.asgi.ServingApp`` on

@@ -56,7 +56,7 @@ def _checkpoint(state: Path) -> dict[int, np.ndarray | None]:
 
 def test_lifecycle_parity_serving_answers_what_the_trainer_used_key_by_key(tmp_path):
     from runtime.cube.client import CubeClient
-    from runtime.cube.local_cube import LocalCubeCluster
+    from runtime.local.cube import LocalCubeCluster
 
     data, out, state = tmp_path / "hours", tmp_path / "out", tmp_path / "state"
     generator.generate_hours(data, HOURS, START, 6000, seed=3, shape="long-tail", scale=0.004)

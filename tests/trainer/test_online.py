@@ -263,7 +263,7 @@ def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
     then 03 (a base: the restored tables are text): every hour once in the served lineage,
     none skipped, version ids increase."""
     from runtime import proc
-    from runtime.trainer.local_ps import run_local_ps
+    from runtime.local.ps import run_local_ps
     from runtime.trainer.config import TrainConfig
 
     root, _ = hours

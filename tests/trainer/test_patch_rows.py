@@ -30,7 +30,7 @@ def _fed(root: Path, hour: str) -> np.ndarray:
 
 @pytest.mark.slow
 def test_ps_patch_is_the_hours_fed_rows_and_chains_bit_for_bit(tmp_path):
-    from runtime.trainer.local_ps import run_local_ps
+    from runtime.local.ps import run_local_ps
     from runtime.trainer.config import TrainConfig
 
     root = tmp_path / "hours"

@@ -1,4 +1,4 @@
-"""A continuous job resized to another pserver count (issue 17, item 3): the checkpoint's
+"""A continuous job resized to another pserver count: the checkpoint's
 layout and record (runtime.trainer.checkpoint), and, at process level, a job checkpointed
 with 1 pserver resumed with 2, then 1 again, then 2 with another table shard count: every
 row of the checkpoint in the new job's tables bit for bit, the next partition's AUC as the
@@ -167,7 +167,7 @@ def test_continuous_job_resized_1_to_2_to_1_pservers_loses_no_row(tmp_path):
     """1 pserver (00, 01) -> 2 (02: killed after scoring it, then again) -> 1 (03) -> 2 with
     4 sparse shards instead of 8 (04, the re-layout path)."""
     from runtime import proc
-    from runtime.trainer.local_ps import run_local_ps
+    from runtime.local.ps import run_local_ps
 
     root = tmp_path / "data"
     generator.generate_hours(root, 5, START, 6000, seed=4)

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from runtime.formats.train_result import RESULT, SUMMARY, TrainResult, TrainResultError
-from runtime.trainer.local_ps import job_totals
+from runtime.local.ps import job_totals
 
 BATCH = {"mode": "ps", "trainers": 2, "pservers": 1, "trainer_id": 0, "epochs": 2, "threads": 1,
          "examples": 2000, "rows": 1000, "load_seconds": 0.5, "train_seconds": 2.0, "examples_per_s": 1000.0,

@@ -1,0 +1,2 @@
+"""The Open Inference Protocol's gRPC definition (``open_inference.proto``) and the stubs
+setup.py generates from it at build time."""

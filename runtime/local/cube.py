@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtime import auth, proc, role_specs, storage
-from runtime.monitoring import targets
+from runtime.local import targets
 from runtime.formats.dict_info import DictInfo, DictInfoError, fetch_dict_info
 from runtime.formats import donefile
 from runtime.formats.topology import Topology

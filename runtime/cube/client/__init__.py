@@ -1,4 +1,4 @@
-"""Sharded, replicated cube client: ``CubeClient.seek(keys) -> SeekResult``.
+"""Cube client: sharded and replicated, ``CubeClient.seek(keys) -> SeekResult``.
 
 - Topology: ``shards x replicas`` (``runtime.formats.topology``); shard of a
   key: ``runtime.formats.topology.shard_rows`` (``key % shard_num``, as the builder).

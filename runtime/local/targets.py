@@ -9,7 +9,7 @@ stack's ServiceMonitors and PodMonitors set it) and the address comes from the s
 The directory is ``$ELASTIC_CTR_SCRAPE_DIR`` (``SCRAPE_DIR_ENV``): ``elastic-ctr local
 --prometheus`` sets it before it starts any role, so every launcher (the local cube, the
 local services, ``train --local-cluster``: its pservers and trainers) writes its
-processes' files there; unset, nothing is written. ``runtime.monitoring.server``'s one
+processes' files there; unset, nothing is written. ``runtime.local.prometheus_server``'s one
 scrape job reads ``<dir>/*.json``; each target carries its ``job`` label (Prometheus keeps
 a ``job`` that service discovery gives).
 """

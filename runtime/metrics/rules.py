@@ -1,7 +1,7 @@
 """The pipeline's Prometheus rules: recording rules (freshness as a series, serving's rates)
 and the SLO alerts, built from ``Thresholds``. The one definition of both the stack's
 PrometheusRule (``components/monitoring.py``: ``spec.groups``) and the local Prometheus's
-rule file (``runtime.monitoring.server``); ``promtool check rules`` and ``promtool test
+rule file (``runtime.local.prometheus_server``); ``promtool check rules`` and ``promtool test
 rules`` check them (``tests/monitoring``, a unit test per alert), and docs/monitoring.md
 has a runbook section per alert (its anchor is ``ALERTS[name].anchor``).
 
@@ -11,7 +11,7 @@ there is none, and the grouping is the same); the jobs are the role specs' names
 ``job`` label the stack's ServiceMonitors and PodMonitors and the local scrape
 configuration give each role.
 
-``Thresholds`` are seconds and ratios; ``python -m runtime.monitoring.rules`` writes the
+``Thresholds`` are seconds and ratios; ``python -m runtime.metrics.rules`` writes the
 rule file with the defaults (``--freshness-slo 3600`` etc. to change them).
 """
 from __future__ import annotations
@@ -266,7 +266,7 @@ def rule_file(t: Optional[Thresholds] = None, runbook: str = RUNBOOK_PAGE,
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m runtime.monitoring.rules [--out FILE] [--<threshold> N ...]``."""
+    """``python -m runtime.metrics.rules [--out FILE] [--<threshold> N ...]``."""
     import argparse
 
     ap = argparse.ArgumentParser(description="write the pipeline's Prometheus rule file")

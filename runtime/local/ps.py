@@ -2,7 +2,7 @@
 
 Each role is ``python -m runtime.cli train <same flags>`` with the environment contract of
 ``runtime.trainer.roles`` (free ports, a metrics port each: their scrape targets are
-written where ``runtime.monitoring.targets`` says). The launcher checks the inputs first (a missing
+written where ``runtime.local.targets`` says). The launcher checks the inputs first (a missing
 file or unreachable URL fails before any process starts), starts the pservers, then the
 trainers, waits for the trainers, and stops the pservers (by PID). If any role dies, every
 process is stopped and ``RoleFailed`` (with the failing role's log tail) is raised.
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from runtime import proc, role_specs
-from runtime.monitoring import targets
+from runtime.local import targets
 from runtime.formats.train_result import RESULT, TrainResult, TrainResultError
 from runtime.trainer import PADDLE_FLAGS
 from runtime.trainer.config import TrainConfig, check_inputs

@@ -4,8 +4,8 @@ and the live monitoring test's. It is a role of a ``runtime.proc.ProcessGroup``:
 by ``launch`` and stopped by PID with the group.
 
 Its directory holds ``prometheus.yml`` (one scrape job, ``elastic-ctr``, over the file-SD
-target files ``targets/*.json`` that the launchers write: ``runtime.monitoring.targets``,
-each target carrying its ``job``), ``rules.yaml`` (``runtime.monitoring.rules``) and the
+target files ``targets/*.json`` that the launchers write: ``runtime.local.targets``,
+each target carrying its ``job``), ``rules.yaml`` (``runtime.metrics.rules``) and the
 TSDB (``data/``). ``--web.enable-lifecycle`` is on so ``set_rules`` can reload new
 thresholds. The HTTP API (``query``, ``query_range``, ``rules``, ``alerts``) is Prometheus'
 own ``/api/v1`` (https://prometheus.io/docs/prometheus/latest/querying/api/).
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from runtime.monitoring import rules as rules_mod
+from runtime.metrics import rules as rules_mod
 
 BINARY = "prometheus"
 

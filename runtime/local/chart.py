@@ -23,7 +23,7 @@ CHART = "freshness-auc.png"
 
 def fetch(server, start: float, end: float, step_s: float = 1.0) -> dict[str, list[tuple[float, float]]]:
     """``{name: [(unix s, value), ...]}`` of ``SERIES`` over ``[start, end]`` from
-    ``server`` (a ``runtime.monitoring.server.PrometheusServer``), every ``step_s`` (the
+    ``server`` (a ``runtime.local.prometheus_server.PrometheusServer``), every ``step_s`` (the
     scrape interval: a trainer's last values may be scraped once before it exits); NaN
     points left out."""
     out = {}
