@@ -63,7 +63,7 @@ def test_continuous_wait_polls_until_success_lands(s3_bucket, tmp_path):
     _put(f"{root}/20261120/05/part-00000", b"0\t1\n", tmp_path)
 
     class Cfg:
-        data_root, poll_s = root, 0.1
+        data_root, poll_seconds = root, 0.1
 
     class Stop:
         requested = False

@@ -1,5 +1,5 @@
 """A stopping ``WebServer`` lets go of keep-alive clients that keep sending: each answer
-given while draining says ``Connection: close`` and the connection is closed after it, so
+given while stopping says ``Connection: close`` and the connection is closed after it, so
 a client learns from the answer itself not to send on that connection again (before, an
 answer kept the connection open and the client's next request could meet the drain
 closing it, unanswered) and the stop ends soon after the last request in flight, well
@@ -86,5 +86,5 @@ def test_stop_lets_go_of_keepalive_clients_that_keep_sending():
     assert took < DRAIN_BOUND_S, f"stop took {took:.1f} s with {CLIENTS} keep-alive clients sending: {summary}"
     assert all(c.refused for c in clients), f"every client ends refused (listening socket closed): {summary}"
     assert not summary["bad"], summary
-    assert summary["closes"] >= 1, f"answers while draining say Connection: close: {summary}"
+    assert summary["closes"] >= 1, f"answers while stopping say Connection: close: {summary}"
     assert all(len(c.lost) <= 1 for c in clients), [c.lost for c in clients]

@@ -10,7 +10,7 @@ from runtime.web.limits import ServerLimits
 class ServingThread:
     """``app`` (an ASGI app; serving's ``ServingApp`` or any other) on 127.0.0.1, a port the
     kernel picks, under ``limits``; a context manager (``start``/``stop``). ``url``, ``port``.
-    ``stop()``: the worker's graceful stop (a ``ServingApp``'s data plane turns draining
+    ``stop()``: the worker's graceful stop (a ``ServingApp``'s data plane turns stopping
     first), returns once the server has stopped."""
 
     def __init__(self, app, limits: ServerLimits | None = None, host: str = "127.0.0.1"):

@@ -26,7 +26,7 @@ from tests.slow_clients import check_answered, latency
 
 
 class _Plane:
-    draining = False
+    stopping = False
 
 
 class Echo:
@@ -301,7 +301,7 @@ def test_beyond_the_queue_limit_inference_is_answered_503_at_once_and_probes_ans
 
 def test_stop_lets_go_of_keepalive_clients_that_keep_sending():
     """As ``WebServer``'s (``tests/lifecycle/test_keepalive_drain.py``): every answer
-    while draining says ``Connection: close``, the listening socket closes, the requests in
+    while stopping says ``Connection: close``, the listening socket closes, the requests in
     flight finish, each client ends refused having lost at most one request (one sent on a
     connection closed while idle)."""
     st, _ = _serve(Echo(delay_s=WORK_S), threads=4, max_body_bytes=1 << 20, grace_period_s=GRACE_S)
@@ -321,7 +321,7 @@ def test_stop_lets_go_of_keepalive_clients_that_keep_sending():
     print("keep-alive drain:", summary)
     assert took < DRAIN_BOUND_S, summary
     assert all(c.refused for c in clients) and not summary["bad"], summary
-    assert summary["closes"] >= 1, f"answers while draining say Connection: close: {summary}"
+    assert summary["closes"] >= 1, f"answers while stopping say Connection: close: {summary}"
     assert all(len(c.lost) <= 1 for c in clients), [c.lost for c in clients]
 
 
