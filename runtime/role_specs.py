@@ -335,7 +335,7 @@ def train_argv(cfg: Any, launch: Sequence[str] = (), **deploy_time: Any) -> list
     one builder of the command line: the components, the local runs, the local cluster's
     children, the benches and the tests use it; ``elastic-ctr train`` parses it back into
     an equal ``TrainConfig``."""
-    from runtime.trainer.config import flag
+    from runtime.trainer.flags import flag
     from runtime.trainer.gate_config import gate_argv
     from runtime.trainer.lifecycle import lifecycle_argv
 

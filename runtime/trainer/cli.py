@@ -23,6 +23,7 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
     help (with the default) from the field. Flags default to None so that ``--config``
     values apply where a flag is not given."""
     from runtime.trainer import config
+    from runtime.trainer.flags import flag
 
     for name, f in config.FIELDS.items():
         kind = config.base_type(f.annotation)
@@ -35,7 +36,7 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
         if isinstance(shown, tuple):
             shown = ",".join(map(str, shown))
         help_text = f.description if shown in (None, []) else f"{f.description} (default: {shown})"
-        parser.add_argument(config.flag(name), help=help_text, **{k: v for k, v in kw.items() if v is not None})
+        parser.add_argument(flag(name), help=help_text, **{k: v for k, v in kw.items() if v is not None})
 
 
 def register(sub: "argparse._SubParsersAction") -> None:

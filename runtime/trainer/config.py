@@ -23,6 +23,7 @@ from runtime.trainer import readers
 from runtime.trainer.gate_config import GateFields
 from runtime.trainer import lifecycle
 from runtime.trainer.lifecycle import LifecycleFields
+from runtime.trainer.flags import flag
 
 MODES = ("batch", "continuous")
 #: the parameter-server flavours (runtime.trainer.program.strategy)
@@ -61,11 +62,6 @@ class _Names(dict):
 
     def __missing__(self, key: str) -> str:
         return self.name(key)
-
-
-def flag(field: str) -> str:
-    """The ``train`` flag of a field: ``base_every_minutes`` -> ``--base-every-minutes``."""
-    return "--" + field.replace("_", "-")
 
 
 class TrainConfigError(ValueError):

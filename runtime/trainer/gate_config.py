@@ -15,6 +15,8 @@ from typing import Optional
 
 from pydantic import BaseModel, Field
 
+from runtime.trainer.flags import changed_flags
+
 #: field -> default, for ``train_argv`` (a flag is passed only when it differs)
 DEFAULTS = {"data_schema": None, "gate_window": 6, "gate_min_history": 3, "gate_rows_ratio": 4.0,
             "gate_click_ratio": 1.5, "gate_missing_shift": 0.2, "gate_dense_js": 0.25,
@@ -68,17 +70,6 @@ class GateFields(BaseModel):
     gate_distinct_ratio: float = Field(DEFAULTS["gate_distinct_ratio"], description="data gate: a slot's distinct "
                                        "values may fall at most this many times below the recent median (in count "
                                        "and per row); a slot that lost more is never taken as a new normal", gt=1)
-
-
-def changed_flags(cfg, defaults: dict) -> list[str]:
-    """The ``train`` flags of the fields ``defaults`` names (field -> default) whose value in
-    ``cfg`` differs from it: ``["--gate-window", "3", ...]`` (floats as ``repr``)."""
-    out = []
-    for name, default in defaults.items():
-        v = getattr(cfg, name)
-        if v != default:
-            out += ["--" + name.replace("_", "-"), repr(float(v)) if isinstance(v, float) else str(v)]
-    return out
 
 
 def gate_argv(cfg) -> list[str]:

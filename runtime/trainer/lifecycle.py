@@ -51,7 +51,7 @@ from typing import Optional
 
 from pydantic import BaseModel, Field
 
-from runtime.trainer.gate_config import changed_flags
+from runtime.trainer.flags import changed_flags
 
 #: field -> default, for ``lifecycle_argv`` (a flag is passed only when it differs). Chosen by
 #: ``make bench-lifecycle`` (docs/training.md, "Choosing the settings"): admission at 3 kept the

@@ -10,6 +10,7 @@ import pytest
 from runtime import role_specs
 from runtime.trainer import cli, config
 from runtime.trainer.config import TrainConfig, TrainConfigError
+from runtime.trainer.flags import flag
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,7 +28,7 @@ def test_every_field_is_a_flag_with_the_fields_help_and_default():
     actions = {a.dest: a for a in train._actions}
     for name, field in config.FIELDS.items():
         action = actions[name]
-        assert action.option_strings == [config.flag(name)] and action.default is None, name
+        assert action.option_strings == [flag(name)] and action.default is None, name
         assert action.help.startswith(field.description), name
         assert tuple(action.choices or ()) == (config.choices(name) or ()), name
     assert actions["epochs"].help.endswith("(default: 2)") and actions["layers"].help.endswith("(default: 128,64,32)")
