@@ -15,7 +15,7 @@ NCA_PYTHON ?= python3.11
 CHECKOV_VENV ?= .venv-checkov
 PYTEST_ARGS ?=
 
-.PHONY: bench-soak bench-lifecycle bench-table-bytes bench-manifest install install-all prereqs prereqs-all optional-tools browser prometheus constraints demo test test-fast docs layout bench-train bench-cube bench-rollout bench-serving bench-dense bench-serving-image bench-serving-peers bench-storage bench-tracking bench-metrics bench-online bench-fresh bench render golden pulumi-yaml pulumi-schema clean
+.PHONY: bench-http-roles bench-http-overhead bench-soak bench-lifecycle bench-table-bytes bench-manifest install install-all prereqs prereqs-all optional-tools browser prometheus constraints demo test test-fast docs layout bench-train bench-cube bench-rollout bench-serving bench-dense bench-serving-image bench-serving-peers bench-storage bench-tracking bench-metrics bench-online bench-fresh bench render golden pulumi-yaml pulumi-schema clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -171,6 +171,15 @@ bench-fresh: install
 ## whole pipeline, lifecycle on and off. BENCH_SOAK_ARGS="--hours 6 --day 3 --rows-per-hour 20000": a quick try.
 bench-soak: install
 	$(BIN)/python bench/bench_soak.py $(BENCH_SOAK_ARGS)
+
+## The control roles' HTTP servers under slow clients, load and SIGTERM (bench/bench_http_roles.py);
+## BENCH_HTTP_ARGS="--tree DIR": another checkout's roles, to compare two in one sitting.
+bench-http-roles: install
+	$(BIN)/python bench/bench_http_roles.py $(BENCH_HTTP_ARGS)
+
+## Serving's HTTP layer alone, server CPU per request (bench/bench_http_overhead.py); BENCH_HTTP_ARGS="--tree A --tree B".
+bench-http-overhead: install
+	$(BIN)/python bench/bench_http_overhead.py $(BENCH_HTTP_ARGS)
 
 ## The lifecycle's settings: next-hour AUC against table size per setting (bench/bench_lifecycle.py).
 bench-lifecycle: install

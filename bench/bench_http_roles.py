@@ -116,8 +116,11 @@ def start_role(tree: Path, role: str, work: Path) -> Role:
     topo = Topology.build("ctr_embedding", [[("127.0.0.1:9", "http://127.0.0.1:9", "http://127.0.0.1:9")]]).write(
         d / "topology.json")
     (d / "root").mkdir()
+    # a checkout from before the flags carried their unit names them without it
+    old = "--poll-interval" in (tree / "runtime" / "cube" / "cli.py").read_text()
+    poll, reconcile = ("--poll-interval", "--reconcile-interval") if old else ("--poll-seconds", "--reconcile-every-seconds")
     return Role(tree, role, ["cube", "transfer", "--topology", str(topo), "--root", str(d / "root"), "--work-dir",
-                             str(d / "w"), "--poll-seconds", "1", "--reconcile-every-seconds", "0", "--insecure-no-auth"],
+                             str(d / "w"), poll, "1", reconcile, "0", "--insecure-no-auth"],
                 "--port", d)
 
 
