@@ -151,7 +151,7 @@ def test_build_record_round_trip_and_errors(tmp_path):
 def test_a_shard_with_no_key_builds_and_loads(tmp_path):
     """A small version (few feasigns admitted) can leave a shard empty: its dict is written
     and loads as a table holding nothing."""
-    from runtime.cube.table import VersionView
+    from runtime.cube.views import VersionView
 
     keys = np.array([2, 4, 6], np.uint64)  # all on shard 0 of 2
     values = np.ones((3, 4), np.float32)

@@ -3,7 +3,7 @@ its one owner: frame sizes, layout, flags) over TCP.
 
 Per request: ``recv_into`` a per-connection preallocated buffer, one C call
 (``kernel.c`` ``cube_view_lookup``, GIL released) that probes the served version's
-view (``runtime/cube/table.py``: its overlay tables newest first, then its base) and
+view (``runtime/cube/views.py``: its overlay tables newest first, then its base) and
 writes the found mask and the values straight into a preallocated reply buffer, one
 send. No per-key Python, no per-request allocation (buffers grow only for bigger
 batches).
@@ -30,7 +30,7 @@ from runtime.cube import protocol
 from runtime.cube.kernel import KERNEL
 from runtime.cube.server.sockets import has_unread, send_nonblocking, unacked
 from runtime.cube.server.versions import Versions
-from runtime.cube.table import VersionView
+from runtime.cube.views import VersionView
 
 log = logging.getLogger(__name__)
 
