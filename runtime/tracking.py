@@ -144,7 +144,7 @@ class JobTracking:
 
     def version(self, step: Optional[int], rec: Mapping[str, Any], model_meta: Optional[dict]) -> None:
         """One exported version: ``rec`` = ``{"id", "kind", "base", "hour", "rows",
-        "seconds"}`` (``runtime.trainer.online.ExportRecord``; batch: ``hour`` None):
+        "seconds"}`` (``runtime.trainer.online_state.ExportRecord``; batch: ``hour`` None):
         ``EXPORT_METRICS`` at ``step``, the ``version.<id>.*`` tags (``version.<id>.onnx``:
         ``model.onnx``, or ``none: <why>``, from ``model_meta``'s ``onnx``) and the artifact
         (``rec`` with ``model_meta``)."""
