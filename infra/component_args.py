@@ -2,16 +2,17 @@
 
 ``infra/program.py`` (``pulumi up``) and ``provider/components.py`` (the Pulumi package's
 components) declare the same components from the same keys; what differs is only the
-wiring between them (the version root, the upload token, the tracking server), which the
-callers pass in.
+wiring between them (the version root, the upload token, the tracking server, the roles'
+pod selectors), which the callers pass in.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
+from components.network_policies import Peers
 from components.training_job import TrainingJobArgs
-from infra import config_gates, config_lifecycle
+from infra import config_gates, config_lifecycle, config_security
 from infra.config import StackConfig
 
 
@@ -40,3 +41,19 @@ def training_job_args(cfg: StackConfig, *, deployment: Any, image: Any, output: 
         shared_size=cfg.training_shared_size, gate_args=config_gates.gate_argv(train),
         lifecycle_args=config_lifecycle.lifecycle_argv(train),
         tracking_uri=tracking_uri, tracking_experiment=cfg.tracking_experiment, tracking_job=tracking_job)
+
+
+def network_policy_keys(cfg: StackConfig) -> dict[str, Any]:
+    """The NetworkPolicies' arguments that come from ``cfg``'s security keys (who may reach
+    the file server, serving and the tracking UI, the monitoring namespace, egress); the
+    callers add the roles' selectors."""
+    return dict(
+        file_server_sources=cfg.source_ranges() if cfg.expose_file_server else [],
+        serving_clients=Peers(
+            namespaces=config_security.namespaces(cfg.serving_client_namespaces),
+            pod_labels=config_security.labels(cfg.serving_client_pod_labels), cidrs=cfg.client_cidrs()),
+        tracking_ui=Peers(
+            namespaces=config_security.namespaces(cfg.tracking_ui_namespaces),
+            pod_labels=config_security.labels(cfg.tracking_ui_pod_labels)) if cfg.tracking_ui_pod_labels else None,
+        monitoring_namespace=cfg.monitoring_namespace or None,
+        egress=cfg.network_policy_egress, egress_cidrs=cfg.egress_ranges())

@@ -23,11 +23,11 @@ from components import (CubeCluster, CubeClusterArgs, CubeTransfer, CubeTransfer
                         FileServerArgs, Images, ImagesArgs, Monitoring, MonitoringArgs, Serving, ServingArgs,
                         TrackingServer, TrackingServerArgs, TrainingJob, common)
 from components.credentials import Credentials, CredentialsArgs
-from components.network_policies import NetworkPolicies, NetworkPoliciesArgs, Peers
+from components.network_policies import NetworkPolicies, NetworkPoliciesArgs
 from components.training_job import TASK_LABEL
 from components.object_store import ObjectStoreAccess, ObjectStoreAccessArgs
-from infra import config_gates, config_monitoring, config_security, config_tracking
-from infra.component_args import training_job_args
+from infra import config_gates, config_monitoring, config_tracking
+from infra.component_args import network_policy_keys, training_job_args
 from infra.config import PROJECT, REPO_ROOT, Secrets, StackConfig, load
 from infra.config_storage import annotations
 from runtime import dense_backends
@@ -149,15 +149,7 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
             deployment=dep, task_label=TASK_LABEL, cube_selector=cube.every_shard, transfer_selector=transfer.selector,
             serving_selector=serving.selector, job_selector=training.selector,
             files_selector=files.selector if files else None, tracking_selector=tracker.selector if tracker else None,
-            file_server_sources=cfg.source_ranges() if cfg.expose_file_server else [],
-            serving_clients=Peers(
-                namespaces=config_security.namespaces(cfg.serving_client_namespaces),
-                pod_labels=config_security.labels(cfg.serving_client_pod_labels), cidrs=cfg.client_cidrs()),
-            tracking_ui=Peers(
-                namespaces=config_security.namespaces(cfg.tracking_ui_namespaces),
-                pod_labels=config_security.labels(cfg.tracking_ui_pod_labels)) if cfg.tracking_ui_pod_labels else None,
-            monitoring_namespace=cfg.monitoring_namespace or None,
-            egress=cfg.network_policy_egress, egress_cidrs=cfg.egress_ranges()))
+            **network_policy_keys(cfg)))
 
     monitoring = Monitoring("monitoring", MonitoringArgs(
         deployment=dep, mode=cfg.monitoring,

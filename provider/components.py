@@ -16,9 +16,8 @@ import pulumi
 
 from components import (credentials, cube_cluster, cube_transfer, file_server, images, monitoring, network_policies,
                         object_store, serving, tracking_server, training_job)
-from components.network_policies import Peers
 from infra import config, config_gates, config_monitoring, config_security, config_storage
-from infra.component_args import training_job_args
+from infra.component_args import network_policy_keys, training_job_args
 from infra.config import REPO_ROOT
 from provider import keys, wiring
 from provider.args import (CredentialsArgs, CubeClusterArgs, CubeTransferArgs, EnvVar, FileServerArgs, ImagesArgs,
@@ -267,15 +266,7 @@ class NetworkPolicies(network_policies.NetworkPolicies):
             job_selector=wiring.part_pods(dep, parts, "training_job"),
             files_selector=wiring.part_pods(dep, parts, "file_server"),
             tracking_selector=wiring.part_pods(dep, parts, "tracking_server"),
-            file_server_sources=cfg.source_ranges() if cfg.expose_file_server else [],
-            serving_clients=Peers(
-                namespaces=config_security.namespaces(cfg.serving_client_namespaces),
-                pod_labels=config_security.labels(cfg.serving_client_pod_labels), cidrs=cfg.client_cidrs()),
-            tracking_ui=Peers(
-                namespaces=config_security.namespaces(cfg.tracking_ui_namespaces),
-                pod_labels=config_security.labels(cfg.tracking_ui_pod_labels)) if cfg.tracking_ui_pod_labels else None,
-            monitoring_namespace=cfg.monitoring_namespace or None,
-            egress=cfg.network_policy_egress, egress_cidrs=cfg.egress_ranges()), opts)
+            **network_policy_keys(cfg)), opts)
 
 
 class Monitoring(monitoring.Monitoring):
