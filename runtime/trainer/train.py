@@ -176,7 +176,7 @@ def run_role(cfg: TrainConfig) -> dict | None:
     import paddle
     from paddle.distributed import fleet
 
-    from runtime.trainer.worker import PsWorker
+    from runtime.trainer.ps_worker import PsWorker
 
     from runtime import proc
 
