@@ -9,6 +9,8 @@ Modules:
   (``--io-mode``): ``epoll`` (default) multiplexes every connection on one thread;
   ``threads`` runs a blocking loop per connection and pays for GIL hand-offs between
   them (the README's benchmarks give both).
+- ``conn.py``: a data-plane connection's buffers and counters, and the answer to its
+  requests (the hot path).
 - ``sockets.py``: its socket helpers (non-blocking send, unread / unacknowledged bytes).
 - ``versions.py``: ``current`` (served), ``prev`` (still answered when a request names
   it, so a client can finish a batch on one version across shards while a switch
