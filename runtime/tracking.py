@@ -46,8 +46,9 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from runtime.tracking_client import (CLOSE_TIMEOUT_S, COMMIT_TAG, DEFAULT_EXPERIMENT, EXPERIMENT_ENV, JOB_TAG,
-                                     ROLE_TAG, URI_ENV, NullTracker, RunIdFile, Tracker, experiment_name, start,
+                                     ROLE_TAG, URI_ENV, NullTracker, Tracker, experiment_name, start,
                                      trackers, tracking_uri)
+from runtime.tracking_runfile import RunIdFile
 
 #: the client's names are used through this module (the pipeline's one tracking module)
 __all__ = ["CLOSE_TIMEOUT_S", "COMMIT_TAG", "DEFAULT_EXPERIMENT", "EXPERIMENT_ENV", "JOB_TAG", "ROLE_TAG", "URI_ENV",
