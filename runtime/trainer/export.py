@@ -184,7 +184,7 @@ def write_sparse(stage: Path, keys: np.ndarray, values: np.ndarray) -> list[dict
     """Writes ``stage/part-NNNNN`` SequenceFiles (raw style: key uint64 LE, value
     float32[dim] LE; ``runtime.formats.seqfile``), ``PART_ROWS`` rows each, keys sorted.
     Returns ``[{"file", "count", "bytes"}]``."""
-    from runtime.formats.seqfile import write_sequence_file
+    from runtime.formats.seqfile_writer import write_sequence_file
 
     order = np.argsort(keys, kind="stable")
     keys, values = keys[order], values[order]

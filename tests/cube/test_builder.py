@@ -13,7 +13,8 @@ from runtime import cli
 from runtime.cube import dictfile
 from runtime.cube.buildinfo import BuildRecord, BuildRecordError, parse_shard_tar_name, shard_tar_name
 from runtime.cube.builder import BuildError, build
-from runtime.formats.seqfile import SequenceFileError, write_sequence_file
+from runtime.formats.seqfile import SequenceFileError
+from runtime.formats.seqfile_writer import write_sequence_file
 from runtime.formats.topology import shard_of
 from tests.helpers import DICT, build_version, make_data
 

@@ -13,7 +13,7 @@ import pytest
 
 from runtime import storage
 from runtime.formats import donefile, manifest
-from runtime.formats.seqfile import write_sequence_file
+from runtime.formats.seqfile_writer import write_sequence_file
 from tests.cube.transfer_harness import make_transfer
 
 DIM = 4

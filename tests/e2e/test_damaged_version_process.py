@@ -17,7 +17,8 @@ import requests
 
 from runtime import storage
 from runtime.formats import donefile, features, manifest
-from runtime.formats.seqfile import read_sequence_file, write_sequence_file
+from runtime.formats.seqfile import read_sequence_file
+from runtime.formats.seqfile_writer import write_sequence_file
 from tests.helpers import PredictLoad, export_version, make_table, start_serving
 
 pytestmark = pytest.mark.slow
