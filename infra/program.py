@@ -28,7 +28,8 @@ from components.training_job import TASK_LABEL
 from components.object_store import ObjectStoreAccess, ObjectStoreAccessArgs
 from infra import config_gates, config_monitoring, config_tracking
 from infra.component_args import network_policy_keys, training_job_args
-from infra.config import PROJECT, REPO_ROOT, Secrets, StackConfig, load
+from infra.config import PROJECT, REPO_ROOT, StackConfig
+from infra.config_load import Secrets, load
 from infra.config_storage import annotations
 from runtime import dense_backends
 from runtime.role_specs import CREDENTIAL_BOUNDARIES
