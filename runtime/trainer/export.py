@@ -240,7 +240,7 @@ def export_version(root: str, *, slots: Sequence[int], fmt: str, dim: int, layer
         conversion = onnx_export.start_conversion(stage / "dense", *dense["files"], dense["fetch"])
         parts = write_sparse(stage / "sparse", keys, values)  # while the ONNX copy is converted
         meta = ModelMeta(
-            version=vid, created=int(time.time()), features=features.feature_spec(fmt, slots),
+            version=vid, created=int(time.time()), features=model_meta.feature_spec(fmt, slots),
             embedding_dim=dim, normalization=features.NORMALIZATION,
             feeds=dense["feeds"], fetches=[dense["fetch"]], model_files=tuple(dense["files"]),
             layers=list(layers),
