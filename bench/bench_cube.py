@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from runtime import role_specs  # noqa: E402
 from runtime.cube import protocol  # noqa: E402
 from runtime.cube.builder import build  # noqa: E402
-from runtime.formats.seqfile import write_sequence_file  # noqa: E402
+from runtime.formats.seqfile_writer import write_sequence_file  # noqa: E402
 from runtime.proc import ProcessGroup, free_port, wait_for_port  # noqa: E402
 
 CLK = os.sysconf("SC_CLK_TCK")

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from runtime.cube.builder import build  # noqa: E402
 from runtime.formats import manifest  # noqa: E402
-from runtime.formats.seqfile import write_sequence_file  # noqa: E402
+from runtime.formats.seqfile_writer import write_sequence_file  # noqa: E402
 
 
 def best(fn, repeat: int) -> float:

@@ -267,7 +267,7 @@ def run_rollout_check(args) -> int:
     import requests
 
     from runtime.local.cube import LocalCubeCluster
-    from runtime.formats.seqfile import write_sequence_file
+    from runtime.formats.seqfile_writer import write_sequence_file
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_online_rollout_"))
     dim, part = 9, 1 << 20

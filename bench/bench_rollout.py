@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from runtime.local.cube import LocalCubeCluster  # noqa: E402
 from runtime.cube.client import CubeClient  # noqa: E402
-from runtime.formats.seqfile import write_sequence_file  # noqa: E402
+from runtime.formats.seqfile_writer import write_sequence_file  # noqa: E402
 
 
 def run_rollout_bench(keys: int = 1_000_000, dim: int = 10, shards: int = 2, replicas: int = 2,

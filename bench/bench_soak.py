@@ -86,7 +86,7 @@ def run(args, data: Path, work: Path, label: str, flags: list[str]) -> dict:
     from runtime.local.online import _served_auc
     from runtime.local.services import start_client, start_serving, start_services
     from runtime.local.status import Waiter, serving_version, summary_line
-    from runtime.trainer.online import OnlineState, checkpoint_name
+    from runtime.trainer.online_state import OnlineState, checkpoint_name
 
     H, day = args.hours, args.day
     hs = [partitions.Hour.parse(START).next(i) for i in range(H)]

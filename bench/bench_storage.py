@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime import storage  # noqa: E402
+from runtime import storage, storage_write  # noqa: E402
 from runtime.formats import partitions  # noqa: E402
 from runtime.trainer import generator, readers  # noqa: E402
 from tests.s3server import S3Server  # noqa: E402
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         local = partitions.files(str(root), hour)[0]
         size = os.path.getsize(local)
         remote_root = f"s3://{s3.new_bucket()}/hours"
-        storage.upload_tree(Path(hour.location(str(root))), hour.location(remote_root))
+        storage_write.upload_tree(Path(hour.location(str(root))), hour.location(remote_root))
         remote = partitions.files(remote_root, hour)[0]
         print(f"partition: {args.rows} rows, {size} bytes; local {local}; s3 {remote} ({s3.endpoint})")
         for way, fn in WAYS.items():

@@ -72,7 +72,7 @@ def measure(args, flags: list[str], pserver_pid: int) -> dict:
 
     from runtime.trainer import datafeed, roles
     from runtime.trainer.config import TrainConfig
-    from runtime.trainer.worker import PsWorker
+    from runtime.trainer.ps_worker import PsWorker
 
     role = roles.from_env()
     roles.apply(role)

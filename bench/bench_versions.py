@@ -1,4 +1,4 @@
-"""The cube server's versioned views in one process (``runtime/cube/table.py``): what a
+"""The cube server's versioned views in one process (``runtime/cube/views.py``): what a
 patch costs the server, and what a merge costs lookups.
 
 Builds a base of ``--keys`` random uint64 keys x ``--dim`` float32 (one shard's table),
@@ -36,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime.cube.table import VersionView  # noqa: E402
+from runtime.cube.views import VersionView  # noqa: E402
 
 
 def lookup_us(view: VersionView, keys: np.ndarray, batch: int, rounds: int, rng) -> float:

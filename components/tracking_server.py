@@ -29,7 +29,7 @@ import pulumi_kubernetes as k8s
 
 from components import common
 from components.common import DeployContext
-from runtime import role_specs
+from runtime import mlflow_auth, role_specs
 
 STORE = "/mlflow"
 #: where the basic-auth app's config file (``AUTH_INI``, from the ``<name>-auth`` ConfigMap) is mounted
@@ -101,15 +101,15 @@ class TrackingServer(pulumi.ComponentResource):
         if auth:
             env += [k8s.core.v1.EnvVarArgs(name=var, value_from=k8s.core.v1.EnvVarSourceArgs(
                 secret_key_ref=k8s.core.v1.SecretKeySelectorArgs(name=dep.credentials[role_specs.TRACKING], key=key)))
-                for var, key in role_specs.TRACKING_SERVER_ENV]
+                for var, key in mlflow_auth.TRACKING_SERVER_ENV]
             users = f"{STORE}/basic_auth.db" if mounts else f"{common.TMP_DIR}/basic_auth.db"
             cm_name = f"{name}-auth"
             cm = k8s.core.v1.ConfigMap(cm_name, metadata=common.metadata(dep, cm_name, lbls),
-                                       data={AUTH_INI: role_specs.tracking_auth_config(users)}, opts=common.child(self))
+                                       data={AUTH_INI: mlflow_auth.tracking_auth_config(users)}, opts=common.child(self))
             volumes.append(k8s.core.v1.VolumeArgs(name="auth", config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(
                 name=cm.metadata.apply(lambda m: m.name))))
             mounts.append(k8s.core.v1.VolumeMountArgs(name="auth", mount_path=AUTH_DIR, read_only=True))
-            env.append(k8s.core.v1.EnvVarArgs(name=role_specs.TRACKING_AUTH_CONFIG_ENV, value=f"{AUTH_DIR}/{AUTH_INI}"))
+            env.append(k8s.core.v1.EnvVarArgs(name=mlflow_auth.TRACKING_AUTH_CONFIG_ENV, value=f"{AUTH_DIR}/{AUTH_INI}"))
         port = spec.port("http")
         host = dep.svc_host(name)
         env.append(k8s.core.v1.EnvVarArgs(name="MLFLOW_SERVER_ALLOWED_HOSTS", value=pulumi.Output.concat(

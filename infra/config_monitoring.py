@@ -5,7 +5,7 @@ PodMonitors and PrometheusRule), the SLO thresholds of the alerts
 autoscaler metric (CPU, or in-flight requests per pod through the Prometheus adapter).
 
 ``MonitoringKeys`` is a base of ``infra.config.StackConfig`` (its keys are stack keys like
-any other: ``Pulumi.yaml`` declares them, ``infra.config.parse`` validates them, and
+any other: ``Pulumi.yaml`` declares them, ``infra.config_load.parse`` validates them, and
 ``problems(raw)`` adds the rules across keys).
 """
 from __future__ import annotations

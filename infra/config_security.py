@@ -4,7 +4,7 @@ server's LoadBalancer source ranges, and the per-boundary credentials a user may
 instead of the generated ones (``components.credentials``).
 
 ``SecurityKeys`` is a base of ``infra.config.StackConfig`` (its keys are stack keys like
-any other: ``Pulumi.yaml`` declares them, ``infra.config.parse`` validates them);
+any other: ``Pulumi.yaml`` declares them, ``infra.config_load.parse`` validates them);
 ``SECRETS`` joins ``infra.config.SECRETS`` and ``problems(raw)`` adds the rules across
 keys. Peers are written as text: namespace names and CIDRs comma-separated, pod labels as
 comma-separated ``key=value`` (``labels``).

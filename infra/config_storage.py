@@ -4,7 +4,7 @@ Kubernetes Secret the pods read as ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_K
 a workload identity (a ServiceAccount with the cloud's annotation, no keys at all).
 
 ``StorageKeys`` is a base of ``infra.config.StackConfig`` (its keys are stack keys like
-any other: ``Pulumi.yaml`` declares them, ``infra.config.parse`` validates them);
+any other: ``Pulumi.yaml`` declares them, ``infra.config_load.parse`` validates them);
 ``SECRETS`` joins ``infra.config.SECRETS`` and ``problems(raw)`` adds the rules that
 involve them. The pods' environment follows botocore's standard variables
 (``AWS_ENDPOINT_URL_S3``, ``AWS_DEFAULT_REGION``), which s3fs reads

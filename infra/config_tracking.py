@@ -3,7 +3,7 @@ off with ``trackingServer: false``), its resources and stores, or an external se
 and the experiment the training job and the cube transfer log to (``runtime.tracking``).
 
 ``TrackingKeys`` is a base of ``infra.config.StackConfig`` (its keys are stack keys like any
-other: ``Pulumi.yaml`` declares them, ``infra.config.parse`` validates them); ``SECRETS``
+other: ``Pulumi.yaml`` declares them, ``infra.config_load.parse`` validates them); ``SECRETS``
 joins ``infra.config.SECRETS`` (``trackingBackendStoreUri``: a database URI holds a
 password) and ``TrackingSecrets`` reads it as a secret Output.
 

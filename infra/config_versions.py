@@ -4,7 +4,7 @@ version, or stay on one, until it is unset) and the retention of published versi
 ``--keep-versions``; ``runtime.cube.transfer.rollback`` and ``retention``).
 
 ``VersionKeys`` is a base of ``infra.config.StackConfig`` (its keys are stack keys like any
-other: ``Pulumi.yaml`` declares them, ``infra.config.parse`` validates them). A change of
+other: ``Pulumi.yaml`` declares them, ``infra.config_load.parse`` validates them). A change of
 ``servedVersion`` shows in the preview as an update of the transfer's Deployment (its
 arguments).
 """

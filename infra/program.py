@@ -21,13 +21,15 @@ import pulumi_kubernetes as k8s
 
 from components import (CubeCluster, CubeClusterArgs, CubeTransfer, CubeTransferArgs, DeployContext, FileServer,
                         FileServerArgs, Images, ImagesArgs, Monitoring, MonitoringArgs, Serving, ServingArgs,
-                        TrackingServer, TrackingServerArgs, TrainingJob, TrainingJobArgs, common)
+                        TrackingServer, TrackingServerArgs, TrainingJob, common)
 from components.credentials import Credentials, CredentialsArgs
-from components.network_policies import NetworkPolicies, NetworkPoliciesArgs, Peers
+from components.network_policies import NetworkPolicies, NetworkPoliciesArgs
 from components.training_job import TASK_LABEL
 from components.object_store import ObjectStoreAccess, ObjectStoreAccessArgs
-from infra import config_gates, config_lifecycle, config_monitoring, config_security, config_tracking
-from infra.config import PROJECT, REPO_ROOT, Secrets, StackConfig, load
+from infra import config_gates, config_monitoring, config_tracking
+from infra.component_args import network_policy_keys, training_job_args
+from infra.config import PROJECT, REPO_ROOT, StackConfig
+from infra.config_load import Secrets, load
 from infra.config_storage import annotations
 from runtime import dense_backends
 from runtime.role_specs import CREDENTIAL_BOUNDARIES
@@ -112,23 +114,10 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
              # one job's name for the trainers' runs and the transfer's (a child of the job's run)
              "tracking_job": f"{instance}-{TRAINING_JOB}"}
 
-    training = TrainingJob(TRAINING_JOB, TrainingJobArgs(
-        deployment=dep, image=images.trainer, queue=cfg.volcano_queue,
-        pservers=cfg.pservers, trainers=cfg.trainers,
-        pserver_cpu=cfg.pserver_cpu, pserver_memory=cfg.pserver_memory,
-        trainer_cpu=cfg.trainer_cpu, trainer_memory=cfg.trainer_memory,
-        epochs=cfg.epochs, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
-        embedding_dim=cfg.embedding_dim, pserver_table_shards=cfg.pserver_table_shards,
-        ps_mode=cfg.ps_mode, geo_k_steps=cfg.geo_k_steps, threads=cfg.trainer_threads,
-        mode=cfg.training_mode, start_hour=cfg.data_start_hour or None, end_hour=cfg.data_end_hour or None,
-        partition_minutes=cfg.partition_minutes, patch_every_seconds=cfg.patch_every_seconds,
-        base_every_minutes=cfg.base_every_minutes, checkpoint_every_minutes=cfg.checkpoint_every_minutes,
-        data_train=cfg.data_train(), data_test=cfg.data_test(),
-        data_format=cfg.data_format, slot_file=cfg.slot_file or None,
-        output=root, upload_token_secret=token_secret, upload_token_key=token_key,
-        shared_storage_class=cfg.training_shared_storage_class or None,
-        shared_size=cfg.training_shared_size, gate_args=config_gates.gate_argv(cfg.train_config()),
-        lifecycle_args=config_lifecycle.lifecycle_argv(cfg.train_config()), **track))
+    training = TrainingJob(TRAINING_JOB, training_job_args(
+        cfg, deployment=dep, image=images.trainer, output=root, upload_token_secret=token_secret,
+        upload_token_key=token_key, tracking_uri=track["tracking_uri"],
+        tracking_job=track["tracking_job"]))
 
     cube = CubeCluster("cube", CubeClusterArgs(
         deployment=dep, image=images.cube, shards=cfg.cube_shards, replicas=cfg.cube_replicas,
@@ -161,15 +150,7 @@ def build(config: Optional[tuple[StackConfig, Secrets]] = None) -> dict[str, Any
             deployment=dep, task_label=TASK_LABEL, cube_selector=cube.every_shard, transfer_selector=transfer.selector,
             serving_selector=serving.selector, job_selector=training.selector,
             files_selector=files.selector if files else None, tracking_selector=tracker.selector if tracker else None,
-            file_server_sources=cfg.source_ranges() if cfg.expose_file_server else [],
-            serving_clients=Peers(
-                namespaces=config_security.namespaces(cfg.serving_client_namespaces),
-                pod_labels=config_security.labels(cfg.serving_client_pod_labels), cidrs=cfg.client_cidrs()),
-            tracking_ui=Peers(
-                namespaces=config_security.namespaces(cfg.tracking_ui_namespaces),
-                pod_labels=config_security.labels(cfg.tracking_ui_pod_labels)) if cfg.tracking_ui_pod_labels else None,
-            monitoring_namespace=cfg.monitoring_namespace or None,
-            egress=cfg.network_policy_egress, egress_cidrs=cfg.egress_ranges()))
+            **network_policy_keys(cfg)))
 
     monitoring = Monitoring("monitoring", MonitoringArgs(
         deployment=dep, mode=cfg.monitoring,

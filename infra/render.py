@@ -1,7 +1,7 @@
 """Offline rendering: run the Pulumi program under mocks and write Kubernetes manifests.
 
 No cluster, Docker engine or Pulumi CLI is involved. Config is assembled the way the CLI
-would: ``Pulumi.yaml`` defaults (applied by :func:`infra.config.parse`), then
+would: ``Pulumi.yaml`` defaults (applied by :func:`infra.config_load.parse`), then
 ``Pulumi.<stack>.yaml``, then ``--set`` overrides. Values a stack file stores encrypted
 (``secure: ...``) and secret keys left unset are replaced by a placeholder, so rendering
 never needs, nor shows, a real secret; Secret payloads are redacted in the output.
@@ -22,7 +22,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import yaml
 
-from infra.config import PROJECT, REPO_ROOT, REQUIRED_SECRETS, ConfigError, unknown_keys
+from infra.config import PROJECT, REPO_ROOT, REQUIRED_SECRETS, ConfigError
+from infra.config_load import unknown_keys
 
 REDACTED = "[redacted]"
 #: stands in for every secret during rendering (long enough to pass validation)

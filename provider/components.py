@@ -16,8 +16,8 @@ import pulumi
 
 from components import (credentials, cube_cluster, cube_transfer, file_server, images, monitoring, network_policies,
                         object_store, serving, tracking_server, training_job)
-from components.network_policies import Peers
-from infra import config, config_gates, config_lifecycle, config_monitoring, config_security, config_storage
+from infra import config, config_gates, config_monitoring, config_security, config_storage
+from infra.component_args import network_policy_keys, training_job_args
 from infra.config import REPO_ROOT
 from provider import keys, wiring
 from provider.args import (CredentialsArgs, CubeClusterArgs, CubeTransferArgs, EnvVar, FileServerArgs, ImagesArgs,
@@ -168,31 +168,17 @@ class TrainingJob(training_job.TrainingJob):
     def __init__(self, name: str, args: TrainingJobArgs, opts: Optional[pulumi.ResourceOptions] = None) -> None:
         cfg = keys.stack_config("TrainingJobArgs", args)
         try:
-            train = cfg.train_config()
+            cfg.train_config()
         except TrainConfigError as exc:
             errors = [{"property_path": config.KEY_OF.get(p.field, p.field),
                        "reason": p.render(lambda f: config.KEY_OF.get(f, f))} for p in exc.problems]
             raise pulumi.InputPropertiesError("TrainingJob: " + "; ".join(e["reason"] for e in errors), errors)
         dep = wiring.deploy_context(args["deployment"], "TrainingJob")
-        super().__init__(name, training_job.TrainingJobArgs(
-            deployment=dep, image=args["image"], queue=cfg.volcano_queue,
-            pservers=cfg.pservers, trainers=cfg.trainers,
-            pserver_cpu=cfg.pserver_cpu, pserver_memory=cfg.pserver_memory,
-            trainer_cpu=cfg.trainer_cpu, trainer_memory=cfg.trainer_memory,
-            epochs=cfg.epochs, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
-            embedding_dim=cfg.embedding_dim, pserver_table_shards=cfg.pserver_table_shards,
-            ps_mode=cfg.ps_mode, geo_k_steps=cfg.geo_k_steps, threads=cfg.trainer_threads,
-            mode=cfg.training_mode, start_hour=cfg.data_start_hour or None, end_hour=cfg.data_end_hour or None,
-            partition_minutes=cfg.partition_minutes, patch_every_seconds=cfg.patch_every_seconds,
-            base_every_minutes=cfg.base_every_minutes, checkpoint_every_minutes=cfg.checkpoint_every_minutes,
-            data_train=cfg.data_train(), data_test=cfg.data_test(),
-            data_format=cfg.data_format, slot_file=cfg.slot_file or None,
-            output=args["version_root"], upload_token_secret=args.get("upload_token_secret"),
+        super().__init__(name, training_job_args(
+            cfg, deployment=dep, image=args["image"], output=args["version_root"],
+            upload_token_secret=args.get("upload_token_secret"),
             upload_token_key=args.get("upload_token_key", file_server.TOKEN_KEY),
-            shared_storage_class=cfg.training_shared_storage_class or None,
-            shared_size=cfg.training_shared_size, gate_args=config_gates.gate_argv(train),
-            lifecycle_args=config_lifecycle.lifecycle_argv(train),
-            tracking_uri=args.get("tracking_uri"), tracking_experiment=cfg.tracking_experiment,
+            tracking_uri=args.get("tracking_uri"),
             tracking_job=args.get("tracking_job") or f"{dep.instance}-{name}"), opts)
 
 
@@ -280,15 +266,7 @@ class NetworkPolicies(network_policies.NetworkPolicies):
             job_selector=wiring.part_pods(dep, parts, "training_job"),
             files_selector=wiring.part_pods(dep, parts, "file_server"),
             tracking_selector=wiring.part_pods(dep, parts, "tracking_server"),
-            file_server_sources=cfg.source_ranges() if cfg.expose_file_server else [],
-            serving_clients=Peers(
-                namespaces=config_security.namespaces(cfg.serving_client_namespaces),
-                pod_labels=config_security.labels(cfg.serving_client_pod_labels), cidrs=cfg.client_cidrs()),
-            tracking_ui=Peers(
-                namespaces=config_security.namespaces(cfg.tracking_ui_namespaces),
-                pod_labels=config_security.labels(cfg.tracking_ui_pod_labels)) if cfg.tracking_ui_pod_labels else None,
-            monitoring_namespace=cfg.monitoring_namespace or None,
-            egress=cfg.network_policy_egress, egress_cidrs=cfg.egress_ranges()), opts)
+            **network_policy_keys(cfg)), opts)
 
 
 class Monitoring(monitoring.Monitoring):

@@ -29,7 +29,7 @@ import secrets
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
-from runtime import role_specs
+from runtime import mlflow_auth, role_specs
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ def write_credentials(directory: str | os.PathLike, boundaries: Iterable[str] = 
         files = {CURRENT: value}
         if b == role_specs.TRACKING:
             files = {role_specs.TRACKING_USERNAME: "elastic-ctr", role_specs.TRACKING_PASSWORD: value,
-                     role_specs.TRACKING_SERVER_SECRET: secrets.token_urlsafe(32)}
+                     mlflow_auth.TRACKING_SERVER_SECRET: secrets.token_urlsafe(32)}
         for name, text in files.items():
             _write_private(d / name, text)
     return directory

@@ -65,6 +65,12 @@ _ROLE_MODULES = {
 }
 
 
+def runs_main(p: argparse.ArgumentParser, module: str) -> None:
+    """Makes ``p``'s handler ``module.main(args)``, the module imported only when the
+    command runs (so ``--help`` imports none of the role's dependencies)."""
+    p.set_defaults(handler=lambda args: importlib.import_module(module).main(args))
+
+
 def command_of(argv: list[str]) -> str | None:
     """The subcommand named in ``argv`` (the first word that is not a top-level option or
     its value), or None when there is none (``--help``, no arguments)."""

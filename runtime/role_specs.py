@@ -70,14 +70,6 @@ CREDENTIAL_CURRENT, CREDENTIAL_PREVIOUS = "current", "previous"
 #: (``MLFLOW_AUTH_ADMIN_USERNAME`` / ``_PASSWORD``); the trainer and the transfer log in with it
 #: (``runtime.tracking_login``)
 TRACKING_USERNAME, TRACKING_PASSWORD = "username", "password"
-#: the ``tracking`` Secret's key the MLflow server alone reads: the static secret of its CSRF
-#: protection (``MLFLOW_FLASK_SERVER_SECRET_KEY``, required by ``--app-name basic-auth``)
-TRACKING_SERVER_SECRET = "server-secret-key"
-#: the environment ``mlflow server --app-name basic-auth`` reads its admin and secret from,
-#: with the key of the ``tracking`` Secret each comes from; and its config file's variable
-TRACKING_SERVER_ENV = (("MLFLOW_AUTH_ADMIN_USERNAME", TRACKING_USERNAME), ("MLFLOW_AUTH_ADMIN_PASSWORD", TRACKING_PASSWORD),
-                       ("MLFLOW_FLASK_SERVER_SECRET_KEY", TRACKING_SERVER_SECRET))
-TRACKING_AUTH_CONFIG_ENV = "MLFLOW_AUTH_CONFIG_PATH"
 
 
 @dataclass(frozen=True)
@@ -278,7 +270,7 @@ def tracking_server(host: str = ANY_HOST, port: Optional[int] = None, workers: i
     MLflow's own authentication (``--app-name basic-auth``: every request but ``/health``
     and the static files needs a login; its admin and CSRF secret from the environment
     ``TRACKING_SERVER_ENV``, filled from the ``TRACKING`` Secret's keys, and its config file,
-    ``tracking_auth_config``, from ``TRACKING_AUTH_CONFIG_ENV``)."""
+    ``tracking_auth_config``, from ``TRACKING_AUTH_CONFIG_ENV``: ``runtime.mlflow_auth``)."""
     ports = _ports("tracking", http=port)
     args: tuple[str, ...] = ()
     if backend_store_uri:
@@ -296,17 +288,6 @@ def mlflow_argv(spec: RoleSpec) -> list[str]:
     """The command line of the MLflow server ``spec`` (``tracking_server``) as a local process
     of this interpreter. Raises ``TypeError`` for a deploy-time argument."""
     return [sys.executable, "-m", "mlflow", *spec.argv()[3:]]
-
-
-def tracking_auth_config(users_db: str) -> str:
-    """The MLflow server's basic-auth config file (``basic_auth.ini``, at
-    ``TRACKING_AUTH_CONFIG_ENV``): logged-in users may read, its users in the SQLite file
-    ``users_db``, a login checked once a minute per worker rather than a password hash per
-    request (``auth_cache_ttl_seconds``)."""
-    return ("[mlflow]\ndefault_permission = READ\n"
-            f"database_uri = sqlite:///{users_db}\n"
-            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
-            "auth_cache_ttl_seconds = 60\n")
 
 
 def data_generate(out: Any, rows: Optional[int] = None, test_rows: Optional[int] = None, seed: Optional[int] = None,

@@ -46,8 +46,9 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from runtime.tracking_client import (CLOSE_TIMEOUT_S, COMMIT_TAG, DEFAULT_EXPERIMENT, EXPERIMENT_ENV, JOB_TAG,
-                                     ROLE_TAG, URI_ENV, NullTracker, RunIdFile, Tracker, experiment_name, start,
+                                     ROLE_TAG, URI_ENV, NullTracker, Tracker, experiment_name, start,
                                      trackers, tracking_uri)
+from runtime.tracking_runfile import RunIdFile
 
 #: the client's names are used through this module (the pipeline's one tracking module)
 __all__ = ["CLOSE_TIMEOUT_S", "COMMIT_TAG", "DEFAULT_EXPERIMENT", "EXPERIMENT_ENV", "JOB_TAG", "ROLE_TAG", "URI_ENV",
@@ -144,7 +145,7 @@ class JobTracking:
 
     def version(self, step: Optional[int], rec: Mapping[str, Any], model_meta: Optional[dict]) -> None:
         """One exported version: ``rec`` = ``{"id", "kind", "base", "hour", "rows",
-        "seconds"}`` (``runtime.trainer.online.ExportRecord``; batch: ``hour`` None):
+        "seconds"}`` (``runtime.trainer.online_state.ExportRecord``; batch: ``hour`` None):
         ``EXPORT_METRICS`` at ``step``, the ``version.<id>.*`` tags (``version.<id>.onnx``:
         ``model.onnx``, or ``none: <why>``, from ``model_meta``'s ``onnx``) and the artifact
         (``rec`` with ``model_meta``)."""

@@ -15,20 +15,20 @@ drain; what is left is counted as dropped and reported in one warning.
 
 A run may be a child of a job's run (``parent_job``): when the thread creates it, it takes
 the parent's id from ``parent_id()`` when given (the job's run made in the same process, or
-its run id file on a shared state directory), else looks up the newest run with the job's
-tags (``ROLE_TAG`` = ``job``, ``JOB_TAG`` = the job's name) started at most
-``PARENT_LOOKBACK_S`` before this tracker; it waits up to ``PARENT_WAIT_S`` for the parent
-to exist, and tags the run with ``mlflow.parentRunId`` (MLflow's UI nests it there);
-without a parent by then the run is made alone, with a warning.
+its run id file on a shared state directory, ``runtime.tracking_runfile``), else looks up
+the newest run with the job's tags (``ROLE_TAG`` = ``job``, ``JOB_TAG`` = the job's name)
+started at most ``PARENT_LOOKBACK_S`` before this tracker; it waits up to ``PARENT_WAIT_S``
+for the parent to exist, and tags the run with ``mlflow.parentRunId`` (MLflow's UI nests it
+there); without a parent by then the run is made alone, with a warning.
 
 Environment: ``MLFLOW_TRACKING_URI`` (no URI: ``start`` returns ``NullTracker``, nothing
 imported), ``MLFLOW_EXPERIMENT_NAME`` (default ``DEFAULT_EXPERIMENT``); the login
 (``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD``) is set from the ``tracking`` credential
-(``runtime.tracking_login``) before the first request.
+(``runtime.tracking_login``) before the first request. The MLflow entities and calls the
+thread builds on are ``runtime.tracking_mlflow``'s.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -37,6 +37,9 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
+
+from runtime import tracking_mlflow
+from runtime.tracking_runfile import RunIdFile
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +51,6 @@ REQUEST_TIMEOUT_S = 5.0
 BACKOFF_S = 0.5
 MAX_BACKOFF_S = 10.0
 CLOSE_TIMEOUT_S = 10.0
-RUN_DIR = "tracking"
 
 #: seconds a child run waits for its parent to exist before it is made without one
 PARENT_WAIT_S = 60.0
@@ -104,47 +106,6 @@ class NullTracker:
 
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S, status: str = "FINISHED") -> int:
         return 0
-
-
-class RunIdFile:
-    """``<state_dir>/tracking/<name>.json``: ``{"run_id": str, "experiment_id": str,
-    "uri": str}`` of a job's run, written atomically once the run exists, read at start so
-    a resumed job continues its run. A file for another URI is ignored (a new run)."""
-
-    def __init__(self, state_dir: str, name: str):
-        # absolute now: the tracker's thread writes it while a training pass runs in a
-        # scratch working directory (runtime.trainer.worker), which a relative path would follow
-        self.path = os.path.abspath(os.path.join(state_dir, RUN_DIR, f"{name}.json"))
-
-    def record(self) -> Optional[dict]:
-        """The file's ``{"run_id", "experiment_id", "uri"}``, or None when there is none."""
-        try:
-            with open(self.path) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return None
-
-    def read(self, uri: str) -> Optional[str]:
-        """The stored run id for ``uri``, or None (no file, another URI, or unreadable: warned)."""
-        try:
-            with open(self.path) as f:
-                doc = json.load(f)
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            log.warning("tracking: %s is not a run id file (%s); starting a new run", self.path, exc)
-            return None
-        if not isinstance(doc, dict) or doc.get("uri") != uri or not isinstance(doc.get("run_id"), str):
-            return None
-        return doc["run_id"]
-
-    def write(self, uri: str, run_id: str, experiment_id: str) -> None:
-        """Writes the file atomically (temp file + rename)."""
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"run_id": run_id, "experiment_id": experiment_id, "uri": uri}, f)
-        os.replace(tmp, self.path)
 
 
 class Tracker:
@@ -265,7 +226,7 @@ class Tracker:
                     raise
                 run_id = None
         if run_id is None:
-            exp_id = _experiment_id(client, self.experiment)
+            exp_id = tracking_mlflow.experiment_id(client, self.experiment)
             tags = dict(self.tags)
             if self.parent_job:
                 parent = self._parent(client, exp_id)
@@ -277,7 +238,7 @@ class Tracker:
         else:
             exp_id = client.get_run(run_id).info.experiment_id
             if self.tags:
-                client.log_batch(run_id, tags=_tags(self.tags))
+                client.log_batch(run_id, tags=tracking_mlflow.run_tags(self.tags))
         if self.run_id_file is not None:
             self.run_id_file.write(self.uri, run_id, exp_id)
         self._client, self.run_id = client, run_id
@@ -314,11 +275,11 @@ class Tracker:
         elif ev.kind == "metrics":
             c.log_batch(rid, metrics=[Metric(k, v, ev.ts_ms, ev.step or 0) for k, v in ev.payload.items()])
         elif ev.kind == "tags":
-            c.log_batch(rid, tags=_tags(ev.payload))
+            c.log_batch(rid, tags=tracking_mlflow.run_tags(ev.payload))
         elif ev.kind == "dict":
             c.log_dict(rid, ev.payload[0], ev.payload[1])
         elif ev.kind == "inputs":
-            c.log_inputs(rid, datasets=[_dataset_input(*d) for d in ev.payload])
+            c.log_inputs(rid, datasets=[tracking_mlflow.dataset_input(*d) for d in ev.payload])
         elif ev.kind == "end":
             c.set_terminated(rid, status=ev.payload)
 
@@ -342,8 +303,8 @@ class Tracker:
                 continue
             except Exception as exc:  # noqa: BLE001 - any failure of the server: warn, retry later
                 self.failures += 1
-                self.reachable = _refused(exc)
-                if _refused(exc):  # the server answered: this event can never be taken
+                self.reachable = tracking_mlflow.refused(exc)
+                if tracking_mlflow.refused(exc):  # the server answered: this event can never be taken
                     log.warning("tracking %s: the server refused a %s event (%s); dropped", self.run_name,
                                 pending.kind, (str(exc).splitlines() or [""])[0][:200])
                     self._q.task_done()
@@ -385,22 +346,6 @@ class _ParentPending(Exception):
     """The parent job's run does not exist yet (``Tracker._parent``)."""
 
 
-def _dataset_input(name: str, location: str, digest: str, context: str):
-    """An MLflow ``DatasetInput`` of the dataset ``name`` at ``location`` (``mlflow.data``'s
-    source for it: a local path, an object-store URI, an HTTP URL)."""
-    import warnings
-
-    from mlflow.data.dataset_source_registry import resolve_dataset_source
-    from mlflow.data.meta_dataset import MetaDataset
-    from mlflow.entities import DatasetInput, InputTag
-
-    with warnings.catch_warnings():  # "can be interpreted in multiple ways": the first is taken
-        warnings.simplefilter("ignore")
-        source = resolve_dataset_source(location)
-    ds = MetaDataset(source=source, name=name, digest=digest)
-    return DatasetInput(dataset=ds._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", context)])
-
-
 _LIVE: "weakref.WeakSet[Tracker]" = weakref.WeakSet()
 
 
@@ -410,37 +355,6 @@ def trackers() -> list["Tracker"]:
     return list(_LIVE)
 
 
-def _refused(exc: BaseException) -> bool:
-    """True when the server answered with an error (``RestException``: a bad request, a
-    changed param), as opposed to a server that did not answer (kept and retried)."""
-    try:
-        from mlflow.exceptions import RestException
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(exc, RestException)
-
-
-def _experiment_id(client, name: str) -> str:
-    """The id of experiment ``name``, created when missing; when another tracker (the job's
-    and a trainer's run in one process, or two processes) creates it meanwhile, its id."""
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return client.create_experiment(name)
-    except Exception as exc:  # noqa: BLE001 - MlflowException; anything else is raised again
-        exp = client.get_experiment_by_name(name) if "RESOURCE_ALREADY_EXISTS" in str(exc) else None
-        if exp is None:
-            raise
-        return exp.experiment_id
-
-
-def _tags(d: Mapping[str, str]):
-    from mlflow.entities import RunTag
-
-    return [RunTag(k, v) for k, v in d.items()]
-
-
 def start(uri: Optional[str], run_name: str, tags: Optional[Mapping[str, Any]] = None,
           run_id_file: Optional[RunIdFile] = None) -> "Tracker | NullTracker":
     """A ``Tracker`` when ``uri`` (or ``$MLFLOW_TRACKING_URI``) is set, else ``NullTracker``."""
@@ -448,5 +362,3 @@ def start(uri: Optional[str], run_name: str, tags: Optional[Mapping[str, Any]] =
     if not uri:
         return NullTracker()
     return Tracker(uri, run_name, tags=tags, run_id_file=run_id_file)
-
-

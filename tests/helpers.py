@@ -21,7 +21,8 @@ from runtime.cube.buildinfo import part_name
 from runtime.cube.builder import build
 from runtime.cube.server import CubeServer
 from runtime.formats import features
-from runtime.formats.seqfile import read_sequence_file, write_sequence_file
+from runtime.formats.seqfile import read_sequence_file
+from runtime.formats.seqfile_writer import write_sequence_file
 from runtime.web.wsgi import WebServer
 
 # ----------------------------------------------------------------------------- cube data plane

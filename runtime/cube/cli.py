@@ -10,7 +10,7 @@ import argparse
 
 from runtime import bound_ports, role_specs
 from runtime.auth import INSECURE_HELP
-from runtime.cli import HelpFormatter
+from runtime.cli import HelpFormatter, runs_main
 from runtime.web.stop import add_prestop_seconds
 
 
@@ -72,12 +72,7 @@ def register_build(cube_sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--mode", choices=("base", "delta"), default="base", help="base or delta")
     p.add_argument("--base-version", type=int, default=None, help="for a delta: the version it applies to")
 
-    def handler(args: argparse.Namespace) -> int:
-        from runtime.cube import builder
-
-        return builder.main(args)
-
-    p.set_defaults(handler=handler)
+    runs_main(p, "runtime.cube.builder")
 
 
 def register_server(cube_sub: "argparse._SubParsersAction") -> None:
@@ -108,12 +103,7 @@ def register_server(cube_sub: "argparse._SubParsersAction") -> None:
                    help="on SIGTERM, after the preStop delay: seconds the lookups already received get to be "
                    "answered before the remaining connections are closed")
 
-    def handler(args: argparse.Namespace) -> int:
-        from runtime.cube import server
-
-        return server.main(args)
-
-    p.set_defaults(handler=handler)
+    runs_main(p, "runtime.cube.server")
 
 
 # --------------------------------------------------------------------------- control plane
@@ -138,12 +128,7 @@ def register_agent(cube_sub: "argparse._SubParsersAction") -> None:
     add_prestop_seconds(p)
     bound_ports.add_flag(p)
 
-    def handler(args: argparse.Namespace) -> int:
-        from runtime.cube import agent
-
-        return agent.main(args)
-
-    p.set_defaults(handler=handler)
+    runs_main(p, "runtime.cube.agent")
 
 
 def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
@@ -202,12 +187,7 @@ def register_transfer(cube_sub: "argparse._SubParsersAction") -> None:
                                                 "(the version passes)")):
         p.add_argument(flag, type=kind, default=default, help=text)
 
-    def handler(args: argparse.Namespace) -> int:
-        from runtime.cube.transfer import app
-
-        return app.main(args)
-
-    p.set_defaults(handler=handler)
+    runs_main(p, "runtime.cube.transfer.app")
 
 
 # One function per subcommand: data plane (build, server), then control plane (agent, transfer).

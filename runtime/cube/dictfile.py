@@ -21,7 +21,7 @@ time and keeps only that.
 
 A delta (patch) has the same files holding only the changed and new keys, and names its
 base in ``base_version``; the server loads it as an overlay on the served table and
-merges it in place later (``runtime/cube/table.py``, ``VersionView``; docs/cube.md).
+merges it in place later (``runtime/cube/views.py``, ``VersionView``; docs/cube.md).
 
 Validation on load (``load_shard_dict``): every field present and typed, every file's
 size equal to what meta says, crc32 of each file (``verify=True``, the default), index

@@ -1,6 +1,6 @@
 """The file server's app: a directory tree over HTTP, with uploads (the storage role of
 the pipeline: the trainer's export and the cube transfer upload to it through
-``runtime.storage.upload``; the cube agents and serving download from it). Served by
+``runtime.storage_write.upload``; the cube agents and serving download from it). Served by
 ``runtime.web.wsgi`` (``/healthz`` and ``/readyz`` come from there).
 
 HTTP interface (every path is relative to ``--root``):

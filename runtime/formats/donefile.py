@@ -48,7 +48,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from runtime import storage
+from runtime import storage, storage_write
 from runtime.formats._validation import NonNegInt, PosInt, describe
 
 log = logging.getLogger(__name__)
@@ -178,7 +178,7 @@ def read(root: str, kind: Kind) -> list[DonefileRecord]:
 def append(root: str, kind: Kind, record: DonefileRecord, token: str | None = None) -> None:
     """Appends ``record`` to ``root``'s ``kind`` donefile (last step of a version's export).
     Raises ``storage.LocationError``."""
-    storage.append_line(location(root, kind), record.to_line(), token)
+    storage_write.append_line(location(root, kind), record.to_line(), token)
 
 
 def newest_id(root: str) -> int:

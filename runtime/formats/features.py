@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -382,21 +382,3 @@ def parse_lines(lines: Sequence[str], fmt: str = "criteo", slots: Sequence[int] 
     if fmt == "slot":
         return parse_slot_lines(lines, slots, strict=strict)
     raise ValueError(f"unknown data format {fmt!r} (expected one of {', '.join(FORMATS)})")
-
-
-def feature_spec(fmt: str = "criteo", slots: Iterable[int] = DEFAULT_SLOTS) -> dict:
-    """The feature description written to ``model_meta.json`` (``features``)."""
-    slots = [int(s) for s in slots]
-    return {
-        "format": fmt,
-        "num_dense": NUM_DENSE,
-        "dense_names": [f"I{i}" for i in range(1, NUM_DENSE + 1)],
-        "slots": slots,
-        "sparse_names": [f"C{i}" for i in range(1, len(slots) + 1)] if fmt == "criteo" else [str(s) for s in slots],
-        "feasign_function": FEASIGN_FUNCTION if fmt == "criteo" else SLOT_FEASIGN_FUNCTION,
-        "feasign_doc": "criteo: (slot << 33) | int(hex, 16) for 1..8 hex digits; missing: (slot << 33) | (1 << 32); "
-                       "slot format: feasign as given, missing slot as above",
-        "missing_feasign": "(slot << 33) | (1 << 32)",
-        "unseen_feasign": "zero embedding",
-        "module": "runtime.formats.features",
-    }

@@ -21,11 +21,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Optional
+from typing import Any, ClassVar, Iterable, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runtime.formats._validation import NonNegInt, PosInt, validated
+from runtime.formats.features import DEFAULT_SLOTS, FEASIGN_FUNCTION, NUM_DENSE, SLOT_FEASIGN_FUNCTION
 
 FILE = "model_meta.json"
 PROGRAM_SUFFIX, PARAMS_SUFFIX = ".pdmodel", ".pdiparams"
@@ -44,7 +45,7 @@ class _Strict(BaseModel):
 
 
 class FeatureSpec(_Strict):
-    """The input rows' features (``runtime.formats.features.feature_spec`` writes it):
+    """The input rows' features (``feature_spec`` writes it):
     ``format`` criteo|slot, the dense names, the slot ids and names, the feasign function."""
 
     format: Literal["criteo", "slot"]
@@ -237,3 +238,22 @@ class ModelMeta(_Strict):
         except (OSError, ValueError) as exc:
             raise ModelMetaError(f"{path}: cannot read model metadata: {exc}") from None
         return cls.parse(doc, str(path))
+
+
+def feature_spec(fmt: str = "criteo", slots: Iterable[int] = DEFAULT_SLOTS) -> dict:
+    """The feature description written to ``model_meta.json`` (``features``, a
+    ``FeatureSpec``) for rows of format ``fmt`` with ``slots`` (``runtime.formats.features``)."""
+    slots = [int(s) for s in slots]
+    return {
+        "format": fmt,
+        "num_dense": NUM_DENSE,
+        "dense_names": [f"I{i}" for i in range(1, NUM_DENSE + 1)],
+        "slots": slots,
+        "sparse_names": [f"C{i}" for i in range(1, len(slots) + 1)] if fmt == "criteo" else [str(s) for s in slots],
+        "feasign_function": FEASIGN_FUNCTION if fmt == "criteo" else SLOT_FEASIGN_FUNCTION,
+        "feasign_doc": "criteo: (slot << 33) | int(hex, 16) for 1..8 hex digits; missing: (slot << 33) | (1 << 32); "
+                       "slot format: feasign as given, missing slot as above",
+        "missing_feasign": "(slot << 33) | (1 << 32)",
+        "unseen_feasign": "zero embedding",
+        "module": "runtime.formats.features",
+    }

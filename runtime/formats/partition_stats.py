@@ -44,7 +44,7 @@ from typing import Any, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime import storage
+from runtime import storage, storage_write
 from runtime.formats.statefile import write_atomically
 
 log = logging.getLogger(__name__)
@@ -280,7 +280,7 @@ def read_marker(partition: str) -> dict[str, Any]:
 def write_marker(partition: str, hour: str, anomalies: list[Anomaly], stats: Optional[PartitionStats],
                  token: Optional[str] = None) -> None:
     """Writes the quarantine marker beside the partition's ``_SUCCESS`` (a local path:
-    temporary file then rename; a URL or store: ``storage.upload``). Raises
+    temporary file then rename; a URL or store: ``storage_write.upload``). Raises
     ``storage.LocationError`` when it cannot be written."""
     body = {"hour": hour, "anomalies": [a.model_dump() for a in anomalies],
             "stats": stats.model_dump() if stats is not None else None, "at": int(time.time())}
@@ -288,6 +288,6 @@ def write_marker(partition: str, hour: str, anomalies: list[Anomaly], stats: Opt
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(body, f, indent=1)
-        storage.upload(tmp, marker_location(partition), token=token)
+        storage_write.upload(tmp, marker_location(partition), token=token)
     finally:
         os.unlink(tmp)

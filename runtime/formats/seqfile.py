@@ -1,4 +1,4 @@
-"""Hadoop SequenceFile reader and writer for the sparse table (key = feasign, value = embedding).
+"""Hadoop SequenceFile reader for the sparse table (key = feasign, value = embedding), and the format it shares with the writer.
 
 Format (Hadoop ``org.apache.hadoop.io.SequenceFile``, version 6, uncompressed):
 
@@ -23,7 +23,7 @@ Record styles read (chosen from the first record, then required of every record)
   value raw or ``BytesWritable``-framed.
 
 ``raw`` is what this project writes by default (the trainer's export); both common
-styles are written on request. Reading is vectorized: the bytes between two sync escapes
+styles are written on request (``runtime.formats.seqfile_writer``). Reading is vectorized: the bytes between two sync escapes
 are a run of fixed-size records, parsed by one ``numpy.frombuffer`` per chunk, so a file
 of any size streams in bounded memory (``chunk_bytes``).
 
@@ -36,7 +36,6 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO, Iterator
 
 import numpy as np
@@ -70,7 +69,7 @@ class Header:
     size: int
 
 
-def _record_dtype(style: str, dim: int) -> np.dtype:
+def record_dtype(style: str, dim: int) -> np.dtype:
     """Packed numpy dtype of one record (lengths included) for ``style`` and ``dim``."""
     if style == "raw":
         fields = [("rlen", ">i4"), ("klen", ">i4"), ("key", "<u8"), ("val", "<f4", (dim,))]
@@ -85,84 +84,6 @@ def _record_dtype(style: str, dim: int) -> np.dtype:
     else:
         raise ValueError(f"record style {style!r}: expected one of {STYLES}")
     return np.dtype(fields)
-
-
-def _text(s: str) -> bytes:
-    """Hadoop ``Text`` serialization (VInt length + UTF-8) for strings shorter than 128 bytes."""
-    b = s.encode()
-    if len(b) > 127:
-        raise ValueError(f"class name too long for a one-byte VInt: {s!r}")
-    return bytes([len(b)]) + b
-
-
-def write_sequence_file(
-    path: str | os.PathLike,
-    keys: np.ndarray,
-    values: np.ndarray,
-    style: str = "raw",
-    sync_interval: int = DEFAULT_SYNC_INTERVAL,
-    sync: bytes | None = None,
-) -> int:
-    """Writes ``keys: uint64[n]`` and ``values: float32[n, dim]`` as one SequenceFile.
-
-    ``style`` is ``"raw"`` (kvtool's records, the default), ``"bytes_writable"`` or
-    ``"long_writable"`` (see the module docstring). A sync escape follows every block of
-    ``ceil(sync_interval / record_bytes)`` records. The file is written to a temporary
-    name beside ``path`` and renamed, so no reader sees it half-written.
-
-    Returns the number of bytes written. Raises ``ValueError`` on mismatched shapes.
-    """
-    keys = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
-    values = np.asarray(values, dtype=np.float32)
-    if values.ndim != 2 or values.shape[0] != keys.shape[0]:
-        raise ValueError(f"values must be float32[n, dim] with n = len(keys) = {keys.shape[0]}, "
-                         f"got shape {values.shape}")
-    n, dim = values.shape
-    if style not in STYLES:
-        raise ValueError(f"record style {style!r}: expected one of {STYLES}")
-    sync = sync if sync is not None else os.urandom(SYNC_SIZE)
-    if len(sync) != SYNC_SIZE:
-        raise ValueError("sync marker must be 16 bytes")
-    key_class = LONG_WRITABLE if style == "long_writable" else BYTES_WRITABLE
-    header = (b"SEQ\x06" + _text(key_class) + _text(BYTES_WRITABLE) + b"\x00\x00"
-              + struct.pack(">i", 0) + sync)
-
-    dt = _record_dtype(style, dim)
-    rec = np.empty(n, dtype=dt)
-    if style == "bytes_writable":
-        rec["klen"], rec["kin"], rec["vin"] = 12, 8, 4 * dim
-    else:
-        rec["klen"] = 8
-    rec["rlen"] = dt.itemsize - 8
-    rec["key"] = keys
-    rec["val"] = values
-    raw = rec.view(np.uint8).reshape(n, dt.itemsize)
-
-    per_block = max(1, -(-sync_interval // dt.itemsize))
-    n_full = n // per_block
-    escape = np.frombuffer(SYNC_ESCAPE + sync, dtype=np.uint8)
-    blocks = np.empty((n_full, per_block * dt.itemsize + len(escape)), dtype=np.uint8)
-    blocks[:, : per_block * dt.itemsize] = raw[: n_full * per_block].reshape(n_full, per_block * dt.itemsize)
-    blocks[:, per_block * dt.itemsize:] = escape
-    body = blocks.reshape(-1)
-    rest = raw[n_full * per_block:].reshape(-1)
-    if rest.size == 0 and n_full:
-        body = body[: -len(escape)]  # no sync escape after the last record
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(header)
-            f.write(memoryview(body))
-            f.write(memoryview(rest))
-        os.replace(tmp, path)
-    except BaseException:
-        if tmp.exists():
-            tmp.unlink()
-        raise
-    return len(header) + body.size + rest.size
 
 
 def _read_vint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -328,7 +249,7 @@ class SequenceFileReader:
     def _batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         if self.dim == 0:
             return
-        dt = _record_dtype(self.style, self.dim)
+        dt = record_dtype(self.style, self.dim)
         size = dt.itemsize
         marker = SYNC_ESCAPE + self.header.sync
         hold = size + len(marker)  # kept back at a chunk's end unless at EOF

@@ -67,7 +67,7 @@ class PartitionResult(BaseModel):
 
 
 class ExportResult(BaseModel):
-    """One version a continuous job exported (``runtime.trainer.online.ExportRecord``):
+    """One version a continuous job exported (``runtime.trainer.online_state.ExportRecord``):
     ``id``, ``kind``, its ``base``, the last ``hour`` in it, sparse ``rows``, ``seconds``
     (export wall time until published, s: cutting the rows and the publication, each also
     given: ``rows_seconds``, ``publish_seconds``), ``checkpoint_seconds`` (the checkpoint

@@ -74,15 +74,15 @@ class MlflowServer:
 
     def _auth_env(self) -> dict[str, str]:
         """The basic-auth app's environment (its config file written first, mode 0600)."""
-        from runtime import role_specs
+        from runtime import mlflow_auth, role_specs
 
         d = self.credentials_dir / role_specs.TRACKING
         ini = self.root / "basic_auth.ini"
         fd = os.open(ini, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(role_specs.tracking_auth_config(str((self.root / "basic_auth.db").resolve())))
-        env = {role_specs.TRACKING_AUTH_CONFIG_ENV: str(ini.resolve())}
-        for var, key in role_specs.TRACKING_SERVER_ENV:
+            f.write(mlflow_auth.tracking_auth_config(str((self.root / "basic_auth.db").resolve())))
+        env = {mlflow_auth.TRACKING_AUTH_CONFIG_ENV: str(ini.resolve())}
+        for var, key in mlflow_auth.TRACKING_SERVER_ENV:
             env[var] = (d / key).read_text().strip()
         return env
     def argv(self) -> list[str]:

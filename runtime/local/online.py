@@ -144,7 +144,7 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
     called after version ``t`` was scored, before the next partition lands, and returns
     True when it called ``land()`` itself; ``at_end(svc)`` once the summary is printed,
     before the roles stop."""
-    from runtime import proc, storage
+    from runtime import proc, storage, storage_write
     from runtime.formats import donefile, partitions
 
     cli = proc.self_command()
@@ -187,7 +187,7 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
             step(f"partition {h}: {breaks.corrupt(src, args.break_kind)} rows broken ({args.break_kind}) as it lands")
         if storage.is_store(hours_root):  # no rename on an object store: data first, _SUCCESS last
             for f in sorted(src.iterdir(), key=lambda p: p.name == partitions.DONE_MARKER):
-                storage.upload(f, storage.join(h.location(hours_root), f.name))
+                storage_write.upload(f, storage.join(h.location(hours_root), f.name))
             return
         dst = Path(h.location(hours_root))
         dst.parent.mkdir(parents=True, exist_ok=True)

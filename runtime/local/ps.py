@@ -19,7 +19,8 @@ from runtime import proc, role_specs
 from runtime.local import targets
 from runtime.formats.train_result import RESULT, TrainResult, TrainResultError
 from runtime.trainer import PADDLE_FLAGS
-from runtime.trainer.config import TrainConfig, check_inputs
+from runtime.trainer.config import TrainConfig
+from runtime.trainer.input_checks import check_inputs
 
 log = logging.getLogger(__name__)
 

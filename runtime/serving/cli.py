@@ -10,7 +10,7 @@ import math
 import os
 
 from runtime import bound_ports, dense_backends, role_specs
-from runtime.cli import HelpFormatter
+from runtime.cli import HelpFormatter, runs_main
 
 
 def _env_int(name: str, default: int) -> int:
@@ -173,7 +173,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--json-out", default=None, help="also write the report as JSON here")
     p.add_argument("--predictions-out", default=None,
                    help="write 'row<TAB>label<TAB>probability<TAB>version' per scored row here")
-    p.set_defaults(handler=_client)
+    runs_main(p, "runtime.serving.client")
 
 
 def check_serve_inputs(args) -> None:
@@ -217,9 +217,3 @@ def _serve(args) -> int:
 
     check_serve_inputs(args)
     return launcher.main(args)
-
-
-def _client(args) -> int:
-    from runtime.serving import client
-
-    return client.main(args)

@@ -56,7 +56,7 @@ class CtrModel(Model):
         watcher: a ``VersionWatcher`` (its ``current`` model answers).
         cube_factory: makes a cube client (``seek(keys uint64[m], version) -> result with
             values float32[m,dim], found bool[m], version``; a missing key's values are
-            zeros, as ``runtime.cube.client.SeekResult`` and the cube's wire protocol give
+            zeros, as ``runtime.cube.client.calls.SeekResult`` and the cube's wire protocol give
             them, and are fed to the model as they are); called once, at the first lookup, and
             shared by every thread that serves requests (its ``seek`` must be thread-safe, as
             ``CubeClient``'s is: what one thread's lookups learn, such as the embedding

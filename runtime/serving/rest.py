@@ -35,7 +35,8 @@ from werkzeug.routing import Map, Rule
 
 from runtime.serving.dataplane import DataPlane
 from runtime.serving.protocol import BadRequest, InferenceError, PayloadTooLarge
-from runtime.serving.rest_codec import HEADER_LENGTH, decode_rest_request, encode_response
+from runtime.serving.rest_answer import encode_response
+from runtime.serving.rest_codec import HEADER_LENGTH, decode_rest_request
 from runtime.role_specs import V2_LIVE, V2_READY
 
 log = logging.getLogger(__name__)

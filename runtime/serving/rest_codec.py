@@ -1,6 +1,7 @@
 """The Open Inference Protocol's REST codec (v2, as KServe and Triton define it): a JSON
 request body, or Triton's binary tensor data extension, to the protocol's data model
-(``runtime.serving.protocol``) and back; and the bodies of the raw-row ``POST /predict``.
+(``runtime.serving.protocol``; the answers back: ``runtime.serving.rest_answer``); and the
+bodies of the raw-row ``POST /predict``.
 
 Specifications: https://github.com/kserve/open-inference-protocol (``inference_rest.md``)
 and Triton's ``binary_data`` extension (``protocol/extension_binary_data.md``): after the
@@ -25,7 +26,7 @@ values. A document simdjson does not take (``NaN`` literals, integers beyond 64 
 duplicate keys, encodings other than UTF-8) is parsed again by the standard library's
 ``json``, whose reading and error messages are the reference: both readings give the same
 tensors and the same errors (``tests/serving/test_codec.py``). Answers are encoded with
-orjson (numbers as ``json`` writes their values). What the codec costs per request:
+orjson (``runtime.serving.rest_answer``). What the codec costs per request:
 ``make bench-serving`` (docs/benchmarks.md).
 
 Missing values (``null``) in a large document's FP ``data`` arrays: simdjson copies only
@@ -47,11 +48,10 @@ import threading
 from typing import Any, Optional
 
 import numpy as np
-import orjson
 import simdjson
 
-from runtime.serving.protocol import (DATATYPES, BadRequest, InferInput, InferRequest, InferResponse, JsonNumbers,
-                                      NonFinite, RequestedOutput, tensor_bytes, tensor_bytes_of)
+from runtime.serving.protocol import (DATATYPES, BadRequest, InferInput, InferRequest, JsonNumbers, NonFinite,
+                                      RequestedOutput)
 
 #: the HTTP header giving the JSON part's length (bytes) of a body with binary tensors
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -92,7 +92,6 @@ def _shape(raw: Any, where: str) -> list[int]:
                                             for d in raw):
         raise BadRequest(f"{where}.shape: expected a list of non-negative integers, got {raw!r}")
     return raw
-
 
 
 class _Reparse(Exception):
@@ -350,55 +349,6 @@ def _decode(body: bytes, header_length: Optional[int], nulls: Optional[_Nulls] =
                 raise BadRequest(f"outputs[{j}].parameters: expected a JSON object")
             outputs.append(RequestedOutput(o["name"], op))
     return InferRequest(inputs=inputs, id=rid, outputs=outputs, parameters=params)
-
-
-
-def binary_outputs(req: InferRequest, names: list[str]) -> frozenset:
-    """Which of the outputs ``names`` to answer in binary: those requested with
-    ``parameters.binary_data: true``; with ``parameters.binary_data_output: true`` on the
-    request, every output not requested with ``binary_data: false``."""
-    default = req.parameters.get("binary_data_output") is True
-    asked = {o.name: o.parameters.get("binary_data") for o in (req.outputs or [])}
-    return frozenset(n for n in names if asked.get(n, default) is True
-                     or (asked.get(n) is None and default))
-
-
-
-def _json_values(data: np.ndarray) -> Any:
-    """An output's elements as orjson writes them without a Python object each: a float
-    array as float64 (each number written as ``json`` writes that value: the shortest
-    text that reads back to it), integer and boolean arrays as they are; BYTES as a list."""
-    flat = data.ravel()
-    if flat.dtype == object:
-        return flat.tolist()
-    return np.ascontiguousarray(flat, dtype=np.float64 if flat.dtype.kind == "f" else flat.dtype.newbyteorder("="))
-
-
-def encode_response(resp: InferResponse, req: InferRequest) -> tuple[bytes, Optional[int]]:
-    """The REST body answering ``req``: ``(body, header length)``. The header length is None
-    when the body is JSON alone, else the JSON part's length (bytes, sent as
-    ``Inference-Header-Content-Length``) and the binary outputs (``binary_outputs``)
-    follow it in output order."""
-    binary = binary_outputs(req, [o.name for o in resp.outputs])
-    out: dict[str, Any] = {"model_name": resp.model_name, "model_version": resp.model_version}
-    if resp.id is not None:
-        out["id"] = resp.id
-    if resp.parameters:
-        out["parameters"] = resp.parameters
-    outs = []
-    for o in resp.outputs:
-        t: dict[str, Any] = {"name": o.name, "datatype": o.datatype, "shape": list(o.shape)}
-        if o.name in binary:
-            t["parameters"] = {"binary_data_size": int(tensor_bytes(o))}
-        else:
-            t["data"] = _json_values(o.data)
-        outs.append(t)
-    out["outputs"] = outs
-    header = orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY)
-    blobs = [tensor_bytes_of(o) for o in resp.outputs if o.name in binary]
-    if not blobs:
-        return header, None
-    return b"".join([header, *blobs]), len(header)
 
 
 def decode_predict_request(body: bytes, content_type: str) -> Any:

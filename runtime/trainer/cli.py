@@ -155,7 +155,7 @@ def _ps_role_exit(code: int) -> int:
 
 def _train(args) -> int:
     from runtime import proc, storage
-    from runtime.trainer import config, readers, roles, set_paddle_flags, train
+    from runtime.trainer import config, input_checks, readers, roles, set_paddle_flags, train
 
     _setup_logging(getattr(args, "log_level", "INFO"))
     if args.tracking_uri:  # the roles (and --local-cluster's children) read it from the environment
@@ -164,7 +164,7 @@ def _train(args) -> int:
         os.environ[tracking.URI_ENV] = args.tracking_uri
     try:
         cfg = config.config_from_args(args)
-        config.check_inputs(cfg)  # a bad flag or a missing file fails before anything starts
+        input_checks.check_inputs(cfg)  # a bad flag or a missing file fails before anything starts
         if args.local_cluster:
             from runtime.local.ps import run_local_ps
 

@@ -3,7 +3,7 @@
 (layout and formats: ``runtime.formats``).
 
 Order: every file of ``versions/<id>/`` is written (to a local staging directory, then
-``runtime.storage.upload_tree`` to the root: a directory or the file server's URL), then
+``runtime.storage_write.upload_tree`` to the root: a directory or the file server's URL), then
 its manifest (``runtime.formats.manifest``: size, SHA-256 and rows of every file), and
 only then is the line (naming the manifest) appended to ``<root>/donefile/base.txt``, so a reader never sees a
 half-written version.
@@ -33,7 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
-from runtime import storage
+from runtime import storage, storage_write
 from runtime.formats import donefile, features, manifest, model_meta
 from runtime.formats.donefile import DonefileRecord
 from runtime.formats.model_meta import ModelMeta
@@ -184,7 +184,7 @@ def write_sparse(stage: Path, keys: np.ndarray, values: np.ndarray) -> list[dict
     """Writes ``stage/part-NNNNN`` SequenceFiles (raw style: key uint64 LE, value
     float32[dim] LE; ``runtime.formats.seqfile``), ``PART_ROWS`` rows each, keys sorted.
     Returns ``[{"file", "count", "bytes"}]``."""
-    from runtime.formats.seqfile import write_sequence_file
+    from runtime.formats.seqfile_writer import write_sequence_file
 
     order = np.argsort(keys, kind="stable")
     keys, values = keys[order], values[order]
@@ -240,7 +240,7 @@ def export_version(root: str, *, slots: Sequence[int], fmt: str, dim: int, layer
         conversion = onnx_export.start_conversion(stage / "dense", *dense["files"], dense["fetch"])
         parts = write_sparse(stage / "sparse", keys, values)  # while the ONNX copy is converted
         meta = ModelMeta(
-            version=vid, created=int(time.time()), features=features.feature_spec(fmt, slots),
+            version=vid, created=int(time.time()), features=model_meta.feature_spec(fmt, slots),
             embedding_dim=dim, normalization=features.NORMALIZATION,
             feeds=dense["feeds"], fetches=[dense["fetch"]], model_files=tuple(dense["files"]),
             layers=list(layers),
@@ -254,9 +254,9 @@ def export_version(root: str, *, slots: Sequence[int], fmt: str, dim: int, layer
         meta.write(stage / "dense")
         man = manifest.build(stage, vid, rows={f"sparse/{p['file']}": p["count"] for p in parts})
         vdir = storage.join(root, "versions", str(vid))
-        storage.upload_tree(stage, vdir, token)
+        storage_write.upload_tree(stage, vdir, token)
         (stage / manifest.FILE).write_text(man.to_json())
-        storage.upload(stage / manifest.FILE, storage.join(vdir, manifest.FILE), token)
+        storage_write.upload(stage / manifest.FILE, storage.join(vdir, manifest.FILE), token)
     mloc = manifest.location(vid)
     if base_id is None:
         rec = donefile.base_record(vid, dim, int(len(keys)), data_end, landed, manifest=mloc)

@@ -17,7 +17,7 @@ def gather_table(worker) -> tuple[np.ndarray, np.ndarray] | None:
     (barriers).
 
     Args:
-        worker: a ``runtime.trainer.worker.PsWorker`` in GEO mode (``cfg``, ``role``,
+        worker: a ``runtime.trainer.ps_worker.PsWorker`` in GEO mode (``cfg``, ``role``,
             ``chief``, ``barrier()``).
 
     Returns ``(keys uint64[n], values float32[n, dim])`` on the chief, ``None`` elsewhere.

@@ -55,119 +55,31 @@ verified row by row (``runtime.trainer.checkpoint``) and the next export is a ba
 parameter-server restore (the checkpoint's tables are text, the exports the pservers'
 exact floats).
 
-The state file (``--state-dir/online-state.json``) is owned by ``OnlineState``.
+The state file (``--state-dir/online-state.json``) is owned by ``OnlineState``
+(``runtime/trainer/online_state.py``); the steps of an export point are
+``runtime/trainer/export_point.py``'s.
 """
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
-from typing import Any, Optional
-
-import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runtime import tracking
-from runtime.formats import donefile, partitions
+from runtime.formats import partitions
 from runtime.metrics.trainer import metrics as trainer_metrics, waiting_counter
-# an export entry of the state file is the result line's record (one definition)
-from runtime.formats.train_result import ExportResult as ExportRecord
-from runtime.formats.statefile import read_record, write_atomically
 from runtime.formats.train_result import PartitionResult
-from runtime.trainer import cadence, data_gate, fedrows, model_eval, publish
+from runtime.trainer import cadence, data_gate, export_point, fedrows, model_eval
 from runtime.trainer.lifecycle import Lifecycle
-from runtime.trainer.served import ServedKeys, zero_rows
+from runtime.trainer.online_state import CHECKPOINTS, OnlineState
+from runtime.trainer.served import ServedKeys
 from runtime.trainer.shrink import ShrinkPoints
 from runtime.trainer.fedrows import apply_patch, table_diff  # noqa: F401  (the patch arithmetic, tests)
 from runtime.trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "online-state.json"
-CHECKPOINTS = "checkpoints"
-EXPORTS = "exports"  # --state-dir/exports/<id>/: the pending export's ROWS, the last export's SNAPSHOT
-ROWS = "exported-rows.npz"  # trainer 0's copy of the rows a pending export publishes
-SNAPSHOT = "exported.npz"  # the whole table at the export, where the worker holds it (single process)
 EVAL_ROWS = 20_000
-
-
-class OnlineState(BaseModel):
-    """The continuous job's progress (module docstring): written atomically by trainer 0,
-    read by every worker at start.
-
-    ``partition_minutes``: the partitions' period (a job keeps it for its life);
-    ``next_hour``: the first partition not in the last export; ``since_base``: partitions
-    trained since the last base export; ``checkpoint_hour``: the first partition not in the
-    last checkpoint (``None``: none taken yet), ``since_checkpoint``: partitions trained
-    since it; ``pending``: an export whose rows are kept but whose donefile line may be
-    missing; ``base_due``: why the next export must be a base (the tables restored into
-    another layout by ``Worker.restore``, or any parameter-server restore: the checkpoint's
-    values are text). A checkpoint is named after the hour that follows it
-    (``checkpoint_name``). A state written before ``checkpoint_hour`` existed (a checkpoint
-    at every export, taken before its pending record) reads as its checkpoint at the
-    pending export, else at ``next_hour``. ``checkpoint_since_shrink``: the shrink points'
-    clock (``runtime.trainer.shrink``) when the last checkpoint was taken."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    schema_version: int = 1
-    data_root: str
-    start_hour: str
-    partition_minutes: int = partitions.HOURLY
-    next_hour: str
-    base_id: Optional[int] = None
-    since_base: int = 0
-    checkpoint_hour: Optional[str] = None
-    since_checkpoint: int = 0
-    pending: Optional[ExportRecord] = None
-    base_due: Optional[str] = None  # e.g. "pservers 1 -> 2" or a PS restore: the next export is a base
-    checkpoint_since_shrink: int = 0  # partitions trained since the last shrink point, at the last checkpoint
-    exports: list[ExportRecord] = Field(default_factory=list)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _checkpoint_at_every_export(cls, data: Any) -> Any:
-        """A state file from before ``checkpoint_hour``: its checkpoint is the pending
-        export's (written before the record), else the last export's."""
-        if isinstance(data, dict) and "checkpoint_hour" not in data and data.get("exports") is not None:
-            data = dict(data)
-            pending = data.get("pending")
-            if pending:
-                data["checkpoint_hour"] = str(partitions.Hour.parse(pending["hour"]).next())
-            elif data["exports"]:
-                data["checkpoint_hour"] = data.get("next_hour")
-        return data
-
-    @property
-    def checkpoint(self) -> Optional[str]:
-        """The last checkpoint's directory name under ``checkpoints/`` (None before any)."""
-        return checkpoint_name(self.partition(self.checkpoint_hour)) if self.checkpoint_hour else None
-
-    def partition(self, name: str, what: str = "state partition") -> partitions.Partition:
-        """The partition ``name`` of this job's period."""
-        return partitions.Partition.parse(name, what, minutes=self.partition_minutes)
-
-    @classmethod
-    def load(cls, state_dir: str) -> Optional["OnlineState"]:
-        """The state in ``state_dir``, or ``None`` if there is none. Raises ``ValueError``
-        naming the file when it is not a valid state."""
-        return read_record(os.path.join(state_dir, STATE_FILE), cls, ValueError, "online training state")
-
-    def save(self, state_dir: str) -> None:
-        """Writes the state atomically (temporary file, fsync, rename)."""
-        write_atomically(os.path.join(state_dir, STATE_FILE), self.model_dump_json(indent=1))
-
-    def published_hour(self) -> partitions.Partition:
-        """The first partition in no published (or pending) version."""
-        if self.pending is not None:
-            return self.partition(self.pending.hour).next()
-        return self.partition(self.next_hour, "state next_hour")
-
-    def resume_point(self) -> tuple[str, Optional[str]]:
-        """``(first partition to train, checkpoint to restore or None)``: the last
-        checkpoint's, or the start hour when none was taken."""
-        return (self.checkpoint_hour or self.start_hour), self.checkpoint
 
 
 def _wait_for(cfg: TrainConfig, hour: partitions.Partition, stop) -> bool:
@@ -184,11 +96,6 @@ def _wait_for(cfg: TrainConfig, hour: partitions.Partition, stop) -> bool:
         waited += 1
         time.sleep(cfg.poll_seconds)
     return True
-
-
-def checkpoint_name(hour: partitions.Partition) -> str:
-    """``checkpoints/<name>``: the checkpoint taken before ``hour`` (``YYYYMMDD-HH[MM]``)."""
-    return str(hour).replace("/", "-")
 
 
 def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
@@ -234,7 +141,7 @@ def run(worker, cfg: TrainConfig, test_files: list[str], job: dict) -> dict:
         state.save(cfg.state_dir)
     published = state.published_hour()  # read before trainer 0 finishes a pending export
     if worker.chief and state.pending is not None:
-        _finish_pending(worker, cfg, state, ckroot)
+        export_point.finish_pending(worker, cfg, state, ckroot)
     hour = state.partition(next_hour, "state next_hour")
     tr = tracking.start_training(cfg, job)
     try:
@@ -318,7 +225,7 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
                          "their rows go into the next export", worker.who, hour)
             else:
                 exported = True
-                ver = _export_point(worker, cfg, state, hour, landed=landed, ev=ev, served=served)
+                ver = export_point.export_point(worker, cfg, state, hour, landed=landed, ev=ev, served=served)
                 if ver is not None:
                     rec.version = ver.id
                     tr.version(step, ver.model_dump(), tracking.published_model_meta(cfg.output, rec.version))
@@ -329,7 +236,7 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
                 rec.shrink_seconds, rec.table_rows, rec.evicted = done["seconds"], done["table_rows"], done["evicted"]
         if exported and fedrows.agree(worker, int(cadence.checkpoint_due(
                 state.since_checkpoint, cfg.partition_minutes, cfg.checkpoint_every_minutes, last))):
-            _checkpoint(worker, cfg, state, hour, ckroot, ver, shrinks.since)
+            export_point.checkpoint(worker, cfg, state, hour, ckroot, ver, shrinks.since)
     worker.budget.finish()
     # every partition is one pass over its rows (train_pass checks the count)
     examples = sum(r.rows for r in records)  # a quarantined partition's rows are 0
@@ -349,157 +256,3 @@ def _follow(worker, cfg: TrainConfig, test_files, job: dict, state: OnlineState,
         log.info("%s: continuous training stopped before %s: %d partition(s) trained, %d version(s) exported",
                  worker.who, hour, len(records), len(final.exports))
     return out
-
-
-def _export_point(worker, cfg: TrainConfig, state: OnlineState, next_hour: partitions.Partition,
-                  landed: Optional[int] = None, ev: Optional[model_eval.Collector] = None,
-                  served: Optional[ServedKeys] = None):
-    """Rows, pending state, publish, state (module docstring; the checkpoint, when one is
-    due, comes after: ``_follow``). Every process calls it; returns the ``ExportRecord`` on
-    trainer 0, ``None`` elsewhere. ``landed``: when the last partition was found complete
-    (unix s); ``ev``: trainer 0's evaluation rows (the version's ``metrics.evaluation``,
-    ``runtime.formats.version_eval``); ``served``: trainer 0's record of the served chain.
-
-    The rows: a base is the whole table (a save, then its values pulled), a patch the
-    rows of the feasigns fed since the last export point (``Worker.fed_rows``); trainer 0
-    decides which and every trainer follows (``fedrows.agree``); ``ServedKeys.cut`` then
-    leaves out the rows of feasigns not admitted and adds the deletions
-    (``runtime.trainer.served``). Trainer 0 keeps them in ``--state-dir/exports/<id>/``
-    (``ROWS``) until the export is committed, so that a restart publishes a pending export
-    with the same rows."""
-    is_base = bool(fedrows.agree(worker, int(cadence.base_due(state.base_id is not None, state.since_base,
-                                                              cfg.partition_minutes, cfg.base_every_minutes,
-                                                              forced=state.base_due is not None))))
-    t0 = time.monotonic()
-    if is_base:
-        with publish.table_save_dir(cfg.table_dir) as save_dir:
-            table = worker.full_table(save_dir, exact=True)
-    else:
-        table = worker.fed_rows()
-    worker.reset_fed()
-    rows_s = time.monotonic() - t0
-    rec = None
-    if worker.chief:
-        keys, values = (served or ServedKeys()).cut(*table, base=is_base)
-        last_hour = str(next_hour.next(-1))
-        vid = donefile.new_version_id(cfg.output) if cfg.output else (state.exports[-1].id + 1 if state.exports else 1)
-        rec = ExportRecord(id=vid, kind="base" if is_base else "patch", base=vid if is_base else state.base_id,
-                           hour=last_hour, rows=int(len(keys)), rows_seconds=round(rows_s, 3), landed=landed,
-                           deleted=int(np.count_nonzero(zero_rows(values))))
-        directory = export_dir(cfg.state_dir, vid)
-        shutil.rmtree(directory, ignore_errors=True)  # left by a run that died before its state
-        os.makedirs(directory)
-        np.savez(os.path.join(directory, ROWS), keys=keys, values=values)
-        whole = worker.local_table()
-        if whole is not None:
-            o = np.argsort(whole[0], kind="stable")
-            np.savez(os.path.join(directory, SNAPSHOT), keys=whole[0][o], values=whole[1][o])
-        state.pending = rec
-        state.save(cfg.state_dir)
-        t2 = time.monotonic()
-        if cfg.output:
-            _publish(worker, cfg, rec, keys, values, ev.finish(worker) if ev is not None else None)
-        rec.publish_seconds = round(time.monotonic() - t2, 3)
-        rec.seconds = round(time.monotonic() - t0, 3)
-        _commit(state, rec, cfg)
-        if served is not None:
-            served.published(keys, values, is_base)
-            trainer_metrics().served_changed(None if served.keys is None else len(served.keys), served.admitted,
-                                             served.deleted)
-        trainer_metrics().export_done(rec.kind, rec.seconds, rec.rows, rec.id, next_hour.start.timestamp())
-        log.info("%s: exported %s %d after partition %s: %d sparse rows (%d deletions; the served table: %s keys) "
-                 "in %.1f s (rows %.1f s, publish %.1f s)", worker.who, rec.kind, rec.id, last_hour, rec.rows,
-                 rec.deleted, "n/a" if served is None or served.keys is None else len(served.keys), rec.seconds,
-                 rows_s, rec.publish_seconds)
-    return rec
-
-
-def _checkpoint(worker, cfg: TrainConfig, state: OnlineState, next_hour: partitions.Partition, ckroot: str,
-                rec: Optional[ExportRecord], since_shrink: int = 0) -> None:
-    """Every process: ``Worker.checkpoint`` into ``checkpoints/<next_hour>``; trainer 0 then
-    records it in the state (with its seconds on the export ``rec``, and the shrink points'
-    clock ``since_shrink``) and drops older ones."""
-    name = checkpoint_name(next_hour)
-    directory = os.path.join(ckroot, name)
-    if worker.chief and os.path.isdir(directory):
-        shutil.rmtree(directory)  # a checkpoint left by a run that died before its state
-    t = time.monotonic()
-    worker.checkpoint(directory)
-    seconds = time.monotonic() - t
-    if not worker.chief:
-        return
-    state.checkpoint_hour, state.since_checkpoint = str(next_hour), 0
-    state.checkpoint_since_shrink = int(since_shrink)
-    if rec is not None:
-        rec.checkpoint_seconds = round(seconds, 3)
-    state.save(cfg.state_dir)
-    for old in os.listdir(ckroot):
-        if old != name:
-            shutil.rmtree(os.path.join(ckroot, old), ignore_errors=True)
-    log.info("%s: checkpoint %s taken in %.1f s", worker.who, name, seconds)
-
-
-def export_dir(state_dir: str, version_id: int) -> str:
-    """``--state-dir/exports/<id>``: a pending export's rows (``ROWS``), the last export's
-    table (``SNAPSHOT``, where the worker holds it)."""
-    return os.path.join(state_dir, EXPORTS, str(version_id))
-
-
-def _publish(worker, cfg: TrainConfig, rec: ExportRecord, keys: np.ndarray, values: np.ndarray,
-             evaluation: Optional[dict] = None) -> None:
-    """Publishes ``rec``'s version with its data time (``data_end``: the end of its last
-    partition, ``rec.hour``; ``landed``: ``rec.landed``) on its donefile line and its
-    ``evaluation`` (``runtime.formats.version_eval``) in ``model_meta.json``."""
-    meta_rec = {"mode": "continuous", "test_auc": [], "trainers": None, "pservers": None, "epochs": 1,
-                "evaluation": evaluation}
-    data_end = int(cfg.partition(rec.hour).end.timestamp())
-    publish.publish(cfg, worker.slots, keys, values, meta_rec, version_id=rec.id,
-                    base_id=None if rec.kind == "base" else rec.base, data_end=data_end, landed=rec.landed)
-
-
-def _commit(state: OnlineState, rec: ExportRecord, cfg: TrainConfig) -> None:
-    """Marks the pending export done and moves the published hour; drops its kept rows and
-    older exports' directories."""
-    state.exports.append(rec)
-    state.next_hour = str(state.partition(rec.hour).next())
-    if rec.kind == "base":
-        state.base_id, state.since_base, state.base_due = rec.id, 0, None
-    state.pending = None
-    state.save(cfg.state_dir)
-    root = os.path.join(cfg.state_dir, EXPORTS)
-    for name in os.listdir(root) if os.path.isdir(root) else []:
-        if name != str(rec.id):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-    rows = os.path.join(root, str(rec.id), ROWS)
-    if os.path.exists(rows):
-        os.unlink(rows)
-
-
-def _finish_pending(worker, cfg: TrainConfig, state: OnlineState, ckroot: str) -> None:
-    """After a restart: publishes the pending export again if its donefile line is
-    missing (same id, same rows: ``exports/<id>/ROWS``; a state from before that layout
-    kept them beside the checkpoint taken for it, ``ROWS``, or, older still, the whole
-    table, ``SNAPSHOT``, the patch then cut by ``table_diff`` against the previous
-    export's as it was then)."""
-    rec = state.pending
-    lines = donefile.read(cfg.output, rec.kind) if cfg.output else []
-    if any(r.id == rec.id for r in lines):
-        log.info("%s: pending %s %d was published before the restart", worker.who, rec.kind, rec.id)
-    else:
-        rows_file = os.path.join(export_dir(cfg.state_dir, rec.id), ROWS)
-        legacy = os.path.join(ckroot, checkpoint_name(state.partition(rec.hour).next()))
-        if not os.path.exists(rows_file):
-            rows_file = os.path.join(legacy, ROWS)
-        with np.load(rows_file if os.path.exists(rows_file) else os.path.join(legacy, SNAPSHOT)) as z:
-            keys, values = z["keys"], z["values"]
-        idx = np.arange(len(keys))
-        if rec.kind == "patch" and not os.path.exists(rows_file):
-            prev = os.path.join(ckroot, checkpoint_name(state.partition(state.next_hour)), SNAPSHOT)
-            if not state.exports or not os.path.exists(prev):
-                raise RuntimeError(f"pending patch {rec.id}: the previous export's table ({prev}) is missing")
-            with np.load(prev) as z:
-                idx = table_diff(z["keys"], z["values"], keys, values)
-        log.info("%s: publishing pending %s %d again (no donefile line)", worker.who, rec.kind, rec.id)
-        if cfg.output:
-            _publish(worker, cfg, rec, keys[idx], values[idx])
-    _commit(state, rec, cfg)

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from runtime.trainer.config import TABLE_DIR_PREFIX, TrainConfig, check_table_dir
+from runtime.trainer.config import TABLE_DIR_PREFIX, TrainConfig
+from runtime.trainer.input_checks import check_table_dir
 
 
 @contextlib.contextmanager

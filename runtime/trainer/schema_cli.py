@@ -1,10 +1,10 @@
 """``elastic-ctr schema infer``: writes the data schema (``runtime.formats.data_schema``)
 from partitions of the project's own data, for review beside the stack (``schemas/ctr.yaml``);
 ``elastic-ctr schema check``: judges partitions against a schema, as the data gate's schema
-checks do (``runtime.trainer.data_gate.check_schema``), printing each anomaly;
+checks do (``runtime.trainer.gate_checks.check_schema``), printing each anomaly;
 ``elastic-ctr schema drift``: replays partitions through the data gate's bounds against the
 recent partitions as a continuous job does (its window of accepted partitions, its
-new-feasign sketch; ``runtime.trainer.data_gate.check_history``), printing each partition's
+new-feasign sketch; ``runtime.trainer.gate_checks.check_history``), printing each partition's
 largest distances beside the bounds: how far normal data is from quarantine, the figures
 the defaults are chosen from."""
 from __future__ import annotations
@@ -112,7 +112,7 @@ def _infer(args) -> int:
 
 def _check(args) -> int:
     from runtime.formats import data_schema
-    from runtime.trainer import data_gate
+    from runtime.trainer import gate_checks
 
     from runtime import storage
 
@@ -124,7 +124,7 @@ def _check(args) -> int:
     schema.check_job(args.format, slots, f"--schema {args.schema}")
     bad = 0
     for st in stats:
-        anomalies = data_gate.check_schema(st, schema)
+        anomalies = gate_checks.check_schema(st, schema)
         bad += bool(anomalies)
         print(f"{st.hour}: " + ("ok" if not anomalies else "; ".join(a.message for a in anomalies)))
     print(f"{bad} of {len(stats)} partition(s) break {args.schema}", file=sys.stderr if bad else sys.stdout)
@@ -148,10 +148,10 @@ def _drift(args) -> int:
     from runtime.formats import features
 
     from runtime.formats import partition_stats as ps
-    from runtime.trainer import data_gate
+    from runtime.trainer import data_gate, gate_checks
 
-    th = data_gate.Thresholds(**{f.name: getattr(args, "gate_" + f.name)
-                                 for f in dataclasses.fields(data_gate.Thresholds)})
+    th = gate_checks.Thresholds(**{f.name: getattr(args, "gate_" + f.name)
+                                   for f in dataclasses.fields(gate_checks.Thresholds)})
     slots, batches = _read(args)
     names = [f"C{s}" for s in slots]
     hist, sketch = ps.GateHistory(), data_gate.FeasignSketch()
@@ -172,7 +172,7 @@ def _drift(args) -> int:
         linf, fall, js = (0.0, ""), (1.0, ""), 0.0
         if len(recent) >= th.min_history:
             for j, name in enumerate(names):
-                if st.categorical_rows * (1 - st.missing_rate[j]) >= data_gate.MIN_PRESENT:
+                if st.categorical_rows * (1 - st.missing_rate[j]) >= gate_checks.MIN_PRESENT:
                     d = ps.linf_distance(st.top_values[j], [s.top_values[j] for s in recent])
                     ref = pystats.median([s.distinct[j] for s in recent])
                     per_row = pystats.median([s.distinct[j] / s.categorical_rows for s in recent])
@@ -181,7 +181,7 @@ def _drift(args) -> int:
                     linf, fall = max(linf, (d, name)), max(fall, (f, name))
             js = max(ps.js_distance(np.asarray(st.dense_hist[i]), np.mean([s.dense_hist[i] for s in recent], axis=0))
                      for i in range(len(st.dense_hist)))
-        an = data_gate.check_history(st, recent, th, names)
+        an = gate_checks.check_history(st, recent, th, names)
         bad += bool(an)
         for key, v in (("linf", linf[0]), ("distinct_fall", fall[0]), ("dense_js", js),
                        ("new_feasign_rate", st.new_feasign_rate or 0.0)):

@@ -35,7 +35,8 @@ from runtime.formats.train_result import RESULT, TrainResult
 from runtime.trainer import readers, roles
 from runtime.trainer.publish import publish, table_save_dir
 from runtime.trainer.stop import StopRequest
-from runtime.trainer.config import TrainConfig, check_inputs
+from runtime.trainer.config import TrainConfig
+from runtime.trainer.input_checks import check_inputs
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ def run_role(cfg: TrainConfig) -> dict | None:
     import paddle
     from paddle.distributed import fleet
 
-    from runtime.trainer.worker import PsWorker
+    from runtime.trainer.ps_worker import PsWorker
 
     from runtime import proc
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from runtime import objectstore, storage
+from runtime import objectstore, storage, storage_write
 
 
 def test_upload_read_list_expand_download(s3_bucket, tmp_path):
@@ -15,8 +15,8 @@ def test_upload_read_list_expand_download(s3_bucket, tmp_path):
     src.write_bytes(b"1\t2\n3\t4\n" * 1000)
     root = storage.join(s3_bucket, "data")
     assert root == f"{s3_bucket}/data"
-    storage.upload(src, storage.join(root, "20261120/00/part-00000"))
-    storage.upload(src, storage.join(root, "20261120/00/part-00001"))
+    storage_write.upload(src, storage.join(root, "20261120/00/part-00000"))
+    storage_write.upload(src, storage.join(root, "20261120/00/part-00001"))
     loc = storage.join(root, "20261120/00/part-00000")
     assert storage.read_bytes(loc) == src.read_bytes()
     assert list(storage.iter_lines(loc))[:2] == ["1\t2", "3\t4"]
@@ -40,7 +40,7 @@ def test_upload_tree_keeps_relative_paths(s3_bucket, tmp_path):
     (tmp_path / "v" / "dense" / "model_meta.json").write_text("{}")
     (tmp_path / "v" / "sparse").mkdir()
     (tmp_path / "v" / "sparse" / "part-0").write_bytes(b"SEQ")
-    rels = storage.upload_tree(tmp_path / "v", storage.join(s3_bucket, "versions/7"))
+    rels = storage_write.upload_tree(tmp_path / "v", storage.join(s3_bucket, "versions/7"))
     assert rels == ["dense/model_meta.json", "sparse/part-0"]
     assert storage.read_bytes(f"{s3_bucket}/versions/7/sparse/part-0") == b"SEQ"
 
@@ -88,9 +88,9 @@ def test_missing_store_package_names_what_to_install(monkeypatch):
 
 def test_append_line_is_conditional_and_idempotent(s3_bucket, monkeypatch):
     loc = f"{s3_bucket}/donefile/base.txt"
-    storage.append_line(loc, "a")
-    storage.append_line(loc, "b\n")
-    storage.append_line(loc, "a")  # a repeated append (writer restarted) is not duplicated
+    storage_write.append_line(loc, "a")
+    storage_write.append_line(loc, "b\n")
+    storage_write.append_line(loc, "a")  # a repeated append (writer restarted) is not duplicated
     assert storage.read_bytes(loc) == b"a\nb\n"
     # a writer that read a stale ETag loses the race once, re-reads, and keeps both lines
     real = objectstore.filesystem
@@ -115,7 +115,7 @@ def test_append_line_is_conditional_and_idempotent(s3_bucket, monkeypatch):
 
     racing = Racing()
     monkeypatch.setattr(objectstore, "filesystem", racing)
-    storage.append_line(loc, "c")
+    storage_write.append_line(loc, "c")
     monkeypatch.undo()
     assert racing.raced
     assert storage.read_bytes(loc) == b"a\nb\nother\nc\n"
@@ -165,7 +165,7 @@ def test_wrong_credentials_are_named_and_never_read_as_missing(tmp_path, monkeyp
         S3FileSystem.clear_instance_cache()
         src = tmp_path / "x.txt"
         src.write_text("hi\n")
-        storage.upload(src, "s3://ctr-auth/x.txt")
+        storage_write.upload(src, "s3://ctr-auth/x.txt")
         assert storage.read_bytes("s3://ctr-auth/x.txt") == b"hi\n"
         for name, value in (("AWS_SECRET_ACCESS_KEY", "wrong"), ("AWS_ACCESS_KEY_ID", "AKIANOSUCHKEY0000000")):
             monkeypatch.setenv(name, value)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime import storage
+from runtime import storage, storage_write
 
 
 def test_join_paths_and_urls():
@@ -27,10 +27,10 @@ def test_append_line_adds_whole_lines(tmp_path):
     """append_line creates the file, ends every line with a newline, and completes a last
     line written without one (the donefile's reader: tests/formats/test_donefile.py)."""
     df = tmp_path / "donefile" / "base.txt"
-    storage.append_line(str(df), "a")
+    storage_write.append_line(str(df), "a")
     with open(df, "a") as f:
         f.write("b")
-    storage.append_line(str(df), "c\n")
+    storage_write.append_line(str(df), "c\n")
     assert df.read_text() == "a\nb\nc\n"
 
 
@@ -50,7 +50,7 @@ def test_uploaded_and_downloaded_files_are_not_private(tmp_path):
     src.write_bytes(b"data")
     old = os.umask(0o022)
     try:
-        storage.upload(str(src), str(tmp_path / "pub" / "a.bin"))
+        storage_write.upload(str(src), str(tmp_path / "pub" / "a.bin"))
         storage.download(str(src), tmp_path / "dl" / "a.bin")
     finally:
         os.umask(old)

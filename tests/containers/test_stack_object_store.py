@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from runtime import role_specs
-from runtime import storage
+from runtime import storage, storage_write
 from runtime.formats import donefile
 from tests.containers.kube import Cluster
 from tests.containers.stack_steps import cube_versions, dict_info, forbidden_log_lines
@@ -95,7 +95,7 @@ def s3_stack(engine, images, tmp_path_factory):
                                                                              test_rows=5000)],
                            check=True, capture_output=True, timeout=300)
             for name in ("train.txt", "test.txt"):
-                storage.upload(data / name, f"s3://{bucket}/data/{name}")
+                storage_write.upload(data / name, f"s3://{bucket}/data/{name}")
             rendering = _rendering(s3.endpoint, bucket, images.tag)
             # no file server (its credentials' Secrets exist whatever the stack deploys)
             assert not [m for m in rendering.manifests if "fileserver" in m.name and m.kind != "Secret"]

@@ -13,7 +13,8 @@ from runtime import cli
 from runtime.cube import dictfile
 from runtime.cube.buildinfo import BuildRecord, BuildRecordError, parse_shard_tar_name, shard_tar_name
 from runtime.cube.builder import BuildError, build
-from runtime.formats.seqfile import SequenceFileError, write_sequence_file
+from runtime.formats.seqfile import SequenceFileError
+from runtime.formats.seqfile_writer import write_sequence_file
 from runtime.formats.topology import shard_of
 from tests.helpers import DICT, build_version, make_data
 
@@ -151,7 +152,7 @@ def test_build_record_round_trip_and_errors(tmp_path):
 def test_a_shard_with_no_key_builds_and_loads(tmp_path):
     """A small version (few feasigns admitted) can leave a shard empty: its dict is written
     and loads as a table holding nothing."""
-    from runtime.cube.table import VersionView
+    from runtime.cube.views import VersionView
 
     keys = np.array([2, 4, 6], np.uint64)  # all on shard 0 of 2
     values = np.ones((3, 4), np.float32)

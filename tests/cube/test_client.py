@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from runtime.cube import kernel, protocol
-from runtime.cube.client import CubeClient, CubeUnavailable, CubeVersionUnavailable, _Outcome, _scatter
+from runtime.cube.client import CubeClient, CubeUnavailable, CubeVersionUnavailable
+from runtime.cube.client.calls import Outcome, scatter
 from runtime.formats.topology import Topology, shard_of, shard_rows
 from tests.helpers import build_version, load_and_enable, make_data, shard_dir, start_server
 
@@ -366,10 +367,10 @@ def test_scatter_puts_replies_back_in_batch_order_and_refuses_a_misfit():
     hit = np.random.default_rng(7).random(301) > 0.2
     expect[~hit] = 0.0
     idx = dict(enumerate(shard_rows(keys, 3)))
-    out = {s: _Outcome(True, 1, None, hit[i], expect[i]) for s, i in idx.items()}
-    values, found = _scatter(301, dim, idx, out)
+    out = {s: Outcome(True, 1, None, hit[i], expect[i]) for s, i in idx.items()}
+    values, found = scatter(301, dim, idx, out)
     np.testing.assert_array_equal(values, expect)
     np.testing.assert_array_equal(found, hit)
-    out[1] = _Outcome(True, 1, None, hit[idx[1]][:-1], expect[idx[1]][:-1])
+    out[1] = Outcome(True, 1, None, hit[idx[1]][:-1], expect[idx[1]][:-1])
     with pytest.raises(ValueError, match="cube shard 1"):
-        _scatter(301, dim, idx, out)
+        scatter(301, dim, idx, out)

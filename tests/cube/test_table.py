@@ -1,4 +1,4 @@
-"""The server's versioned views (runtime/cube/table.py: VersionView over InlineTable):
+"""The server's versioned views (runtime/cube/views.py: VersionView over InlineTable):
 every version answers as the offline model (a dict with each version's rows applied in
 order, a zero row deleting its key), misses, overwrites across patches, deletions (evicted
 keys) and the reuse of their slots, merges in place under concurrent readers,
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from runtime.cube.server.versions import Slot, Versions
-from runtime.cube.table import GROW_STEP, MAX_EXTENSIONS, MAX_LOAD, VersionRetired, VersionView
+from runtime.cube.table import MAX_LOAD
+from runtime.cube.views import GROW_STEP, MAX_EXTENSIONS, VersionRetired, VersionView
 
 DIM = 3
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime import storage
+from runtime import storage, storage_write
 from runtime.formats import donefile, manifest
-from runtime.formats.seqfile import write_sequence_file
+from runtime.formats.seqfile_writer import write_sequence_file
 from tests.cube.transfer_harness import make_transfer
 
 DIM = 4
@@ -41,7 +41,7 @@ def stage_version(stage: Path, vid: int, rows: int = 400, seed: int = 0) -> Path
 def publish(root: str, vdir: Path, vid: int, key: int | None = None, count: int | None = None) -> None:
     """Uploads a staged version to ``root`` (files, manifest, then the donefile line,
     with ``count`` rows when given)."""
-    storage.upload_tree(vdir, storage.join(root, "versions", str(vid)))
+    storage_write.upload_tree(vdir, storage.join(root, "versions", str(vid)))
     rec = (donefile.base_record(vid, DIM, count, manifest=manifest.location(vid)) if key is None else
            donefile.patch_record(vid, key, DIM, count, manifest=manifest.location(vid)))
     donefile.append(root, "base" if key is None else "patch", rec)
@@ -138,7 +138,7 @@ def test_a_line_without_manifest_is_rolled_out_unverified(cluster, tmp_path):
     (root / "donefile").mkdir(parents=True)
     vdir = stage_version(tmp_path / "stage", 10)
     (vdir / manifest.FILE).unlink()
-    storage.upload_tree(vdir, storage.join(str(root), "versions", "10"))
+    storage_write.upload_tree(vdir, storage.join(str(root), "versions", "10"))
     donefile.append(str(root), "base", donefile.base_record(10, DIM))
     tr = make_transfer(cluster, str(root), tmp_path / "work")
     assert tr.poll_once()["status"] == "finished"

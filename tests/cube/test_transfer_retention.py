@@ -4,7 +4,7 @@ server through DELETE, an object store), never a link of a kept, served or pinne
 version's chain."""
 from __future__ import annotations
 
-from runtime import storage
+from runtime import storage, storage_write
 from runtime.cube.transfer import retention, rollback
 from runtime.fileserver.app import create_app
 from runtime.formats import donefile
@@ -30,7 +30,7 @@ def _publish(root: str, vid: int, key: int, patch: bool = False) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         part = Path(tmp) / "part-00000"
         part.write_bytes(b"v%d" % vid)
-        storage.upload(part, storage.join(root, "versions", str(vid), "sparse", "part-00000"), "tok")
+        storage_write.upload(part, storage.join(root, "versions", str(vid), "sparse", "part-00000"), "tok")
     rec = donefile.DonefileRecord(id=vid, key=key, input=donefile.sparse_dir(vid))
     donefile.append(root, "patch" if patch else "base", rec, "tok")
 

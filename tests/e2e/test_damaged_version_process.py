@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import requests
 
-from runtime import storage
+from runtime import storage, storage_write
 from runtime.formats import donefile, features, manifest
-from runtime.formats.seqfile import read_sequence_file, write_sequence_file
+from runtime.formats.seqfile import read_sequence_file
+from runtime.formats.seqfile_writer import write_sequence_file
 from tests.helpers import PredictLoad, export_version, make_table, start_serving
 
 pytestmark = pytest.mark.slow
@@ -75,7 +76,7 @@ def _publish(root: str, version: int, table: dict, seed: int, token: str, kind: 
         vdir = stage / "versions" / str(version)
         if kind:
             why = _damage(vdir, kind)
-        storage.upload_tree(vdir, storage.join(root, "versions", str(version)), token)
+        storage_write.upload_tree(vdir, storage.join(root, "versions", str(version)), token)
         (rec,) = donefile.read(str(stage), "base")
         donefile.append(root, "base", rec, token)
     return why

@@ -16,7 +16,7 @@ import time
 import pytest
 import requests
 
-from runtime import storage
+from runtime import storage, storage_write
 from runtime.fileserver.app import create_app, expected_digests
 from runtime.formats import donefile
 from runtime.web.wsgi import WebServer
@@ -176,12 +176,12 @@ def test_expected_digests_parsing():
 
 
 def test_storage_upload_roundtrip(server, tree, tmp_path):
-    """runtime.storage.upload/append_line and runtime.formats.donefile.read against the file server."""
+    """runtime.storage_write.upload/append_line and runtime.formats.donefile.read against the file server."""
     src = tmp_path / "f.bin"
     src.write_bytes(os.urandom(5000))
-    storage.upload(src, server.url + "/versions/2/sparse/part-00000", token=TOKEN)
+    storage_write.upload(src, server.url + "/versions/2/sparse/part-00000", token=TOKEN)
     assert (tree / "versions/2/sparse/part-00000").read_bytes() == src.read_bytes()
-    for vid, rel in ((2, "x"), (3, "y")):  # donefile.append: storage.append_line through the file server
+    for vid, rel in ((2, "x"), (3, "y")):  # donefile.append: storage_write.append_line through the file server
         donefile.append(server.url, "base", donefile.DonefileRecord(id=vid, key=vid, input=rel), TOKEN)
     assert [r.id for r in donefile.read(server.url, "base")] == [2, 3]
     got = tmp_path / "back.bin"
@@ -189,7 +189,7 @@ def test_storage_upload_roundtrip(server, tree, tmp_path):
                      md5=hashlib.md5(src.read_bytes()).hexdigest())
     assert got.read_bytes() == src.read_bytes()
     with pytest.raises(storage.LocationError):
-        storage.upload(src, server.url + "/x", token="wrong")
+        storage_write.upload(src, server.url + "/x", token="wrong")
 
 
 ESCAPES = [
@@ -255,7 +255,7 @@ def test_cli_process(tmp_path):
         port = bound_ports.read(ports)["http"]
         src = tmp_path / "x"
         src.write_bytes(b"data")
-        storage.upload(src, f"http://127.0.0.1:{port}/a/x", token=TOKEN)
+        storage_write.upload(src, f"http://127.0.0.1:{port}/a/x", token=TOKEN)
         assert (tmp_path / "r" / "a" / "x").read_bytes() == b"data"
     finally:
         proc.terminate()

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from runtime.formats import manifest
-from runtime.formats.seqfile import SequenceFileError, SequenceFileReader, read_sequence_file, write_sequence_file
+from runtime.formats.seqfile import SequenceFileError, SequenceFileReader, read_sequence_file
+from runtime.formats.seqfile_writer import write_sequence_file
 
 SYNC = b"fedcba9876543210"
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from runtime.formats import seqfile
-from runtime.formats.seqfile import SequenceFileError, read_sequence_file, write_sequence_file
+from runtime.formats.seqfile import SequenceFileError, read_sequence_file
+from runtime.formats.seqfile_writer import write_sequence_file
 
 
 def _data(n=1000, dim=9, seed=0):

@@ -13,14 +13,14 @@ import time
 
 import pytest
 
-from runtime import storage
+from runtime import storage, storage_write
 from runtime.formats import donefile, partitions
 
 
 def _put(loc: str, data: bytes, tmp_path) -> None:
     f = tmp_path / "obj"
     f.write_bytes(data)
-    storage.upload(f, loc)
+    storage_write.upload(f, loc)
 
 
 def test_partition_counts_only_once_its_success_object_exists(s3_bucket, tmp_path):

@@ -6,7 +6,8 @@ import pydantic
 import pytest
 import yaml
 
-from infra.config import FIELDS, PROJECT_FILE, SECRETS, ConfigError, StackConfig, parse
+from infra.config import FIELDS, PROJECT_FILE, SECRETS, ConfigError, StackConfig
+from infra.config_load import parse
 from infra.pulumi_yaml import pulumi_yaml
 from runtime.trainer.config import TrainConfig
 

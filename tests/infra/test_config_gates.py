@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from infra import config_gates
-from infra.config import ConfigError, parse
+from infra.config import ConfigError
+from infra.config_load import parse
 from runtime import role_specs
 
 OK = {"uploadToken": "t" * 32, "trainingMode": "continuous", "dataSource": "http://fs/hours",

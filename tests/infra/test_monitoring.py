@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from infra import config
+from infra import config, config_load
 from runtime import role_specs
 from runtime.metrics import dashboards, rules
 
@@ -113,5 +113,5 @@ def test_the_autoscaler_follows_inflight_requests_or_cpu(rendered):
 ])
 def test_bad_monitoring_keys_are_named(raw, message):
     with pytest.raises(config.ConfigError) as e:
-        config.parse({"uploadToken": "x" * 32, **raw}, {"uploadToken"})
+        config_load.parse({"uploadToken": "x" * 32, **raw}, {"uploadToken"})
     assert message in str(e.value)

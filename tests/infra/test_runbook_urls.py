@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.config import ConfigError, parse
+from infra.config import ConfigError
+from infra.config_load import parse
 from runtime.metrics import rules
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from infra import preview
-from infra.config import ConfigError, parse
+from infra.config import ConfigError
+from infra.config_load import parse
 from tests.helpers import flag
 
 

@@ -93,7 +93,7 @@ def test_version_roots_accept_normalized():
 
 
 def test_read_protected_file_server_and_storage_presenting_the_read_credential(tmp_path, monkeypatch):
-    from runtime import storage
+    from runtime import storage, storage_write
     from runtime.fileserver.app import create_app
     from runtime.web.wsgi import WebServer
 
@@ -114,7 +114,7 @@ def test_read_protected_file_server_and_storage_presenting_the_read_credential(t
             storage.read_bytes(f"{srv.url}/f")
         monkeypatch.setenv(role_specs.CREDENTIALS_DIR_ENV, str(d))
         assert storage.read_bytes(f"{srv.url}/f") == b"model"  # the read credential, presented by storage
-        storage.upload(tmp_path / "root" / "f", f"{srv.url}/g")  # the write credential, from the same directory
+        storage_write.upload(tmp_path / "root" / "f", f"{srv.url}/g")  # the write credential, from the same directory
         assert (tmp_path / "root" / "g").read_bytes() == b"model"
 
 

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from runtime.serving import rest_codec
+from runtime.serving import rest_answer, rest_codec
 from runtime.serving.protocol import BadRequest, InferOutput, InferRequest, InferResponse, JsonNumbers
 
 U64_MAX = 2 ** 64 - 1
@@ -205,7 +205,7 @@ def test_json_answer_holds_the_values_json_wrote(data):
     dtype = {"f": "FP32", "u": "UINT64", "i": "INT64", "b": "BOOL", "O": "BYTES"}[data.dtype.kind]
     out = InferOutput("probability", dtype, list(data.shape), data)
     resp = InferResponse("ctr", "7", [out], id="r", parameters={"model_version": 7})
-    body, header_length = rest_codec.encode_response(resp, InferRequest(inputs=[]))
+    body, header_length = rest_answer.encode_response(resp, InferRequest(inputs=[]))
     assert header_length is None
     got = json.loads(body)
     want = {"model_name": "ctr", "model_version": "7", "id": "r", "parameters": {"model_version": 7},

@@ -92,7 +92,7 @@ def test_child_flags_rebuild_the_same_config(tmp_path):
 def test_only_the_exporting_process_checks_the_version_root_writable():
     """A pserver and trainers other than 0 never write the version root (nor hold its write
     credential): they check it reachable only."""
-    from runtime.trainer.config import _exports
+    from runtime.trainer.input_checks import _exports
 
     assert _exports({}) and _exports({"TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": "0"})
     assert _exports({"TRAINING_ROLE": "trainer", "VC_TASK_INDEX": "0"})

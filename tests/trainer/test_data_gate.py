@@ -15,7 +15,7 @@ import pytest
 
 from runtime.formats import data_schema, features, partition_stats as ps, partitions
 from runtime.formats.train_result import SUMMARY, TrainResult
-from runtime.trainer import data_gate, dataset, generator, readers
+from runtime.trainer import data_gate, dataset, gate_checks, generator, readers
 from runtime.trainer.config import TrainConfig
 
 START = "20261120/00"
@@ -54,15 +54,15 @@ def small(tmp_path_factory):
     return root
 
 
-def _replay(root, hours, th=data_gate.Thresholds(), schema=None):
+def _replay(root, hours, th=gate_checks.Thresholds(), schema=None):
     """Judges each hour in order as the job's gate does; returns [(hour, anomalies)]."""
     hist, sketch, out = ps.GateHistory(), data_gate.FeasignSketch(), []
     for h in hours:
         b = _batch(root, h)
         st = data_gate.statistics(str(h), b.labels, b.dense, b.feasigns, SLOTS, sketch, th.window)
-        an = data_gate.check_history(st, hist.accepted, th, NAMES)
+        an = gate_checks.check_history(st, hist.accepted, th, NAMES)
         if schema is not None:
-            an += data_gate.check_schema(st, schema)
+            an += gate_checks.check_schema(st, schema)
         out.append((str(h), an))
         if not an:
             hist.accept(st, th.window)
@@ -126,7 +126,7 @@ def test_a_slot_gone_is_quarantined_and_named(small, tmp_path):
 
 #: the bounds before the categorical ones: those two off (a distance is at most 1; a fall
 #: of the distinct values by more than 1e9 cannot happen)
-WITHOUT_CATEGORICAL = data_gate.Thresholds(categorical_linf=1.0, distinct_ratio=1e9)
+WITHOUT_CATEGORICAL = gate_checks.Thresholds(categorical_linf=1.0, distinct_ratio=1e9)
 CATEGORICAL = {"categorical_drift", "distinct_values"}
 
 
@@ -244,7 +244,7 @@ def test_a_dense_feature_scaled_by_1000_drifts(small):
         f[2] = str(int(f[2]) * 1000) if f[2] not in ("", "-1") else f[2]  # I2
     b = features.parse_lines(["\t".join(f) for f in fields], "criteo", SLOTS)
     st = data_gate.statistics("20261120/04", b.labels, features.normalize_dense(b.dense), b.feasigns, SLOTS)
-    an = data_gate.check_history(st, hist.accepted, data_gate.Thresholds(), NAMES)
+    an = gate_checks.check_history(st, hist.accepted, gate_checks.Thresholds(), NAMES)
     assert [(a.check, a.feature) for a in an] == [("dense_drift", "I2")], an
 
 
@@ -252,13 +252,13 @@ def test_model_metrics_against_their_history():
     base = dict(rows=1000, click_rate=0.25, missing_rate=[0.1] * 26, dense_hist=[[0.1] * 10] * 13,
                 dense_saturated=[0.0] * 13)
     recent = [ps.PartitionStats(hour=f"20261120/0{i}", auc=0.75 + 0.002 * i, logloss=0.5, **base) for i in range(4)]
-    th = data_gate.Thresholds()
+    th = gate_checks.Thresholds()
     ok = ps.PartitionStats(hour="20261120/05", auc=0.74, logloss=0.55, **base)
-    assert data_gate.check_history(ok, recent, th, NAMES) == []
+    assert gate_checks.check_history(ok, recent, th, NAMES) == []
     bad = ps.PartitionStats(hour="20261120/05", auc=0.60, logloss=0.9, **base)
-    assert [a.check for a in data_gate.check_history(bad, recent, th, NAMES)] == ["auc", "logloss"]
+    assert [a.check for a in gate_checks.check_history(bad, recent, th, NAMES)] == ["auc", "logloss"]
     # not before min_history accepted partitions
-    assert data_gate.check_history(bad, recent[:2], th, NAMES) == []
+    assert gate_checks.check_history(bad, recent[:2], th, NAMES) == []
 
 
 def test_js_distance_bounds():
@@ -463,7 +463,7 @@ def test_schema_drift_replays_partitions_and_names_a_collapsed_categorical_slot(
     assert [ln.split()[0] for ln in out[1:8]] == [str(h) for h in _hours(7)]
     assert out[-1].startswith("drift linf_max=") and "quarantined=0" in out[-1]
     linf = float(out[-1].split("linf_max=")[1].split()[0])
-    assert 0 < linf < data_gate.Thresholds().categorical_linf
+    assert 0 < linf < gate_checks.Thresholds().categorical_linf
     _rewrite(root, _hours(7)[6], _collapse(5, "0badcafe"))
     assert main(["schema", "drift", *span]) == 1
     out = capsys.readouterr().out.splitlines()

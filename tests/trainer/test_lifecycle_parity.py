@@ -108,7 +108,7 @@ def test_lifecycle_single_process_chain_equals_its_table_bit_for_bit(tmp_path):
     every hour evicting what the last hour did not feed; the base and the patches, their
     zero rows deleting, equal the trainer's table at the last export bit for bit, and the
     served feasigns are all fed within the time to live (the last two hours)."""
-    from runtime.trainer import online
+    from runtime.trainer import online, online_state
     from runtime.trainer.served import zero_rows
 
     data, out, state = tmp_path / "hours", tmp_path / "out", tmp_path / "state"
@@ -138,8 +138,8 @@ def test_lifecycle_single_process_chain_equals_its_table_bit_for_bit(tmp_path):
             deleted += int(zero_rows(v).sum())
             keys, values = online.apply_patch(keys, values, k, v)
     assert deleted > 100, "evicted feasigns of the served table deleted by the patches"
-    st = online.OnlineState.load(str(state))
-    with np.load(Path(online.export_dir(str(state), st.exports[-1].id)) / online.SNAPSHOT) as z:
+    st = online_state.OnlineState.load(str(state))
+    with np.load(Path(online_state.export_dir(str(state), st.exports[-1].id)) / online_state.SNAPSHOT) as z:
         order = np.argsort(keys)
         assert np.array_equal(z["keys"], keys[order])
         assert np.array_equal(z["values"].view(np.uint32), values[order].view(np.uint32))
@@ -154,7 +154,7 @@ def test_lifecycle_counts_and_unseen_survive_a_checkpoint_and_resume(tmp_path):
     its versions (the resumed job's first export a base: the served keys are known again)
     equals the table the uninterrupted job ends with, key for key."""
     from runtime.formats.seqfile import read_sequence_file
-    from runtime.trainer import online
+    from runtime.trainer import online, online_state
 
     data = tmp_path / "hours"
     generator.generate_hours(data, HOURS, START, 4000, seed=6, shape="long-tail", scale=0.004)
@@ -186,6 +186,6 @@ def test_lifecycle_counts_and_unseen_survive_a_checkpoint_and_resume(tmp_path):
     through = served(train("through", hs[-1]))
     train("stopped", hs[2])
     resumed = train("stopped", hs[-1])
-    st = online.OnlineState.load(str(resumed / "state"))
+    st = online_state.OnlineState.load(str(resumed / "state"))
     assert [e.kind for e in st.exports][3] == "base"
     assert served(resumed) == through

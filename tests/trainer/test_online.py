@@ -17,7 +17,7 @@ from runtime.formats import donefile, partitions
 from runtime.formats.model_meta import ModelMeta
 from runtime.formats.seqfile import read_sequence_file
 from runtime.formats.train_result import SUMMARY, TrainResult
-from runtime.trainer import generator, online, readers
+from runtime.trainer import generator, online, online_state, readers
 from runtime.trainer.config import FIELDS
 from tests.helpers import CliProcess
 
@@ -39,19 +39,19 @@ def test_table_diff_finds_new_and_changed_rows_bitwise():
 
 
 def test_state_roundtrip_and_bad_file(tmp_path):
-    st = online.OnlineState(data_root="/d", start_hour=START, next_hour=START)
-    st.pending = online.ExportRecord(id=3, kind="patch", base=1, hour=START, rows=5)
+    st = online_state.OnlineState(data_root="/d", start_hour=START, next_hour=START)
+    st.pending = online_state.ExportRecord(id=3, kind="patch", base=1, hour=START, rows=5)
     st.save(str(tmp_path))
-    again = online.OnlineState.load(str(tmp_path))
+    again = online_state.OnlineState.load(str(tmp_path))
     # no checkpoint yet: from the start; the pending export's hour counts as published
     assert again == st and again.resume_point() == (START, None)
     assert str(again.published_hour()) == "20261120/01"
     st.checkpoint_hour = "20261120/01"
     assert st.resume_point() == ("20261120/01", "20261120-01")
-    assert [p.name for p in tmp_path.iterdir()] == [online.STATE_FILE]  # no temporary left
-    (tmp_path / online.STATE_FILE).write_text('{"data_root": 1}')
+    assert [p.name for p in tmp_path.iterdir()] == [online_state.STATE_FILE]  # no temporary left
+    (tmp_path / online_state.STATE_FILE).write_text('{"data_root": 1}')
     with pytest.raises(ValueError, match="not a valid online training state"):
-        online.OnlineState.load(str(tmp_path))
+        online_state.OnlineState.load(str(tmp_path))
 
 
 def test_state_from_before_checkpoint_every_reads_its_checkpoint_at_the_last_export(tmp_path):
@@ -59,11 +59,11 @@ def test_state_from_before_checkpoint_every_reads_its_checkpoint_at_the_last_exp
     rec = {"id": 7, "kind": "base", "base": 7, "hour": START, "rows": 5}
     old = {"schema_version": 1, "data_root": "/d", "start_hour": START, "next_hour": "20261120/01",
            "base_id": 7, "since_base": 0, "pending": None, "base_due": None, "exports": [rec]}
-    st = online.OnlineState.model_validate(old)
+    st = online_state.OnlineState.model_validate(old)
     assert st.resume_point() == ("20261120/01", "20261120-01")
     pend = dict(old, pending=dict(rec, id=8, kind="patch", hour="20261120/01"))
-    assert online.OnlineState.model_validate(pend).resume_point() == ("20261120/02", "20261120-02")
-    fresh = online.OnlineState.model_validate(dict(old, exports=[], next_hour=START))
+    assert online_state.OnlineState.model_validate(pend).resume_point() == ("20261120/02", "20261120-02")
+    fresh = online_state.OnlineState.model_validate(dict(old, exports=[], next_hour=START))
     assert fresh.resume_point() == (START, None)
 
 
@@ -148,14 +148,14 @@ def test_single_continuous_base_patches_equal_the_trainers_table(hours, tmp_path
         assert pv.any(axis=1).all(), "no eviction here: no deletion"
         keys, values = online.apply_patch(keys, values, pk, pv)
     # the trainer's own table at the last export
-    st = online.OnlineState.load(str(state))
-    with np.load(Path(online.export_dir(str(state), st.exports[-1].id)) / online.SNAPSHOT) as z:
+    st = online_state.OnlineState.load(str(state))
+    with np.load(Path(online_state.export_dir(str(state), st.exports[-1].id)) / online_state.SNAPSHOT) as z:
         assert np.array_equal(z["keys"], keys)
         assert np.array_equal(z["values"].view(np.uint32), values.astype(np.float32).view(np.uint32))
     assert st.next_hour == "20261120/03" and st.pending is None
     # the end hour was reached: a checkpoint after its export, the only one kept
-    assert st.checkpoint_hour == "20261120/03" and os.listdir(state / online.CHECKPOINTS) == ["20261120-03"]
-    assert not (Path(online.export_dir(str(state), st.exports[-1].id)) / online.ROWS).exists()
+    assert st.checkpoint_hour == "20261120/03" and os.listdir(state / online_state.CHECKPOINTS) == ["20261120-03"]
+    assert not (Path(online_state.export_dir(str(state), st.exports[-1].id)) / online_state.ROWS).exists()
     # resumes with the next hour only, exports a patch on the same base
     r2 = _run(["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", START,
                "--end-hour", "20261120/03", "--state-dir", str(state), "--output", str(out), "--base-every-minutes", "240",
@@ -183,7 +183,7 @@ def _chain_table(chain):
 
 def _four_hours_exported(state: Path, kinds: list[str]):
     """The state after a resumed run: one export per hour 00..03 of ``kinds``, ids increasing."""
-    st = online.OnlineState.load(str(state))
+    st = online_state.OnlineState.load(str(state))
     assert [e.hour for e in st.exports] == ["20261120/00", "20261120/01", "20261120/02", "20261120/03"]
     assert [e.kind for e in st.exports] == kinds
     ids = [e.id for e in st.exports]
@@ -217,11 +217,11 @@ def test_single_resume_from_an_older_checkpoint_trains_again_and_exports_every_r
     p.wait_for("waiting for partition 20261120/03")
     p.proc.send_signal(signal.SIGTERM)
     assert p.wait(60) == 0, p.text()[-3000:]
-    st = online.OnlineState.load(str(state))
+    st = online_state.OnlineState.load(str(state))
     assert [e.kind for e in st.exports] == ["base", "patch", "patch"]
     assert st.next_hour == "20261120/03" and st.checkpoint_hour == "20261120/02" and st.since_checkpoint == 1
     assert [e.checkpoint_seconds is not None for e in st.exports] == [False, True, False]
-    assert os.listdir(state / online.CHECKPOINTS) == ["20261120-02"]
+    assert os.listdir(state / online_state.CHECKPOINTS) == ["20261120-02"]
     hour3 = partitions.Hour.parse("20261120/03")
     shutil.copytree(hour3.location(str(src)), hour3.location(str(root)))
     r = _run([*args, "--end-hour", "20261120/03"], tmp_path)
@@ -232,10 +232,10 @@ def test_single_resume_from_an_older_checkpoint_trains_again_and_exports_every_r
     chain = _chain(out)
     assert np.isin(_fed(root, "20261120/02", "20261120/03"), chain[-1][2]).all(), "a row fed since the restore"
     keys, values = _chain_table(chain)
-    with np.load(Path(online.export_dir(str(state), ids[-1])) / online.SNAPSHOT) as z:
+    with np.load(Path(online_state.export_dir(str(state), ids[-1])) / online_state.SNAPSHOT) as z:
         assert np.array_equal(z["keys"], keys)
         assert np.array_equal(z["values"].view(np.uint32), values.astype(np.float32).view(np.uint32))
-    assert st.checkpoint_hour == "20261120/04" and os.listdir(state / online.CHECKPOINTS) == ["20261120-04"]
+    assert st.checkpoint_hour == "20261120/04" and os.listdir(state / online_state.CHECKPOINTS) == ["20261120-04"]
 
 
 def test_continuous_waits_for_the_done_marker(tmp_path):
@@ -291,7 +291,7 @@ def test_ps_continuous_resumes_after_trainer0_is_killed(hours, tmp_path):
     with pytest.raises(proc.RoleFailed):
         run_local_ps(cfg, 1, 2, log_dir=str(logs), timeout_s=300, on_started=started)
     assert "at" in killed
-    first = online.OnlineState.load(str(state))
+    first = online_state.OnlineState.load(str(state))
     assert first.next_hour == "20261120/03" and [e.hour for e in first.exports] == [
         "20261120/00", "20261120/01", "20261120/02"]
     assert first.checkpoint_hour == "20261120/02"
@@ -332,7 +332,7 @@ def test_sigterm_while_waiting_exits_0_with_the_exports_done(tmp_path):
     p.proc.send_signal(signal.SIGTERM)
     assert p.wait(60) == 0, p.text()[-3000:]
     assert "Traceback" not in p.text() and "FatalError" not in p.text()
-    st = online.OnlineState.load(str(state))
+    st = online_state.OnlineState.load(str(state))
     assert st.next_hour == "20261120/01" and st.pending is None and len(st.exports) == 1
 
 
@@ -354,7 +354,7 @@ def test_single_continuous_job_on_minute_partitions(tmp_path):
     lines = sorted(donefile.read(str(out), "base") + donefile.read(str(out), "patch"), key=lambda x: x.id)
     ends = [dt.datetime.fromtimestamp(x.data_end, dt.timezone.utc).strftime("%H%M") for x in lines]
     assert ends == ["0000", "0001", "0002"]
-    st = online.OnlineState.load(str(state))
+    st = online_state.OnlineState.load(str(state))
     assert (st.partition_minutes, st.next_hour, st.checkpoint_hour) == (1, "20261121/0002", "20261121/0002")
     # the same state directory refuses another period
     r = _run(["--single", "--mode", "continuous", "--data-root", str(root), "--start-hour", "20261120/23",

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.trainer import checkpoint, generator, online
+from runtime.trainer import checkpoint, generator, online, online_state
 
 START = "20261120/00"
 
@@ -107,14 +107,14 @@ def test_relayout_puts_every_row_verbatim_into_its_new_shard(tmp_path):
 
 
 def test_state_records_a_due_base_and_reads_older_files(tmp_path):
-    st = online.OnlineState(data_root="/d", start_hour=START, next_hour="20261120/02", base_id=5, since_base=1,
+    st = online_state.OnlineState(data_root="/d", start_hour=START, next_hour="20261120/02", base_id=5, since_base=1,
                             base_due="pservers 1 -> 2")
     st.save(str(tmp_path))
-    assert online.OnlineState.load(str(tmp_path)).base_due == "pservers 1 -> 2"
-    raw = json.loads((tmp_path / online.STATE_FILE).read_text())
+    assert online_state.OnlineState.load(str(tmp_path)).base_due == "pservers 1 -> 2"
+    raw = json.loads((tmp_path / online_state.STATE_FILE).read_text())
     del raw["base_due"]  # a state written before the field
-    (tmp_path / online.STATE_FILE).write_text(json.dumps(raw))
-    assert online.OnlineState.load(str(tmp_path)).base_due is None
+    (tmp_path / online_state.STATE_FILE).write_text(json.dumps(raw))
+    assert online_state.OnlineState.load(str(tmp_path)).base_due is None
 
 
 # ---- process level ---------------------------------------------------------------------
@@ -173,7 +173,7 @@ def test_continuous_job_resized_1_to_2_to_1_pservers_loses_no_row(tmp_path):
     generator.generate_hours(root, 5, START, 6000, seed=4)
     state, out = tmp_path / "state", tmp_path / "out"
     run_local_ps(_cfg(root, state, out, "20261120/01"), 1, 2, log_dir=str(tmp_path / "logs-a"), timeout_s=300)
-    ck = state / online.CHECKPOINTS / "20261120-02"
+    ck = state / online_state.CHECKPOINTS / "20261120-02"
     assert json.loads((ck / checkpoint.INFO_FILE).read_text())["pservers"] == 1
     kept = tmp_path / "ckpt-1p"
     shutil.copytree(ck, kept)
@@ -207,7 +207,7 @@ def test_continuous_job_resized_1_to_2_to_1_pservers_loses_no_row(tmp_path):
         run_local_ps(_cfg(root, state, out, "20261120/02"), 2, 2, log_dir=str(logs_b), timeout_s=300,
                           on_started=started)
     assert abs(_auc_logged(logs_b / "trainer-0.log", "20261120/02") - auc_ref) < 1e-4
-    st = online.OnlineState.load(str(state))
+    st = online_state.OnlineState.load(str(state))
     assert st.base_due == "pservers 1 -> 2" and st.next_hour == "20261120/02"
     report = json.loads((state / checkpoint.RESIZED / "report.json").read_text())
     assert report["equal"] and report["change"] == "pservers 1 -> 2"
@@ -223,9 +223,9 @@ def test_continuous_job_resized_1_to_2_to_1_pservers_loses_no_row(tmp_path):
     kinds = [e["kind"] for e in b2["exports"]]
     ids = [e["id"] for e in b2["exports"]]
     assert kinds == ["base", "patch", "base"] and ids == sorted(ids) and len(set(ids)) == 3
-    st = online.OnlineState.load(str(state))
+    st = online_state.OnlineState.load(str(state))
     assert st.base_due is None and st.base_id == ids[-1]
-    ck2 = state / online.CHECKPOINTS / "20261120-03"
+    ck2 = state / online_state.CHECKPOINTS / "20261120-03"
     assert json.loads((ck2 / checkpoint.INFO_FILE).read_text())["pservers"] == 2
     kept2 = tmp_path / "ckpt-2p"
     shutil.copytree(ck2, kept2)
@@ -239,7 +239,7 @@ def test_continuous_job_resized_1_to_2_to_1_pservers_loses_no_row(tmp_path):
     assert _assert_rows_bit_for_bit(kept2, state / checkpoint.RESIZED / "loaded") == report["rows"]
     _assert_owners(state / checkpoint.RESIZED / "loaded", 8, 1)
     kept3 = tmp_path / "ckpt-1p-03"
-    shutil.copytree(state / online.CHECKPOINTS / "20261120-04", kept3)
+    shutil.copytree(state / online_state.CHECKPOINTS / "20261120-04", kept3)
 
     # 2 pservers and 4 table shards: the rows re-laid out by key % 4, then loaded
     d = run_local_ps(_cfg(root, state, out, "20261120/04", pserver_table_shards=4), 2, 2,
@@ -290,10 +290,10 @@ def test_a_restart_before_the_base_keeps_it_due(tmp_path):
     shutil.copytree(state, tmp_path / "control")
     with pytest.raises(RuntimeError, match="killed"):
         online.run(Worker("pservers 1 -> 2", fail=True), cfg(state, "20261120/01"), [], {})
-    assert online.OnlineState.load(str(state)).base_due == "pservers 1 -> 2"
+    assert online_state.OnlineState.load(str(state)).base_due == "pservers 1 -> 2"
     online.run(Worker(None), cfg(state, "20261120/01"), [], {})
-    st = online.OnlineState.load(str(state))
+    st = online_state.OnlineState.load(str(state))
     assert [e.kind for e in st.exports] == ["base", "base"] and st.base_due is None
     assert st.exports[1].id > st.exports[0].id and st.base_id == st.exports[1].id
     online.run(Worker(None), cfg(tmp_path / "control", "20261120/01"), [], {})
-    assert [e.kind for e in online.OnlineState.load(str(tmp_path / "control")).exports] == ["base", "patch"]
+    assert [e.kind for e in online_state.OnlineState.load(str(tmp_path / "control")).exports] == ["base", "patch"]

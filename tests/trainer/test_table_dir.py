@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from runtime import role_specs
-from runtime.trainer import cli, config, export, publish
+from runtime.trainer import cli, config, export, input_checks, publish
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -71,17 +71,17 @@ def test_bad_table_dir_fails_before_training(tmp_path):
     data.write_text("")
     cfg = config.TrainConfig(data_train=[str(data)], table_dir="http://fs:8080/table")
     with pytest.raises(ValueError, match="--table-dir http://fs:8080/table: expected a local directory"):
-        config.check_inputs(cfg)
+        input_checks.check_inputs(cfg)
     blocker = tmp_path / "file"
     blocker.write_text("")
     # a path under a regular file cannot be created (TrainConfig is frozen: a new one)
     cfg = config.TrainConfig(data_train=[str(data)], table_dir=str(blocker / "table"))
     with pytest.raises(ValueError, match="--table-dir .*: cannot create a directory in it"):
-        config.check_inputs(cfg)
+        input_checks.check_inputs(cfg)
     with pytest.raises(ValueError, match="--table-dir"):
         with publish.table_save_dir(cfg.table_dir):
             pass
-    config.check_inputs(config.TrainConfig(data_train=[str(data)], table_dir=str(tmp_path / "ok")))
+    input_checks.check_inputs(config.TrainConfig(data_train=[str(data)], table_dir=str(tmp_path / "ok")))
     assert (tmp_path / "ok").is_dir() and list((tmp_path / "ok").iterdir()) == []
 
 

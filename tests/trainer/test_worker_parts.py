@@ -12,7 +12,7 @@ import pytest
 
 from runtime import role_specs
 from runtime.evaluation import auc
-from runtime.trainer import config as tconfig
+from runtime.trainer import config as tconfig, input_checks
 from runtime.trainer.idmap import geo_rows
 from runtime.trainer.auc import bucket_auc
 
@@ -77,7 +77,7 @@ def _cfg(tmp_path, **kw):
 ])
 def test_config_errors_name_the_flag(tmp_path, kw, needle):
     with pytest.raises(ValueError, match=needle):
-        tconfig.check_inputs(_cfg(tmp_path, **kw))
+        input_checks.check_inputs(_cfg(tmp_path, **kw))
 
 
 def test_train_argv_roundtrips_new_flags(tmp_path):

@@ -44,13 +44,12 @@ import itertools
 import select
 from collections import Counter
 import socket
-import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from runtime.cube import kernel, protocol
+from runtime.cube.client.calls import Call, Outcome, ReplicaPool, SeekResult, scatter
 from runtime.formats.topology import Topology, shard_rows
 
 
@@ -61,100 +60,6 @@ class CubeUnavailable(RuntimeError):
 
 class CubeVersionUnavailable(CubeUnavailable):
     """No single version could be served for the whole batch (or the version asked for)."""
-
-
-@dataclass
-class SeekResult:
-    """``values`` float32[n, dim] (zeros for misses), ``found`` bool[n], ``version`` int."""
-
-    values: np.ndarray
-    found: np.ndarray
-    version: int
-
-
-def _scatter(n: int, dim: int, idx: dict[int, np.ndarray], out: dict[int, "_Outcome"]) -> tuple[np.ndarray,
-                                                                                                  np.ndarray]:
-    """The shards' replies put back in the batch's order: ``(values float32[n, dim],
-    found bool[n])``; ``idx[s]``: the rows (int64) of the batch's keys on shard ``s``
-    (``shard_rows``), ``out[s]``: its reply (``values`` float32[len(idx[s]), dim]). Every row
-    is some shard's, so nothing is zero-filled first. A row of ``dim`` floats is moved as
-    one item (a ``void`` view, ``np.put``), cheaper than 2-D fancy indexing into zeros.
-    Raises ``ValueError`` when a reply's shape does not fit its rows."""
-    values = np.empty((n, dim), np.float32)
-    found = np.empty(n, bool)
-    row = np.dtype((np.void, 4 * dim))
-    rows_of = values.view(row).reshape(n)
-    for s, i in idx.items():
-        if not i.shape[0]:
-            continue
-        o = out[s]
-        if o.values.shape != (i.shape[0], dim) or o.found.shape != i.shape:
-            raise ValueError(f"cube shard {s}: a reply of {list(o.values.shape)} values for {i.shape[0]} keys "
-                             f"of dim {dim}")
-        np.put(rows_of, i, np.ascontiguousarray(o.values, dtype=np.float32).view(row).reshape(-1))
-        np.put(found, i, o.found)
-    return values, found
-
-
-class _Replica:
-    """One server address with its pool of idle connections."""
-
-    def __init__(self, addr: str, connect_timeout_s: float):
-        host, _, port = addr.rpartition(":")
-        self.addr, self.hostport = addr, (host or "127.0.0.1", int(port))
-        self.connect_timeout_s = connect_timeout_s
-        self.idle: list[socket.socket] = []
-        self.lock = threading.Lock()
-        self.down_until = 0.0
-
-    def get(self) -> socket.socket:
-        """An idle pooled connection, else a new one. Raises ``OSError`` when it cannot
-        connect."""
-        with self.lock:
-            if self.idle:
-                return self.idle.pop()
-        s = socket.create_connection(self.hostport, timeout=self.connect_timeout_s)
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.setblocking(False)
-        return s
-
-    def put(self, s: socket.socket) -> None:
-        with self.lock:
-            if len(self.idle) < 64:
-                self.idle.append(s)
-                return
-        s.close()
-
-    def close(self) -> None:
-        with self.lock:
-            for s in self.idle:
-                s.close()
-            self.idle.clear()
-
-
-class _Call:
-    """One request in flight on one connection."""
-
-    __slots__ = ("shard", "replica", "sock", "buf", "mv", "have", "total", "deadline", "backup")
-
-    def __init__(self, shard, replica, sock, expect: int, deadline: float, backup: bool):
-        self.shard, self.replica, self.sock = shard, replica, sock
-        self.buf = bytearray(max(expect, 64))
-        self.mv = memoryview(self.buf)
-        self.have, self.total, self.deadline, self.backup = 0, 0, deadline, backup
-
-
-class _Outcome:
-    """A shard's answer: OK (``found``/``values``) or VERSION_UNAVAILABLE (``held``)."""
-
-    __slots__ = ("ok", "version", "other", "found", "values")
-
-    def __init__(self, ok, version, other, found=None, values=None):
-        self.ok, self.version, self.other, self.found, self.values = ok, version, other, found, values
-
-    @property
-    def held(self) -> set[int]:
-        return {v for v in (self.version, self.other) if v}
 
 
 class CubeClient:
@@ -171,7 +76,7 @@ class CubeClient:
         self.backup_s = None if backup_request_ms is None else backup_request_ms / 1000.0
         self.down_s = down_s
         self.pin_rounds = pin_rounds
-        self.shards = [[_Replica(a, self.timeout_s) for a in reps] for reps in shards]
+        self.shards = [[ReplicaPool(a, self.timeout_s) for a in reps] for reps in shards]
         self.shard_num = len(shards)
         self._rr = [itertools.count() for _ in shards]
         self._dim: int | None = None
@@ -262,13 +167,13 @@ class CubeClient:
         self._dim = dim
         if idx is None:
             return SeekResult(first.values, first.found, ver)
-        return SeekResult(*_scatter(keys.shape[0], dim, idx, out), ver)
+        return SeekResult(*scatter(keys.shape[0], dim, idx, out), ver)
 
     def _seek_native(self, keys: np.ndarray, version: int | None) -> SeekResult | None:
         """``seek``'s common case in C (module docstring): ``keys: uint64[n]`` (n > 0,
         ``dim`` known). Returns None when the batch needs the Python path."""
         S, n, dim = self.shard_num, keys.shape[0], self._dim
-        picked: list[tuple[_Replica, socket.socket]] = []
+        picked: list[tuple[ReplicaPool, socket.socket]] = []
         try:
             for s in range(S):
                 r = self._pick(s, ())
@@ -309,7 +214,7 @@ class CubeClient:
         ``CubeUnavailable``."""
         return self.seek(np.arange(self.shard_num, dtype=np.uint64), version=int(version))
 
-    def _pick(self, shard: int, avoid: set) -> _Replica | None:
+    def _pick(self, shard: int, avoid: set) -> ReplicaPool | None:
         reps = self.shards[shard]
         now = time.monotonic()
         start = next(self._rr[shard])
@@ -324,7 +229,7 @@ class CubeClient:
                 best = r
         return best
 
-    def _send(self, shard, frame, expect, avoid, tried, backup=False) -> _Call | None:
+    def _send(self, shard, frame, expect, avoid, tried, backup=False) -> Call | None:
         """Sends ``frame`` to a replica of ``shard`` not in ``avoid``; None if none left."""
         while True:
             r = self._pick(shard, avoid)
@@ -346,17 +251,17 @@ class CubeClient:
                 if len(tried) > self.retries:
                     return None
                 continue
-            return _Call(shard, r, s, expect, time.monotonic() + self.timeout_s, backup)
+            return Call(shard, r, s, expect, time.monotonic() + self.timeout_s, backup)
 
-    def _gather(self, parts: dict[int, np.ndarray], version: int | None) -> dict[int, _Outcome]:
+    def _gather(self, parts: dict[int, np.ndarray], version: int | None) -> dict[int, Outcome]:
         dim = self._dim or 0
         frames = {s: protocol.encode_request(k, version) for s, k in parts.items()}
         expect = {s: protocol.reply_size(k.shape[0], dim) for s, k in parts.items()}
         avoid = {s: set() for s in parts}
         tried = {s: [] for s in parts}
-        calls: dict[int, _Call] = {}
-        out: dict[int, _Outcome] = {}
-        pending: dict[int, list[_Call]] = {}
+        calls: dict[int, Call] = {}
+        out: dict[int, Outcome] = {}
+        pending: dict[int, list[Call]] = {}
         for s in parts:
             c = self._send(s, frames[s], expect[s], avoid[s], tried[s])
             if c is None:
@@ -454,8 +359,8 @@ class CubeClient:
         raise CubeUnavailable(f"cube shard {shard}: no replica answered within {self.timeout_s * 1000:.0f} ms "
                               f"and {self.retries} retries (tried {tried})")
 
-    def _recv(self, c: _Call):
-        """Reads what is available. Returns None (incomplete), an ``_Outcome``, or an
+    def _recv(self, c: Call):
+        """Reads what is available. Returns None (incomplete), an ``Outcome``, or an
         exception (connection closed or failed, malformed reply)."""
         try:
             while True:
@@ -480,8 +385,8 @@ class CubeClient:
             _, version, other, found, values = protocol.decode_reply(c.mv[:c.total])
         except protocol.ReplyError as exc:
             if exc.status in (protocol.VERSION_UNAVAILABLE, protocol.NOT_READY):
-                return _Outcome(False, exc.version, exc.other)
+                return Outcome(False, exc.version, exc.other)
             return ConnectionError(f"{c.replica.addr}: {exc}")
         except ValueError as exc:
             return exc
-        return _Outcome(True, version, other, found, values)
+        return Outcome(True, version, other, found, values)

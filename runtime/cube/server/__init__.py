@@ -4,11 +4,13 @@ Modules:
 - ``lookups.py``: ``LookupServer``, the data plane (``--port``, default 8900), the protocol of
   ``runtime/cube/protocol.py``: per request one C call (``kernel.c``
   ``cube_view_lookup``, GIL released) into the served version's view
-  (``runtime/cube/table.py``: a base inline table + the overlays of recent patches)
+  (``runtime/cube/views.py``: a base inline table + the overlays of recent patches)
   writing straight into a preallocated reply buffer, one send. I/O mode
   (``--io-mode``): ``epoll`` (default) multiplexes every connection on one thread;
   ``threads`` runs a blocking loop per connection and pays for GIL hand-offs between
   them (the README's benchmarks give both).
+- ``conn.py``: a data-plane connection's buffers and counters, and the answer to its
+  requests (the hot path).
 - ``sockets.py``: its socket helpers (non-blocking send, unread / unacknowledged bytes).
 - ``versions.py``: ``current`` (served), ``prev`` (still answered when a request names
   it, so a client can finish a batch on one version across shards while a switch

@@ -6,7 +6,7 @@ answered when a request names it, so a client can finish a batch on one version 
 shards while a switch propagates; it is dropped when the next load begins. The
 background slot (``bg``) holds the version being loaded. ``enable`` swaps one reference
 (atomic for the data plane's readers). Each version is a ``VersionView``
-(``runtime/cube/table.py``): a patch is loaded as a small overlay table on the served
+(``runtime/cube/views.py``): a patch is loaded as a small overlay table on the served
 version's base, never a copy of the table; when the next patch load begins (``prev``
 dropped, so no served view lacks the current version's overlays), the current version's
 overlays are merged into the base in place, while lookups go on. A view leaving ``served``
@@ -30,7 +30,7 @@ from pathlib import Path
 from runtime.cube import dictfile
 from runtime.cube.server.state import FILE as STATE_FILE
 from runtime.cube.server.state import ChainEntry, ServerState
-from runtime.cube.table import VersionView
+from runtime.cube.views import VersionView
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Callable
 
 import requests
 
-from runtime import storage
+from runtime import storage, storage_write
 from runtime.cube.buildinfo import FILE as BUILD_FILE
 from runtime.cube.buildinfo import BuildRecord, BuildRecordError, md5_name
 from runtime.cube.transfer.agents import RolloutError, Shipment
@@ -208,7 +208,7 @@ class Builder:
         urls = [storage.join(self.publish_url, f"{rel}/{tar.name}") for tar in build.tars]
 
         def put(f: Path) -> None:
-            storage.upload(f, storage.join(self.root, f"{rel}/{f.name}"), self.token)
+            storage_write.upload(f, storage.join(self.root, f"{rel}/{f.name}"), self.token)
 
         try:  # in parallel (I/O bound); build.json last, once the tars are in place
             with cf.ThreadPoolExecutor(max_workers=min(4, len(files))) as ex:

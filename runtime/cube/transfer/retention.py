@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from runtime import storage
+from runtime import storage, storage_write
 from runtime.cube.transfer.rollback import RollbackError, chain_of
 from runtime.formats.donefile import DonefileRecord
 
@@ -58,9 +58,9 @@ def prune(tr) -> list[int]:
         if v in done:
             continue
         try:
-            storage.remove_tree(storage.join(tr.root, "versions", str(v)), tr.builder.token)
+            storage_write.remove_tree(storage.join(tr.root, "versions", str(v)), tr.builder.token)
             for name in _cube_dirs(tr, v):
-                storage.remove_tree(storage.join(tr.root, "cube", tr.dict_name, name), tr.builder.token)
+                storage_write.remove_tree(storage.join(tr.root, "cube", tr.dict_name, name), tr.builder.token)
         except storage.LocationError as exc:
             log.warning("retention: version %d not deleted yet: %s", v, exc)
             continue

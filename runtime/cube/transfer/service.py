@@ -3,14 +3,15 @@ replica through the phases (each a barrier), bring lagging replicas back, report
 
 A rollout of version V (one at a time): Building (the builder, ``build.py``), Deploying
 (the shard tars published), Downloading, Reloading, Enabling (every agent driven through
-the step, ``agents.py``; nothing is enabled until every replica has loaded), Finished
-(V is the served version). A failure before Enabling aborts: every agent unloads, the
-previous version keeps serving, V is retried after its backoff and given up after
-``max_rollout_attempts`` (``planner.failed``). A failure during Enabling (some replicas
-switched) cannot be undone: the rollout stays current and is driven again at every poll
-until every replica serves V (those already serving it are skipped). No rollout starts
-while a reachable server runs with another ``--shard-num`` than the topology's (its pod
-has not restarted yet after a resize; ``/dict/info`` ``waiting_for``).
+the step, ``agents.py``; nothing is enabled until every replica has loaded), Finished (V
+is the served version; ``phases.py`` drives one rollout). A failure before Enabling
+aborts: every agent unloads, the previous version keeps serving, V is retried after its
+backoff and given up after ``max_rollout_attempts`` (``planner.failed``). A failure
+during Enabling (some replicas switched) cannot be undone: the rollout stays current and
+is driven again at every poll until every replica serves V (those already serving it are
+skipped). No rollout starts while a reachable server runs with another ``--shard-num``
+than the topology's (its pod has not restarted yet after a resize; ``/dict/info``
+``waiting_for``).
 
 Reconciling: at start and every ``reconcile_interval_s`` a replica serving something
 other than the served version (a server restarted empty, a replica added by a resize) is
@@ -34,11 +35,10 @@ from typing import Callable, Optional
 import requests
 
 from runtime import storage
-from runtime.cube.transfer import coalesce, planner, retention, rollback
-from runtime.cube.transfer.agents import AgentClient, PartialEnable, RolloutError
+from runtime.cube.transfer import coalesce, phases, planner, retention, rollback
+from runtime.cube.transfer.agents import AgentClient
 from runtime.cube.transfer.build import Builder, BuildFn, default_build
 from runtime.cube.transfer.model_gate import ModelGate, Thresholds as ModelGateThresholds
-from runtime.cube.transfer.verify import VersionRefused
 from runtime.formats.dict_info import DictInfo, LastRollout, RelayoutInfo, RolloutInfo
 from runtime.cube.transfer.planner import Event
 from runtime.cube.transfer.state import STATE_FILE, HistoryEntry, Phase, Plan, TransferState
@@ -281,82 +281,10 @@ class Transfer:
 
     # ---------------------------------------------------------------- a rollout
 
-    def _phase(self, plan: Plan, phase: Phase) -> None:
-        with self.lock:
-            self._commit(planner.at_phase(self.state, plan, phase))
-        self.metrics.in_phase(phase.value.lower())
-        if self.after_phase:
-            self.after_phase(phase, plan)
-
     def rollout(self, plan: Plan) -> dict:
-        """Drives one rollout through every phase (module docstring). Returns its history
-        entry (``status`` finished | failed | partial) as JSON."""
-        n = self.shard_num
-        resumed = plan.phase != Phase.TRIGGING
-        with self.lock:
-            state, plan = planner.begin(self.state, plan, time.time())
-            self._commit(state)
-        v = plan.version
-        rl = plan.relayout
-        log.info("Trigging version=%d mode=%s key=%d base_version=%s attempt=%d%s%s", v, plan.mode, plan.key,
-                 plan.base_version, plan.attempt, " (resuming an interrupted rollout)" if resumed else "",
-                 f" ({plan.reason}, link {rl.link}/{rl.links})" if rl else "")
-        t_start = time.monotonic()
-        phases: dict[str, float] = {}
-        enabled: set[Replica] = set()
-        skip: set[Replica] = set()
-        try:
-            # replicas that already serve v on this layout (an interrupted Enabling) are done
-            skip = {i for i, (have, shards) in self.agents.served(self.replicas).items() if have == v and shards == n}
-            t = time.monotonic()
-            self._phase(plan, Phase.BUILDING)
-            build = self.builder.build(plan)
-            phases[Phase.BUILDING.value] = time.monotonic() - t
-            log.info("Building version=%d finished: %s keys, %d shards, dim %s in %.2f s", v, build.count,
-                     len(build.tars), build.dim, phases[Phase.BUILDING.value])
-            t = time.monotonic()
-            self._phase(plan, Phase.DEPLOYING)
-            ship = self.builder.publish(build, plan)
-            phases[Phase.DEPLOYING.value] = time.monotonic() - t
-            log.info("Deploying version=%d finished: %d shard tars published in %.2f s", v, len(ship.urls),
-                     phases[Phase.DEPLOYING.value])
-            todo = [i for i in self.replicas if i not in skip]
-            for phase in (Phase.DOWNLOADING, Phase.RELOADING, Phase.ENABLING):
-                t = time.monotonic()
-                self._phase(plan, phase)
-                try:
-                    self.agents.barrier(phase, todo, plan, ship, self.phase_timeout_s,
-                                        enabled if phase == Phase.ENABLING else None)
-                except RolloutError as exc:
-                    if phase == Phase.ENABLING and (enabled or skip):
-                        raise PartialEnable(str(exc), enabled | skip) from exc
-                    raise
-                phases[phase.value] = time.monotonic() - t
-        except PartialEnable as part:
-            return self._partial(plan, part, phases, resumed)
-        except Exception as exc:  # noqa: BLE001 - any failure aborts; the old version keeps serving
-            return self._failed(plan, exc, phases, resumed)
-        total = time.monotonic() - t_start
-        now = time.time()
-        with self.lock:
-            state, entry, events = planner.finished(
-                self.state, plan, shard_num=n, dim=build.dim, count=build.count, urls=ship.urls, md5s=ship.md5s,
-                phases=phases, skipped=(i.name for i in skip), resumed=resumed, now=now, seconds=total)
-            self._commit(state)
-        rec, self._reported = self.records.get(v), v
-        self.metrics.rollout_done("finished", total, phases)
-        self.metrics.served(v, rec.data_end if rec else None, rec.landed if rec else None, now)
-        log.info("Finished version=%d mode=%s%s: %d replicas serve it, %.2f s (%s)", v, plan.mode,
-                 f" ({plan.reason})" if plan.reason else "", len(self.replicas), total,
-                 ", ".join(f"{k} {s:.2f} s" for k, s in phases.items()))
-        self._emit(events)
-        from runtime import tracking
-
-        tracking.log_rollout(self.tracker, v, plan.mode, total, phases,
-                             now - rec.landed if rec is not None and rec.landed is not None else None)
-        self.builder.cleanup(keep_relayout=self.state.relayout is not None)
-        self.prune()
-        return entry.to_json()
+        """Drives one rollout through every phase (``phases.drive``, module docstring).
+        Returns its history entry (``status`` finished | failed | partial) as JSON."""
+        return phases.drive(self, plan)
 
     def prune(self) -> list[int]:
         """Retention (``retention.prune``) after a rollout; never fails the caller."""
@@ -365,39 +293,6 @@ class Transfer:
         except Exception:  # noqa: BLE001 - retried after the next rollout
             log.exception("retention failed")
             return []
-
-    def _partial(self, plan: Plan, part: PartialEnable, phases: dict, resumed: bool) -> dict:
-        with self.lock:
-            state, entry = planner.partial(self.state, plan, error=str(part), shard_num=self.shard_num,
-                                           phases=phases, enabled=(i.name for i in part.enabled),
-                                           resumed=resumed, now=time.time())
-            self._commit(state)
-        self.metrics.rollout_done("partial", None, phases)
-        log.error("Enabling version=%d incomplete (%d/%d replicas switched): %s; driven again at the next poll",
-                  plan.version, len(part.enabled), len(self.replicas), part)
-        return entry.to_json()
-
-    def _failed(self, plan: Plan, exc: Exception, phases: dict, resumed: bool) -> dict:
-        """A rollout aborted: the previous version keeps serving; retried after its backoff,
-        except a version refused for not matching its manifest (``VersionRefused``: given
-        up at once, history ``refused``)."""
-        err = str(exc) if isinstance(exc, RolloutError) else f"{plan.phase.value}: {type(exc).__name__}: {exc}"
-        refused = isinstance(exc, VersionRefused)
-        self.agents.abort(self.replicas, plan.version)
-        self.builder.discard(plan)  # a retry rebuilds from the inputs
-        with self.lock:
-            state, entry = planner.failed(self.state, plan, error=err, shard_num=self.shard_num, phases=phases,
-                                          resumed=resumed,
-                                          max_rollout_attempts=1 if refused else self.max_rollout_attempts,
-                                          backoff_s=self.rollout_backoff_s, now=time.time(),
-                                          status="refused" if refused else "failed")
-            self._commit(state)
-            served = state.served.version if state.served else None
-        self.metrics.rollout_done("refused" if refused else "failed", None, phases, given_up=bool(entry.given_up))
-        log.error("Aborted version=%d%s attempt=%d/%d: %s; version %s keeps serving%s", plan.version,
-                  f" ({plan.reason})" if plan.reason else "", plan.attempt, self.max_rollout_attempts, err, served,
-                  " (given up)" if entry.given_up else "")
-        return entry.to_json()
 
     # ---------------------------------------------------------------- reconcile
 
