@@ -24,7 +24,8 @@ Last line::
 
 ``rss_growth_day2_max``: the largest ratio, over the roles of the lifecycle run (serving with
 its workers, each cube server and agent, the transfer, the file server, the pserver), of the
-resident memory after the last hour to after the 24th; ``auc_delta_vs_off``: the served AUC
+resident memory after the last hour (the pservers': their last sample while the job runs,
+after the hour before the last) to after the 24th; ``auc_delta_vs_off``: the served AUC
 on the next hour, on minus off, averaged over the hours of the second day;
 ``failed_requests``: both runs'.
 
@@ -40,8 +41,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -146,6 +145,10 @@ def run(args, data: Path, work: Path, label: str, flags: list[str]) -> dict:
                 row["ps_rows"] = checkpoint_rows(state_dir, name)
                 row["rss"] = role_rss(group, trainer.proc.pid)
                 row["cube_keys"] = sum(_cube_keys(svc))
+            # the job exits after the last partition: the pservers' memory is taken while it runs
+            live = {f"pserver-{i}": rss_mib(p, "VmRSS") for i, p in enumerate(pserver_pids(trainer.proc.pid))}
+            if any(live.values()):
+                rec["pserver_rss_last"] = {"hour": h, **live}
             rec["hours"].append(row)
             print(f"[{label}] {h}: {row['kind']} {v.id} ({v.count} rows), served AUC next "
                   f"{row.get('served_auc_next', float('nan')):.4f}"
@@ -201,7 +204,9 @@ def main() -> int:
     active = distinct_feasigns(data, hs[-int(np.ceil(ttl)):] if ttl else hs)
     d1, d2 = on["hours"][args.day - 1], on["hours"][2 * args.day - 1]
     end, end_off = on["hours"][-1], off["hours"][-1]
-    growth = {k: end["rss"][k] / d1["rss"][k] for k in d1["rss"] if k in end["rss"] and d1["rss"][k] > 0}
+    last = {k: v for k, v in on.get("pserver_rss_last", {}).items() if k != "hour"}
+    end_rss = {**last, **end["rss"]}  # the pservers' last sample (the job has exited at the end)
+    growth = {k: end_rss[k] / d1["rss"][k] for k in d1["rss"] if k in end_rss and d1["rss"][k] > 0}
     second = range(args.day, args.hours - 1)  # the hours of day 2 that have a next hour
     delta = [on["hours"][t]["served_auc_next"] - off["hours"][t]["served_auc_next"] for t in second]
     (work / "bench-soak.json").write_text(json.dumps({"on": on, "off": off, "active_ttl": active,
@@ -211,11 +216,11 @@ def main() -> int:
     for t in range(args.hours - 1):
         a, b = on["hours"][t], off["hours"][t]
         print(f"{a['hour']:>12} {a['served_auc_next']:.4f} | {b['served_auc_next']:.4f} {shrunk.get(a['hour']) or '':>10}")
-    print("rss MiB day 1 -> day 2 (on): " + ", ".join(f"{k} {d1['rss'][k]:.0f}->{end['rss'][k]:.0f}"
+    print("rss MiB day 1 -> day 2 (on): " + ", ".join(f"{k} {d1['rss'][k]:.0f}->{end_rss[k]:.0f}"
                                                      for k in sorted(growth)))
     print(f"cube keys (on): day 1 {d1['cube_keys']}, end {end['cube_keys']}; (off): end {end_off['cube_keys']}")
     print(f"(details: {work / 'bench-soak.json'})")
-    pserver = max((v for k, v in end["rss"].items() if k.startswith("pserver")), default=0.0)
+    pserver = max((v for k, v in end_rss.items() if k.startswith("pserver")), default=0.0)
     cube = max((v for k, v in end["rss"].items() if k.startswith("cube-server")), default=0.0)
     print(f"soak hours={args.hours} rows_per_hour={args.rows_per_hour} ttl_hours={ttl:g} "
           f"table_rows_h24={d1['ps_rows']} table_rows_end={d2['ps_rows']} active_ttl={active} "
