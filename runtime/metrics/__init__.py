@@ -23,20 +23,26 @@ metrics that exist. The Kubernetes objects that carry them are declared by
 """
 from __future__ import annotations
 
-import prometheus_client
-
-# no ``*_created`` series beside every counter and histogram (they double the series a
-# scrape carries and no panel or alert reads them)
-prometheus_client.disable_created_metrics()
-
 #: the prefix of every metric the project defines
 NAMESPACE = "elastic_ctr"
+
+
+def no_created_series() -> None:
+    """No ``*_created`` series beside every counter and histogram (they double the series a
+    scrape carries and no panel or alert reads them): prometheus_client's global switch,
+    read when a registry is collected. Called by every exposition path rather than at this
+    package's import, because importing ``prometheus_client`` fixes its value store: serving's
+    supervisor must set ``PROMETHEUS_MULTIPROC_DIR`` first (``runtime.serving.launcher``)."""
+    import prometheus_client
+
+    prometheus_client.disable_created_metrics()
 
 
 def exposition(registry) -> tuple[bytes, str]:
     """``(body, content type)`` of ``registry``'s text exposition (a ``/metrics`` answer)."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+    no_created_series()
     return generate_latest(registry), CONTENT_TYPE_LATEST
 
 

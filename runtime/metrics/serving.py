@@ -79,12 +79,14 @@ class ServingMetrics:
 
     def exposition(self) -> tuple[bytes, str]:
         """``(text, content type)`` of the Prometheus exposition."""
-        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+        from prometheus_client import CollectorRegistry
+
+        from runtime.metrics import exposition
 
         if self.multiproc:
             from prometheus_client import multiprocess
 
             reg = CollectorRegistry()
             multiprocess.MultiProcessCollector(reg)
-            return generate_latest(reg), CONTENT_TYPE_LATEST
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+            return exposition(reg)
+        return exposition(self.registry)

@@ -48,7 +48,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from runtime.metrics import NAMESPACE
+from runtime.metrics import NAMESPACE, no_created_series
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +253,7 @@ def serve_from_env():
         return None
     from prometheus_client import start_http_server
 
+    no_created_series()
     try:
         server, _ = start_http_server(port, host, registry=metrics().registry)
     except OSError as exc:  # metrics never stop training: said once, the job goes on

@@ -22,7 +22,8 @@ def create_app(transfer: Transfer, guard=None):
     ``runtime.auth.Guard`` checking every ``POST`` (the ``cube-control`` credential: a
     rollback replaces what every replica serves; None: none checked)."""
     from flask import Flask, Response, jsonify, request
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    from runtime.metrics import exposition
 
     app = json_errors(Flask("cube-transfer"))
     if guard is not None:
@@ -63,7 +64,8 @@ def create_app(transfer: Transfer, guard=None):
 
     @app.get("/metrics")
     def metrics():
-        return Response(generate_latest(transfer.metrics.registry), mimetype=CONTENT_TYPE_LATEST)
+        body, ctype = exposition(transfer.metrics.registry)
+        return Response(body, mimetype=ctype)
 
     return app
 
