@@ -197,12 +197,13 @@ def run(args, run_dir: Path, group, step, prom=None, observer=None) -> int:
     step(f"partition {hs[0]} landed")
     from runtime.trainer.config import TrainConfig
 
-    sizes = {k: v for k, v in (("embedding_dim", args.embedding_dim), ("batch_size", args.batch_size_train),
+    # the job's own defaults where the local run leaves a setting out
+    given = {k: v for k, v in (("embedding_dim", args.embedding_dim), ("batch_size", args.batch_size_train),
                                ("shrink_every_minutes", args.shrink_every_minutes)) if v}
     cfg = TrainConfig(mode="continuous", data_root=hours_root, start_hour=first, end_hour=str(hs[H - 1]),
                       state_dir=str(run_dir / "train-state"), output=svc.root_url,
                       upload_token_file=str(svc.token_file), poll_seconds=0.2, partition_minutes=minutes,
-                      base_every_minutes=args.base_every_minutes, seed=args.seed, **sizes)
+                      base_every_minutes=args.base_every_minutes, seed=args.seed, **given)
     launch = ["--local-cluster", "--pservers", str(args.pservers), "--trainers", str(args.trainers),
               "--log-dir", str(logs / "train")]
     if server is not None:
