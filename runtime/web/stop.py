@@ -22,7 +22,7 @@ from typing import Callable, Optional
 log = logging.getLogger(__name__)
 
 PRESTOP_HELP = ("on SIGTERM, keep answering this long with readiness false before stopping "
-              "(time for load balancers and clients to notice)")
+                "(time for load balancers and clients to notice)")
 
 
 class StopSignal:
